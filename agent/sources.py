@@ -1,0 +1,164 @@
+"""Where collectors get their raw readings: the live host, the live host while recording, or a trace.
+
+Collectors call only read_text, list_dir and call. Swapping the source is the whole difference
+between live, record and replay, so a replay runs the collectors' real parsing on real readings.
+"""
+from __future__ import annotations
+
+import errno as errno_codes
+import os
+import threading
+from collections import deque
+from typing import Any, Callable, Protocol, TypeVar
+
+T = TypeVar("T")
+
+# A reading is [kind, key, ok, payload]; see docs/trace-format.md.
+Reading = list
+
+
+class RawSource(Protocol):
+    def read_text(self, path: str) -> str:
+        """The whole file as text (undecodable bytes replaced); OSError when it cannot be read."""
+
+    def list_dir(self, path: str) -> list[str]:
+        """Entry names of a directory, sorted; OSError when it cannot be listed."""
+
+    def call(self, key: str, fetch: Callable[[], T]) -> T:
+        """A reading that is not a file (an NVML call, udev events).
+
+        `key` names the reading uniquely within one collect(); `fetch` returns plain JSON data.
+        """
+
+
+class LiveSource:
+    """Reads the host."""
+
+    def read_text(self, path: str) -> str:
+        with open(path, "rb") as handle:
+            return handle.read().decode("utf-8", errors="replace")
+
+    def list_dir(self, path: str) -> list[str]:
+        return sorted(os.listdir(path))
+
+    def call(self, key: str, fetch: Callable[[], T]) -> T:
+        return fetch()
+
+
+class RecordingSource:
+    """Reads the host through a LiveSource and keeps every reading of the current collect()."""
+
+    def __init__(self, live: RawSource | None = None) -> None:
+        self._live = live or LiveSource()
+        self._readings: list[Reading] = []
+        self._lock = threading.Lock()
+
+    def take_readings(self) -> list[Reading]:
+        """The readings since the last call, in the order they were made."""
+        with self._lock:
+            readings, self._readings = self._readings, []
+        return readings
+
+    def _keep(self, reading: Reading) -> None:
+        with self._lock:
+            self._readings.append(reading)
+
+    def read_text(self, path: str) -> str:
+        try:
+            text = self._live.read_text(path)
+        except OSError as error:
+            self._keep(["text", path, False, _describe_os_error(error)])
+            raise
+        self._keep(["text", path, True, text])
+        return text
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            names = self._live.list_dir(path)
+        except OSError as error:
+            self._keep(["dir", path, False, _describe_os_error(error)])
+            raise
+        self._keep(["dir", path, True, names])
+        return names
+
+    def call(self, key: str, fetch: Callable[[], T]) -> T:
+        try:
+            value = self._live.call(key, fetch)
+        except Exception as error:
+            self._keep(["call", key, False, {"type": type(error).__name__, "detail": _detail(error)}])
+            raise
+        self._keep(["call", key, True, value])
+        return value
+
+
+class TraceMissError(RuntimeError):
+    """A replayed collector asked for a reading the trace does not hold."""
+
+
+class ReplayedCallError(Exception):
+    """A call that failed while recording; `type_name` is the original exception's class name."""
+
+    def __init__(self, type_name: str, detail: Any) -> None:
+        super().__init__(f"{type_name}: {detail}")
+        self.type_name = type_name
+        self.detail = detail
+
+
+class ReplaySource:
+    """Answers reads from the readings of one recorded collect(), loaded before each replayed run."""
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple[str, str], deque] = {}
+        self._lock = threading.Lock()
+
+    def load(self, readings: list[Reading]) -> None:
+        pending: dict[tuple[str, str], deque] = {}
+        for kind, key, ok, payload in readings:
+            pending.setdefault((kind, key), deque()).append((ok, payload))
+        with self._lock:
+            self._pending = pending
+
+    def _next(self, kind: str, key: str) -> tuple[bool, Any]:
+        with self._lock:
+            queue = self._pending.get((kind, key))
+            if not queue:
+                raise TraceMissError(
+                    f"the trace holds no {kind} reading of {key!r} here: it was recorded by another "
+                    "hybridmon version or configuration"
+                )
+            return queue.popleft()
+
+    def read_text(self, path: str) -> str:
+        ok, payload = self._next("text", path)
+        if not ok:
+            raise _rebuild_os_error(payload, path)
+        return payload
+
+    def list_dir(self, path: str) -> list[str]:
+        ok, payload = self._next("dir", path)
+        if not ok:
+            raise _rebuild_os_error(payload, path)
+        return list(payload)
+
+    def call(self, key: str, fetch: Callable[[], T]) -> T:
+        ok, payload = self._next("call", key)
+        if not ok:
+            raise ReplayedCallError(payload.get("type", "Exception"), payload.get("detail"))
+        return payload
+
+
+def _describe_os_error(error: OSError) -> dict:
+    return {"errno": error.errno, "message": error.strerror or str(error)}
+
+
+def _rebuild_os_error(payload: dict, path: str) -> OSError:
+    code = payload.get("errno") or errno_codes.EIO
+    # OSError(errno, ...) picks the matching subclass, e.g. FileNotFoundError for ENOENT.
+    return OSError(code, payload.get("message") or os.strerror(code), path)
+
+
+def _detail(error: Exception) -> Any:
+    value = getattr(error, "value", None)  # pynvml errors carry their NVML return code here
+    if isinstance(value, (int, str)):
+        return value
+    return str(error)
