@@ -25,3 +25,14 @@ def fixture_sysfs() -> str:
 @pytest.fixture
 def live_source() -> LiveSource:
     return LiveSource()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-golden", action="store_true", help="rewrite tests/golden/*.prom from the current output"
+    )
+
+
+@pytest.fixture
+def update_golden(request) -> bool:
+    return request.config.getoption("--update-golden")

@@ -1,0 +1,123 @@
+"""The `hybridmon` command."""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+
+from agent import __version__
+from agent.config import ConfigError, load_config, parse_listen
+from agent.trace import TraceError
+
+log = logging.getLogger("hybridmon")
+
+EXIT_OK, EXIT_USAGE, EXIT_RUNTIME = 0, 2, 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "command", None):
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        config = load_config(args.config, overrides=_overrides(args))
+    except ConfigError as error:
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    logging.basicConfig(
+        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return args.handler(args, config)
+    except (TraceError, OSError, ValueError) as error:
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_RUNTIME
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hybridmon", description="Observability agent for hybrid GPU/CPU inference hosts.")
+    parser.add_argument("--version", action="version", version=f"hybridmon {__version__}")
+    commands = parser.add_subparsers(dest="command")
+
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", metavar="FILE", help="TOML configuration file (optional)")
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    common.add_argument("--procfs", metavar="DIR", help="procfs root (default /proc)")
+    common.add_argument("--sysfs", metavar="DIR", help="sysfs root (default /sys)")
+
+    run = commands.add_parser("run", parents=[common], help="sample the host and serve /metrics")
+    run.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:9787")
+    run.add_argument("--replay", metavar="TRACE", help="read the host from a recorded trace instead")
+    run.add_argument("--speed", type=float, default=1.0, help="replay speed factor (0: as fast as possible)")
+    run.set_defaults(handler=_run)
+
+    record = commands.add_parser("record", parents=[common], help="record what the collectors read into a trace")
+    record.add_argument("--duration", type=float, required=True, metavar="SECONDS")
+    record.add_argument("--output", required=True, metavar="FILE", help="trace file (gzip JSON lines)")
+    record.set_defaults(handler=_record)
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    return {
+        "log_level": args.log_level,
+        "listen": getattr(args, "listen", None),
+        "paths.procfs": args.procfs,
+        "paths.sysfs": args.sysfs,
+    }
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT set an event; installed before uvicorn so its re-raise lands here."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, _frame) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        self.event.set()
+
+
+def _run(args: argparse.Namespace, config) -> int:
+    from agent.daemon import Agent
+    from agent.server import bind_socket, serve
+
+    if args.speed < 0:
+        raise ValueError("--speed must be 0 (as fast as possible) or positive")
+    host, port = parse_listen(config.listen)
+    stop = _StopSignals()
+    agent = Agent(config, replay_from=args.replay)
+    sock = bind_socket(host, port)
+    agent.start(replay_speed=args.speed)
+    log.info("hybridmon %s (%s) serving http://%s:%d/metrics", __version__, agent.mode, host, port)
+    try:
+        if not stop.event.is_set():
+            serve(agent, sock, config.log_level)
+    finally:
+        agent.stop()
+        sock.close()
+    return EXIT_OK
+
+
+def _record(args: argparse.Namespace, config) -> int:
+    from agent.daemon import Agent
+
+    if args.duration <= 0:
+        raise ValueError("--duration must be positive")
+    stop = _StopSignals()
+    agent = Agent(config, record_to=args.output)
+    agent.start()
+    log.info("recording for %.0f s into %s", args.duration, args.output)
+    stop.event.wait(args.duration)
+    agent.stop()
+    log.info("trace written to %s", args.output)
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The agent's configuration: one TOML file, then HYBRIDMON_* environment variables, then flags.
+
+Every layer is optional; with none at all the agent runs on its defaults. Validation errors name the
+key, the bad value and where it came from.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+ENV_PREFIX = "HYBRIDMON_"
+DEFAULT_LISTEN = "127.0.0.1:9787"
+
+# Command lines of the inference servers we look for when nothing else is configured.
+DEFAULT_CMDLINE_PATTERNS = (
+    r"vllm\.entrypoints|\bvllm serve\b",
+    r"(^|/)llama-server\b",
+    r"sglang\.launch_server",
+    r"text-generation-launcher|text-generation-router",
+    r"(^|/)ollama (serve|runner)",
+)
+
+
+class ConfigError(Exception):
+    """The configuration is not usable; the message says which key and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PathsConfig(_Strict):
+    procfs: str = "/proc"
+    sysfs: str = "/sys"
+
+
+class CollectorConfig(_Strict):
+    enabled: bool = True
+    interval_seconds: float | None = Field(
+        default=None, gt=0, le=3600, description="None: the collector's own default"
+    )
+
+
+class GpuConfig(_Strict):
+    nvml_module: str = Field(
+        default="pynvml", description="Python module providing NVML; tests point it at a fake"
+    )
+    max_workers: int = Field(default=8, ge=1, le=64)
+
+
+class ProcessConfig(_Strict):
+    pids: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()
+    cmdline_patterns: tuple[str, ...] = DEFAULT_CMDLINE_PATTERNS
+    auto_detect_gpu_processes: bool = True
+    discovery_interval_seconds: float = Field(default=10.0, gt=0, le=3600)
+
+    @field_validator("cmdline_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+        return patterns
+
+
+class PcieConfig(_Strict):
+    udev: bool = Field(default=True, description="discover devices and watch events through udev")
+
+
+class AgentConfig(_Strict):
+    listen: str = DEFAULT_LISTEN
+    interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    history_seconds: float = Field(default=7200.0, ge=60, le=7 * 86400)
+    log_level: str = "info"
+    paths: PathsConfig = PathsConfig()
+    gpu: GpuConfig = GpuConfig()
+    process: ProcessConfig = ProcessConfig()
+    pcie: PcieConfig = PcieConfig()
+    collectors: dict[str, CollectorConfig] = {}
+
+    @field_validator("listen")
+    @classmethod
+    def _listen_is_host_port(cls, listen: str) -> str:
+        parse_listen(listen)
+        return listen
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, level: str) -> str:
+        if level.lower() not in {"debug", "info", "warning", "error"}:
+            raise ValueError("must be one of debug, info, warning, error")
+        return level.lower()
+
+    def collector(self, name: str) -> CollectorConfig:
+        return self.collectors.get(name, CollectorConfig())
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[IPv6]:PORT' -> (host, port)."""
+    match = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d+)|([^:\[\]]+):(\d+)", listen.strip())
+    if not match:
+        raise ValueError(f"{listen!r} is not HOST:PORT (e.g. {DEFAULT_LISTEN} or [::1]:9787)")
+    host = match.group(1) or match.group(3)
+    port = int(match.group(2) or match.group(4))
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} is outside 1-65535")
+    return host, port
+
+
+def load_config(
+    path: str | os.PathLike | None = None,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> AgentConfig:
+    """File, then environment, then flags (`overrides`, dotted keys like 'paths.procfs')."""
+    layers: list[tuple[str, dict]] = []
+    if path is not None:
+        layers.append((str(path), _read_toml(Path(path))))
+    environ = os.environ if environ is None else environ
+    layers.append(("environment", _from_environment(environ)))
+    layers.append(("command line", _nest({k: v for k, v in (overrides or {}).items() if v is not None})))
+    merged: dict = {}
+    origin: dict[str, str] = {}
+    for name, layer in layers:
+        _merge(merged, layer, origin, name)
+    try:
+        return AgentConfig.model_validate(merged)
+    except ValidationError as error:
+        raise ConfigError(_describe(error, origin)) from None
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        with path.open("rb") as handle:
+            return tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except OSError as error:
+        raise ConfigError(f"config file {path} cannot be read: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+
+
+def _from_environment(environ: Mapping[str, str]) -> dict:
+    """HYBRIDMON_PATHS__PROCFS=/host/proc -> {'paths': {'procfs': '/host/proc'}}."""
+    flat = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "FAKE_"):
+            continue
+        key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+        try:
+            # JSON lets lists and numbers through; anything else stays a string.
+            flat[key] = json.loads(raw)
+        except ValueError:
+            flat[key] = raw
+    return _nest(flat)
+
+
+def _nest(flat: Mapping[str, Any]) -> dict:
+    nested: dict = {}
+    for dotted, value in flat.items():
+        node = nested
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return nested
+
+
+def _merge(into: dict, layer: dict, origin: dict[str, str], source: str, prefix: str = "") -> None:
+    for key, value in layer.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merge(into[key], value, origin, source, dotted + ".")
+        else:
+            into[key] = value
+        origin[dotted] = source
+
+
+def _describe(error: ValidationError, origin: dict[str, str]) -> str:
+    lines = ["invalid configuration:"]
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"])
+        where = next(
+            (origin[k] for k in _prefixes(key) if k in origin), "defaults"
+        )
+        if problem["type"] == "extra_forbidden":
+            lines.append(f"  {key}: unknown key (from {where})")
+        else:
+            lines.append(f"  {key} = {problem.get('input')!r}: {problem['msg']} (from {where})")
+    return "\n".join(lines)
+
+
+def _prefixes(dotted: str) -> list[str]:
+    parts = dotted.split(".")
+    return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]

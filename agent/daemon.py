@@ -1,0 +1,118 @@
+"""The agent assembled: collectors, history, sampler and exposition, in one of three modes.
+
+live:   collectors read the host.
+record: the same, and every reading goes to a trace file.
+replay: collectors read a trace instead of the host; after its last record the state stays served.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from agent.config import AgentConfig
+from agent.exposition import Exposition
+from agent.history import History
+from agent.sampler import Sampler
+from agent.sources import LiveSource, RecordingSource, ReplaySource
+from agent.trace import TraceError, TraceReader, TraceWriter
+from agent.wiring import build_collectors
+from exporters.base import LogOnce
+
+log = logging.getLogger(__name__)
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        record_to: str | Path | None = None,
+        replay_from: str | Path | None = None,
+    ) -> None:
+        if record_to and replay_from:
+            raise ValueError("record and replay cannot be combined")
+        self.config = config
+        self.replay_finished = threading.Event()
+        self._recorder: TraceWriter | None = None
+        self._reader: TraceReader | None = None
+        if replay_from:
+            self.mode = "replay"
+            self._reader = TraceReader(replay_from)
+            collector_config = _config_from_trace(self._reader, config)
+            scheduled = build_collectors(collector_config, lambda _name: ReplaySource(), replay=True)
+        elif record_to:
+            self.mode = "record"
+            scheduled = build_collectors(config, lambda _name: RecordingSource())
+            self._recorder = TraceWriter(record_to, config.model_dump(mode="json"))
+        else:
+            self.mode = "live"
+            live = LiveSource()
+            scheduled = build_collectors(config, lambda _name: live)
+        self.history = History(config.history_seconds)
+        self.sampler = Sampler(scheduled, self.history, config.interval_seconds, recorder=self._recorder)
+        self.exposition = Exposition(self.history, self.sampler, self.mode)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self, replay_speed: float = 1.0) -> None:
+        """Start sampling (or replaying) in a background thread."""
+        if self._reader is not None:
+            target, args = self.replay, (replay_speed,)
+        else:
+            target, args = self.sampler.run_forever, ()
+        self._thread = threading.Thread(target=target, args=args, name="sampler", daemon=True)
+        self._thread.start()
+
+    def replay(self, speed: float = 1.0) -> int:
+        """Feed the trace's records through the collectors, pacing by recorded time / speed.
+
+        speed 0 means as fast as possible. Returns the number of records replayed.
+        """
+        assert self._reader is not None
+        by_name = {item.collector.name: item for item in self.sampler.scheduled}
+        warn_once = LogOnce(log)
+        previous_time = None
+        replayed = 0
+        try:
+            for record in self._reader.records():
+                if self._stop.is_set():
+                    break
+                item = by_name.get(record.collector)
+                if item is None:
+                    warn_once(record.collector, "trace has readings of collector %r, which this replay does not run", record.collector)
+                    continue
+                if speed > 0 and previous_time is not None and record.time > previous_time:
+                    if self._stop.wait((record.time - previous_time) / speed):
+                        break
+                previous_time = record.time
+                item.source.load(record.readings)
+                self.sampler.run_collector(item, at=record.time)
+                replayed += 1
+        except TraceError as error:
+            log.error("replay stopped: %s", error)
+        log.info("replay finished after %d records; serving the last state until stopped", replayed)
+        self.replay_finished.set()
+        return replayed
+
+    def stop(self) -> None:
+        self._stop.set()
+        hung = self.sampler.stop()
+        if hung:
+            log.warning("collectors still running at shutdown, abandoned: %s", ", ".join(hung))
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self.sampler.close_collectors()
+        if self._recorder is not None:
+            self._recorder.close()
+
+
+def _config_from_trace(reader: TraceReader, current: AgentConfig) -> AgentConfig:
+    """The collectors are rebuilt exactly as recorded; listening and logging stay as given now."""
+    recorded = dict(reader.config)
+    recorded.update(listen=current.listen, log_level=current.log_level, history_seconds=current.history_seconds)
+    try:
+        return AgentConfig.model_validate(recorded)
+    except ValidationError as error:
+        raise TraceError(f"{reader.path}: the recorded configuration is not valid: {error}") from None

@@ -1,0 +1,159 @@
+"""The sampling loop: runs each collector on its own interval and commits what it returns.
+
+Collectors run on a small thread pool so a slow or hung one (NVML can hang when a GPU falls off the
+bus) never delays the others or the tick. A collector that is still running when it comes due again
+is skipped, not stacked. Every run is timed and its outcome kept for the self metrics.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from agent.history import History
+from agent.trace import TraceWriter
+from exporters.base import Collector, LogOnce, NoDataError, Samples
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CollectorState:
+    """What the self metrics report about one collector."""
+
+    runs: int = 0
+    errors: int = 0
+    last_success: bool | None = None
+    no_data_reason: str | None = None
+    last_duration_seconds: float | None = None
+    last_error_time: float | None = None
+    last_error: str | None = None
+    running_since: float | None = None  # monotonic
+
+
+@dataclass
+class Scheduled:
+    collector: Collector
+    interval_seconds: float
+    source: object  # the RawSource handed to the collector (recording or replay sources need it)
+    state: CollectorState = field(default_factory=CollectorState)
+    next_due: float = 0.0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class LoopState:
+    ticks: int = 0
+    last_lag_seconds: float = 0.0
+    max_lag_seconds: float = 0.0
+
+
+class Sampler:
+    def __init__(
+        self,
+        scheduled: list[Scheduled],
+        history: History,
+        interval_seconds: float,
+        recorder: TraceWriter | None = None,
+        wall_clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scheduled = scheduled
+        self.history = history
+        self.interval_seconds = interval_seconds
+        self.loop = LoopState()
+        self._recorder = recorder
+        self._wall_clock = wall_clock
+        self._monotonic = monotonic
+        self._log_once = LogOnce(log)
+        self._pool = ThreadPoolExecutor(max_workers=max(1, len(scheduled)), thread_name_prefix="collector")
+        self._stop = threading.Event()
+        self.on_commit: list[Callable[[], None]] = []
+        for item in scheduled:
+            history.add_collector(item.collector.name, item.interval_seconds)
+
+    def run_collector(self, item: Scheduled, at: float | None = None) -> None:
+        """Run one collector now (in this thread) and commit its samples at wall time `at`."""
+        if not item.lock.acquire(blocking=False):
+            return
+        try:
+            self._run_locked(item, self._wall_clock() if at is None else at)
+        finally:
+            item.lock.release()
+
+    def _run_locked(self, item: Scheduled, at: float) -> None:
+        state = item.state
+        started = self._monotonic()
+        state.running_since = started
+        samples: Samples | None = None
+        try:
+            samples = item.collector.collect()
+            state.last_success, state.no_data_reason = True, None
+        except NoDataError as absent:
+            state.last_success, state.no_data_reason = True, str(absent)
+            self._log_once(f"nodata:{item.collector.name}:{absent}", "%s: %s", item.collector.name, absent)
+        except Exception as error:  # one collector's failure must never reach the loop
+            state.last_success = False
+            state.errors += 1
+            state.last_error_time = at
+            state.last_error = f"{type(error).__name__}: {error}"
+            self._log_once(
+                f"error:{item.collector.name}:{type(error).__name__}",
+                "collector %s failed: %s (further failures of this kind are counted, not logged)",
+                item.collector.name, state.last_error,
+            )
+            log.debug("collector %s failed", item.collector.name, exc_info=True)
+        finally:
+            state.runs += 1
+            state.last_duration_seconds = self._monotonic() - started
+            state.running_since = None
+        if self._recorder is not None:
+            self._recorder.write(item.collector.name, at, item.source.take_readings())
+        self.history.commit(item.collector.name, at, samples if samples is not None else Samples())
+        for callback in self.on_commit:
+            callback()
+
+    def tick(self) -> None:
+        """Start every collector that is due and not still running."""
+        now = self._monotonic()
+        for item in self.scheduled:
+            if now >= item.next_due and not item.lock.locked():
+                item.next_due = now + item.interval_seconds
+                self._pool.submit(self.run_collector, item)
+        self.loop.ticks += 1
+
+    def run_forever(self) -> None:
+        """Tick every interval until stop() is called; the lag is how late each tick woke up."""
+        next_tick = self._monotonic()
+        while not self._stop.is_set():
+            lag = max(0.0, self._monotonic() - next_tick)
+            self.loop.last_lag_seconds = lag
+            self.loop.max_lag_seconds = max(self.loop.max_lag_seconds, lag)
+            self.tick()
+            next_tick += self.interval_seconds
+            if next_tick < self._monotonic():  # fell behind by more than a tick: skip, don't burst
+                next_tick = self._monotonic()
+            self._stop.wait(max(0.0, next_tick - self._monotonic()))
+
+    def stop(self, timeout: float = 5.0) -> list[str]:
+        """Stop ticking and wait up to `timeout` for running collectors; returns those still running."""
+        self._stop.set()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        deadline = self._monotonic() + timeout
+        still_running = []
+        for item in self.scheduled:
+            if item.lock.acquire(timeout=max(0.0, deadline - self._monotonic())):
+                item.lock.release()
+            else:
+                still_running.append(item.collector.name)
+        return still_running
+
+    def close_collectors(self) -> None:
+        for item in self.scheduled:
+            try:
+                item.collector.close()
+            except Exception:
+                log.warning("collector %s did not close cleanly", item.collector.name, exc_info=True)

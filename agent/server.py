@@ -1,0 +1,67 @@
+"""HTTP API: /metrics for Prometheus and /healthz for liveness checks."""
+from __future__ import annotations
+
+import logging
+import socket
+
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from agent import __version__
+from agent.daemon import Agent
+
+log = logging.getLogger(__name__)
+
+
+def create_app(agent: Agent) -> FastAPI:
+    app = FastAPI(title="hybridmon", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.get("/metrics")
+    def metrics() -> Response:
+        return Response(agent.exposition.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz")
+    def healthz() -> JSONResponse:
+        collectors = {
+            item.collector.name: {
+                "success": item.state.last_success,
+                "no_data": item.state.no_data_reason,
+                "last_error": item.state.last_error,
+                "runs": item.state.runs,
+            }
+            for item in agent.sampler.scheduled
+        }
+        return JSONResponse({"status": "ok", "mode": agent.mode, "version": __version__, "collectors": collectors})
+
+    return app
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """Bind before starting uvicorn, so a taken port is our clear error, not a server traceback."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(agent: Agent, sock: socket.socket, log_level: str) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn handles them and returns)."""
+    config = uvicorn.Config(
+        create_app(agent),
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        limit_concurrency=64,  # a scrape storm gets 503s instead of exhausting the agent
+        timeout_keep_alive=5,
+        server_header=False,
+    )
+    uvicorn.Server(config).run(sockets=[sock])

@@ -1,0 +1,78 @@
+"""Builds the collectors from the configuration, each with the raw source it reads through."""
+from __future__ import annotations
+
+from typing import Callable
+
+from agent.config import AgentConfig
+from agent.sampler import Scheduled
+from agent.sources import RawSource
+from exporters.gpu import GpuCollector
+from exporters.host_memory import HostMemoryCollector
+from exporters.numa import NumaCollector, ProcessNumaCollector
+from exporters.pcie import PcieCollector
+from exporters.pressure import PressureCollector
+from exporters.process import ProcessCollector
+
+SourceFactory = Callable[[str], RawSource]
+COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa")
+
+
+def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: bool = False) -> list[Scheduled]:
+    """One Scheduled per enabled collector. In a replay NVML is not loaded: the trace answers."""
+    unknown = set(config.collectors) - set(COLLECTOR_NAMES)
+    if unknown:
+        raise ValueError(f"unknown collector(s) in [collectors]: {', '.join(sorted(unknown))}; known: {', '.join(COLLECTOR_NAMES)}")
+    sources = {name: source_for(name) for name in COLLECTOR_NAMES}
+    paths = config.paths
+    gpu = GpuCollector(
+        sources["gpu"],
+        nvml_module=None if replay else config.gpu.nvml_module,
+        max_workers=config.gpu.max_workers,
+    )
+    gpu_enabled = config.collector("gpu").enabled and config.process.auto_detect_gpu_processes
+
+    def gpu_processes() -> dict[int, str]:
+        # Read through the process collector's source so a replay sees exactly what was seen live.
+        if not gpu_enabled:
+            return {}
+        recorded = sources["process"].call(
+            "agent.gpu_processes", lambda: {str(pid): name for pid, name in gpu.gpu_processes().items()}
+        )
+        return {int(pid): name for pid, name in recorded.items()}
+
+    process = ProcessCollector(
+        sources["process"],
+        procfs=paths.procfs,
+        pids=config.process.pids,
+        names=config.process.names,
+        cmdline_patterns=config.process.cmdline_patterns,
+        gpu_processes=gpu_processes,
+        discovery_interval_seconds=config.process.discovery_interval_seconds,
+    )
+
+    def watched_processes() -> dict[int, str]:
+        recorded = sources["process_numa"].call(
+            "agent.watched_processes", lambda: {str(pid): name for pid, name in process.watched().items()}
+        )
+        return {int(pid): name for pid, name in recorded.items()}
+
+    collectors = [
+        gpu,
+        HostMemoryCollector(sources["host_memory"], procfs=paths.procfs, sysfs=paths.sysfs),
+        PressureCollector(sources["pressure"], procfs=paths.procfs),
+        NumaCollector(sources["numa"], sysfs=paths.sysfs),
+        PcieCollector(sources["pcie"], sysfs=paths.sysfs, use_udev=None if config.pcie.udev else False,
+                      monitor_events=config.pcie.udev and not replay),
+        process,
+        ProcessNumaCollector(sources["process_numa"], procfs=paths.procfs, sysfs=paths.sysfs,
+                             watched=watched_processes),
+    ]
+    scheduled = []
+    for collector in collectors:
+        settings = config.collector(collector.name)
+        if not settings.enabled:
+            continue
+        interval = settings.interval_seconds or collector.default_interval_seconds
+        interval = max(interval, config.interval_seconds)
+        scheduled.append(Scheduled(collector, interval, sources[collector.name]))
+    return scheduled

@@ -1,0 +1,47 @@
+"""Building agents on the fixture host for end-to-end tests."""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from agent.config import load_config
+from agent.daemon import Agent
+from tests.conftest import FIXTURE_HOST
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The fixture host as environment variables, for daemon subprocesses and in-process configs alike.
+FIXTURE_ENVIRONMENT = {
+    "HYBRIDMON_PATHS__PROCFS": str(FIXTURE_HOST / "proc"),
+    "HYBRIDMON_PATHS__SYSFS": str(FIXTURE_HOST / "sys"),
+    "HYBRIDMON_GPU__NVML_MODULE": "tests.fake_nvml",
+    "HYBRIDMON_PCIE__UDEV": "false",
+}
+
+
+def fixture_config(**overrides):
+    return load_config(environ=FIXTURE_ENVIRONMENT, overrides=overrides)
+
+
+def run_every_collector_once(agent: Agent, at: float) -> None:
+    """In the agent's own order, so the process collector sees the GPU collector's processes."""
+    for item in agent.sampler.scheduled:
+        agent.sampler.run_collector(item, at=at)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def subprocess_environment(extra: dict[str, str] | None = None) -> dict[str, str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMON_")}
+    environment["PYTHONPATH"] = str(REPO)
+    environment.update(extra or {})
+    return environment
+
+
+HYBRIDMON = [sys.executable, "-m", "agent.cli"]

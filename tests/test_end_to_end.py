@@ -1,0 +1,208 @@
+"""The whole agent: fixture host golden output, the daemon over HTTP, record and replay."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from agent.config import load_config
+from agent.daemon import Agent
+from tests import fake_nvml
+from tests.agent_helpers import (
+    FIXTURE_ENVIRONMENT,
+    HYBRIDMON,
+    REPO,
+    fixture_config,
+    free_port,
+    run_every_collector_once,
+    subprocess_environment,
+)
+
+GOLDEN = REPO / "tests" / "golden" / "fixture-host.prom"
+
+
+@pytest.fixture(autouse=True)
+def default_fake_gpus():
+    fake_nvml.reset()
+    yield
+    fake_nvml.reset()
+
+
+def fixture_exposition() -> bytes:
+    agent = Agent(fixture_config())
+    try:
+        run_every_collector_once(agent, at=1_700_000_000.0)
+        failures = {i.collector.name: i.state.last_error for i in agent.sampler.scheduled if not i.state.last_success}
+        assert failures == {}
+        return agent.exposition.samples_text()
+    finally:
+        agent.stop()
+
+
+def test_fixture_host_metrics_match_the_golden_file(update_golden):
+    text = fixture_exposition()
+    if update_golden:
+        GOLDEN.write_bytes(text)
+    assert text.decode() == GOLDEN.read_text(), "run pytest --update-golden after an intended change"
+
+
+def test_golden_output_passes_promtool_lint():
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/test (Debian package prometheus)"
+    agent = Agent(fixture_config())
+    try:
+        run_every_collector_once(agent, at=1_700_000_000.0)
+        text = agent.exposition.render()
+    finally:
+        agent.stop()
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_fixture_host_carries_what_the_issue_names():
+    text = fixture_exposition().decode()
+    expected = [
+        'hybridmon_gpu_info{driver_version=',
+        'hybridmon_gpu_pcie_link_generation{gpu="1"',
+        'hybridmon_pcie_link_width_lanes{pci_bus_id="0000:ca:00.0"} 8.0',
+        'hybridmon_pcie_aer_errors_total{pci_bus_id="0000:17:00.0",severity="correctable"}',
+        'hybridmon_pcie_device_numa_node{pci_bus_id="0000:ca:00.0"} 1.0',
+        'hybridmon_numa_node_memory_total_bytes{node="1"}',
+        'hybridmon_process_swap_bytes{name="python3",pid="4242"}',
+        'hybridmon_process_numa_resident_bytes{name="python3",node="1",pid="4242"}',
+        'hybridmon_pressure_stalled_seconds_total{resource="memory",scope="full"}',
+        'hybridmon_sysctl_value{sysctl="vm.swappiness"} 60.0',
+    ]
+    missing = [line for line in expected if line not in text]
+    assert missing == []
+
+
+def scrape(port: int) -> str:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except httpx.HTTPError as error:
+            last = error
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def start_daemon(args: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        HYBRIDMON + args, env=subprocess_environment(extra_env), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def stop_daemon(process: subprocess.Popen) -> tuple[int, str]:
+    process.send_signal(signal.SIGTERM)
+    try:
+        _out, err = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _out, err = process.communicate()
+        raise AssertionError("daemon did not stop within 10 s of SIGTERM:\n" + err)
+    return process.returncode, err
+
+
+def test_daemon_serves_the_fixture_host_and_stops_on_sigterm():
+    port = free_port()
+    daemon = start_daemon(["run", "--listen", f"127.0.0.1:{port}"], FIXTURE_ENVIRONMENT)
+    try:
+        text = wait_for(lambda: (t := scrape(port)) if "hybridmon_gpu_info" in t and "process_numa" in t else None, 15, "GPU metrics")
+        assert 'hybridmon_collector_success{collector="gpu"} 1.0' in text
+        health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json()
+        assert health["status"] == "ok" and health["mode"] == "live"
+    finally:
+        code, err = stop_daemon(daemon)
+    assert code == 0, err
+    assert "Traceback" not in err
+
+
+def test_daemon_on_this_host_runs_without_a_gpu_and_says_why_once():
+    port = free_port()
+    daemon = start_daemon(["run", "--listen", f"127.0.0.1:{port}"], {})
+    try:
+        text = wait_for(lambda: (t := scrape(port)) if "hybridmon_memory_total_bytes" in t and 'hybridmon_collector_runs_total{collector="gpu"} 3' in t else None, 15, "three GPU collector runs")
+        assert 'hybridmon_collector_no_data{collector="gpu"} 1.0' in text
+        assert "hybridmon_gpu_memory_used_bytes" not in text
+    finally:
+        code, err = stop_daemon(daemon)
+    assert code == 0, err
+    assert err.count("NVIDIA driver not found") == 1, err
+
+
+def test_daemon_refuses_a_taken_port_clearly():
+    port = free_port()
+    first = start_daemon(["run", "--listen", f"127.0.0.1:{port}"], FIXTURE_ENVIRONMENT)
+    try:
+        wait_for(lambda: scrape(port), 15, "first daemon")
+        second = subprocess.run(HYBRIDMON + ["run", "--listen", f"127.0.0.1:{port}"], env=subprocess_environment(FIXTURE_ENVIRONMENT), cwd=REPO, capture_output=True, text=True, timeout=20)
+        assert second.returncode == 1
+        assert f"cannot listen on 127.0.0.1:{port}" in second.stderr and "Traceback" not in second.stderr
+    finally:
+        stop_daemon(first)
+
+
+def test_malformed_config_file_is_refused_with_the_key(tmp_path):
+    config = tmp_path / "bad.toml"
+    config.write_text("[process]\npids = ['many']\n")
+    result = subprocess.run(HYBRIDMON + ["run", "--config", str(config)], env=subprocess_environment(), cwd=REPO, capture_output=True, text=True, timeout=20)
+    assert result.returncode == 2
+    assert "process.pids.0 = 'many'" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_record_then_replay_exports_what_was_exported_live_on_this_host(tmp_path):
+    """The real /proc and /sys of this machine change between ticks; the replay must match anyway."""
+    trace = tmp_path / "live.jsonl.gz"
+    config = load_config(environ={"HYBRIDMON_PROCESS__PIDS": f"[{os.getpid()}]"})
+    recorder = Agent(config, record_to=trace)
+    try:
+        for tick in range(3):
+            run_every_collector_once(recorder, at=1_700_000_000.0 + tick)
+            _ = [bytearray(1 << 20) for _ in range(20)]  # move this process's counters between ticks
+        live = recorder.exposition.samples_text()
+    finally:
+        recorder.stop()
+    assert f'pid="{os.getpid()}"'.encode() in live
+
+    replayer = Agent(load_config(environ={}), replay_from=trace)
+    try:
+        assert replayer.replay(speed=0) == 3 * len(recorder.sampler.scheduled)
+        assert replayer.exposition.samples_text() == live
+    finally:
+        replayer.stop()
+
+
+def test_record_and_replay_commands_on_the_fixture_host(tmp_path):
+    trace = tmp_path / "fixture.jsonl.gz"
+    recorded = subprocess.run(
+        HYBRIDMON + ["record", "--duration", "2.5", "--output", str(trace)],
+        env=subprocess_environment(FIXTURE_ENVIRONMENT), cwd=REPO, capture_output=True, text=True, timeout=30,
+    )
+    assert recorded.returncode == 0, recorded.stderr
+    port = free_port()
+    daemon = start_daemon(["run", "--replay", str(trace), "--speed", "0", "--listen", f"127.0.0.1:{port}"], {})
+    try:
+        text = wait_for(lambda: (t := scrape(port)) if 'mode="replay"' in t and "hybridmon_gpu_info" in t else None, 15, "replayed GPU metrics")
+        time.sleep(0.5)
+        again = scrape(port)  # the trace is over: the last state stays served
+    finally:
+        code, err = stop_daemon(daemon)
+    assert code == 0 and "Traceback" not in err
+    replayed = text.split("# HELP hybridmon_collector_success")[0]
+    assert again.split("# HELP hybridmon_collector_success")[0] == replayed
+    assert replayed == fixture_exposition().decode()

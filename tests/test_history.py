@@ -1,0 +1,62 @@
+import math
+
+from agent.history import History
+from exporters.base import MetricSpec, Samples
+
+RESIDENT = MetricSpec("hybridmon_test_resident_bytes", "test", "gauge", ("pid",))
+
+
+def batch(**values):
+    samples = Samples()
+    for pid, value in values.items():
+        samples.add(RESIDENT, value, pid.lstrip("p"))
+    return samples
+
+
+def test_series_keep_order_and_leave_out_absent_ticks():
+    history = History(retention_seconds=10)
+    history.add_collector("process", 1.0)
+    history.commit("process", 100.0, batch(p1=1.0, p2=5.0))
+    history.commit("process", 101.0, batch(p1=2.0))
+    history.commit("process", 102.0, batch(p1=3.0, p2=7.0))
+    (one,) = history.series("hybridmon_test_resident_bytes", pid="1")
+    assert one.times == [100.0, 101.0, 102.0] and one.values == [1.0, 2.0, 3.0]
+    (two,) = history.series("hybridmon_test_resident_bytes", pid="2")
+    assert two.times == [100.0, 102.0] and two.values == [5.0, 7.0]
+
+
+def test_ring_keeps_only_the_retention_window():
+    history = History(retention_seconds=5)
+    history.add_collector("process", 1.0)
+    for second in range(12):
+        history.commit("process", float(second), batch(p1=float(second)))
+    (series,) = history.series("hybridmon_test_resident_bytes")
+    assert series.times == [7.0, 8.0, 9.0, 10.0, 11.0]
+    assert series.values == series.times
+
+
+def test_a_series_absent_for_a_whole_window_is_dropped():
+    history = History(retention_seconds=3)
+    history.add_collector("process", 1.0)
+    history.commit("process", 0.0, batch(p1=1.0, p2=1.0))
+    for second in range(1, 4):
+        history.commit("process", float(second), batch(p1=1.0))
+    assert history.series_count() == 1
+    assert history.series("hybridmon_test_resident_bytes", pid="2") == []
+
+
+def test_slow_collectors_get_a_smaller_ring():
+    history = History(retention_seconds=7200)
+    history.add_collector("fast", 1.0)
+    history.add_collector("slow", 30.0)
+    assert dict(history.capacities()) == {"fast": 7200, "slow": 240}
+
+
+def test_latest_is_the_last_commit():
+    history = History(retention_seconds=10)
+    history.add_collector("process", 1.0)
+    history.commit("process", 1.0, batch(p1=1.0))
+    history.commit("process", 2.0, batch(p1=9.0))
+    at, samples = history.latest()["process"]
+    assert at == 2.0 and samples.value("hybridmon_test_resident_bytes", pid="1") == 9.0
+    assert not math.isnan(samples.value("hybridmon_test_resident_bytes", pid="1"))
