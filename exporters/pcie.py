@@ -1,0 +1,399 @@
+"""PCIe link state, AER error counters and presence of the NVIDIA GPUs, from sysfs and udev.
+
+A GPU whose link trained down (Gen3 x8 instead of Gen4 x16) halves host<->device bandwidth, which
+is what hybrid inference lives on; AER errors precede a GPU falling off the bus; and presence
+going to 0 shows that fall even while NVML hangs.
+
+Discovery lists the NVIDIA display-class functions (vendor 0x10de, class 0x03xxxx; the HDMI audio
+function of the same card is class 0x04 and is left out) through pyudev on the live host, or by
+walking <sysfs>/bus/pci/devices for any other root. It runs on the first collect(), every
+REDISCOVERY_SECONDS, and at once when udev reports an NVIDIA event. Every nondeterministic input
+(the device list, the rediscovery decision, the udev event counts) goes through source.call, so a
+replayed trace makes the same reads in the same order.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any, Callable, Mapping
+
+import pyudev
+
+from exporters.base import LogOnce, MetricSpec, NoDataError, ParseError, Samples
+
+log = logging.getLogger(__name__)
+
+NVIDIA_VENDOR_ID = 0x10DE
+DISPLAY_CLASS = 0x03  # base class byte of "0x030200" (3D controller) and "0x030000" (VGA)
+REDISCOVERY_SECONDS = 10.0
+ALWAYS_EXPORTED_ACTIONS = ("add", "remove")
+
+LINK_SPEED = MetricSpec(
+    "hybridmon_pcie_link_speed_transfers_per_second",
+    "Negotiated PCIe link speed per lane in transfers per second (sysfs current_link_speed, "
+    "e.g. '16.0 GT/s PCIe' = 16e9); absent when the kernel reports it unknown.",
+    "gauge", ("pci_bus_id",))
+LINK_MAX_SPEED = MetricSpec(
+    "hybridmon_pcie_link_max_speed_transfers_per_second",
+    "Highest PCIe link speed the device supports, in transfers per second (sysfs max_link_speed).",
+    "gauge", ("pci_bus_id",))
+LINK_WIDTH = MetricSpec(
+    "hybridmon_pcie_link_width_lanes",
+    "Negotiated PCIe link width in lanes (sysfs current_link_width); absent when 0 (link down) "
+    "or beyond x32.",
+    "gauge", ("pci_bus_id",))
+LINK_MAX_WIDTH = MetricSpec(
+    "hybridmon_pcie_link_max_width_lanes",
+    "Widest PCIe link the device supports, in lanes (sysfs max_link_width).",
+    "gauge", ("pci_bus_id",))
+LINK_GENERATION = MetricSpec(
+    "hybridmon_pcie_link_generation",
+    "PCIe generation of the negotiated link speed (2.5 GT/s = 1 ... 64 GT/s = 6), derived from "
+    "sysfs current_link_speed.",
+    "gauge", ("pci_bus_id",))
+LINK_MAX_GENERATION = MetricSpec(
+    "hybridmon_pcie_link_max_generation",
+    "PCIe generation of the highest supported link speed, derived from sysfs max_link_speed.",
+    "gauge", ("pci_bus_id",))
+AER_ERRORS = MetricSpec(
+    "hybridmon_pcie_aer_errors_total",
+    "PCIe AER error messages sent by the device since boot, by severity (correctable|nonfatal|"
+    "fatal), from the TOTAL_ERR_* line of sysfs aer_dev_correctable / aer_dev_nonfatal / "
+    "aer_dev_fatal; absent when the kernel or device has no AER statistics.",
+    "counter", ("pci_bus_id", "severity"))
+DEVICE_NUMA_NODE = MetricSpec(
+    "hybridmon_pcie_device_numa_node",
+    "NUMA node the device is attached to (sysfs numa_node); absent when the kernel reports -1.",
+    "gauge", ("pci_bus_id",))
+DEVICE_PRESENT = MetricSpec(
+    "hybridmon_pcie_device_present",
+    "1 while the NVIDIA GPU function is on the PCI bus (sysfs/udev); 0 once a function seen "
+    "earlier has disappeared, e.g. fallen off the bus.",
+    "gauge", ("pci_bus_id",))
+UDEV_EVENTS = MetricSpec(
+    "hybridmon_pcie_udev_events_total",
+    "Kernel uevents for NVIDIA PCI functions (PCI_ID 10DE:*) since the agent started, by action "
+    "(add, remove, change, bind, unbind); from a pyudev netlink monitor, absent when netlink "
+    "uevents cannot be received.",
+    "counter", ("action",))
+
+AER_FILES = (("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"),
+             ("nonfatal", "aer_dev_nonfatal", "TOTAL_ERR_NONFATAL"),
+             ("fatal", "aer_dev_fatal", "TOTAL_ERR_FATAL"))
+# Keyed by tenths of GT/s so that float noise cannot miss a generation.
+_GENERATION_BY_DECI_GTS = {25: 1, 50: 2, 80: 3, 160: 4, 320: 5, 640: 6, 1280: 7}
+_SPEED = re.compile(r"([0-9]{1,4}(?:\.[0-9]{1,3})?) GT/s(?: PCIe)?")
+_UNKNOWN_SPEEDS = frozenset({"Unknown", "Unknown speed", "Unknown Speed"})
+_HEX_ID = re.compile(r"0x([0-9a-fA-F]{1,8})")
+_INTEGER = re.compile(r"-?[0-9]{1,20}")
+_AER_LINE = re.compile(r"(\S.*?)\s+([0-9]{1,20})")
+_PCI_ID = re.compile(r"([0-9a-fA-F]{4}):[0-9a-fA-F]{4}")
+
+
+def parse_link_speed(text: str) -> float | None:
+    """current_link_speed / max_link_speed ("16.0 GT/s PCIe", older "8 GT/s") -> transfers/s.
+
+    None for "Unknown" / "Unknown speed" (link down or a speed the kernel cannot name).
+    """
+    value = text.strip()
+    if value in _UNKNOWN_SPEEDS:
+        return None
+    match = _SPEED.fullmatch(value)
+    if not match:
+        raise ParseError(f"not a PCIe link speed: {value[:40]!r}")
+    transfers = float(match.group(1)) * 1e9
+    return transfers if transfers > 0 else None
+
+
+def parse_link_width(text: str) -> int | None:
+    """current_link_width / max_link_width -> lanes; None for 0 (link down) or beyond x32
+    (255 and 63 are what all-ones config reads of a dead device decode to)."""
+    value = text.strip()
+    if not _INTEGER.fullmatch(value):
+        raise ParseError(f"not a PCIe link width: {value[:40]!r}")
+    lanes = int(value)
+    return lanes if 1 <= lanes <= 32 else None
+
+
+def parse_hex_id(text: str) -> int:
+    """sysfs vendor / device / class ("0x10de", "0x030200") -> integer."""
+    match = _HEX_ID.fullmatch(text.strip())
+    if not match:
+        raise ParseError(f"not a 0x-prefixed hex id: {text.strip()[:40]!r}")
+    return int(match.group(1), 16)
+
+
+def parse_numa_node(text: str) -> int | None:
+    """sysfs numa_node -> node number; None for -1 (no NUMA affinity known)."""
+    value = text.strip()
+    if not _INTEGER.fullmatch(value):
+        raise ParseError(f"not a NUMA node number: {value[:40]!r}")
+    node = int(value)
+    return node if node >= 0 else None
+
+
+def parse_aer_counters(text: str) -> dict[str, int]:
+    """aer_dev_correctable / aer_dev_nonfatal / aer_dev_fatal -> {name: count}.
+
+    Lines are "<name> <count>": "RxErr 3" (Linux 5.x+), "Receiver Error 3" (4.19),
+    "dev_cor_errs_bit[1] 2" (a bit without a name), and last "TOTAL_ERR_COR 7".
+    """
+    counters: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        match = _AER_LINE.fullmatch(line.strip())
+        if not match:
+            raise ParseError(f"not an AER counter line: {line[:60]!r}")
+        counters[match.group(1)] = int(match.group(2))
+    if not counters:
+        raise ParseError("no AER counters in the file")
+    return counters
+
+
+def _total(aer_text: str, total_key: str) -> int:
+    counters = parse_aer_counters(aer_text)
+    if total_key not in counters:
+        raise ParseError(f"no {total_key} line")
+    return counters[total_key]
+
+
+def link_generation(transfers_per_second: float | None) -> int | None:
+    """PCIe generation of a per-lane speed: 2.5e9 -> 1, 5e9 -> 2, 8e9 -> 3 ... 64e9 -> 6."""
+    if transfers_per_second is None:
+        return None
+    return _GENERATION_BY_DECI_GTS.get(round(transfers_per_second / 1e8))
+
+
+def is_nvidia_pci_id(pci_id: str) -> bool:
+    """The uevent PCI_ID property ("10DE:26B9") names an NVIDIA function."""
+    match = _PCI_ID.fullmatch(pci_id.strip())
+    return bool(match) and int(match.group(1), 16) == NVIDIA_VENDOR_ID
+
+
+def is_nvidia_gpu_properties(properties: Mapping[str, str]) -> bool:
+    """udev properties of an NVIDIA display-class function (PCI_CLASS "30200" = 0x030200)."""
+    try:
+        pci_class = int(properties.get("PCI_CLASS", ""), 16)
+    except ValueError:
+        return False
+    return is_nvidia_pci_id(properties.get("PCI_ID", "")) and pci_class >> 16 == DISPLAY_CLASS
+
+
+def list_nvidia_gpus_udev() -> list[str]:
+    """Sysfs addresses ("0000:17:00.0") of the NVIDIA GPU functions libudev knows, sorted."""
+    context = pyudev.Context()
+    return sorted(device.sys_name for device in context.list_devices(subsystem="pci")
+                  if is_nvidia_gpu_properties(device.properties))
+
+
+class PcieCollector:
+    name = "pcie"
+    default_interval_seconds = 1.0
+    metric_specs = (LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, LINK_GENERATION,
+                    LINK_MAX_GENERATION, AER_ERRORS, DEVICE_NUMA_NODE, DEVICE_PRESENT,
+                    UDEV_EVENTS)
+
+    def __init__(self, source: Any, sysfs: str = "/sys", use_udev: bool | None = None,
+                 monitor_events: bool = True, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._source = source
+        self._sysfs = sysfs
+        self._devices_dir = os.path.join(sysfs, "bus/pci/devices")
+        self._use_udev = os.path.normpath(sysfs) == "/sys" if use_udev is None else use_udev
+        self._monitor_events = monitor_events
+        self._clock = clock
+        self._log_once = LogOnce(log)
+        self._seen: list[str] = []          # every GPU function seen since start, in order
+        self._present: set[str] = set()
+        self._discovered_at: float | None = None
+        self._last_event_counts: dict[str, int] | None = None
+        self._events_lock = threading.Lock()
+        self._event_counts: dict[str, int] = {}
+        self._observer: Any = None
+        self._monitor_failed = False
+
+    @property
+    def udev_monitor_running(self) -> bool:
+        return self._observer is not None and self._observer.is_alive()
+
+    def collect(self) -> Samples:
+        events = self._read_event_counts()
+        due = self._source.call("pcie.rediscovery_due", lambda: self._rediscovery_due(events))
+        self._last_event_counts = events
+        if due:
+            self._discover()
+        if not self._seen:
+            raise NoDataError(
+                f"no NVIDIA GPU function (vendor 0x10de, class 0x03xxxx) under {self._devices_dir}")
+        samples = Samples()
+        for address in self._seen:
+            if address in self._present and self._still_there(address):
+                self._add_device(samples, address)
+            samples.add(DEVICE_PRESENT, 1 if address in self._present else 0, address)
+        if events is not None:
+            for action, count in sorted(events.items()):
+                samples.add(UDEV_EVENTS, count, action)
+        return samples
+
+    def close(self) -> None:
+        observer, self._observer = self._observer, None
+        if observer is not None:
+            observer.stop()
+
+    # -- discovery ---------------------------------------------------------------------------
+
+    def _rediscovery_due(self, events: dict[str, int] | None) -> bool:
+        now = self._clock()
+        due = (self._discovered_at is None or now - self._discovered_at >= REDISCOVERY_SECONDS
+               or events != self._last_event_counts)
+        if due:
+            self._discovered_at = now
+        return due
+
+    def _discover(self) -> None:
+        fetch = list_nvidia_gpus_udev if self._use_udev else self._list_nvidia_gpus_sysfs
+        try:
+            addresses = self._source.call("udev.nvidia_pci_functions", fetch)
+        except Exception as error:  # pyudev, sysfs and replayed failures alike
+            if not self._seen:
+                raise NoDataError(f"cannot list the PCI devices: {error}") from error
+            self._log_once("discovery", "pcie: cannot list NVIDIA PCI functions (%s: %s); "
+                           "keeping the devices found before", type(error).__name__, error)
+            return
+        for address in sorted(set(self._present) - set(addresses)):
+            log.warning("pcie: NVIDIA function %s is no longer on the PCI bus", address)
+        self._present = set(addresses)
+        self._seen.extend(address for address in addresses if address not in self._seen)
+
+    def _list_nvidia_gpus_sysfs(self) -> list[str]:
+        found = []
+        for address in self._source.list_dir(self._devices_dir):
+            try:
+                vendor = parse_hex_id(self._read(address, "vendor"))
+                pci_class = parse_hex_id(self._read(address, "class"))
+            except (OSError, ParseError) as error:
+                self._log_once(f"identify:{address}", "pcie: cannot identify PCI device %s, "
+                               "skipped: %s", address, error, level=logging.INFO)
+                continue
+            if vendor == NVIDIA_VENDOR_ID and pci_class >> 16 == DISPLAY_CLASS:
+                found.append(address)
+        return found
+
+    def _still_there(self, address: str) -> bool:
+        """Between discoveries, a vanished vendor file means the function left the bus."""
+        try:
+            self._read(address, "vendor")
+        except FileNotFoundError:
+            log.warning("pcie: NVIDIA function %s disappeared from %s", address, self._devices_dir)
+            self._present.discard(address)
+            return False
+        except OSError:
+            pass  # unreadable is not gone; the reads below say what is missing
+        return True
+
+    # -- per device --------------------------------------------------------------------------
+
+    def _read(self, address: str, name: str) -> str:
+        return self._source.read_text(os.path.join(self._devices_dir, address, name))
+
+    def _parsed(self, address: str, name: str, parse: Callable[[str], Any],
+                missing_is_normal: bool = False) -> Any:
+        try:
+            return parse(self._read(address, name))
+        except FileNotFoundError:
+            if missing_is_normal:
+                self._log_once(f"{address}/aer", "pcie: %s has no AER statistics (%s missing: "
+                               "device without AER, or kernel without CONFIG_PCIEAER); its AER "
+                               "series stay absent", address, name, level=logging.INFO)
+                return None
+            self._log_once(f"{address}/{name}", "pcie: %s of %s is missing, its series stays "
+                           "absent", name, address)
+        except OSError as error:
+            self._log_once(f"{address}/{name}", "pcie: cannot read %s of %s, its series stays "
+                           "absent: %s", name, address, error.strerror or error)
+        except ParseError as error:
+            self._log_once(f"{address}/{name}", "pcie: unexpected %s of %s, its series stays "
+                           "absent: %s", name, address, error)
+        return None
+
+    def _add_device(self, samples: Samples, address: str) -> None:
+        speed = self._parsed(address, "current_link_speed", parse_link_speed)
+        max_speed = self._parsed(address, "max_link_speed", parse_link_speed)
+        samples.add(LINK_SPEED, speed, address)
+        samples.add(LINK_MAX_SPEED, max_speed, address)
+        samples.add(LINK_GENERATION, link_generation(speed), address)
+        samples.add(LINK_MAX_GENERATION, link_generation(max_speed), address)
+        width = self._parsed(address, "current_link_width", parse_link_width)
+        max_width = self._parsed(address, "max_link_width", parse_link_width)
+        samples.add(LINK_WIDTH, width, address)
+        samples.add(LINK_MAX_WIDTH, max_width, address)
+        samples.add(DEVICE_NUMA_NODE, self._parsed(address, "numa_node", parse_numa_node), address)
+        for severity, name, total_key in AER_FILES:
+            total = self._parsed(address, name, lambda text: _total(text, total_key),
+                                 missing_is_normal=True)
+            samples.add(AER_ERRORS, total, address, severity)
+
+    # -- udev events -------------------------------------------------------------------------
+
+    def _read_event_counts(self) -> dict[str, int] | None:
+        if not (self._monitor_events and self._use_udev):
+            return None
+        try:
+            return self._source.call("udev.event_counts", self._event_counts_live)
+        except Exception as error:  # a replayed failure; live, the fetch itself does not raise
+            self._log_once("event_counts", "pcie: no udev event counts: %s", error)
+            return None
+
+    def _event_counts_live(self) -> dict[str, int] | None:
+        """Starts the monitor on first use; the counts, or None when no monitor runs."""
+        if self._observer is None and not self._monitor_failed:
+            self._start_monitor()
+        if self._observer is None:
+            return None
+        if not self._observer.is_alive():
+            self._log_once("observer_died", "pcie: the udev observer thread stopped; "
+                           "hybridmon_pcie_udev_events_total is absent from now on")
+            return None
+        with self._events_lock:
+            return dict(self._event_counts)
+
+    def _start_monitor(self) -> None:
+        try:
+            context = pyudev.Context()
+            monitor = pyudev.Monitor.from_netlink(context, source="kernel")
+            monitor.filter_by("pci")
+            # Binds the netlink socket now, so that a refusal shows here and not in the thread.
+            monitor.start()
+            observer = pyudev.MonitorObserver(monitor, callback=self.handle_udev_event,
+                                              name="hybridmon-pcie-udev")
+            with self._events_lock:
+                self._event_counts = {action: 0 for action in ALWAYS_EXPORTED_ACTIONS}
+            observer.start()
+        except Exception as error:
+            self._monitor_failed = True
+            self._log_once("monitor", "pcie: cannot receive kernel uevents over netlink (%s: %s), "
+                           "so PCI hotplug events are not counted and "
+                           "hybridmon_pcie_udev_events_total stays absent; in a container, run the "
+                           "agent in the host network namespace", type(error).__name__, error)
+            return
+        self._observer = observer
+
+    def handle_udev_event(self, device: Any) -> None:
+        """Observer-thread callback: counts an event of an NVIDIA function by its action.
+
+        Matches the PCI_ID property, since on remove the sysfs attributes are already gone.
+        """
+        try:
+            action = device.action
+            pci_id = device.properties.get("PCI_ID") or ""
+            if not action or not is_nvidia_pci_id(pci_id):
+                return
+        except Exception:  # an exception here would end the observer thread
+            log.debug("pcie: unreadable udev event ignored", exc_info=True)
+            return
+        with self._events_lock:
+            self._event_counts[action] = self._event_counts.get(action, 0) + 1
