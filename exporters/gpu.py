@@ -1,0 +1,207 @@
+"""NVIDIA GPUs through NVML: identity, memory, PCIe link and traffic, utilization, processes.
+
+All NVML access goes through exporters/nvml.py. GPUs are read concurrently, one task per GPU:
+nvmlDeviceGetPcieThroughput samples a 20 ms window per direction and blocks meanwhile, so one GPU
+costs ~40 ms and eight read one after the other would cost ~320 ms (docs/nvml-cost.md).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from agent.sources import RawSource
+from exporters.base import LogOnce, MetricSpec, NoDataError, Samples
+from exporters.nvml import GpuLostError, GpuProcess, Nvml
+
+log = logging.getLogger(__name__)
+
+GPU = ("gpu", "uuid")
+
+GPU_INFO = MetricSpec(
+    "hybridmon_gpu_info",
+    "Identity of each GPU, value 1: NVML index, UUID, product name (nvmlDeviceGetName), PCI "
+    "address in sysfs form (nvmlDeviceGetPciInfo busId) and driver version "
+    "(nvmlSystemGetDriverVersion).",
+    "gauge", ("gpu", "uuid", "name", "pci_bus_id", "driver_version"))
+GPU_UP = MetricSpec(
+    "hybridmon_gpu_up",
+    "1 when NVML answers for the GPU, 0 when NVML reports it lost (NVML_ERROR_GPU_IS_LOST: fell "
+    "off the bus, needs a reset or reboot); a lost GPU has no other series.",
+    "gauge", GPU)
+MEMORY_USED = MetricSpec(
+    "hybridmon_gpu_memory_used_bytes",
+    "GPU memory allocated by processes (bytes), nvmlDeviceGetMemoryInfo v2 `used`. On drivers "
+    "without v2 the v1 value, which also counts driver-reserved memory.",
+    "gauge", GPU)
+MEMORY_TOTAL = MetricSpec(
+    "hybridmon_gpu_memory_total_bytes",
+    "GPU memory installed (bytes), nvmlDeviceGetMemoryInfo `total`.", "gauge", GPU)
+MEMORY_RESERVED = MetricSpec(
+    "hybridmon_gpu_memory_reserved_bytes",
+    "GPU memory the driver and firmware reserve (bytes), nvmlDeviceGetMemoryInfo v2 `reserved`; "
+    "absent on drivers without memory info v2.", "gauge", GPU)
+PCIE_THROUGHPUT = MetricSpec(
+    "hybridmon_gpu_pcie_throughput_bytes_per_second",
+    "PCIe traffic over NVML's last 20 ms window (bytes/s), nvmlDeviceGetPcieThroughput KB/s x "
+    "1024; direction host_to_device (RX_BYTES) or device_to_host (TX_BYTES).",
+    "gauge", ("gpu", "uuid", "direction"))
+PCIE_LINK_GENERATION = MetricSpec(
+    "hybridmon_gpu_pcie_link_generation",
+    "PCIe generation the link runs at now, nvmlDeviceGetCurrPcieLinkGeneration (it drops at "
+    "idle on power-saving GPUs).", "gauge", GPU)
+PCIE_LINK_MAX_GENERATION = MetricSpec(
+    "hybridmon_gpu_pcie_link_max_generation",
+    "Highest PCIe generation the GPU and its slot support, nvmlDeviceGetMaxPcieLinkGeneration.",
+    "gauge", GPU)
+PCIE_LINK_WIDTH = MetricSpec(
+    "hybridmon_gpu_pcie_link_width_lanes",
+    "PCIe lanes the link runs at now, nvmlDeviceGetCurrPcieLinkWidth.", "gauge", GPU)
+PCIE_LINK_MAX_WIDTH = MetricSpec(
+    "hybridmon_gpu_pcie_link_max_width_lanes",
+    "Widest PCIe link the GPU and its slot support (lanes), nvmlDeviceGetMaxPcieLinkWidth.",
+    "gauge", GPU)
+PCIE_REPLAYS = MetricSpec(
+    "hybridmon_gpu_pcie_replays_total",
+    "PCIe packets the GPU had to resend since the driver loaded, nvmlDeviceGetPcieReplayCounter; "
+    "a rising count means a marginal link.", "counter", GPU)
+UTILIZATION = MetricSpec(
+    "hybridmon_gpu_utilization_ratio",
+    "Share of the last sample period (1/6 s to 1 s) in which a kernel ran (0-1), "
+    "nvmlDeviceGetUtilizationRates `gpu` percent / 100.", "gauge", GPU)
+NUMA_NODE = MetricSpec(
+    "hybridmon_gpu_numa_node",
+    "NUMA node nearest the GPU, nvmlDeviceGetNumaNodeId; absent on drivers or hosts without it.",
+    "gauge", GPU)
+PROCESS_MEMORY_USED = MetricSpec(
+    "hybridmon_gpu_process_memory_used_bytes",
+    "GPU memory a compute process uses on the GPU (bytes), nvmlDeviceGetComputeRunningProcesses "
+    "usedGpuMemory; process_name from nvmlSystemGetProcessName (the pid when unknown); absent "
+    "when NVML cannot tell (e.g. in some containers).", "gauge",
+    ("gpu", "uuid", "pid", "process_name"))
+
+METRIC_SPECS = (GPU_INFO, GPU_UP, MEMORY_USED, MEMORY_TOTAL, MEMORY_RESERVED, PCIE_THROUGHPUT,
+                PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
+                PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, PROCESS_MEMORY_USED)
+
+
+@dataclass
+class GpuReading:
+    """One GPU in one tick; None fields are unsupported or failed this time."""
+
+    index: int
+    uuid: str | None
+    lost: bool = False
+    values: dict[MetricSpec, Any] = field(default_factory=dict)
+    info: dict[str, str] = field(default_factory=dict)
+    throughput: tuple[int | None, int | None] = (None, None)
+    processes: list[GpuProcess] = field(default_factory=list)
+
+
+class GpuCollector:
+    name = "gpu"
+    default_interval_seconds = 1.0
+    metric_specs = METRIC_SPECS
+
+    def __init__(self, source: RawSource, nvml_module: str | Any | None = "pynvml",
+                 max_workers: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
+        self._nvml = Nvml(source, nvml_module, clock=clock)
+        self._max_workers = max(1, max_workers)
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        self._log_once = LogOnce(log)
+        self._processes: dict[int, str] = {}
+
+    def gpu_processes(self) -> dict[int, str]:
+        """pid -> name of each compute process on any GPU at the last successful collect()."""
+        return dict(self._processes)
+
+    def collect(self) -> Samples:
+        nvml = self._nvml
+        count = nvml.device_count()  # initialises NVML; NoDataError without a driver
+        if count == 0:
+            raise NoDataError("NVML found no NVIDIA GPU on this host: GPU metrics are absent")
+        driver_version = nvml.driver_version() or ""
+        # Decided here, before the concurrent reads, so probe order does not depend on threads.
+        nvml.memory_info_version()
+        readings = self._read_all(count)
+        # Names resolved here rather than per GPU thread: a pid on two GPUs is looked up once.
+        names = nvml.process_names(p.pid for r in readings for p in r.processes)
+        self._processes = names
+        samples = Samples()
+        for reading in readings:
+            self._add(samples, reading, driver_version, names)
+        return samples
+
+    def _read_all(self, count: int) -> list[GpuReading]:
+        if count == 1:
+            return [self._read_gpu(0)]
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(min(self._max_workers, count),
+                                                thread_name_prefix="hybridmon-gpu")
+            pool = self._pool
+        return list(pool.map(self._read_gpu, range(count)))
+
+    def _read_gpu(self, index: int) -> GpuReading:
+        nvml = self._nvml
+        try:
+            uuid = nvml.uuid(index)
+            if uuid is None:
+                self._log_once(f"uuid:{index}", "GPU %d: no UUID from NVML; skipping it until "
+                               "it answers", index)
+                return GpuReading(index, None)
+            reading = GpuReading(index, uuid)
+            reading.info = {"name": nvml.name(index) or "",
+                            "pci_bus_id": nvml.pci_bus_id(index) or ""}
+            memory = nvml.memory_bytes(index)
+            if memory is not None:
+                reading.values.update({MEMORY_USED: memory[0], MEMORY_TOTAL: memory[1],
+                                       MEMORY_RESERVED: memory[2]})
+            reading.throughput = nvml.pcie_throughput_bytes_per_second(index)
+            reading.values.update({
+                PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
+                PCIE_LINK_MAX_GENERATION: nvml.pcie_link_max_generation(index),
+                PCIE_LINK_WIDTH: nvml.pcie_link_width_lanes(index),
+                PCIE_LINK_MAX_WIDTH: nvml.pcie_link_max_width_lanes(index),
+                PCIE_REPLAYS: nvml.pcie_replay_count(index),
+                UTILIZATION: nvml.utilization_ratio(index),
+                NUMA_NODE: nvml.numa_node(index),
+            })
+            reading.processes = nvml.compute_processes(index) or []
+            return reading
+        except GpuLostError:
+            return GpuReading(index, nvml.known_uuid(index) or "", lost=True)
+
+    def _add(self, samples: Samples, reading: GpuReading, driver_version: str,
+             names: dict[int, str]) -> None:
+        if reading.uuid is None:
+            return
+        gpu, uuid = str(reading.index), reading.uuid
+        samples.add(GPU_UP, 0 if reading.lost else 1, gpu, uuid)
+        if reading.lost:
+            return
+        samples.add(GPU_INFO, 1, gpu, uuid, reading.info["name"], reading.info["pci_bus_id"],
+                    driver_version)
+        for spec, value in reading.values.items():
+            samples.add(spec, value, gpu, uuid)
+        host_to_device, device_to_host = reading.throughput
+        samples.add(PCIE_THROUGHPUT, host_to_device, gpu, uuid, "host_to_device")
+        samples.add(PCIE_THROUGHPUT, device_to_host, gpu, uuid, "device_to_host")
+        per_pid: dict[int, int] = {}
+        for process in reading.processes:
+            if process.used_memory_bytes is not None:
+                # One pid can appear once per MIG instance; the series is per GPU.
+                per_pid[process.pid] = per_pid.get(process.pid, 0) + process.used_memory_bytes
+        for pid, used in sorted(per_pid.items()):
+            samples.add(PROCESS_MEMORY_USED, used, gpu, uuid, pid, names.get(pid, str(pid)))
+
+    def close(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+        self._nvml.close()

@@ -1,0 +1,358 @@
+"""exporters/nvml.py driven by the fake NVML, by real pynvml structs and by real pynvml itself."""
+from __future__ import annotations
+
+import ctypes
+import logging
+
+import pynvml
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.sources import (LiveSource, RecordingSource, ReplayedCallError, ReplaySource,
+                           TraceMissError)
+from exporters.base import CollectorError, NoDataError, ParseError
+from exporters.nvml import (NVML_VALUE_NOT_AVAILABLE, GpuLostError, GpuProcess, Nvml,
+                            normalize_pci_bus_id, to_plain)
+from tests import fake_nvml
+from tests.fake_nvml import GIB, MIB, FakeNvml, FakeProcess
+
+UUID0 = "GPU-0a1b2c3d-0000-4000-8000-000000000000"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def fake() -> FakeNvml:
+    return FakeNvml()
+
+
+def make(fake, source=None, **kwargs) -> Nvml:
+    return Nvml(source or LiveSource(), fake, **kwargs)
+
+
+# --- pure helpers ----------------------------------------------------------------------------
+@pytest.mark.parametrize("nvml_form, sysfs_form", [
+    ("00000000:17:00.0", "0000:17:00.0"),
+    ("00000000:CA:00.0", "0000:ca:00.0"),
+    ("0000:3B:1F.7", "0000:3b:1f.7"),
+    ("00010000:01:00.0", "10000:01:00.0"),  # VMD domains are wider than 4 digits in sysfs too
+])
+def test_normalize_pci_bus_id(nvml_form, sysfs_form):
+    assert normalize_pci_bus_id(nvml_form) == sysfs_form
+
+
+@pytest.mark.parametrize("garbage", ["", "17:00.0", "0000:17:00", "0000:1g:00.0", "0:100:00.0",
+                                     "0000:17:20.0", "0000:17:00.8", "0000:17:00.0:1", "٠:17:00.0",
+                                     "0000:0x17:00.0", "0000:1_7:00.0"])
+def test_normalize_pci_bus_id_rejects_garbage(garbage):
+    with pytest.raises(ParseError):
+        normalize_pci_bus_id(garbage)
+
+
+@given(st.text())
+def test_normalize_pci_bus_id_raises_only_parse_error(text):
+    try:
+        normalize_pci_bus_id(text)
+    except ParseError:
+        pass
+
+
+@given(st.integers(0, 15), st.sampled_from("0123456789abcdefABCDEF:.x -"))
+def test_normalize_pci_bus_id_mutated(position, char):
+    text = "00000000:17:00.0"
+    mutated = text[:position] + char + text[position + 1:]
+    try:
+        result = normalize_pci_bus_id(mutated)
+    except ParseError:
+        return
+    assert result == result.lower() and len(result.split(":")) == 3
+
+
+def test_to_plain_on_real_pynvml_structs():
+    memory = pynvml.c_nvmlMemory_v2_t(version=pynvml.nvmlMemory_v2, total=48 * GIB,
+                                       reserved=512 * MIB, free=16 * GIB, used=31 * GIB)
+    assert to_plain(memory) == {"version": pynvml.nvmlMemory_v2, "total": 48 * GIB,
+                                "reserved": 512 * MIB, "free": 16 * GIB, "used": 31 * GIB}
+    pci = pynvml.nvmlPciInfo_t(busIdLegacy=b"0000:17:00.0", domain=0, bus=0x17,
+                               busId=b"00000000:17:00.0")
+    assert to_plain(pci)["busId"] == "00000000:17:00.0"
+    assert to_plain(pci)["busIdLegacy"] == "0000:17:00.0"
+    process = pynvml.nvmlFriendlyObject({"pid": 4242, "usedGpuMemory": None, "gpuInstanceId": 1})
+    assert to_plain([process]) == [{"pid": 4242, "usedGpuMemory": None, "gpuInstanceId": 1}]
+    assert to_plain((ctypes.c_uint * 2)(3, 4)) == [3, 4]
+    assert to_plain(b"550.54.15") == "550.54.15"
+    with pytest.raises(TypeError):
+        to_plain(object())
+
+
+def test_fake_errors_and_constants_match_pynvml():
+    for code, real_class in pynvml.NVMLError._valClassMapping.items():
+        if code in fake_nvml.NVMLError._valClassMapping:
+            error = fake_nvml.NVMLError(code)
+            assert type(error).__name__ == real_class.__name__ and error.value == code
+            assert type(error)().value == code
+    for name in ("NVMLError_LibraryNotFound", "NVMLError_NotSupported", "NVMLError_GpuIsLost",
+                 "NVMLError_Timeout", "NVMLError_FunctionNotFound", "NVMLError_Uninitialized",
+                 "NVMLError_DriverNotLoaded", "NVMLError_Unknown"):
+        fake_class, real_class = getattr(fake_nvml, name), getattr(pynvml, name)
+        assert issubclass(fake_class, fake_nvml.NVMLError)
+        assert fake_class().value == real_class().value
+    for name in ("NVML_PCIE_UTIL_RX_BYTES", "NVML_PCIE_UTIL_TX_BYTES", "nvmlMemory_v2"):
+        assert getattr(fake_nvml, name) == getattr(pynvml, name) == getattr(FakeNvml, name)
+    assert pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value == NVML_VALUE_NOT_AVAILABLE
+    for struct in ("c_nvmlMemory_t", "c_nvmlMemory_v2_t", "nvmlPciInfo_t", "c_nvmlUtilization_t"):
+        fields = [field[0] for field in getattr(fake_nvml, struct)._fields_]
+        assert fields == [field[0] for field in getattr(pynvml, struct)._fields_]
+
+
+# --- readings and unit conversions ---------------------------------------------------------------
+def test_identity_and_values(fake):
+    nvml = make(fake)
+    assert nvml.device_count() == 2
+    assert nvml.driver_version() == "550.54.15"
+    assert (nvml.name(0), nvml.uuid(0), nvml.pci_bus_id(0)) == ("NVIDIA L40S", UUID0, "0000:17:00.0")
+    assert nvml.pci_bus_id(1) == "0000:ca:00.0"
+    assert nvml.memory_info_version() == "v2"
+    assert nvml.memory_bytes(0) == (31 * GIB, 48 * GIB, 512 * MIB)
+    assert nvml.pcie_throughput_bytes_per_second(0) == (1_200_000 * 1024, 300_000 * 1024)
+    assert (nvml.pcie_link_generation(1), nvml.pcie_link_width_lanes(1)) == (3, 8)
+    assert (nvml.pcie_link_max_generation(1), nvml.pcie_link_max_width_lanes(1)) == (4, 16)
+    assert nvml.pcie_replay_count(1) == 17
+    assert nvml.utilization_ratio(0) == pytest.approx(0.87)
+    assert (nvml.numa_node(0), nvml.numa_node(1)) == (0, 1)
+    assert nvml.compute_processes(1) == [GpuProcess(5151, 10 * GIB)]
+    assert nvml.process_names([5151, 4242]) == {4242: "python3", 5151: "llama-server"}
+
+
+def test_static_identity_is_read_once(fake):
+    nvml = make(fake)
+    for _ in range(3):
+        nvml.uuid(0), nvml.name(0), nvml.pci_bus_id(0), nvml.pcie_link_max_generation(0)
+        nvml.driver_version()
+    assert fake.calls["nvmlDeviceGetUUID"] == fake.calls["nvmlDeviceGetPciInfo_v3"] == 1
+    assert fake.calls["nvmlSystemGetDriverVersion"] == fake.calls["nvmlDeviceGetHandleByIndex_v2"] == 1
+    assert fake.calls["nvmlInit"] == 1
+
+
+def test_keys_name_function_gpu_and_arguments(fake):
+    source = RecordingSource()
+    nvml = make(fake, source)
+    nvml.memory_info_version()
+    nvml.pcie_throughput_bytes_per_second(1)
+    nvml.process_names([4242])
+    assert [reading[1] for reading in source.take_readings()] == [
+        "nvml.nvmlInit()", "nvml.nvmlDeviceGetCount()", "nvml.nvmlDeviceGetMemoryInfo(0,v2)",
+        "nvml.nvmlDeviceGetPcieThroughput(1,rx)", "nvml.nvmlDeviceGetPcieThroughput(1,tx)",
+        "nvml.nvmlSystemGetProcessName(4242)"]
+
+
+def test_memory_v1_fallback_is_decided_once(fake, caplog):
+    fake.configure(memory_v2_supported=False)
+    nvml = make(fake)
+    with caplog.at_level(logging.WARNING):
+        assert nvml.memory_info_version() == "v1"
+        for _ in range(3):
+            nvml.memory_info_version()
+            # v1 counts the reservation as used and has no reserved field.
+            assert nvml.memory_bytes(0) == (31 * GIB + 512 * MIB, 48 * GIB, None)
+            assert nvml.memory_bytes(1) == (11 * GIB + 384 * MIB, 24 * GIB, None)
+    assert fake.calls["nvmlDeviceGetMemoryInfo_v2"] == 1
+    assert fake.calls["nvmlDeviceGetMemoryInfo"] == 6
+    assert "driver-reserved memory" in caplog.text
+
+
+def test_memory_version_probe_skips_lost_and_failing_gpus(fake):
+    fake.lose_gpu(0)
+    fake.fail("nvmlDeviceGetMemoryInfo_v2", "NVMLError_Timeout", gpu=1, times=1)
+    nvml = make(fake)
+    assert nvml.memory_info_version() is None  # nothing settled it: memory absent this tick
+    assert nvml.memory_bytes(1) is None
+    assert nvml.memory_info_version() == "v2"
+    assert nvml.memory_bytes(1) == (11 * GIB, 24 * GIB, 384 * MIB)
+
+
+@pytest.mark.parametrize("used", [None, NVML_VALUE_NOT_AVAILABLE])
+def test_process_memory_not_available_is_none(fake, used):
+    fake.gpus[0].processes = [FakeProcess(4242, "python3", used), FakeProcess(7, "x", 5)]
+    assert make(fake).compute_processes(0) == [GpuProcess(4242, None), GpuProcess(7, 5)]
+
+
+def test_numa_node_negative_or_unsupported_is_none(fake):
+    fake.gpus[0].numa_node = -1
+    fake.gpus[1].numa_node = None
+    nvml = make(fake)
+    assert nvml.numa_node(0) is None and nvml.numa_node(1) is None
+
+
+def test_process_names_cached_pruned_and_fall_back_to_pid(fake):
+    nvml = make(fake)
+    assert nvml.process_names([4242, 999]) == {4242: "python3", 999: "999"}
+    assert nvml.process_names([4242]) == {4242: "python3"}
+    assert fake.calls["nvmlSystemGetProcessName"] == 2
+    nvml.process_names([5151])  # 4242 is forgotten here...
+    nvml.process_names([4242])  # ...so a reused pid is looked up again
+    assert fake.calls["nvmlSystemGetProcessName"] == 4
+
+
+# --- error classes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("error", ["NVMLError_NotSupported", "NVMLError_FunctionNotFound"])
+def test_unsupported_is_none_and_logged_once(fake, caplog, error):
+    fake.fail("nvmlDeviceGetPcieReplayCounter", error)
+    nvml = make(fake)
+    with caplog.at_level(logging.INFO):
+        assert [nvml.pcie_replay_count(gpu) for gpu in (0, 1, 0)] == [None, None, None]
+    assert caplog.text.count("nvmlDeviceGetPcieReplayCounter is not supported") == 1
+    assert nvml.pcie_link_generation(0) == 4
+
+
+def test_pynvml_library_mismatch_error_counts_as_unsupported(fake):
+    # pynvml turns FunctionNotFound into this for unversioned calls such as the process list.
+    fake.fail("nvmlDeviceGetComputeRunningProcesses_v3", pynvml.NVMLLibraryMismatchError)
+    assert make(fake).compute_processes(0) is None
+
+
+def test_timeout_is_absent_once_then_back(fake, caplog):
+    fake.fail("nvmlDeviceGetUtilizationRates", "NVMLError_Timeout", gpu=0, times=1)
+    nvml = make(fake)
+    with caplog.at_level(logging.WARNING):
+        assert nvml.utilization_ratio(0) is None
+        assert nvml.utilization_ratio(1) == pytest.approx(0.35)
+        assert nvml.utilization_ratio(0) == pytest.approx(0.87)
+    assert "nvmlDeviceGetUtilizationRates failed on GPU 0 (NVMLError_Timeout" in caplog.text
+
+
+def test_gpu_lost_then_unknown_is_still_lost(fake):
+    nvml = make(fake)
+    assert nvml.uuid(1) == fake.gpus[1].uuid
+    fake.lose_gpu(1)
+    with pytest.raises(GpuLostError) as lost:
+        nvml.utilization_ratio(1)
+    assert lost.value.gpu == 1 and nvml.known_uuid(1) == fake.gpus[1].uuid
+    fake.restore_gpu(1)
+    fake.fail("*", "NVMLError_Unknown", gpu=1, times=1)
+    with pytest.raises(GpuLostError):
+        nvml.utilization_ratio(1)
+    assert nvml.utilization_ratio(1) == pytest.approx(0.35)  # answers again: no longer lost
+    fake.fail("*", "NVMLError_Unknown", gpu=1, times=1)
+    assert nvml.utilization_ratio(1) is None  # Unknown alone is a transient failure
+    assert nvml.utilization_ratio(0) == pytest.approx(0.87)
+
+
+def test_non_nvml_errors_propagate(fake):
+    fake.fail("nvmlDeviceGetName", ValueError)
+    with pytest.raises(ValueError):
+        make(fake).name(0)
+
+
+def test_replayed_errors_classify_by_type_name():
+    source = ReplaySource()
+    source.load([["call", "nvml.nvmlInit()", True, None],
+                 ["call", "nvml.nvmlDeviceGetNumaNodeId(0)", False,
+                  {"type": "NVMLError_NotSupported", "detail": 3}],
+                 ["call", "nvml.nvmlDeviceGetName(0)", False,
+                  {"type": "NVMLError_GpuIsLost", "detail": 15}],
+                 ["call", "nvml.nvmlDeviceGetUUID(0)", False, {"type": "KeyError", "detail": "x"}]])
+    nvml = Nvml(source, None)
+    assert nvml.numa_node(0) is None
+    with pytest.raises(GpuLostError):
+        nvml.name(0)
+    with pytest.raises(ReplayedCallError):
+        nvml.uuid(0)
+
+
+# --- init, retry, shutdown -----------------------------------------------------------------------
+def test_library_missing_says_install_the_driver_and_retries_every_60_seconds(fake, caplog):
+    fake.configure(library_missing=True)
+    clock = Clock()
+    nvml = make(fake, clock=clock)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            with pytest.raises(NoDataError, match=r"libnvidia-ml\.so\.1 could not be loaded.*"
+                                                  r"install the NVIDIA driver"):
+                nvml.device_count()
+    assert fake.calls["nvmlInit"] == 1
+    assert caplog.text.count("NVIDIA driver not found") == 1
+    fake.configure(library_missing=False)  # driver installed while running
+    clock.now += 59
+    with pytest.raises(NoDataError):
+        nvml.device_count()
+    assert fake.calls["nvmlInit"] == 1
+    clock.now += 1
+    assert nvml.device_count() == 2
+    assert fake.calls["nvmlInit"] == 2
+
+
+def test_driver_not_loaded_is_no_data(fake):
+    fake.fail("nvmlInit", "NVMLError_DriverNotLoaded")
+    with pytest.raises(NoDataError, match="nvidia kernel module is not running"):
+        make(fake).device_count()
+
+
+def test_other_init_failures_are_collector_errors(fake):
+    fake.fail("nvmlInit", "NVMLError_LibRmVersionMismatch")
+    with pytest.raises(CollectorError, match="NVMLError_LibRmVersionMismatch"):
+        make(fake).device_count()
+
+
+def test_real_pynvml_on_this_host_says_the_driver_is_missing():
+    nvml = Nvml(LiveSource())  # default module "pynvml"; this machine has no libnvidia-ml.so.1
+    with pytest.raises(NoDataError) as missing:
+        nvml.device_count()
+    assert "libnvidia-ml.so.1 could not be loaded" in str(missing.value)
+    assert "install the NVIDIA driver" in str(missing.value)
+    nvml.close()
+
+
+def test_missing_python_module_is_no_data():
+    with pytest.raises(NoDataError, match="install nvidia-ml-py"):
+        Nvml(LiveSource(), "no_such_nvml_module").device_count()
+
+
+def test_close_shuts_nvml_down_only_when_initialised(fake):
+    nvml = make(fake)
+    nvml.close()
+    assert fake.calls["nvmlShutdown"] == 0
+    nvml.device_count()
+    nvml.close()
+    assert fake.calls["nvmlShutdown"] == 1 and fake._init_count == 0
+
+
+def test_replay_imports_nothing_and_tolerates_skipped_init_retries(fake, monkeypatch):
+    fake.configure(library_missing=True)
+    clock = Clock()
+    recording = RecordingSource()
+    live = make(fake, recording, clock=clock)
+    ticks = []
+    for step in (0, 10, 60):
+        clock.now += step
+        if step == 60:
+            fake.configure(library_missing=False)
+        try:
+            outcome = live.device_count()
+        except NoDataError:
+            outcome = "absent"
+        ticks.append((outcome, recording.take_readings()))
+    assert [len(readings) for _, readings in ticks] == [1, 0, 2]
+
+    def no_import(name):
+        raise AssertionError(f"replay imported {name}")
+
+    monkeypatch.setattr("exporters.nvml.importlib.import_module", no_import)
+    source = ReplaySource()
+    replay = Nvml(source, None)  # real clock: it would not retry on its own schedule
+    for outcome, readings in ticks:
+        source.load(readings)
+        try:
+            assert replay.device_count() == outcome
+        except NoDataError:
+            assert outcome == "absent"
+    source.load([])
+    with pytest.raises(TraceMissError):  # a trace miss elsewhere still says so
+        Nvml(source, None).device_count()
