@@ -1,0 +1,286 @@
+"""NUMA nodes and the NUMA placement of the watched inference processes.
+
+An inference server whose threads run on one node while its offloaded weights or KV blocks sit on
+another pays a remote access on every touch. NumaCollector reports each node (/sys/devices/system/
+node); ProcessNumaCollector reports, per process watched by process.py, how many of its allowed CPUs
+and how many of its pages are on each node (/proc/<pid>/numa_maps).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from typing import Callable, Mapping
+
+from agent.sources import RawSource
+from exporters.base import CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples
+
+logger = logging.getLogger(__name__)
+
+_NODE = ("node",)
+_PROCESS_ON_NODE = ("pid", "name", "node")
+NODE_MEMORY_TOTAL = MetricSpec("hybridmon_numa_node_memory_total_bytes",
+                               "Memory of the NUMA node in bytes (MemTotal of "
+                               "/sys/devices/system/node/node<N>/meminfo).", "gauge", _NODE)
+NODE_MEMORY_FREE = MetricSpec("hybridmon_numa_node_memory_free_bytes",
+                              "Free memory of the NUMA node in bytes (MemFree of "
+                              "/sys/devices/system/node/node<N>/meminfo).", "gauge", _NODE)
+NODE_CPUS = MetricSpec("hybridmon_numa_node_cpus",
+                       "Online CPUs of the NUMA node (count of /sys/devices/system/node/node<N>/cpulist).",
+                       "gauge", _NODE)
+NODE_ALLOCATIONS = MetricSpec("hybridmon_numa_node_allocations_total",
+                              "Pages allocated with the given outcome, from /sys/devices/system/node/"
+                              "node<N>/numastat: hit/miss = allocated here as intended / here though "
+                              "another node was preferred; foreign = meant for this node but placed "
+                              "elsewhere; local_node/other_node = for a process running on this / another "
+                              "node; interleave_hit = interleave policy got this node.",
+                              "counter", ("node", "outcome"))
+PROCESS_ALLOWED_CPUS_ON_NODE = MetricSpec("hybridmon_process_allowed_cpus_on_node",
+                                          "CPUs of the NUMA node the process may run on "
+                                          "(Cpus_allowed_list of /proc/<pid>/status within "
+                                          "/sys/devices/system/node/node<N>/cpulist); 0 on a node it "
+                                          "may not run on.", "gauge", _PROCESS_ON_NODE)
+PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
+                                   "Bytes of the process's mapped pages that sit on the NUMA node "
+                                   "(N<node>= page counts of /proc/<pid>/numa_maps times each mapping's "
+                                   "kernelpagesize_kB).", "gauge", _PROCESS_ON_NODE)
+PROCESS_NUMA_MAPS_READ = MetricSpec("hybridmon_process_numa_maps_read_seconds",
+                                    "Seconds the last collection spent reading and parsing "
+                                    "/proc/<pid>/numa_maps: the kernel walks the process's page tables, "
+                                    "so this grows with its mapped memory.", "gauge", ("pid", "name"))
+
+# numastat field -> outcome label; the kernel's names carry a redundant numa_ prefix on some.
+NUMASTAT_OUTCOMES = {
+    "numa_hit": "hit",
+    "numa_miss": "miss",
+    "numa_foreign": "foreign",
+    "interleave_hit": "interleave_hit",
+    "local_node": "local_node",
+    "other_node": "other_node",
+}
+
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_NODE_MEMINFO_LINE = re.compile(r"Node ([0-9]+) ([^\s:]+):\s+([0-9]+)(?: (kB))?")
+_NUMASTAT_LINE = re.compile(r"([a-z_]+) ([0-9]+)")
+_NUMA_MAPS_ADDRESS = re.compile(r"[0-9a-f]+")
+_NUMA_MAPS_NODE_PAGES = re.compile(r"N([0-9]+)=([0-9]+)")
+_NUMA_MAPS_PAGE_SIZE = re.compile(r"kernelpagesize_kB=([0-9]+)")
+
+# A sanity bound so that a garbled list like "0-99999999999" cannot make us build a huge set.
+MAX_CPU_OR_NODE_ID = 1 << 20
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """IDs in a kernel range list such as "0-3,8,10-11" (cpulist, online, Cpus_allowed_list).
+
+    An empty list (a node without CPUs) gives an empty set.
+    """
+    ids: set[int] = set()
+    stripped = text.strip()
+    if not stripped:
+        return frozenset()
+    for part in stripped.split(","):
+        match = _RANGE.fullmatch(part)
+        if match is None:
+            raise ParseError(f"bad range {part!r} in CPU/node list {text!r}")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first or last > MAX_CPU_OR_NODE_ID:
+            raise ParseError(f"bad range {part!r} in CPU/node list {text!r}")
+        ids.update(range(first, last + 1))
+    return frozenset(ids)
+
+
+def parse_node_meminfo(text: str) -> dict[str, int]:
+    """Fields of /sys/devices/system/node/node<N>/meminfo: kB values in bytes, counts as they are.
+
+    Lines read "Node 0 MemTotal:       4286668 kB" or "Node 0 HugePages_Total:     0".
+    """
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        match = _NODE_MEMINFO_LINE.fullmatch(line.strip())
+        if match is None:
+            raise ParseError(f"unexpected node meminfo line {line!r}")
+        _, key, value, unit = match.groups()
+        fields[key] = int(value) * 1024 if unit else int(value)
+    if not fields:
+        raise ParseError("empty node meminfo")
+    return fields
+
+
+def parse_numastat(text: str) -> dict[str, int]:
+    """Fields of /sys/devices/system/node/node<N>/numastat ("numa_hit 1147229"), in pages."""
+    fields: dict[str, int] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        match = _NUMASTAT_LINE.fullmatch(line.strip())
+        if match is None:
+            raise ParseError(f"unexpected numastat line {line!r}")
+        fields[match.group(1)] = int(match.group(2))
+    if not fields:
+        raise ParseError("empty numastat")
+    return fields
+
+
+def parse_numa_maps(text: str) -> dict[int, int]:
+    """Resident bytes per node of one process, summed over the mappings in /proc/<pid>/numa_maps.
+
+    Each line is "<address> <policy> [file=... | heap | stack | huge] [key=value ...]", where N<n>=<pages>
+    counts the mapping's pages on node n in units of kernelpagesize_kB (4 KiB when absent). File
+    names are octal-escaped by the kernel (space as \\040, '=' as \\075), so no token of a path can
+    pass for a page count.
+    """
+    per_node: dict[int, int] = {}
+    for line in text.splitlines():
+        tokens = line.split()
+        if not tokens:
+            continue
+        if len(tokens) < 2 or _NUMA_MAPS_ADDRESS.fullmatch(tokens[0]) is None:
+            raise ParseError(f"unexpected numa_maps line {line!r}")
+        page_bytes = 4096
+        pages: list[tuple[int, int]] = []
+        for token in tokens[2:]:
+            if (match := _NUMA_MAPS_NODE_PAGES.fullmatch(token)) is not None:
+                pages.append((int(match.group(1)), int(match.group(2))))
+            elif (match := _NUMA_MAPS_PAGE_SIZE.fullmatch(token)) is not None:
+                page_bytes = int(match.group(1)) * 1024
+        for node, count in pages:
+            per_node[node] = per_node.get(node, 0) + count * page_bytes
+    return per_node
+
+
+def node_root(sysfs: str) -> str:
+    return os.path.join(sysfs, "devices", "system", "node")
+
+
+def read_online_nodes(source: RawSource, sysfs: str) -> list[int]:
+    """The online NUMA nodes, from /sys/devices/system/node/online; NoDataError without NUMA,
+    CollectorError when the file is there but unusable."""
+    path = os.path.join(node_root(sysfs), "online")
+    try:
+        text = source.read_text(path)
+    except FileNotFoundError:
+        raise NoDataError(
+            f"{path} does not exist: the kernel has no NUMA support (CONFIG_NUMA) or sysfs is not "
+            "mounted there, so there are no NUMA nodes to report"
+        ) from None
+    except OSError as error:
+        raise CollectorError(f"cannot read {path}: {error}") from None
+    try:
+        nodes = sorted(parse_cpu_list(text))
+    except ParseError as error:
+        raise CollectorError(f"{path} is not a node list: {error}") from None
+    if not nodes:
+        raise CollectorError(f"{path} lists no online NUMA node")
+    return nodes
+
+
+def read_node_cpus(source: RawSource, sysfs: str, node: int, log_once: LogOnce) -> frozenset[int] | None:
+    """The CPUs of one node (node<N>/cpulist), or None with one log line when unreadable."""
+    path = os.path.join(node_root(sysfs), f"node{node}", "cpulist")
+    try:
+        return parse_cpu_list(source.read_text(path))
+    except (OSError, ParseError) as error:
+        log_once(f"cpulist:{path}", "cannot use %s: %s; CPU counts of node %s are left out",
+                 path, error, node)
+        return None
+
+
+class NumaCollector:
+    """Memory, CPUs and allocation outcomes of each online NUMA node."""
+
+    name = "numa"
+    default_interval_seconds = 1.0
+    metric_specs = (NODE_MEMORY_TOTAL, NODE_MEMORY_FREE, NODE_CPUS, NODE_ALLOCATIONS)
+
+    def __init__(self, source: RawSource, sysfs: str = "/sys") -> None:
+        self._source = source
+        self._sysfs = sysfs
+        self._nodes: list[int] | None = None
+        self._log_once = LogOnce(logger)
+
+    def collect(self) -> Samples:
+        if self._nodes is None:
+            self._nodes = read_online_nodes(self._source, self._sysfs)
+        samples = Samples()
+        for node in self._nodes:
+            node_dir = os.path.join(node_root(self._sysfs), f"node{node}")
+            meminfo = self._read(os.path.join(node_dir, "meminfo"), parse_node_meminfo)
+            if meminfo is not None:
+                samples.add(NODE_MEMORY_TOTAL, meminfo.get("MemTotal"), node)
+                samples.add(NODE_MEMORY_FREE, meminfo.get("MemFree"), node)
+            cpus = read_node_cpus(self._source, self._sysfs, node, self._log_once)
+            samples.add(NODE_CPUS, None if cpus is None else len(cpus), node)
+            numastat = self._read(os.path.join(node_dir, "numastat"), parse_numastat)
+            if numastat is not None:
+                for field, outcome in NUMASTAT_OUTCOMES.items():
+                    samples.add(NODE_ALLOCATIONS, numastat.get(field), node, outcome)
+        return samples
+
+    def _read(self, path: str, parse):
+        try:
+            return parse(self._source.read_text(path))
+        except (OSError, ParseError) as error:
+            self._log_once(f"read:{path}", "cannot use %s: %s; its series are left out", path, error)
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+class ProcessNumaCollector:
+    """Per watched process: on which NUMA nodes its CPUs and its pages are."""
+
+    name = "process_numa"
+    # Reading numa_maps makes the kernel walk the process's page tables: 26-36 ms for 2 GiB touched
+    # in 4 KiB pages over 5,000 mappings, 105 ms for 8 GiB over 20,000 (benchmarks/numa_maps_cost.py,
+    # 2-vCPU Xeon VM), so a few hundred ms of a core for a 30 GB server: not every second.
+    default_interval_seconds = 30.0
+    metric_specs = (PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_NUMA_RESIDENT, PROCESS_NUMA_MAPS_READ)
+
+    def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys",
+                 watched: Callable[[], Mapping[int, str]] = lambda: {},
+                 timer: Callable[[], float] = time.perf_counter) -> None:
+        self._source = source
+        self._procfs = procfs
+        self._sysfs = sysfs
+        self._watched = watched
+        self._timer = timer
+        self._nodes: list[int] | None = None
+        self._log_once = LogOnce(logger)
+
+    def collect(self) -> Samples:
+        # Imported here: process.py imports parse_cpu_list from this module.
+        from exporters.process import ProcessGone, parse_or_log, parse_proc_status, read_process_file
+
+        if self._nodes is None:
+            self._nodes = read_online_nodes(self._source, self._sysfs)
+        node_cpus = {node: read_node_cpus(self._source, self._sysfs, node, self._log_once)
+                     for node in self._nodes}
+        samples = Samples()
+        for pid, name in sorted(self._watched().items()):
+            try:  # the timer goes through the source so that a replay reports the recorded cost
+                status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
+                started = self._source.call("process_numa.timer", self._timer)
+                maps_text = read_process_file(self._source, self._procfs, pid, "numa_maps", self._log_once)
+                per_node = parse_or_log(parse_numa_maps, maps_text, f"/proc/{pid}/numa_maps", self._log_once)
+                elapsed = self._source.call("process_numa.timer", self._timer) - started
+            except ProcessGone:
+                continue
+            status = parse_or_log(parse_proc_status, status_text, f"/proc/{pid}/status", self._log_once)
+            allowed = None if status is None else status.allowed_cpus
+            for node, cpus in node_cpus.items():
+                on_node = None if allowed is None or cpus is None else len(allowed & cpus)
+                samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, name, node)
+            if per_node is not None:
+                for node in sorted(set(self._nodes) | set(per_node)):
+                    samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, name, node)
+                samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, name)
+        return samples
+
+    def close(self) -> None:
+        pass
