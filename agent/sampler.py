@@ -39,6 +39,9 @@ class Scheduled:
     collector: Collector
     interval_seconds: float
     source: object  # the RawSource handed to the collector (recording or replay sources need it)
+    # Collectors whose first run must finish before this one starts: the process collector needs
+    # the GPU collector's processes, process_numa needs the process collector's watch list.
+    after: tuple[str, ...] = ()
     state: CollectorState = field(default_factory=CollectorState)
     next_due: float = 0.0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -119,7 +122,10 @@ class Sampler:
     def tick(self) -> None:
         """Start every collector that is due and not still running."""
         now = self._monotonic()
+        first_run_done = {item.collector.name for item in self.scheduled if item.state.runs > 0}
         for item in self.scheduled:
+            if not first_run_done.issuperset(item.after):
+                continue
             if now >= item.next_due and not item.lock.locked():
                 item.next_due = now + item.interval_seconds
                 self._pool.submit(self.run_collector, item)

@@ -14,6 +14,8 @@ from exporters.pressure import PressureCollector
 from exporters.process import ProcessCollector
 
 SourceFactory = Callable[[str], RawSource]
+# First runs wait for the collectors they take their watch lists from (see Scheduled.after).
+RUNS_AFTER = {"process": ("gpu",), "process_numa": ("process",)}
 COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa")
 
 
@@ -62,17 +64,17 @@ def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: boo
         PressureCollector(sources["pressure"], procfs=paths.procfs),
         NumaCollector(sources["numa"], sysfs=paths.sysfs),
         PcieCollector(sources["pcie"], sysfs=paths.sysfs, use_udev=None if config.pcie.udev else False,
-                      monitor_events=config.pcie.udev and not replay),
+                      monitor_events=config.pcie.udev),
         process,
         ProcessNumaCollector(sources["process_numa"], procfs=paths.procfs, sysfs=paths.sysfs,
                              watched=watched_processes),
     ]
+    enabled = [c for c in collectors if config.collector(c.name).enabled]
+    enabled_names = {c.name for c in enabled}
     scheduled = []
-    for collector in collectors:
-        settings = config.collector(collector.name)
-        if not settings.enabled:
-            continue
-        interval = settings.interval_seconds or collector.default_interval_seconds
+    for collector in enabled:
+        interval = config.collector(collector.name).interval_seconds or collector.default_interval_seconds
         interval = max(interval, config.interval_seconds)
-        scheduled.append(Scheduled(collector, interval, sources[collector.name]))
+        after = tuple(name for name in RUNS_AFTER.get(collector.name, ()) if name in enabled_names)
+        scheduled.append(Scheduled(collector, interval, sources[collector.name], after=after))
     return scheduled

@@ -88,7 +88,7 @@ class Samples:
     def __len__(self) -> int:
         return len(self._samples)
 
-    def find(self, name: str, **labels: str) -> list[Sample]:
+    def find(self, name: str, /, **labels: str) -> list[Sample]:
         """Samples of one metric whose labels include `labels`: for tests and detectors."""
         found = []
         for sample in self._samples:
@@ -99,7 +99,7 @@ class Samples:
                 found.append(sample)
         return found
 
-    def value(self, name: str, **labels: str) -> float | None:
+    def value(self, name: str, /, **labels: str) -> float | None:
         """The value of the one sample matching name and labels, or None if absent."""
         found = self.find(name, **labels)
         if len(found) > 1:

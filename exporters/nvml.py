@@ -154,7 +154,7 @@ class Nvml:
                                              f"retrying every {self._init_retry_seconds:g} s")
                 else:
                     raise
-                self._log_once(f"init:{name}", "%s", failure)
+                # Not logged here: the sampler logs every NoDataError/CollectorError once.
                 self._init_error = failure
                 raise failure from error
             if self._init_error is not None:

@@ -278,7 +278,8 @@ def test_library_missing_says_install_the_driver_and_retries_every_60_seconds(fa
                                                   r"install the NVIDIA driver"):
                 nvml.device_count()
     assert fake.calls["nvmlInit"] == 1
-    assert caplog.text.count("NVIDIA driver not found") == 1
+    # The adapter leaves logging to the sampler, which logs each NoDataError once.
+    assert "NVIDIA driver not found" not in caplog.text
     fake.configure(library_missing=False)  # driver installed while running
     clock.now += 59
     with pytest.raises(NoDataError):

@@ -193,3 +193,24 @@ def test_replay_source_rebuilds_the_recorded_os_error():
     source.load([["text", "/proc/1/stat", False, {"errno": 2, "message": "No such file or directory"}]])
     with pytest.raises(FileNotFoundError):
         source.read_text("/proc/1/stat")
+
+
+def test_a_collector_waits_for_the_first_run_of_the_one_it_depends_on(tmp_path):
+    (tmp_path / "a").write_text("1")
+    first = FileNumberCollector(RecordingSource(), str(tmp_path))
+    second = Broken(NoDataError("x"))
+    history = History(60)
+    scheduled = [Scheduled(second, 1.0, None, after=("host_memory",)), Scheduled(first, 1.0, first.source)]
+    sampler = Sampler(scheduled, history, 1.0)
+    sampler.tick()
+    deadline = time.monotonic() + 2
+    while scheduled[1].state.runs == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduled[0].state.runs == 0  # held back on the first tick
+    scheduled[0].next_due = scheduled[1].next_due = 0.0
+    sampler.tick()
+    deadline = time.monotonic() + 2
+    while scheduled[0].state.runs == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert scheduled[0].state.runs == 1
+    sampler.stop()
