@@ -225,3 +225,50 @@ def test_record_and_replay_commands_on_the_fixture_host(tmp_path):
     replayed = text.split("# HELP hybridmon_collector_success")[0]
     assert again.split("# HELP hybridmon_collector_success")[0] == replayed
     assert without_timings(replayed) == without_timings(fixture_exposition().decode())
+
+
+def raw_request(port: int, payload: bytes) -> bytes:
+    import socket as sockets
+
+    with sockets.create_connection(("127.0.0.1", port), timeout=3) as conn:
+        try:
+            conn.sendall(payload)
+            conn.shutdown(sockets.SHUT_WR)
+        except OSError:
+            pass  # the server may answer and close before reading all of an oversized request
+        chunks = []
+        try:
+            while chunk := conn.recv(65536):
+                chunks.append(chunk)
+        except OSError:
+            pass
+    return b"".join(chunks)
+
+
+def test_hostile_requests_get_errors_and_the_agent_keeps_serving():
+    port = free_port()
+    daemon = start_daemon(["run", "--listen", f"127.0.0.1:{port}"], FIXTURE_ENVIRONMENT)
+    try:
+        wait_for(scrape_containing(port, "hybridmon_gpu_info"), 15, "first scrape")
+        garbage = raw_request(port, b"\x00\xff\xfe garbage \r\n\r\n")
+        assert garbage.startswith(b"HTTP/1.1 400 Bad Request")
+        huge_header = b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 200_000 + b"\r\n\r\n"
+        assert raw_request(port, huge_header).startswith(b"HTTP/1.1 400 Bad Request")
+        assert httpx.get(f"http://127.0.0.1:{port}/../../etc/passwd", timeout=2).status_code == 404
+        assert httpx.post(f"http://127.0.0.1:{port}/metrics", content=b"x" * 100_000, timeout=2).status_code == 405
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics?" + "a=1&" * 5000, timeout=2).status_code == 200
+        idle = []
+        import socket as sockets
+        for _ in range(100):  # more idle connections than limit_concurrency
+            idle.append(sockets.create_connection(("127.0.0.1", port), timeout=3))
+        try:
+            statuses = {httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).status_code for _ in range(3)}
+            assert statuses <= {200, 503}
+        finally:
+            for conn in idle:
+                conn.close()
+        wait_for(scrape_containing(port, "hybridmon_gpu_info"), 10, "scrape after the abuse")
+        assert daemon.poll() is None
+    finally:
+        code, err = stop_daemon(daemon)
+    assert code == 0 and "Traceback" not in err
