@@ -25,9 +25,11 @@ class RawSource(Protocol):
         """Entry names of a directory, sorted; OSError when it cannot be listed."""
 
     def call(self, key: str, fetch: Callable[[], T]) -> T:
-        """A reading that is not a file (an NVML call, udev events).
+        """A reading that is not a file (an NVML call, udev events, a whole /proc scan).
 
         `key` names the reading uniquely within one collect(); `fetch` returns plain JSON data.
+        Only that result is recorded: reads `fetch` makes through this source are not, and a replay
+        never runs `fetch`. So a scan of every process can be one reading of the matches alone.
         """
 
 
@@ -52,6 +54,7 @@ class RecordingSource:
         self._live = live or LiveSource()
         self._readings: list[Reading] = []
         self._lock = threading.Lock()
+        self._inside_call = threading.local()
 
     def take_readings(self) -> list[Reading]:
         """The readings since the last call, in the order they were made."""
@@ -60,6 +63,8 @@ class RecordingSource:
         return readings
 
     def _keep(self, reading: Reading) -> None:
+        if getattr(self._inside_call, "depth", 0):
+            return  # part of a call's fetch: only the call's result is a reading
         with self._lock:
             self._readings.append(reading)
 
@@ -82,11 +87,15 @@ class RecordingSource:
         return names
 
     def call(self, key: str, fetch: Callable[[], T]) -> T:
+        depth = getattr(self._inside_call, "depth", 0)
+        self._inside_call.depth = depth + 1
         try:
             value = self._live.call(key, fetch)
         except Exception as error:
+            self._inside_call.depth = depth
             self._keep(["call", key, False, {"type": type(error).__name__, "detail": _detail(error)}])
             raise
+        self._inside_call.depth = depth
         self._keep(["call", key, True, value])
         return value
 

@@ -214,3 +214,17 @@ def test_a_collector_waits_for_the_first_run_of_the_one_it_depends_on(tmp_path):
         time.sleep(0.01)
     assert scheduled[0].state.runs == 1
     sampler.stop()
+
+
+def test_reads_inside_a_call_are_not_recorded_and_replay_needs_only_the_result(tmp_path):
+    (tmp_path / "a").write_text("1")
+    recording = RecordingSource()
+
+    def scan():
+        return sorted(recording.list_dir(str(tmp_path)) + [recording.read_text(str(tmp_path / "a"))])
+
+    assert recording.call("scan", scan) == ["1", "a"]
+    assert recording.take_readings() == [["call", "scan", True, ["1", "a"]]]
+    replay = ReplaySource()
+    replay.load([["call", "scan", True, ["1", "a"]]])
+    assert replay.call("scan", lambda: pytest.fail("a replay never runs the fetch")) == ["1", "a"]
