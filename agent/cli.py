@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import threading
@@ -89,6 +90,8 @@ def _run(args: argparse.Namespace, config) -> int:
 
     if args.speed < 0:
         raise ValueError("--speed must be 0 (as fast as possible) or positive")
+    if args.speed != 1.0 and not args.replay:
+        raise ValueError("--speed applies to --replay only")
     host, port = parse_listen(config.listen)
     stop = _StopSignals()
     agent = Agent(config, replay_from=args.replay)
@@ -99,8 +102,9 @@ def _run(args: argparse.Namespace, config) -> int:
         if not stop.event.is_set():
             serve(agent, sock, config.log_level)
     finally:
-        agent.stop()
+        hung = agent.stop()
         sock.close()
+    _exit_past_hung_collectors(hung, EXIT_OK)
     return EXIT_OK
 
 
@@ -114,9 +118,24 @@ def _record(args: argparse.Namespace, config) -> int:
     agent.start()
     log.info("recording for %.0f s into %s", args.duration, args.output)
     stop.event.wait(args.duration)
-    agent.stop()
-    log.info("trace written to %s", args.output)
-    return EXIT_OK
+    hung = agent.stop()
+    if agent.recording_error:
+        print(f"hybridmon: {agent.recording_error}", file=sys.stderr)
+        code = EXIT_RUNTIME
+    else:
+        log.info("trace written to %s", args.output)
+        code = EXIT_OK
+    _exit_past_hung_collectors(hung, code)
+    return code
+
+
+def _exit_past_hung_collectors(hung: list[str], code: int) -> None:
+    """Python waits for every worker thread at exit; one stuck in NVML would never return."""
+    if hung:
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "HYBRIDMON_"
+COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa")
 DEFAULT_LISTEN = "127.0.0.1:9787"
 
 # Command lines of the inference servers we look for when nothing else is configured.
@@ -104,6 +105,14 @@ class AgentConfig(_Strict):
         if level.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError("must be one of debug, info, warning, error")
         return level.lower()
+
+    @field_validator("collectors")
+    @classmethod
+    def _known_collectors(cls, collectors: dict[str, CollectorConfig]) -> dict[str, CollectorConfig]:
+        unknown = sorted(set(collectors) - set(COLLECTOR_NAMES))
+        if unknown:
+            raise ValueError(f"unknown collector {', '.join(unknown)}; known: {', '.join(COLLECTOR_NAMES)}")
+        return collectors
 
     def collector(self, name: str) -> CollectorConfig:
         return self.collectors.get(name, CollectorConfig())

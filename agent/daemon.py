@@ -96,16 +96,26 @@ class Agent:
         self.replay_finished.set()
         return replayed
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> list[str]:
+        """Stop sampling and close what can be closed; returns the collectors that hung.
+
+        A hung collector's thread cannot be interrupted (e.g. inside an NVML call); the caller
+        should then leave the process with os._exit, since Python would wait for that thread.
+        """
         self._stop.set()
-        hung = self.sampler.stop()
+        hung = self.sampler.stop(timeout)
         if hung:
             log.warning("collectors still running at shutdown, abandoned: %s", ", ".join(hung))
         if self._thread is not None:
-            self._thread.join(timeout=5)
-        self.sampler.close_collectors()
+            self._thread.join(timeout=timeout)
+        self.sampler.close_collectors(skip=hung)
         if self._recorder is not None:
             self._recorder.close()
+        return hung
+
+    @property
+    def recording_error(self) -> str | None:
+        return self._recorder.error if self._recorder is not None else None
 
 
 def _config_from_trace(reader: TraceReader, current: AgentConfig) -> AgentConfig:

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from agent import __version__
 from agent.history import History
 from agent.sampler import Sampler
+from exporters.base import MetricSpec, Samples
 
 
 class LatestSamplesCollector:
@@ -23,19 +24,54 @@ class LatestSamplesCollector:
         self._history = history
 
     def collect(self) -> Iterator[Metric]:
-        families: dict[str, Metric] = {}
+        merged = Samples()
         for _collector, (_at, samples) in sorted(self._history.latest().items()):
-            for sample in samples:
-                spec = sample.spec
-                family = families.get(spec.name)
-                if family is None:
-                    kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-                    family = families[spec.name] = kind(spec.name, spec.documentation, labels=spec.label_names)
-                family.add_metric(sample.label_values, sample.value)
-        for name in sorted(families):
-            family = families[name]
+            merged.extend(samples)
+        return families(merged, sort=True)
+
+
+def families(samples: Samples, sort: bool) -> Iterator[Metric]:
+    """Prometheus metric families from samples; sorted by name and labels when `sort`."""
+    by_name: dict[str, Metric] = {}
+    for sample in samples:
+        spec = sample.spec
+        family = by_name.get(spec.name)
+        if family is None:
+            kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
+            family = by_name[spec.name] = kind(spec.name, spec.documentation, labels=spec.label_names)
+        family.add_metric(sample.label_values, sample.value)
+    names = sorted(by_name) if sort else list(by_name)
+    for name in names:
+        family = by_name[name]
+        if sort:
             family.samples.sort(key=lambda s: tuple(s.labels.values()))
-            yield family
+        yield family
+
+
+def _spec(name: str, kind: str, documentation: str, *labels: str) -> MetricSpec:
+    return MetricSpec(name, documentation, kind, labels)
+
+
+# hybridmon's own metrics, defined once for the exposition and for docs/metrics.md.
+COLLECTOR_SUCCESS = _spec("hybridmon_collector_success", "gauge", "1 if the collector's last run succeeded (a source absent on this host counts as success).", "collector")
+COLLECTOR_NO_DATA = _spec("hybridmon_collector_no_data", "gauge", "1 if the collector's source does not exist on this host; the agent log says why, once.", "collector")
+COLLECTOR_DURATION = _spec("hybridmon_collector_duration_seconds", "gauge", "Wall time of the collector's last run, in seconds.", "collector")
+COLLECTOR_RUNNING = _spec("hybridmon_collector_running_seconds", "gauge", "How long the collector's current run has taken so far, in seconds; 0 when idle. A growing value means a hung source (e.g. NVML after a GPU fell off the bus).", "collector")
+COLLECTOR_LAST_ERROR = _spec("hybridmon_collector_last_error_timestamp_seconds", "gauge", "Unix time of the collector's last failure; absent if it never failed.", "collector")
+COLLECTOR_ERRORS = _spec("hybridmon_collector_errors_total", "counter", "Failed runs of the collector since the agent started.", "collector")
+COLLECTOR_RUNS = _spec("hybridmon_collector_runs_total", "counter", "Runs of the collector since the agent started.", "collector")
+LOOP_LAG = _spec("hybridmon_loop_lag_seconds", "gauge", "How late the sampling loop's last tick started, in seconds.")
+LOOP_MAX_LAG = _spec("hybridmon_loop_max_lag_seconds", "gauge", "The largest tick lag since the agent started, in seconds.")
+LOOP_TICKS = _spec("hybridmon_loop_ticks_total", "counter", "Ticks of the sampling loop since the agent started.")
+LOOP_SKIPPED = _spec("hybridmon_loop_skipped_ticks_total", "counter", "Ticks skipped because the loop fell a whole interval behind (an overloaded host).")
+HISTORY_SERIES = _spec("hybridmon_history_series", "gauge", "Series held in the in-memory history.")
+BUILD_INFO = _spec("hybridmon_build_info", "gauge", "hybridmon's version and mode (live, record or replay); always 1.", "version", "mode")
+
+SELF_METRICS = (
+    COLLECTOR_SUCCESS, COLLECTOR_NO_DATA, COLLECTOR_DURATION, COLLECTOR_RUNNING, COLLECTOR_LAST_ERROR,
+    COLLECTOR_ERRORS, COLLECTOR_RUNS, LOOP_LAG, LOOP_MAX_LAG, LOOP_TICKS, LOOP_SKIPPED, HISTORY_SERIES,
+    BUILD_INFO,
+)
 
 
 class AgentHealthCollector:
@@ -47,43 +83,27 @@ class AgentHealthCollector:
         self._monotonic = monotonic
 
     def collect(self) -> Iterable[Metric]:
-        success = GaugeMetricFamily(
-            "hybridmon_collector_success", "1 if the collector's last run succeeded (a source absent on this host counts as success).", labels=["collector"])
-        no_data = GaugeMetricFamily(
-            "hybridmon_collector_no_data", "1 if the collector's source does not exist on this host; the agent log says why.", labels=["collector"])
-        duration = GaugeMetricFamily(
-            "hybridmon_collector_duration_seconds", "Wall time of the collector's last run, in seconds.", labels=["collector"])
-        running = GaugeMetricFamily(
-            "hybridmon_collector_running_seconds", "How long the collector's current run has taken so far; 0 when idle. A growing value means a hung source.", labels=["collector"])
-        last_error = GaugeMetricFamily(
-            "hybridmon_collector_last_error_timestamp_seconds", "Unix time of the collector's last failure; absent if it never failed.", labels=["collector"])
-        errors = CounterMetricFamily(
-            "hybridmon_collector_errors", "Failed runs of the collector since the agent started.", labels=["collector"])
-        runs = CounterMetricFamily(
-            "hybridmon_collector_runs", "Runs of the collector since the agent started.", labels=["collector"])
+        samples = Samples()
         now = self._monotonic()
         for item in self._sampler.scheduled:
             name, state = item.collector.name, item.state
             if state.last_success is not None:
-                success.add_metric([name], 1.0 if state.last_success else 0.0)
-                no_data.add_metric([name], 1.0 if state.no_data_reason else 0.0)
-            if state.last_duration_seconds is not None:
-                duration.add_metric([name], state.last_duration_seconds)
+                samples.add(COLLECTOR_SUCCESS, 1.0 if state.last_success else 0.0, name)
+                samples.add(COLLECTOR_NO_DATA, 1.0 if state.no_data_reason else 0.0, name)
+            samples.add(COLLECTOR_DURATION, state.last_duration_seconds, name)
             started = state.running_since
-            running.add_metric([name], 0.0 if started is None else max(0.0, now - started))
-            if state.last_error_time is not None:
-                last_error.add_metric([name], state.last_error_time)
-            errors.add_metric([name], state.errors)
-            runs.add_metric([name], state.runs)
-        yield from (success, no_data, duration, running, last_error, errors, runs)
+            samples.add(COLLECTOR_RUNNING, 0.0 if started is None else max(0.0, now - started), name)
+            samples.add(COLLECTOR_LAST_ERROR, state.last_error_time, name)
+            samples.add(COLLECTOR_ERRORS, state.errors, name)
+            samples.add(COLLECTOR_RUNS, state.runs, name)
         loop = self._sampler.loop
-        yield GaugeMetricFamily("hybridmon_loop_lag_seconds", "How late the sampling loop's last tick started, in seconds.", value=loop.last_lag_seconds)
-        yield GaugeMetricFamily("hybridmon_loop_max_lag_seconds", "The largest tick lag since the agent started, in seconds.", value=loop.max_lag_seconds)
-        yield CounterMetricFamily("hybridmon_loop_ticks", "Ticks of the sampling loop since the agent started.", value=loop.ticks)
-        yield GaugeMetricFamily("hybridmon_history_series", "Series held in the in-memory history.", value=self._sampler.history.series_count())
-        info = GaugeMetricFamily("hybridmon_build_info", "hybridmon's version and mode (live, record or replay); always 1.", labels=["version", "mode"])
-        info.add_metric([__version__, self._mode], 1.0)
-        yield info
+        samples.add(LOOP_LAG, loop.last_lag_seconds)
+        samples.add(LOOP_MAX_LAG, loop.max_lag_seconds)
+        samples.add(LOOP_TICKS, loop.ticks)
+        samples.add(LOOP_SKIPPED, loop.skipped_ticks)
+        samples.add(HISTORY_SERIES, self._sampler.history.series_count())
+        samples.add(BUILD_INFO, 1.0, __version__, self._mode)
+        return families(samples, sort=False)
 
 
 class Exposition:

@@ -6,25 +6,10 @@ from __future__ import annotations
 
 import inspect
 
+from agent.exposition import SELF_METRICS
 from exporters import gpu, host_memory, numa, pcie, pressure, process
 
 COLLECTOR_MODULES = (gpu, host_memory, pressure, numa, pcie, process)
-
-SELF_METRICS = (
-    ("hybridmon_collector_success", "gauge", "collector", "1 if the collector's last run succeeded (a source absent on this host counts as success)."),
-    ("hybridmon_collector_no_data", "gauge", "collector", "1 if the collector's source does not exist on this host; the agent log says why, once."),
-    ("hybridmon_collector_duration_seconds", "gauge", "collector", "Wall time of the collector's last run."),
-    ("hybridmon_collector_running_seconds", "gauge", "collector", "How long the current run has taken so far; 0 when idle. Growing: a hung source (e.g. NVML after a GPU fell off the bus)."),
-    ("hybridmon_collector_last_error_timestamp_seconds", "gauge", "collector", "Unix time of the last failure; absent if none."),
-    ("hybridmon_collector_errors_total", "counter", "collector", "Failed runs since start."),
-    ("hybridmon_collector_runs_total", "counter", "collector", "Runs since start."),
-    ("hybridmon_loop_lag_seconds", "gauge", "", "How late the last tick of the sampling loop started."),
-    ("hybridmon_loop_max_lag_seconds", "gauge", "", "Largest tick lag since start."),
-    ("hybridmon_loop_ticks_total", "counter", "", "Ticks of the sampling loop since start."),
-    ("hybridmon_history_series", "gauge", "", "Series held in the in-memory history."),
-    ("hybridmon_build_info", "gauge", "version, mode", "Always 1; mode is live, record or replay."),
-)
-
 
 def collector_classes():
     for module in COLLECTOR_MODULES:
@@ -49,8 +34,8 @@ def render() -> str:
             lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names)} | {_cell(spec.documentation)} |")
         lines.append("")
     lines += ["## The agent itself", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
-    for name, kind, labels, meaning in SELF_METRICS:
-        lines.append(f"| `{name}` | {kind} | {labels} | {meaning} |")
+    for spec in SELF_METRICS:
+        lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names)} | {_cell(spec.documentation)} |")
     return "\n".join(lines) + "\n"
 
 

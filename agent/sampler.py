@@ -52,6 +52,7 @@ class LoopState:
     ticks: int = 0
     last_lag_seconds: float = 0.0
     max_lag_seconds: float = 0.0
+    skipped_ticks: int = 0
 
 
 class Sampler:
@@ -75,6 +76,7 @@ class Sampler:
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(scheduled)), thread_name_prefix="collector")
         self._stop = threading.Event()
         self.on_commit: list[Callable[[], None]] = []
+        self._by_name = {item.collector.name: item for item in scheduled}
         for item in scheduled:
             history.add_collector(item.collector.name, item.interval_seconds)
 
@@ -113,23 +115,41 @@ class Sampler:
             state.runs += 1
             state.last_duration_seconds = self._monotonic() - started
             state.running_since = None
-        if self._recorder is not None:
-            self._recorder.write(item.collector.name, at, item.source.take_readings())
         self.history.commit(item.collector.name, at, samples if samples is not None else Samples())
         for callback in self.on_commit:
             callback()
+        if self._recorder is not None:
+            # After the commit: a full disk stops the recording, never the sampling.
+            self._recorder.write(item.collector.name, at, item.source.take_readings())
 
-    def tick(self) -> None:
-        """Start every collector that is due and not still running."""
-        now = self._monotonic()
-        first_run_done = {item.collector.name for item in self.scheduled if item.state.runs > 0}
+    def tick(self, now: float | None = None) -> None:
+        """Start every collector that is due and not still running.
+
+        `now` is the tick's nominal time: scheduling from it rather than from the moment the loop
+        woke keeps a 1 s collector on every 1 s tick despite wake-up jitter.
+        """
+        now = self._monotonic() if now is None else now
         for item in self.scheduled:
-            if not first_run_done.issuperset(item.after):
+            if not self._dependencies_ready(item, now):
                 continue
             if now >= item.next_due and not item.lock.locked():
-                item.next_due = now + item.interval_seconds
+                item.next_due += item.interval_seconds
+                if item.next_due <= now:  # first run, or after a stall: restart the schedule
+                    item.next_due = now + item.interval_seconds
                 self._pool.submit(self.run_collector, item)
         self.loop.ticks += 1
+
+    def _dependencies_ready(self, item: Scheduled, now: float) -> bool:
+        """A dependency is ready once its first run finished, or when it has hung for an interval:
+        a GPU collector stuck in NVML must not starve the process collectors."""
+        for name in item.after:
+            dependency = self._by_name.get(name)
+            if dependency is None or dependency.state.runs > 0:
+                continue
+            started = dependency.state.running_since
+            if started is None or now - started < dependency.interval_seconds:
+                return False
+        return True
 
     def run_forever(self) -> None:
         """Tick every interval until stop() is called; the lag is how late each tick woke up."""
@@ -138,9 +158,10 @@ class Sampler:
             lag = max(0.0, self._monotonic() - next_tick)
             self.loop.last_lag_seconds = lag
             self.loop.max_lag_seconds = max(self.loop.max_lag_seconds, lag)
-            self.tick()
+            self.tick(next_tick)
             next_tick += self.interval_seconds
-            if next_tick < self._monotonic():  # fell behind by more than a tick: skip, don't burst
+            if next_tick < self._monotonic():  # a whole tick behind: skip ticks rather than burst
+                self.loop.skipped_ticks += 1
                 next_tick = self._monotonic()
             self._stop.wait(max(0.0, next_tick - self._monotonic()))
 
@@ -157,8 +178,11 @@ class Sampler:
                 still_running.append(item.collector.name)
         return still_running
 
-    def close_collectors(self) -> None:
+    def close_collectors(self, skip: tuple[str, ...] | list[str] = ()) -> None:
+        """Close every collector but those in `skip` (hung ones: closing them would block too)."""
         for item in self.scheduled:
+            if item.collector.name in skip:
+                continue
             try:
                 item.collector.close()
             except Exception:

@@ -60,7 +60,8 @@ def serve(agent: Agent, sock: socket.socket, log_level: str) -> None:
         log_level=log_level,
         access_log=False,
         lifespan="off",
-        limit_concurrency=64,  # a scrape storm gets 503s instead of exhausting the agent
+        # No limit_concurrency: idle connections would count against it and lock scrapes out with
+        # 503s. A scrape serves cached bytes, so many connections cost little.
         timeout_keep_alive=5,
         server_header=False,
     )

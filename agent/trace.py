@@ -19,6 +19,8 @@ from typing import Any, Iterator
 from agent import __version__
 
 FORMAT_NAME = "hybridmon-trace"
+# Flush the gzip stream this often, so a recorder that is killed loses at most this much.
+FLUSH_EVERY_SECONDS = 5.0
 FORMAT_VERSION = 1
 
 log = logging.getLogger(__name__)
@@ -38,11 +40,17 @@ class TraceRecord:
 class TraceWriter:
     """Writes a trace; safe to call from several collector threads."""
 
-    def __init__(self, path: str | Path, config: dict[str, Any]) -> None:
+    def __init__(self, path: str | Path, config: dict[str, Any], clock=time.monotonic) -> None:
         self.path = Path(path)
+        self.error: str | None = None
         self._lock = threading.Lock()
         self._records = 0
-        self._file = gzip.open(self.path, "wt", encoding="utf-8")
+        self._clock = clock
+        self._last_flush = clock()
+        try:
+            self._file = gzip.open(self.path, "wt", encoding="utf-8")
+        except OSError as error:
+            raise TraceError(f"cannot write trace {self.path}: {error.strerror}") from None
         self._write({
             "kind": "header",
             "format": FORMAT_NAME,
@@ -56,18 +64,38 @@ class TraceWriter:
         self._file.write(json.dumps(line, separators=(",", ":")) + "\n")
 
     def write(self, collector: str, at: float, readings: list) -> None:
+        """Append one collector run; a write error (disk full) ends the recording, logged once."""
         with self._lock:
             if self._file.closed:
                 return
-            self._write({"kind": "reading", "collector": collector, "time": at, "readings": readings})
-            self._records += 1
+            try:
+                self._write({"kind": "reading", "collector": collector, "time": at, "readings": readings})
+                self._records += 1
+                if self._clock() - self._last_flush >= FLUSH_EVERY_SECONDS:
+                    self._file.flush()
+                    self._last_flush = self._clock()
+            except (OSError, ValueError) as error:
+                self.error = f"recording stopped after {self._records} records: cannot write {self.path}: {error}"
+                log.error("%s", self.error)
+                self._close_quietly()
 
     def close(self) -> None:
         with self._lock:
             if self._file.closed:
                 return
-            self._write({"kind": "end", "time": time.time(), "records": self._records})
+            try:
+                self._write({"kind": "end", "time": time.time(), "records": self._records})
+                self._file.close()
+            except OSError as error:
+                self.error = self.error or f"cannot finish {self.path}: {error}"
+                log.error("%s", self.error)
+                self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        try:
             self._file.close()
+        except OSError:
+            pass
 
 
 class TraceReader:
@@ -104,14 +132,24 @@ class TraceReader:
                 return
             if line.get("kind") != "reading":
                 raise TraceError(f"{self.path}: unknown line kind {line.get('kind')!r}")
-            readings = line.get("readings")
-            if not isinstance(line.get("collector"), str) or not isinstance(readings, list):
-                raise TraceError(f"{self.path}: reading line lacks collector or readings")
-            if not all(isinstance(r, list) and len(r) == 4 for r in readings):
-                raise TraceError(f"{self.path}: a reading is not [kind, key, ok, payload]")
-            yield TraceRecord(line["collector"], float(line["time"]), readings)
+            yield self._checked_record(line)
         self.truncated = True
         log.warning("%s ends without its end line: the recording was cut off; replaying what is there", self.path)
+
+    def _checked_record(self, line: dict) -> TraceRecord:
+        collector, at, readings = line.get("collector"), line.get("time"), line.get("readings")
+        if not isinstance(collector, str) or not isinstance(readings, list):
+            raise TraceError(f"{self.path}: a reading line lacks its collector or readings")
+        if isinstance(at, bool) or not isinstance(at, (int, float)):
+            raise TraceError(f"{self.path}: a reading line of {collector} has no numeric time")
+        for reading in readings:
+            if not (
+                isinstance(reading, list) and len(reading) == 4
+                and reading[0] in ("text", "dir", "call") and isinstance(reading[1], str)
+                and isinstance(reading[2], bool)
+            ):
+                raise TraceError(f"{self.path}: a reading of {collector} is not [kind, key, ok, payload]: {str(reading)[:80]}")
+        return TraceRecord(collector, float(at), readings)
 
     def _lines(self) -> Iterator[dict]:
         try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from agent.config import AgentConfig
+from agent.config import COLLECTOR_NAMES, AgentConfig
 from agent.sampler import Scheduled
 from agent.sources import RawSource
 from exporters.gpu import GpuCollector
@@ -16,14 +16,10 @@ from exporters.process import ProcessCollector
 SourceFactory = Callable[[str], RawSource]
 # First runs wait for the collectors they take their watch lists from (see Scheduled.after).
 RUNS_AFTER = {"process": ("gpu",), "process_numa": ("process",)}
-COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa")
 
 
 def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: bool = False) -> list[Scheduled]:
     """One Scheduled per enabled collector. In a replay NVML is not loaded: the trace answers."""
-    unknown = set(config.collectors) - set(COLLECTOR_NAMES)
-    if unknown:
-        raise ValueError(f"unknown collector(s) in [collectors]: {', '.join(sorted(unknown))}; known: {', '.join(COLLECTOR_NAMES)}")
     sources = {name: source_for(name) for name in COLLECTOR_NAMES}
     paths = config.paths
     gpu = GpuCollector(

@@ -1,10 +1,9 @@
 """Documentation that is generated or promised must match the code."""
 import re
-import tomllib
 from pathlib import Path
 
 from agent import metric_docs
-from agent.config import AgentConfig
+from agent.config import AgentConfig, tomllib
 from agent.wiring import COLLECTOR_NAMES
 
 REPO = Path(__file__).resolve().parent.parent

@@ -127,7 +127,7 @@ def test_record_then_replay_gives_the_same_samples_and_valid_lines(tmp_path):
     live = FileNumberCollector(RecordingSource(), str(data))
     sampler = sampler_for(live, recorder=writer)
     seen_live = []
-    for tick, value in enumerate(["1", "2", "garbage-free 3"[-1]]):
+    for tick, value in enumerate(["1", "2", "3"]):
         (data / "x").write_text(value)
         if tick == 1:
             (data / "y").write_text("7")
@@ -228,3 +228,85 @@ def test_reads_inside_a_call_are_not_recorded_and_replay_needs_only_the_result(t
     replay = ReplaySource()
     replay.load([["call", "scan", True, ["1", "a"]]])
     assert replay.call("scan", lambda: pytest.fail("a replay never runs the fetch")) == ["1", "a"]
+
+
+class CountingClock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_every_nominal_tick_runs_a_one_second_collector_despite_jitter(tmp_path):
+    (tmp_path / "a").write_text("1")
+    collector = FileNumberCollector(RecordingSource(), str(tmp_path))
+    clock = CountingClock()
+    sampler = Sampler([Scheduled(collector, 1.0, collector.source)], History(60), 1.0, monotonic=clock)
+    submitted = []
+    sampler._pool.submit = lambda fn, item: submitted.append(item)  # count starts, run nothing
+    for tick in range(20):
+        sampler.tick(1000.0 + tick)  # nominal times; the wake-up jitter no longer matters
+    assert len(submitted) == 20
+    sampler.stop()
+
+
+def test_a_hung_dependency_holds_back_its_dependants_for_one_interval_only():
+    clock = CountingClock()
+    gpu = Broken(None)
+    gpu.name = "gpu"
+    process = Broken(NoDataError("x"))
+    process.name = "process"
+    scheduled = [Scheduled(gpu, 1.0, None), Scheduled(process, 1.0, None, after=("gpu",))]
+    sampler = Sampler(scheduled, History(60), 1.0, monotonic=clock)
+    started = []
+    sampler._pool.submit = lambda fn, item: started.append(item.collector.name)
+    sampler.tick(clock.now)
+    assert started == ["gpu"]
+    scheduled[0].state.running_since = clock.now  # the GPU collector hangs in its first run
+    scheduled[0].lock.acquire()
+    sampler.tick(clock.now + 0.5)
+    assert started == ["gpu"]
+    sampler.tick(clock.now + 1.5)
+    assert started == ["gpu", "process"]
+    scheduled[0].lock.release()
+    sampler.stop()
+
+
+def test_a_full_disk_stops_the_recording_not_the_sampling(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a").write_text("4")
+    writer = TraceWriter(tmp_path / "t.jsonl.gz", {})
+
+    def disk_full(_line):
+        raise OSError(28, "No space left on device")
+
+    writer._write = disk_full
+    collector = FileNumberCollector(RecordingSource(), str(data))
+    sampler = sampler_for(collector, recorder=writer)
+    sampler.run_collector(sampler.scheduled[0], at=1.0)
+    sampler.run_collector(sampler.scheduled[0], at=2.0)
+    assert sampler.history.latest()["host_memory"][1].value("hybridmon_test_value", file="a") == 4.0
+    assert sampler.scheduled[0].state.last_success is True
+    assert "recording stopped after 0 records" in writer.error and "No space left" in writer.error
+
+
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ({"kind": "reading", "collector": "gpu", "readings": []}, "no numeric time"),
+        ({"kind": "reading", "collector": "gpu", "time": "soon", "readings": []}, "no numeric time"),
+        ({"kind": "reading", "collector": "gpu", "time": 1, "readings": [[["list"], "k", True, 1]]}, "is not \\[kind, key, ok, payload\\]"),
+        ({"kind": "reading", "collector": "gpu", "time": 1, "readings": [["text", "/x", "yes", ""]]}, "is not \\[kind, key, ok, payload\\]"),
+        ({"kind": "reading", "time": 1, "readings": []}, "lacks its collector"),
+        ({"kind": "mystery"}, "unknown line kind"),
+    ],
+)
+def test_malformed_trace_lines_are_trace_errors(tmp_path, line, message):
+    path = tmp_path / "t.jsonl.gz"
+    with gzip.open(path, "wt") as handle:
+        handle.write(json.dumps({"kind": "header", "format": "hybridmon-trace", "version": 1, "config": {}}) + "\n")
+        handle.write(json.dumps(line) + "\n")
+    with pytest.raises(TraceError, match=message):
+        list(TraceReader(path).records())
