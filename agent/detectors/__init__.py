@@ -1,0 +1,1 @@
+"""Rule detectors: small units that read the agent's history and return findings."""
