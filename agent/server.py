@@ -41,7 +41,10 @@ def create_app(agent: Agent) -> FastAPI:
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind before starting uvicorn, so a taken port is our clear error, not a server traceback."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP explicitly: asyncio turns TCP_NODELAY on for accepted connections only when the
+    # listening socket says it is TCP. Without it Nagle holds the response's second write for the
+    # peer's delayed ACK and every keep-alive scrape waits ~40 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import shutil
 import signal
 import subprocess
@@ -289,3 +290,13 @@ def test_sigterm_stops_the_daemon_even_with_a_collector_hung_in_nvml(tmp_path):
     assert code == 0, err
     assert time.monotonic() - started < 9
     assert "abandoned: gpu" in err
+
+
+def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
+    from agent.server import bind_socket
+
+    sock = bind_socket("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
