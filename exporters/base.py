@@ -14,15 +14,20 @@ Rules for collectors:
 - A part that fails (one process gone, one GPU's call unsupported) leaves its series out and the
   rest of the batch stands. An unsupported value is absent, never 0 or NaN.
 - Values are in base units: bytes, seconds, ratios 0-1, transfers per second.
+- read_parsed reads and parses one file, leaving its series out with the reason logged once.
 """
 from __future__ import annotations
 
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Iterator, Literal, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Literal, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from agent.sources import RawSource
 
 MetricKind = Literal["gauge", "counter"]
+T = TypeVar("T")
 
 
 class NoDataError(Exception):
@@ -136,3 +141,52 @@ class LogOnce:
                 return
             self._seen.add(key)
         self._logger.log(level, message, *args)
+
+
+def parse_logged(parse: Callable[[str], T], text: str | None, path: str,
+                 log_once: LogOnce) -> T | None:
+    """parse(text) of the file at `path`, or None when there is no text or it does not parse
+    (logged once): for callers that read several files before parsing any."""
+    if text is None:
+        return None
+    try:
+        return parse(text)
+    except ParseError as error:
+        _log_parse_error(log_once, path, path, error)
+        return None
+
+
+def read_parsed(source: "RawSource", path: str, parse: Callable[[str], T], log_once: LogOnce, *,
+                missing_is_normal: str | None = None, log_key: str | None = None,
+                failures: dict[str, Exception] | None = None) -> T | None:
+    """One file read through `source` and parsed, or None with the reason logged once.
+
+    A missing file is a warning, unless `missing_is_normal` says why it may be missing here (a
+    kernel without the setting, a device without AER): then it is logged at INFO with that reason.
+    Files that fail together can share one `log_key` so that they say so once. Where `failures`
+    is given, the OSError or ParseError of a failed file is stored in it under the path.
+    """
+    key = log_key or path
+    try:
+        text = source.read_text(path)
+    except OSError as error:
+        reason = error.strerror or str(error)
+        if missing_is_normal is not None and isinstance(error, FileNotFoundError):
+            log_once(f"read:{key}", "%s does not exist (%s): its series are absent", path,
+                     missing_is_normal, level=logging.INFO)
+        else:
+            log_once(f"read:{key}", "cannot read %s (%s): its series are absent", path, reason)
+        if failures is not None:
+            failures[path] = error
+        return None
+    try:
+        return parse(text)
+    except ParseError as error:
+        _log_parse_error(log_once, key, path, error)
+        if failures is not None:
+            failures[path] = error
+        return None
+
+
+def _log_parse_error(log_once: LogOnce, key: str, path: str, error: ParseError) -> None:
+    log_once(f"parse:{key}", "%s has an unexpected format (%s): its series are absent", path, error)

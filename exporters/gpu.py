@@ -29,8 +29,10 @@ GPU_INFO = MetricSpec(
     "gauge", ("gpu", "uuid", "name", "pci_bus_id", "driver_version"))
 GPU_UP = MetricSpec(
     "hybridmon_gpu_up",
-    "1 when NVML answers for the GPU, 0 when NVML reports it lost (NVML_ERROR_GPU_IS_LOST: fell "
-    "off the bus, needs a reset or reboot); a lost GPU has no other series.",
+    "1 when at least one NVML call on the GPU succeeded this collection; 0 when NVML reports it "
+    "lost (NVML_ERROR_GPU_IS_LOST: fell off the bus, needs a reset or reboot) or none of its calls "
+    "succeeded (e.g. the driver was unloaded while the agent ran). A GPU at 0 has no other "
+    "series; one whose UUID NVML never gave has none at all.",
     "gauge", GPU)
 MEMORY_USED = MetricSpec(
     "hybridmon_gpu_memory_used_bytes",
@@ -95,6 +97,7 @@ class GpuReading:
     index: int
     uuid: str | None
     lost: bool = False
+    answered: bool = True  # at least one NVML call on it succeeded this tick
     values: dict[MetricSpec, Any] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     throughput: tuple[int | None, int | None] = (None, None)
@@ -148,6 +151,7 @@ class GpuCollector:
 
     def _read_gpu(self, index: int) -> GpuReading:
         nvml = self._nvml
+        answers_before = nvml.answer_count(index)
         try:
             uuid = nvml.uuid(index)
             if uuid is None:
@@ -172,6 +176,8 @@ class GpuCollector:
                 NUMA_NODE: nvml.numa_node(index),
             })
             reading.processes = nvml.compute_processes(index) or []
+            # Cached identity still fills the reading when the driver has gone; only answers count.
+            reading.answered = nvml.answer_count(index) > answers_before
             return reading
         except GpuLostError:
             return GpuReading(index, nvml.known_uuid(index) or "", lost=True)
@@ -181,8 +187,9 @@ class GpuCollector:
         if reading.uuid is None:
             return
         gpu, uuid = str(reading.index), reading.uuid
-        samples.add(GPU_UP, 0 if reading.lost else 1, gpu, uuid)
-        if reading.lost:
+        up = reading.answered and not reading.lost
+        samples.add(GPU_UP, 1 if up else 0, gpu, uuid)
+        if not up:
             return
         samples.add(GPU_INFO, 1, gpu, uuid, reading.info["name"], reading.info["pci_bus_id"],
                     driver_version)

@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import os
 import re
-from typing import Callable, TypeVar
 
 from agent.sources import RawSource
-from exporters.base import CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples
+from exporters.base import (CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples,
+                            read_parsed)
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 PAGE_FAULTS = MetricSpec(
     "hybridmon_memory_page_faults_total",
@@ -29,14 +28,16 @@ MAJOR_PAGE_FAULTS = MetricSpec(
     "/proc/vmstat.",
     "counter",
 )
-SWAP_IN_PAGES = MetricSpec(
-    "hybridmon_swap_in_pages_total",
-    "Pages read back in from swap since boot (pages); pswpin in /proc/vmstat.",
+SWAP_IN_BYTES = MetricSpec(
+    "hybridmon_swap_in_bytes_total",
+    "Memory read back in from swap since boot (bytes); pswpin in /proc/vmstat, a count of pages, "
+    "times the page size (sysconf(_SC_PAGE_SIZE): 4 KiB on x86-64, up to 64 KiB on arm64).",
     "counter",
 )
-SWAP_OUT_PAGES = MetricSpec(
-    "hybridmon_swap_out_pages_total",
-    "Pages written out to swap since boot (pages); pswpout in /proc/vmstat.",
+SWAP_OUT_BYTES = MetricSpec(
+    "hybridmon_swap_out_bytes_total",
+    "Memory written out to swap since boot (bytes); pswpout in /proc/vmstat, a count of pages, "
+    "times the page size (sysconf(_SC_PAGE_SIZE)).",
     "counter",
 )
 OOM_KILLS = MetricSpec(
@@ -45,19 +46,20 @@ OOM_KILLS = MetricSpec(
     "absent on kernels before 4.13.",
     "counter",
 )
-RECLAIM_SCANNED_PAGES = MetricSpec(
-    "hybridmon_memory_reclaim_scanned_pages_total",
-    "Pages scanned by page reclaim since boot (pages), by reclaimer: kswapd (background), direct "
-    "(an allocating task stalled to reclaim) or khugepaged; pgscan_<reclaimer> in /proc/vmstat, "
-    "summed over the per-zone pgscan_<reclaimer>_<zone> fields on kernels before 4.8.",
+RECLAIM_SCANNED_BYTES = MetricSpec(
+    "hybridmon_memory_reclaim_scanned_bytes_total",
+    "Memory scanned by page reclaim since boot (bytes), by reclaimer: kswapd (background), direct "
+    "(an allocating task stalled to reclaim) or khugepaged; pgscan_<reclaimer> in /proc/vmstat "
+    "(summed over the per-zone pgscan_<reclaimer>_<zone> fields on kernels before 4.8), a count "
+    "of pages, times the page size (sysconf(_SC_PAGE_SIZE)).",
     "counter",
     ("reclaimer",),
 )
-RECLAIM_STOLEN_PAGES = MetricSpec(
-    "hybridmon_memory_reclaim_stolen_pages_total",
-    "Pages actually freed by page reclaim since boot (pages), by reclaimer (kswapd, direct, "
-    "khugepaged); pgsteal_<reclaimer> in /proc/vmstat, summed over the per-zone fields on kernels "
-    "before 4.8.",
+RECLAIM_STOLEN_BYTES = MetricSpec(
+    "hybridmon_memory_reclaim_stolen_bytes_total",
+    "Memory actually freed by page reclaim since boot (bytes), by reclaimer (kswapd, direct, "
+    "khugepaged); pgsteal_<reclaimer> in /proc/vmstat (summed over the per-zone fields on kernels "
+    "before 4.8), a count of pages, times the page size (sysconf(_SC_PAGE_SIZE)).",
     "counter",
     ("reclaimer",),
 )
@@ -124,9 +126,11 @@ TRANSPARENT_HUGEPAGE_MODE = MetricSpec(
 _VMSTAT_COUNTERS = (
     (PAGE_FAULTS, "pgfault"),
     (MAJOR_PAGE_FAULTS, "pgmajfault"),
-    (SWAP_IN_PAGES, "pswpin"),
-    (SWAP_OUT_PAGES, "pswpout"),
     (OOM_KILLS, "oom_kill"),
+)
+_VMSTAT_PAGE_COUNTERS = (
+    (SWAP_IN_BYTES, "pswpin"),
+    (SWAP_OUT_BYTES, "pswpout"),
 )
 _MEMINFO_GAUGES = (
     (MEMORY_TOTAL, "MemTotal"),
@@ -151,10 +155,12 @@ SYSCTLS = (
 )
 THP_SETTINGS = ("enabled", "defrag")
 
-_VMSTAT_LINE = re.compile(r"([a-z0-9_]+) +(-?[0-9]+)")
-_MEMINFO_LINE = re.compile(r"([A-Za-z0-9_()]+):[ \t]*([0-9]+)(?: (kB))?")
+# Digit runs are bounded ({1,20}: a u64 has 20 digits) so that int() never sees more than 4,300
+# digits, which it refuses with a ValueError rather than a ParseError.
+_VMSTAT_LINE = re.compile(r"([a-z0-9_]+) +(-?[0-9]{1,20})")
+_MEMINFO_LINE = re.compile(r"([A-Za-z0-9_()]+):[ \t]*([0-9]{1,20})(?: (kB))?")
 _SELECTED_MODE = re.compile(r"\[([^\[\]\s]+)\]")
-_SYSCTL_INT = re.compile(r"-?[0-9]+")
+_SYSCTL_INT = re.compile(r"-?[0-9]{1,20}")
 
 
 def parse_vmstat(text: str) -> dict[str, int]:
@@ -233,26 +239,33 @@ class HostMemoryCollector:
     default_interval_seconds = 1.0
     metric_specs = (
         *(spec for spec, _ in _VMSTAT_COUNTERS),
-        RECLAIM_SCANNED_PAGES,
-        RECLAIM_STOLEN_PAGES,
+        *(spec for spec, _ in _VMSTAT_PAGE_COUNTERS),
+        RECLAIM_SCANNED_BYTES,
+        RECLAIM_STOLEN_BYTES,
         *(spec for spec, _ in _MEMINFO_GAUGES),
         SYSCTL_VALUE,
         TRANSPARENT_HUGEPAGE_MODE,
     )
 
-    def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys") -> None:
+    def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys",
+                 page_size_bytes: int | None = None) -> None:
         self._source = source
         self._procfs = procfs
         self._sysfs = sysfs
+        self._page_size = page_size_bytes
         self._log_once = LogOnce(log)
 
     def collect(self) -> Samples:
         samples = Samples()
         vmstat_path = os.path.join(self._procfs, "vmstat")
         meminfo_path = os.path.join(self._procfs, "meminfo")
-        vmstat, vmstat_error = self._read(vmstat_path, parse_vmstat)
-        meminfo, meminfo_error = self._read(meminfo_path, parse_meminfo)
+        failures: dict[str, Exception] = {}
+        vmstat = read_parsed(self._source, vmstat_path, parse_vmstat, self._log_once,
+                             failures=failures)
+        meminfo = read_parsed(self._source, meminfo_path, parse_meminfo, self._log_once,
+                              failures=failures)
         if vmstat is None and meminfo is None:
+            vmstat_error, meminfo_error = failures[vmstat_path], failures[meminfo_path]
             message = (
                 f"cannot read {vmstat_path} ({_reason(vmstat_error)}) nor {meminfo_path} "
                 f"({_reason(meminfo_error)})"
@@ -261,22 +274,19 @@ class HostMemoryCollector:
                 raise NoDataError(f"{message}: is procfs mounted at {self._procfs}?")
             raise CollectorError(message)
         if vmstat is not None:
-            for spec, field in _VMSTAT_COUNTERS:
-                samples.add(spec, vmstat.get(field))
-            for reclaimer, pages in reclaim_pages(vmstat, "pgscan").items():
-                samples.add(RECLAIM_SCANNED_PAGES, pages, reclaimer)
-            for reclaimer, pages in reclaim_pages(vmstat, "pgsteal").items():
-                samples.add(RECLAIM_STOLEN_PAGES, pages, reclaimer)
+            self._add_vmstat(samples, vmstat)
         if meminfo is not None:
             for spec, field in _MEMINFO_GAUGES:
                 samples.add(spec, meminfo.get(field))
         for sysctl in SYSCTLS:
             path = os.path.join(self._procfs, "sys", *sysctl.split("."))
-            value, _ = self._read(path, parse_sysctl_int, logging.INFO)
+            value = read_parsed(self._source, path, parse_sysctl_int, self._log_once,
+                                missing_is_normal=f"this kernel has no {sysctl}")
             samples.add(SYSCTL_VALUE, value, sysctl)
         for setting in THP_SETTINGS:
             path = os.path.join(self._sysfs, "kernel", "mm", "transparent_hugepage", setting)
-            mode, _ = self._read(path, parse_selected_mode, logging.INFO)
+            mode = read_parsed(self._source, path, parse_selected_mode, self._log_once,
+                               missing_is_normal="a kernel without transparent huge pages")
             if mode is not None:
                 samples.add(TRANSPARENT_HUGEPAGE_MODE, 1, setting, mode)
         return samples
@@ -284,25 +294,26 @@ class HostMemoryCollector:
     def close(self) -> None:
         pass
 
-    def _read(
-        self, path: str, parser: Callable[[str], T], missing_level: int = logging.WARNING
-    ) -> tuple[T | None, Exception | None]:
-        """(parsed, None), or (None, the OSError or ParseError) with the reason logged once.
+    def _add_vmstat(self, samples: Samples, vmstat: dict[str, int]) -> None:
+        for spec, field in _VMSTAT_COUNTERS:
+            samples.add(spec, vmstat.get(field))
+        page = self._page_size_bytes()
+        for spec, field in _VMSTAT_PAGE_COUNTERS:
+            pages = vmstat.get(field)
+            samples.add(spec, None if pages is None else pages * page)
+        for reclaimer, pages in reclaim_pages(vmstat, "pgscan").items():
+            samples.add(RECLAIM_SCANNED_BYTES, pages * page, reclaimer)
+        for reclaimer, pages in reclaim_pages(vmstat, "pgsteal").items():
+            samples.add(RECLAIM_STOLEN_BYTES, pages * page, reclaimer)
 
-        Optional files (numa_balancing without NUMA, THP settings without THP) pass a lower
-        missing_level: their absence is normal, while garbage in any file is not.
-        """
-        try:
-            return parser(self._source.read_text(path)), None
-        except OSError as error:
-            self._log_once(f"read:{path}", "cannot read %s (%s): its series are absent", path,
-                           _reason(error), level=missing_level)
-            return None, error
-        except ParseError as error:
-            self._log_once(f"parse:{path}", "%s has an unexpected format (%s): its series are "
-                           "absent", path, error)
-            return None, error
+    def _page_size_bytes(self) -> int:
+        # Read once, through the source, so that a replay converts with the recorded host's page
+        # size (4 KiB on x86-64, 16 or 64 KiB on some arm64 kernels), not the replaying host's.
+        if self._page_size is None:
+            self._page_size = int(self._source.call("os.sysconf(SC_PAGE_SIZE)",
+                                                    lambda: os.sysconf("SC_PAGE_SIZE")))
+        return self._page_size
 
 
-def _reason(error: Exception | None) -> str:
+def _reason(error: Exception) -> str:
     return getattr(error, "strerror", None) or str(error)

@@ -14,7 +14,9 @@ import time
 from typing import Callable, Mapping
 
 from agent.sources import RawSource
-from exporters.base import CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples
+from exporters.base import (CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples,
+                            parse_logged, read_parsed)
+from exporters.procfs import ProcessGone, parse_cpu_list, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
 
@@ -60,36 +62,13 @@ NUMASTAT_OUTCOMES = {
     "other_node": "other_node",
 }
 
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-_NODE_MEMINFO_LINE = re.compile(r"Node ([0-9]+) ([^\s:]+):\s+([0-9]+)(?: (kB))?")
-_NUMASTAT_LINE = re.compile(r"([a-z_]+) ([0-9]+)")
+# Digit runs are bounded ({1,20}: a u64 has 20 digits) so that int() never sees more than 4,300
+# digits, which it refuses with a ValueError rather than a ParseError.
+_NODE_MEMINFO_LINE = re.compile(r"Node ([0-9]{1,20}) ([^\s:]+):\s+([0-9]{1,20})(?: (kB))?")
+_NUMASTAT_LINE = re.compile(r"([a-z_]+) ([0-9]{1,20})")
 _NUMA_MAPS_ADDRESS = re.compile(r"[0-9a-f]+")
-_NUMA_MAPS_NODE_PAGES = re.compile(r"N([0-9]+)=([0-9]+)")
-_NUMA_MAPS_PAGE_SIZE = re.compile(r"kernelpagesize_kB=([0-9]+)")
-
-# A sanity bound so that a garbled list like "0-99999999999" cannot make us build a huge set.
-MAX_CPU_OR_NODE_ID = 1 << 20
-
-
-def parse_cpu_list(text: str) -> frozenset[int]:
-    """IDs in a kernel range list such as "0-3,8,10-11" (cpulist, online, Cpus_allowed_list).
-
-    An empty list (a node without CPUs) gives an empty set.
-    """
-    ids: set[int] = set()
-    stripped = text.strip()
-    if not stripped:
-        return frozenset()
-    for part in stripped.split(","):
-        match = _RANGE.fullmatch(part)
-        if match is None:
-            raise ParseError(f"bad range {part!r} in CPU/node list {text!r}")
-        first = int(match.group(1))
-        last = int(match.group(2)) if match.group(2) is not None else first
-        if last < first or last > MAX_CPU_OR_NODE_ID:
-            raise ParseError(f"bad range {part!r} in CPU/node list {text!r}")
-        ids.update(range(first, last + 1))
-    return frozenset(ids)
+_NUMA_MAPS_NODE_PAGES = re.compile(r"N([0-9]{1,20})=([0-9]{1,20})")
+_NUMA_MAPS_PAGE_SIZE = re.compile(r"kernelpagesize_kB=([0-9]{1,20})")
 
 
 def parse_node_meminfo(text: str) -> dict[str, int]:
@@ -103,7 +82,7 @@ def parse_node_meminfo(text: str) -> dict[str, int]:
             continue
         match = _NODE_MEMINFO_LINE.fullmatch(line.strip())
         if match is None:
-            raise ParseError(f"unexpected node meminfo line {line!r}")
+            raise ParseError(f"unexpected node meminfo line {line[:80]!r}")
         _, key, value, unit = match.groups()
         fields[key] = int(value) * 1024 if unit else int(value)
     if not fields:
@@ -119,7 +98,7 @@ def parse_numastat(text: str) -> dict[str, int]:
             continue
         match = _NUMASTAT_LINE.fullmatch(line.strip())
         if match is None:
-            raise ParseError(f"unexpected numastat line {line!r}")
+            raise ParseError(f"unexpected numastat line {line[:80]!r}")
         fields[match.group(1)] = int(match.group(2))
     if not fields:
         raise ParseError("empty numastat")
@@ -140,7 +119,7 @@ def parse_numa_maps(text: str) -> dict[int, int]:
         if not tokens:
             continue
         if len(tokens) < 2 or _NUMA_MAPS_ADDRESS.fullmatch(tokens[0]) is None:
-            raise ParseError(f"unexpected numa_maps line {line!r}")
+            raise ParseError(f"unexpected numa_maps line {line[:80]!r}")
         page_bytes = 4096
         pages: list[tuple[int, int]] = []
         for token in tokens[2:]:
@@ -182,12 +161,7 @@ def read_online_nodes(source: RawSource, sysfs: str) -> list[int]:
 def read_node_cpus(source: RawSource, sysfs: str, node: int, log_once: LogOnce) -> frozenset[int] | None:
     """The CPUs of one node (node<N>/cpulist), or None with one log line when unreadable."""
     path = os.path.join(node_root(sysfs), f"node{node}", "cpulist")
-    try:
-        return parse_cpu_list(source.read_text(path))
-    except (OSError, ParseError) as error:
-        log_once(f"cpulist:{path}", "cannot use %s: %s; CPU counts of node %s are left out",
-                 path, error, node)
-        return None
+    return read_parsed(source, path, parse_cpu_list, log_once)
 
 
 class NumaCollector:
@@ -209,24 +183,19 @@ class NumaCollector:
         samples = Samples()
         for node in self._nodes:
             node_dir = os.path.join(node_root(self._sysfs), f"node{node}")
-            meminfo = self._read(os.path.join(node_dir, "meminfo"), parse_node_meminfo)
+            meminfo = read_parsed(self._source, os.path.join(node_dir, "meminfo"), parse_node_meminfo,
+                                  self._log_once)
             if meminfo is not None:
                 samples.add(NODE_MEMORY_TOTAL, meminfo.get("MemTotal"), node)
                 samples.add(NODE_MEMORY_FREE, meminfo.get("MemFree"), node)
             cpus = read_node_cpus(self._source, self._sysfs, node, self._log_once)
             samples.add(NODE_CPUS, None if cpus is None else len(cpus), node)
-            numastat = self._read(os.path.join(node_dir, "numastat"), parse_numastat)
+            numastat = read_parsed(self._source, os.path.join(node_dir, "numastat"), parse_numastat,
+                                   self._log_once)
             if numastat is not None:
                 for field, outcome in NUMASTAT_OUTCOMES.items():
                     samples.add(NODE_ALLOCATIONS, numastat.get(field), node, outcome)
         return samples
-
-    def _read(self, path: str, parse):
-        try:
-            return parse(self._source.read_text(path))
-        except (OSError, ParseError) as error:
-            self._log_once(f"read:{path}", "cannot use %s: %s; its series are left out", path, error)
-            return None
 
     def close(self) -> None:
         pass
@@ -254,9 +223,6 @@ class ProcessNumaCollector:
         self._log_once = LogOnce(logger)
 
     def collect(self) -> Samples:
-        # Imported here: process.py imports parse_cpu_list from this module.
-        from exporters.process import ProcessGone, parse_or_log, parse_proc_status, read_process_file
-
         if self._nodes is None:
             self._nodes = read_online_nodes(self._source, self._sysfs)
         node_cpus = {node: read_node_cpus(self._source, self._sysfs, node, self._log_once)
@@ -267,11 +233,12 @@ class ProcessNumaCollector:
                 status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
                 started = self._source.call("process_numa.timer", self._timer)
                 maps_text = read_process_file(self._source, self._procfs, pid, "numa_maps", self._log_once)
-                per_node = parse_or_log(parse_numa_maps, maps_text, f"/proc/{pid}/numa_maps", self._log_once)
+                per_node = parse_logged(parse_numa_maps, maps_text, self._path(pid, "numa_maps"),
+                                        self._log_once)
                 elapsed = self._source.call("process_numa.timer", self._timer) - started
             except ProcessGone:
                 continue
-            status = parse_or_log(parse_proc_status, status_text, f"/proc/{pid}/status", self._log_once)
+            status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
             allowed = None if status is None else status.allowed_cpus
             for node, cpus in node_cpus.items():
                 on_node = None if allowed is None or cpus is None else len(allowed & cpus)
@@ -281,6 +248,9 @@ class ProcessNumaCollector:
                     samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, name, node)
                 samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, name)
         return samples
+
+    def _path(self, pid: int, name: str) -> str:
+        return os.path.join(self._procfs, str(pid), name)
 
     def close(self) -> None:
         pass

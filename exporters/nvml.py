@@ -122,6 +122,7 @@ class Nvml:
         self._handles: dict[int, Any] = {}
         self._static: dict[tuple[str, int | None], Any] = {}
         self._lost: set[int] = set()
+        self._answers: dict[int, int] = {}
         self._memory_version: str | None = None
         self._process_names: dict[int, str] = {}
 
@@ -230,10 +231,13 @@ class Nvml:
             self._log_once(f"failed:{function}:{name}", "NVML %s failed%s (%s: %s); the value is "
                            "absent until it succeeds", function, where, name, error)
             return FAILED, None
-        if gpu is not None and gpu in self._lost:
+        if gpu is not None:
             with self._state_lock:
+                self._answers[gpu] = self._answers.get(gpu, 0) + 1
+                came_back = gpu in self._lost
                 self._lost.discard(gpu)
-            logger.warning("GPU %d answers NVML again", gpu)
+            if came_back:
+                logger.warning("GPU %d answers NVML again", gpu)
         return OK, value
 
     def _call(self, gpu: int | None, function: str, args: tuple = (), *call_args: Any,
@@ -291,6 +295,11 @@ class Nvml:
 
     def uuid(self, gpu: int) -> str | None:
         return self._cached(gpu, "nvmlDeviceGetUUID")
+
+    def answer_count(self, gpu: int) -> int:
+        """How many NVML calls on this GPU have succeeded since start (cached values not counted)."""
+        with self._state_lock:
+            return self._answers.get(gpu, 0)
 
     def known_uuid(self, gpu: int) -> str | None:
         """The UUID read earlier, without calling NVML (for a GPU that is lost now)."""

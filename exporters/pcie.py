@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 import pyudev
 
-from exporters.base import LogOnce, MetricSpec, NoDataError, ParseError, Samples
+from exporters.base import LogOnce, MetricSpec, NoDataError, ParseError, Samples, read_parsed
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ UDEV_EVENTS = MetricSpec(
     "hybridmon_pcie_udev_events_total",
     "Kernel uevents for NVIDIA PCI functions (PCI_ID 10DE:*) since the agent started, by action "
     "(add, remove, change, bind, unbind); from a pyudev netlink monitor, absent when netlink "
-    "uevents cannot be received.",
+    "uevents cannot be received or the collector reads a sysfs other than the host's /sys.",
     "counter", ("action",))
 
 AER_FILES = (("correctable", "aer_dev_correctable", "TOTAL_ERR_COR"),
@@ -203,7 +203,8 @@ class PcieCollector:
         self._source = source
         self._sysfs = sysfs
         self._devices_dir = os.path.join(sysfs, "bus/pci/devices")
-        self._use_udev = os.path.normpath(sysfs) == "/sys" if use_udev is None else use_udev
+        self._on_host_sysfs = os.path.normpath(sysfs) == "/sys"
+        self._use_udev = self._on_host_sysfs if use_udev is None else use_udev
         self._monitor_events = monitor_events
         self._clock = clock
         self._log_once = LogOnce(log)
@@ -300,25 +301,9 @@ class PcieCollector:
     def _read(self, address: str, name: str) -> str:
         return self._source.read_text(os.path.join(self._devices_dir, address, name))
 
-    def _parsed(self, address: str, name: str, parse: Callable[[str], Any],
-                missing_is_normal: bool = False) -> Any:
-        try:
-            return parse(self._read(address, name))
-        except FileNotFoundError:
-            if missing_is_normal:
-                self._log_once(f"{address}/aer", "pcie: %s has no AER statistics (%s missing: "
-                               "device without AER, or kernel without CONFIG_PCIEAER); its AER "
-                               "series stay absent", address, name, level=logging.INFO)
-                return None
-            self._log_once(f"{address}/{name}", "pcie: %s of %s is missing, its series stays "
-                           "absent", name, address)
-        except OSError as error:
-            self._log_once(f"{address}/{name}", "pcie: cannot read %s of %s, its series stays "
-                           "absent: %s", name, address, error.strerror or error)
-        except ParseError as error:
-            self._log_once(f"{address}/{name}", "pcie: unexpected %s of %s, its series stays "
-                           "absent: %s", name, address, error)
-        return None
+    def _parsed(self, address: str, name: str, parse: Callable[[str], Any], **options: Any) -> Any:
+        return read_parsed(self._source, os.path.join(self._devices_dir, address, name), parse,
+                           self._log_once, **options)
 
     def _add_device(self, samples: Samples, address: str) -> None:
         speed = self._parsed(address, "current_link_speed", parse_link_speed)
@@ -333,14 +318,25 @@ class PcieCollector:
         samples.add(LINK_MAX_WIDTH, max_width, address)
         samples.add(DEVICE_NUMA_NODE, self._parsed(address, "numa_node", parse_numa_node), address)
         for severity, name, total_key in AER_FILES:
+            # One key for the three files: a device without AER lacks all of them.
             total = self._parsed(address, name, lambda text: _total(text, total_key),
-                                 missing_is_normal=True)
+                                 log_key=f"{address}/aer", missing_is_normal=(
+                                     "no AER statistics: a device without AER, or a kernel "
+                                     "without CONFIG_PCIEAER"))
             samples.add(AER_ERRORS, total, address, severity)
 
     # -- udev events -------------------------------------------------------------------------
 
     def _read_event_counts(self) -> dict[str, int] | None:
-        if not (self._monitor_events and self._use_udev):
+        if not self._monitor_events:
+            return None
+        if not self._use_udev:
+            why = ("udev is off for this collector" if self._on_host_sysfs else
+                   f"sysfs is {self._sysfs}, and udev only describes the host's own /sys")
+            self._log_once("udev_off", "pcie: kernel uevents are not watched (%s): "
+                           "hybridmon_pcie_udev_events_total is absent, and GPUs that appear or "
+                           "vanish are found by walking %s every %g s", why, self._devices_dir,
+                           REDISCOVERY_SECONDS, level=logging.INFO)
             return None
         try:
             return self._source.call("udev.event_counts", self._event_counts_live)
@@ -362,6 +358,7 @@ class PcieCollector:
             return dict(self._event_counts)
 
     def _start_monitor(self) -> None:
+        monitor = observer = None
         try:
             context = pyudev.Context()
             monitor = pyudev.Monitor.from_netlink(context, source="kernel")
@@ -375,10 +372,16 @@ class PcieCollector:
             observer.start()
         except Exception as error:
             self._monitor_failed = True
-            self._log_once("monitor", "pcie: cannot receive kernel uevents over netlink (%s: %s), "
+            # pyudev's Monitor has no close(): libudev closes the netlink socket when the monitor
+            # is freed (Monitor.__del__ unrefs it). So no reference may outlive this call: not our
+            # locals, and not the error, whose traceback holds this frame and those that built the
+            # observer; logging the error object would keep them as long as the log record lives.
+            monitor = observer = None
+            reason = f"{type(error).__name__}: {error}"
+            self._log_once("monitor", "pcie: cannot receive kernel uevents over netlink (%s), "
                            "so PCI hotplug events are not counted and "
                            "hybridmon_pcie_udev_events_total stays absent; in a container, run the "
-                           "agent in the host network namespace", type(error).__name__, error)
+                           "agent in the host network namespace", reason)
             return
         self._observer = observer
 

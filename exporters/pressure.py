@@ -20,20 +20,29 @@ STALLED_SECONDS = MetricSpec(
     "hybridmon_pressure_stalled_seconds_total",
     "Time since boot that tasks were stalled on a resource (seconds), by resource (memory, io, "
     "cpu) and scope: some (at least one task stalled) or full (all non-idle tasks stalled at "
-    "once); total= in /proc/pressure/<resource>, microseconds converted. cpu/full is absent on "
-    "kernels before 5.13.",
+    "once); total= in /proc/pressure/<resource>, microseconds converted. cpu has no full series: "
+    "CPU full is undefined system-wide (the kernel defines it per cgroup), and the line "
+    "/proc/pressure/cpu has printed since 5.13 is there for compatibility (zeros on current "
+    "kernels).",
     "counter",
     ("resource", "scope"),
 )
 
 RESOURCES = ("memory", "io", "cpu")
 SCOPES = ("some", "full")
+# "CPU full is undefined at the system level, but has been reported since 5.13, so it is set to
+# zero for backward compatibility" (Documentation/accounting/psi.rst, kernel commit 890d550d7dba
+# "sched/psi: report zeroes for CPU full at the system level"; kernels from 5.13 without it count
+# idle wake-up latency there). A series that is always 0, or noise, would only mislead.
+UNDEFINED_SYSTEM_WIDE = frozenset({("cpu", "full")})
 # Kernels without CONFIG_PSI lack the files; psi=0 (or CONFIG_PSI_DEFAULT_DISABLED without psi=1)
 # leaves them absent or answering EOPNOTSUPP.
 _PSI_OFF_ERRNOS = {errno.ENOENT, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 _SCOPE = re.compile(r"[a-z]+")
-_FIELD = re.compile(r"([a-z0-9]+)=([0-9]+(?:\.[0-9]+)?)")
+# Digit runs are bounded so that int() never sees more than 4,300 digits, which it refuses with a
+# ValueError rather than a ParseError.
+_FIELD = re.compile(r"([a-z0-9]+)=([0-9]{1,20}(?:\.[0-9]{1,20})?)")
 _AVERAGES = ("avg10", "avg60", "avg300")
 
 
@@ -105,7 +114,7 @@ class PressureCollector:
                 continue
             for scope in SCOPES:
                 stall = stalls.get(scope)
-                if stall is not None:
+                if stall is not None and (resource, scope) not in UNDEFINED_SYSTEM_WIDE:
                     samples.add(STALLED_SECONDS, stall.total_microseconds / 1e6, resource, scope)
         if len(unreadable) == len(RESOURCES):
             path, error = next(iter(unreadable.items()))

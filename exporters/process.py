@@ -6,20 +6,20 @@ numa.ProcessNumaCollector, which says on which NUMA nodes each one's CPUs and pa
 """
 from __future__ import annotations
 
-import errno
 import logging
+import math
 import os
 import re
 import time
+from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, TypeVar
+from typing import Callable, Iterable, Mapping
 
-from agent.sources import RawSource
-from exporters.base import LogOnce, MetricSpec, ParseError, Samples
-from exporters.numa import parse_cpu_list
+from agent.sources import RawSource, ReplayedCallError
+from exporters.base import LogOnce, MetricSpec, ParseError, Samples, parse_logged
+from exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 _PROCESS = ("pid", "name")
 RESIDENT = MetricSpec("hybridmon_process_resident_bytes",
@@ -29,8 +29,12 @@ SWAP = MetricSpec("hybridmon_process_swap_bytes",
 LOCKED = MetricSpec("hybridmon_process_locked_bytes",
                     "mlock()ed memory in bytes (VmLck of /proc/<pid>/status).", "gauge", _PROCESS)
 PINNED = MetricSpec("hybridmon_process_pinned_bytes",
-                    "Memory pinned for device DMA in bytes, e.g. CUDA pinned host buffers (VmPin of "
-                    "/proc/<pid>/status).", "gauge", _PROCESS)
+                    "Memory the kernel pinned for DMA on the process's behalf, in bytes (VmPin of "
+                    "/proc/<pid>/status, mm->pinned_vm): RDMA memory registrations (ib_umem), "
+                    "io_uring fixed buffers and VFIO/iommufd DMA mappings (VFIO's older type1 "
+                    "backend counts in VmLck instead). CUDA pinned host memory (cudaHostAlloc, "
+                    "cudaHostRegister) is generally counted in neither VmPin nor VmLck.",
+                    "gauge", _PROCESS)
 THREADS = MetricSpec("hybridmon_process_threads",
                      "Threads of the process (Threads of /proc/<pid>/status).", "gauge", _PROCESS)
 ALLOWED_CPUS = MetricSpec("hybridmon_process_allowed_cpus",
@@ -48,15 +52,24 @@ CPU_SECONDS = MetricSpec("hybridmon_process_cpu_seconds_total",
 START_TIME = MetricSpec("hybridmon_process_start_time_seconds",
                         "Start time in seconds since the Unix epoch (starttime, field 22 of "
                         "/proc/<pid>/stat, over SC_CLK_TCK, plus btime of /proc/stat).", "gauge", _PROCESS)
+MEMLOCK_LIMIT = MetricSpec("hybridmon_process_memlock_limit_bytes",
+                           "Soft limit on memory the process may lock, in bytes (Max locked memory of "
+                           "/proc/<pid>/limits, RLIMIT_MEMLOCK); +Inf when unlimited. Pinned host "
+                           "buffers for KV offload need it well above the common 8 MiB default.",
+                           "gauge", _PROCESS)
 INFO = MetricSpec("hybridmon_process_info",
-                  "Always 1: the command line (/proc/<pid>/cmdline, first 200 characters) and why "
-                  "the process is watched: config (pids, names, cmdline_patterns) or gpu (holds GPU "
-                  "memory).", "gauge", ("pid", "name", "cmdline", "watch_reason"))
+                  "Always 1: the command line (/proc/<pid>/cmdline, the value of any option whose "
+                  "name contains key, token, secret, passw, auth, credential or cookie replaced by "
+                  "<redacted>, then cut to 200 characters) and why the process is watched: config "
+                  "(pids, names, cmdline_patterns) or gpu (holds GPU memory).",
+                  "gauge", ("pid", "name", "cmdline", "watch_reason"))
 CMDLINE_LABEL_LIMIT = 200
+REDACTED = "<redacted>"
+# Options whose value may be a secret (vLLM --api-key, --hf-token, ...). Broad on purpose: hiding
+# --max-num-batched-tokens too costs a label detail, a leaked key costs a credential.
+_SECRET_OPTION = re.compile(r"(?i)(key|token|secret|passw|auth|credential|cookie)")
+_PID_ENTRY = re.compile(r"[0-9]{1,10}")
 _STAT_FIELDS_AFTER_COMM = 20  # state (field 3) .. starttime (field 22)
-_GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
-_STATUS_BYTES = {"VmRSS": "resident_bytes", "VmSwap": "swap_bytes", "VmLck": "locked_bytes",
-                 "VmPin": "pinned_bytes"}
 
 
 @dataclass(frozen=True)
@@ -70,19 +83,6 @@ class ProcessStat:
     user_ticks: int
     system_ticks: int
     start_ticks: int
-
-
-@dataclass(frozen=True)
-class ProcessStatus:
-    """The fields of /proc/<pid>/status used here; None where the kernel left one out (zombies,
-    kernel threads, old kernels)."""
-
-    resident_bytes: int | None = None
-    swap_bytes: int | None = None
-    locked_bytes: int | None = None
-    pinned_bytes: int | None = None
-    threads: int | None = None
-    allowed_cpus: frozenset[int] | None = None
 
 
 def parse_proc_stat(text: str) -> ProcessStat:
@@ -101,32 +101,6 @@ def parse_proc_stat(text: str) -> ProcessStat:
     return ProcessStat(pid, text[open_paren + 1:close_paren], minflt, majflt, utime, stime, starttime)
 
 
-def parse_proc_status(text: str) -> ProcessStatus:
-    """/proc/<pid>/status: "Key:\\tvalue" lines; memory sizes are in kB."""
-    fields = {}
-    for line in text.splitlines():
-        key, colon, value = line.partition(":")
-        if colon:
-            fields[key] = value.strip()
-    if "Name" not in fields:
-        raise ParseError("no Name: line, not a /proc/<pid>/status file")
-    values: dict[str, object] = {}
-    try:
-        for key, attribute in _STATUS_BYTES.items():
-            if key in fields:
-                number, _, unit = fields[key].partition(" ")
-                if unit != "kB":
-                    raise ParseError(f"{key} of /proc/<pid>/status is {fields[key]!r}, not kB")
-                values[attribute] = int(number) * 1024
-        if "Threads" in fields:
-            values["threads"] = int(fields["Threads"])
-    except ValueError:
-        raise ParseError("non-numeric size or count in /proc/<pid>/status") from None
-    if "Cpus_allowed_list" in fields:
-        values["allowed_cpus"] = parse_cpu_list(fields["Cpus_allowed_list"])
-    return ProcessStatus(**values)
-
-
 def parse_boot_time(text: str) -> int:
     """btime of /proc/stat: the boot time in seconds since the Unix epoch."""
     for line in text.splitlines():
@@ -135,8 +109,21 @@ def parse_boot_time(text: str) -> int:
             try:
                 return int(value.strip())
             except ValueError:
-                raise ParseError(f"bad btime line {line!r} in /proc/stat") from None
+                raise ParseError(f"bad btime line {line[:80]!r} in /proc/stat") from None
     raise ParseError("no btime line in /proc/stat")
+
+
+def parse_memlock_limit(text: str) -> float:
+    """Soft 'Max locked memory' of /proc/<pid>/limits in bytes; inf for 'unlimited'."""
+    for line in text.splitlines():
+        if line.startswith("Max locked memory"):
+            fields = line[len("Max locked memory"):].split()
+            if fields and fields[0] == "unlimited":
+                return math.inf
+            if fields and re.fullmatch(r"\d{1,20}", fields[0]):
+                return float(fields[0])
+            raise ParseError(f"unreadable Max locked memory line: {line[:80]!r}")
+    raise ParseError("no 'Max locked memory' line in limits")
 
 
 def format_cmdline(raw: str) -> str:
@@ -144,37 +131,46 @@ def format_cmdline(raw: str) -> str:
     return raw.replace("\0", " ").strip()
 
 
-class ProcessGone(Exception):
-    """The process exited while it was being read."""
+def cmdline_label(raw: str) -> str:
+    """/proc/<pid>/cmdline as the cmdline label: secrets redacted, then cut to 200 characters."""
+    return " ".join(redact_secrets(raw.split("\0")))[:CMDLINE_LABEL_LIMIT]
 
 
-def read_process_file(source: RawSource, procfs: str, pid: int, name: str, log_once: LogOnce) -> str | None:
-    """One /proc/<pid> file: its text, None when it cannot be read (logged once), ProcessGone when
-    the process has exited."""
-    path = os.path.join(procfs, str(pid), name)
-    try:
-        return source.read_text(path)
-    except OSError as error:
-        if error.errno in _GONE_ERRNOS:
-            logger.debug("process %s exited while reading %s", pid, path)
-            raise ProcessGone(pid) from None
-        if error.errno in (errno.EACCES, errno.EPERM):
-            log_once(f"denied:{pid}", "cannot read %s (%s): reading another user's process needs root "
-                     "or CAP_SYS_PTRACE; its series from that file are left out", path, error.strerror)
-        else:
-            log_once(f"error:{path}", "cannot read %s: %s; its series are left out", path, error)
-        return None
+def redact_secrets(arguments: Iterable[str]) -> list[str]:
+    """The words of a command line with the value of each secret-looking option replaced.
+
+    Both `--api-key VALUE` and `--api-key=VALUE` are covered. A value is hidden whole even when it
+    holds spaces; any other argument holding spaces is split into words first, since a process
+    that rewrote its title (setproctitle) shows its whole command line as one argument. The word
+    after a secret option is taken for its value unless it starts with "--".
+    """
+    words: list[str] = []
+    pending = deque(arguments)
+    hide_next = False
+    while pending:
+        argument = pending.popleft()
+        if hide_next and not argument.lstrip().startswith("--"):
+            hide_next = False
+            if argument.strip():
+                words.append(REDACTED)
+            continue
+        hide_next = False
+        option, equals, _ = argument.partition("=")
+        if equals and _is_secret_option(option):
+            words.append(f"{option}={REDACTED}")
+            continue
+        parts = argument.split()
+        if len(parts) > 1:
+            pending.extendleft(reversed(parts))
+        elif parts:
+            words.append(parts[0])
+            hide_next = _is_secret_option(parts[0])
+    return words
 
 
-def parse_or_log(parse: Callable[[str], T], text: str | None, what: str, log_once: LogOnce) -> T | None:
-    """parse(text), or None when there is no text or it does not parse (logged once)."""
-    if text is None:
-        return None
-    try:
-        return parse(text)
-    except ParseError as error:
-        log_once(f"parse:{what}", "cannot parse %s: %s; its series are left out", what, error)
-        return None
+def _is_secret_option(word: str) -> bool:
+    return (word.startswith("-") and not any(c.isspace() for c in word)
+            and _SECRET_OPTION.search(word) is not None)
 
 
 class ProcessCollector:
@@ -183,7 +179,7 @@ class ProcessCollector:
     name = "process"
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
-                    CPU_SECONDS, START_TIME, INFO)
+                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, INFO)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
@@ -237,7 +233,7 @@ class ProcessCollector:
             except ProcessGone:
                 self._discovered.pop(pid, None)
                 continue
-            stat = parse_or_log(parse_proc_stat, stat_text, f"/proc/{pid}/stat", self._log_once)
+            stat = parse_logged(parse_proc_stat, stat_text, self._path(pid, "stat"), self._log_once)
             if stat is None:
                 continue  # without stat there is no name to label the rest with
             if pid in self._discovered and pid not in self._pids:
@@ -246,13 +242,25 @@ class ProcessCollector:
                     continue
                 self._discovered[pid] = stat.start_ticks
             current[pid] = stat.comm
-            status = parse_or_log(parse_proc_status, status_text, f"/proc/{pid}/status", self._log_once)
+            status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
+            samples.add(MEMLOCK_LIMIT, self._memlock_limit(pid), pid, stat.comm)
             if cmdline_text is not None:
-                cmdline = format_cmdline(cmdline_text)[:CMDLINE_LABEL_LIMIT]
-                samples.add(INFO, 1, pid, stat.comm, cmdline, reason)
+                samples.add(INFO, 1, pid, stat.comm, cmdline_label(cmdline_text), reason)
         self._current = current
         return samples
+
+    def _memlock_limit(self, pid: int) -> float | None:
+        """Optional: a limit we cannot read leaves its series out, the process's others stay."""
+        path = self._path(pid, "limits")
+        try:
+            text = self._source.read_text(path)
+        except OSError:
+            return None
+        return parse_logged(parse_memlock_limit, text, path, self._log_once)
+
+    def _path(self, pid: int, name: str) -> str:
+        return os.path.join(self._procfs, str(pid), name)
 
     def _add(self, samples: Samples, pid: int, stat: ProcessStat, status: ProcessStatus, ticks: int,
              boot_time: int | None) -> None:
@@ -269,29 +277,37 @@ class ProcessCollector:
         samples.add(START_TIME, None if boot_time is None else boot_time + stat.start_ticks / ticks, *labels)
 
     def _scan(self) -> None:
+        # One reading for the whole scan: a trace keeps the matches, not every process's command line.
         try:
-            entries = self._source.list_dir(self._procfs)
-        except OSError as error:
-            self._log_once("scan", "cannot list %s: %s; no process is found by name or command line",
-                           self._procfs, error)
+            matches = self._source.call("process.discovery", self._find_matches)
+        except (OSError, ReplayedCallError) as error:
+            self._log_once("scan", "cannot list %s: %s; no new process is found by name or command "
+                           "line until it can be, and those found before stay watched", self._procfs, error)
             return
-        found = {}
-        for pid in (int(entry) for entry in entries if entry.isascii() and entry.isdigit()):
-            if self._matches(pid):
-                found[pid] = self._discovered.get(pid)
-        self._discovered = found
+        self._discovered = {int(pid): self._discovered.get(int(pid)) for pid in matches}
 
-    def _matches(self, pid: int) -> bool:
-        base = os.path.join(self._procfs, str(pid))
+    def _find_matches(self) -> dict[str, str]:
+        """{pid: "name" or "cmdline", whichever matched} of the processes under procfs."""
+        matches = {}
+        for entry in self._source.list_dir(self._procfs):
+            if _PID_ENTRY.fullmatch(entry):
+                how = self._match(entry)
+                if how is not None:
+                    matches[entry] = how
+        return matches
+
+    def _match(self, pid: str) -> str | None:
+        base = os.path.join(self._procfs, pid)
         try:  # processes come and go during a scan, and with hidepid some cannot be read: skip those
             if self._names and self._source.read_text(os.path.join(base, "comm")).rstrip("\n") in self._names:
-                return True
+                return "name"
             if self._patterns:
                 cmdline = format_cmdline(self._source.read_text(os.path.join(base, "cmdline")))
-                return any(pattern.search(cmdline) for pattern in self._patterns)
+                if any(pattern.search(cmdline) for pattern in self._patterns):
+                    return "cmdline"
         except OSError:
             pass
-        return False
+        return None
 
     def _gpu_pids(self) -> list[int]:
         try:

@@ -8,6 +8,7 @@ to load NVML from "tests.fake_nvml". Two ways to use it:
 
 The default layout is the fixture host's (tests/conftest.py): GPU0 an L40S at 0000:17:00.0 on node 0
 running pid 4242, GPU1 an A10 at 0000:ca:00.0 on node 1, downtrained to Gen3 x8, running pid 5151.
+At the end: what tests/test_gpu.py and tests/test_nvml.py share (UUIDs, a clock, the real library).
 """
 from __future__ import annotations
 
@@ -200,6 +201,8 @@ class FakeNvml:
         self.library_missing = False
         self.memory_v2_supported = True
         self.throughput_delay_seconds = 0.0
+        self.throughput_in_flight = 0
+        self.max_throughput_in_flight = 0  # the most nvmlDeviceGetPcieThroughput calls at once
         self.calls: Counter[str] = Counter()
         self.lost: set[int] = set()
         self._failures: list[list] = []  # [function or "*", gpu or None, error class, times left]
@@ -327,8 +330,16 @@ class FakeNvml:
 
     def nvmlDeviceGetPcieThroughput(self, handle: FakeHandle, counter: int) -> int:
         gpu = self._enter("nvmlDeviceGetPcieThroughput", handle)
-        if self.throughput_delay_seconds:
-            time.sleep(self.throughput_delay_seconds)  # real NVML samples a 20 ms window
+        with self._lock:
+            self.throughput_in_flight += 1
+            self.max_throughput_in_flight = max(self.max_throughput_in_flight,
+                                                self.throughput_in_flight)
+        try:
+            if self.throughput_delay_seconds:
+                time.sleep(self.throughput_delay_seconds)  # real NVML samples a 20 ms window
+        finally:
+            with self._lock:
+                self.throughput_in_flight -= 1
         if counter == NVML_PCIE_UTIL_RX_BYTES:
             return gpu.pcie_rx_kilobytes_per_second
         if counter == NVML_PCIE_UTIL_TX_BYTES:
@@ -395,3 +406,26 @@ restore_gpu = DEFAULT.restore_gpu
 reset = DEFAULT.reset
 load_layout = DEFAULT.load_layout
 dump_layout = DEFAULT.dump_layout
+
+
+# --- shared by the NVML tests ------------------------------------------------------------------
+UUID0, UUID1 = (gpu.uuid for gpu in default_gpus())
+
+
+class FakeClock:
+    """A monotonic clock the test moves by hand (`clock.now += 60`)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def real_nvml_library_loads() -> bool:
+    """Whether libnvidia-ml.so.1, the NVIDIA driver's NVML, loads here, as pynvml loads it."""
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return False
+    return True

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -13,19 +12,10 @@ from agent.sources import LiveSource, RecordingSource, ReplaySource
 from exporters.base import NoDataError
 from exporters.gpu import GpuCollector
 from tests import fake_nvml
-from tests.fake_nvml import GIB, MIB, FakeNvml, FakeProcess, uniform_gpus
+from tests.fake_nvml import (GIB, MIB, UUID0, UUID1, FakeClock, FakeNvml, FakeProcess,
+                             real_nvml_library_loads, uniform_gpus)
 
-UUID0 = "GPU-0a1b2c3d-0000-4000-8000-000000000000"
-UUID1 = "GPU-1a1b2c3d-0000-4000-8000-000000000001"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture
@@ -130,6 +120,26 @@ def test_gpu_lost_mid_run_keeps_only_up_and_others_continue(fake, collector):
     assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
 
 
+def test_gpu_that_answers_nothing_is_down(fake, collector):
+    collector.collect()
+    fake.fail("*", "NVMLError_DriverNotLoaded")  # the driver unloaded under the running agent
+    samples = collector.collect()
+    assert as_dict(samples) == {("hybridmon_gpu_up", ("0", UUID0)): 0,
+                                ("hybridmon_gpu_up", ("1", UUID1)): 0}
+    assert collector.gpu_processes() == {}
+    fake.heal()
+    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+
+
+def test_gpu_up_with_one_gpu_silent_and_the_other_answering(fake, collector):
+    collector.collect()
+    fake.fail("*", "NVMLError_Unknown", gpu=1)
+    samples = collector.collect()
+    assert gpu_series(samples, "1") == {"hybridmon_gpu_up"}
+    assert samples.value("hybridmon_gpu_up", gpu="1") == 0
+    assert {k: v for k, v in as_dict(samples).items() if k[1][0] == "0"} == EXPECTED_GPU0
+
+
 def test_gpu_lost_before_its_uuid_was_read(fake, collector):
     fake.lose_gpu(0)
     samples = collector.collect()
@@ -158,7 +168,7 @@ def test_process_memory_unknown_or_split_across_instances(fake, collector):
 
 def test_library_missing_then_installed(fake):
     fake.configure(library_missing=True)
-    clock = Clock()
+    clock = FakeClock()
     collector = GpuCollector(LiveSource(), fake, clock=clock)
     with pytest.raises(NoDataError, match="install the NVIDIA driver"):
         collector.collect()
@@ -178,34 +188,44 @@ def test_no_gpus_is_no_data(fake, collector):
         collector.collect()
 
 
-def test_real_pynvml_on_this_host_is_no_data():
-    collector = GpuCollector(LiveSource())  # this machine has no NVIDIA driver
-    with pytest.raises(NoDataError, match=r"libnvidia-ml\.so\.1 could not be loaded"):
-        collector.collect()
-    collector.close()
+def test_real_pynvml_on_this_host():
+    collector = GpuCollector(LiveSource())  # the real pynvml and whatever driver this host has
+    try:
+        if not real_nvml_library_loads():
+            with pytest.raises(NoDataError, match=r"libnvidia-ml\.so\.1 could not be loaded"):
+                collector.collect()
+            return
+        try:
+            samples = collector.collect()
+        except NoDataError as error:  # driver installed but its kernel module not loaded, or no GPU
+            assert "kernel module is not running" in str(error) or "no NVIDIA GPU" in str(error)
+            return
+        up = samples.find("hybridmon_gpu_up")
+        assert up and all(sample.value == 1 for sample in up)
+        for sample in up:
+            gpu, uuid = sample.label_values
+            assert uuid.startswith("GPU-")
+            assert samples.value("hybridmon_gpu_memory_total_bytes", gpu=gpu) > 0
+            assert len(samples.find("hybridmon_gpu_info", gpu=gpu)) == 1
+    finally:
+        collector.close()
 
 
-def timed_collect(collector) -> float:
-    start = time.perf_counter()
-    samples = collector.collect()
-    elapsed = time.perf_counter() - start
-    assert len(samples.find("hybridmon_gpu_up")) == 8
-    return elapsed
-
-
-def test_eight_gpus_are_read_concurrently():
-    fake = FakeNvml(uniform_gpus(8), throughput_delay_seconds=0.02)
-    concurrent = GpuCollector(LiveSource(), fake)
-    first = timed_collect(concurrent)
-    steady = min(timed_collect(concurrent) for _ in range(5))
-    concurrent.close()
-    sequential = GpuCollector(LiveSource(), fake, max_workers=1)
-    one_by_one = timed_collect(sequential)
-    sequential.close()
-    print(f"8 GPUs, 20 ms per throughput call: first {first * 1000:.1f} ms, steady "
-          f"{steady * 1000:.1f} ms, one worker {one_by_one * 1000:.1f} ms")
-    assert first < 0.2 and steady < 0.2
-    assert one_by_one >= 8 * 2 * 0.02  # the delay is real, so the bound above means something
+def test_gpus_are_read_concurrently():
+    # Structural, not timed: throughput calls (which block ~40 ms per GPU in real NVML) of
+    # different GPUs overlap with the default pool and never with one worker.
+    for max_workers, overlap in ((8, True), (1, False)):
+        fake = FakeNvml(uniform_gpus(8), throughput_delay_seconds=0.01)
+        collector = GpuCollector(LiveSource(), fake, max_workers=max_workers)
+        try:
+            assert len(collector.collect().find("hybridmon_gpu_up")) == 8
+        finally:
+            collector.close()
+        assert fake.calls["nvmlDeviceGetPcieThroughput"] == 16
+        if overlap:
+            assert fake.max_throughput_in_flight > 1
+        else:
+            assert fake.max_throughput_in_flight == 1
 
 
 def test_close_stops_the_pool_and_nvml(fake, collector):
@@ -247,6 +267,8 @@ def test_record_replay_round_trip_with_lost_gpu_and_failures(fake):
                    f.fail("nvmlDeviceGetPcieThroughput", "NVMLError_Timeout", gpu=0, times=1)),
         lambda f: f.fail("nvmlDeviceGetNumaNodeId", "NVMLError_NotSupported"),
         lambda f: f.gpus[1].processes.append(FakeProcess(77, "vllm", None)),
+        lambda f: f.fail("*", "NVMLError_DriverNotLoaded"),
+        lambda f: f.heal(),
     ])
 
 

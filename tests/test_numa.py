@@ -2,6 +2,8 @@ import itertools
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,15 +15,17 @@ from exporters.base import CollectorError, NoDataError, ParseError
 from exporters.numa import (
     NumaCollector,
     ProcessNumaCollector,
-    parse_cpu_list,
     parse_node_meminfo,
     parse_numa_maps,
     parse_numastat,
 )
 from exporters.process import ProcessCollector
+from exporters.procfs import parse_cpu_list
 from tests.conftest import FIXTURE_HOST
+from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 KIB = 1024
+REPO = Path(__file__).resolve().parent.parent
 NODE_DIR = FIXTURE_HOST / "sys/devices/system/node"
 VLLM_NUMA_MAPS = (FIXTURE_HOST / "proc/4242/numa_maps").read_text()
 LLAMA_NUMA_MAPS = (FIXTURE_HOST / "proc/5151/numa_maps").read_text()
@@ -130,28 +134,36 @@ def test_parse_numa_maps_rejects_garbage(text):
         parse_numa_maps(text)
 
 
-def mutated(text: str):
-    """Fixture text with a slice replaced by arbitrary text."""
-    return st.tuples(st.integers(0, len(text)), st.integers(0, 40), st.text(max_size=40)).map(
-        lambda cut: text[:cut[0]] + cut[2] + text[cut[0] + cut[1]:]
-    )
-
-
-@pytest.mark.parametrize("parse, sample", [
+PARSERS_AND_SAMPLES = [
     (parse_cpu_list, "0-3,8,10-11\n"),
     (parse_node_meminfo, NODE0_MEMINFO),
     (parse_numastat, NODE1_NUMASTAT),
     (parse_numa_maps, LLAMA_NUMA_MAPS),
-])
-def test_parsers_raise_only_parse_error(parse, sample):
-    @given(st.one_of(st.text(), mutated(sample)))
-    def check(text):
-        try:
-            parse(text)
-        except ParseError:
-            pass
+    (parse_numa_maps, VLLM_NUMA_MAPS),
+]
 
-    check()
+
+@pytest.mark.parametrize("parse, sample", PARSERS_AND_SAMPLES)
+@given(data=st.data())
+def test_parsers_raise_only_parse_error(parse, sample, data):
+    only_parse_errors(parse, data.draw(texts_like(sample)))
+
+
+@pytest.mark.parametrize("parse, sample", PARSERS_AND_SAMPLES)
+def test_parsers_refuse_numbers_longer_than_int_accepts(parse, sample):
+    for text in each_number_made_huge(sample):
+        only_parse_errors(parse, text)
+
+
+@pytest.mark.parametrize("parse, text", [
+    (parse_cpu_list, "0-" + "9" * 5000),
+    (parse_cpu_list, "9" * 5000),
+    (parse_node_meminfo, "Node 0 MemTotal: " + "9" * 5000 + " kB\n"),
+    (parse_numastat, "numa_hit " + "9" * 5000 + "\n"),
+])
+def test_huge_numbers_are_parse_errors(parse, text):
+    with pytest.raises(ParseError):
+        parse(text)
 
 
 # --- NumaCollector ---------------------------------------------------------------------------
@@ -360,3 +372,19 @@ def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs,
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
         assert len(recorded) == 10
+
+
+def test_numa_and_process_modules_do_not_import_each_other(fixture_procfs, fixture_sysfs):
+    loaded = "print(sorted(m for m in sys.modules if m in ('exporters.numa', 'exporters.process')))"
+    scripts = {
+        "process": f"import sys, exporters.process; {loaded}",
+        "numa": ("import sys; from agent.sources import LiveSource; "
+                 "from exporters.numa import ProcessNumaCollector; "
+                 f"ProcessNumaCollector(LiveSource(), {fixture_procfs!r}, {fixture_sysfs!r}, "
+                 f"watched=lambda: {{4242: 'python3'}}).collect(); {loaded}"),
+    }
+    for module, script in scripts.items():
+        result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [f"['exporters.{module}']"]

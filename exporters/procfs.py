@@ -1,0 +1,108 @@
+"""Readings of /proc that more than one collector uses: CPU lists, /proc/<pid>/status, and reading
+a /proc/<pid> file while its process may exit (process.py and numa.py)."""
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import re
+from dataclasses import dataclass
+
+from agent.sources import RawSource
+from exporters.base import LogOnce, ParseError
+
+logger = logging.getLogger(__name__)
+
+# A sanity bound so that a garbled list like "0-99999999999" cannot make us build a huge set.
+MAX_CPU_OR_NODE_ID = 1 << 20
+# Digit runs are bounded: int() refuses more than 4,300 digits with a ValueError, not a ParseError.
+_RANGE = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
+_STATUS_BYTES = {"VmRSS": "resident_bytes", "VmSwap": "swap_bytes", "VmLck": "locked_bytes",
+                 "VmPin": "pinned_bytes"}
+_GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
+
+
+def parse_cpu_list(text: str) -> frozenset[int]:
+    """IDs in a kernel range list such as "0-3,8,10-11" (cpulist, online, Cpus_allowed_list).
+
+    An empty list (a node without CPUs) gives an empty set.
+    """
+    ids: set[int] = set()
+    stripped = text.strip()
+    if not stripped:
+        return frozenset()
+    for part in stripped.split(","):
+        match = _RANGE.fullmatch(part)
+        if match is None:
+            raise ParseError(f"bad range {part[:40]!r} in CPU/node list {text[:80]!r}")
+        first = int(match.group(1))
+        last = int(match.group(2)) if match.group(2) is not None else first
+        if last < first or last > MAX_CPU_OR_NODE_ID:
+            raise ParseError(f"bad range {part[:40]!r} in CPU/node list {text[:80]!r}")
+        ids.update(range(first, last + 1))
+    return frozenset(ids)
+
+
+@dataclass(frozen=True)
+class ProcessStatus:
+    """The fields of /proc/<pid>/status used here; None where the kernel left one out (zombies,
+    kernel threads, old kernels)."""
+
+    resident_bytes: int | None = None
+    swap_bytes: int | None = None
+    locked_bytes: int | None = None
+    pinned_bytes: int | None = None
+    threads: int | None = None
+    allowed_cpus: frozenset[int] | None = None
+
+
+def parse_proc_status(text: str) -> ProcessStatus:
+    """/proc/<pid>/status: "Key:\\tvalue" lines; memory sizes are in kB."""
+    fields = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon:
+            fields[key] = value.strip()
+    if "Name" not in fields:
+        raise ParseError("no Name: line, not a /proc/<pid>/status file")
+    values: dict[str, object] = {}
+    try:
+        for key, attribute in _STATUS_BYTES.items():
+            if key in fields:
+                number, _, unit = fields[key].partition(" ")
+                if unit != "kB":
+                    raise ParseError(f"{key} of /proc/<pid>/status is {fields[key][:40]!r}, not kB")
+                values[attribute] = int(number) * 1024
+        if "Threads" in fields:
+            values["threads"] = int(fields["Threads"])
+    except ValueError:  # not a number, or more digits than int() accepts
+        raise ParseError("non-numeric size or count in /proc/<pid>/status") from None
+    if "Cpus_allowed_list" in fields:
+        values["allowed_cpus"] = parse_cpu_list(fields["Cpus_allowed_list"])
+    return ProcessStatus(**values)
+
+
+class ProcessGone(Exception):
+    """The process exited while it was being read."""
+
+
+def read_process_file(source: RawSource, procfs: str, pid: int, name: str, log_once: LogOnce) -> str | None:
+    """One /proc/<pid> file: its text, None when it cannot be read (logged once), ProcessGone when
+    the process has exited.
+
+    Not exporters.base.read_parsed: a process that exits is not a failure to log, and each caller
+    reads all its files before it parses any, so that an exiting process leaves no partial series.
+    """
+    path = os.path.join(procfs, str(pid), name)
+    try:
+        return source.read_text(path)
+    except OSError as error:
+        if error.errno in _GONE_ERRNOS:
+            logger.debug("process %s exited while reading %s", pid, path)
+            raise ProcessGone(pid) from None
+        if error.errno in (errno.EACCES, errno.EPERM):
+            log_once(f"denied:{pid}", "cannot read %s (%s): reading another user's process needs root "
+                     "or CAP_SYS_PTRACE; its series from that file are left out", path, error.strerror)
+        else:
+            log_once(f"error:{path}", "cannot read %s: %s; its series are left out", path, error)
+        return None
