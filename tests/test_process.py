@@ -5,21 +5,24 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from agent.sources import LiveSource, RecordingSource, ReplaySource
 from exporters.base import ParseError
 from exporters.process import (
+    parse_memlock_limit,
     ProcessCollector,
     ProcessStat,
-    ProcessStatus,
+    cmdline_label,
     format_cmdline,
     parse_boot_time,
     parse_proc_stat,
-    parse_proc_status,
+    redact_secrets,
 )
+from exporters.procfs import ProcessStatus, parse_proc_status
 from tests.conftest import FIXTURE_HOST
+from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 KIB = 1024
 VLLM_STAT = (FIXTURE_HOST / "proc/4242/stat").read_text()
@@ -48,7 +51,7 @@ def as_tuples(samples):
 
 
 def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, threads, allowed,
-                   minflt, majflt, cpu_ticks, cmdline, reason):
+                   minflt, majflt, cpu_ticks, cmdline, reason, memlock):
     labels = (str(pid), name)
     return [
         ("hybridmon_process_resident_bytes", labels, resident_kib * KIB),
@@ -60,14 +63,15 @@ def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, th
         ("hybridmon_process_minor_faults_total", labels, minflt),
         ("hybridmon_process_major_faults_total", labels, majflt),
         ("hybridmon_process_cpu_seconds_total", labels, cpu_ticks / 100),
+        ("hybridmon_process_memlock_limit_bytes", labels, memlock),
         ("hybridmon_process_info", (*labels, cmdline, reason), 1),
     ]
 
 
 VLLM_SERIES = process_series(4242, "python3", 29360128, 1572864, 0, 4194304, 64, 8, 15234567, 8912,
-                             4567890 + 123456, VLLM_CMDLINE, "config")
+                             4567890 + 123456, VLLM_CMDLINE, "config", 8388608)
 LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 17, 8, 2345678, 1201,
-                              987654 + 45678, LLAMA_CMDLINE, "config")
+                              987654 + 45678, LLAMA_CMDLINE, "config", float("inf"))
 
 
 def without_start_time(samples):
@@ -174,26 +178,69 @@ def test_format_cmdline():
     assert format_cmdline("") == ""  # kernel threads and zombies
 
 
-def mutated(text: str):
-    return st.tuples(st.integers(0, len(text)), st.integers(0, 40), st.text(max_size=40)).map(
-        lambda cut: text[:cut[0]] + cut[2] + text[cut[0] + cut[1]:]
-    )
-
-
-@pytest.mark.parametrize("parse, sample", [
+PARSERS_AND_SAMPLES = [
     (parse_proc_stat, VLLM_STAT),
     (parse_proc_status, VLLM_STATUS),
     (parse_boot_time, PROC_STAT),
-])
-def test_parsers_raise_only_parse_error(parse, sample):
-    @given(st.one_of(st.text(), mutated(sample)))
-    def check(text):
-        try:
-            parse(text)
-        except ParseError:
-            pass
+    (parse_memlock_limit, (FIXTURE_HOST / "proc/4242/limits").read_text()),
+]
 
-    check()
+
+@pytest.mark.parametrize("parse, sample", PARSERS_AND_SAMPLES)
+@given(data=st.data())
+def test_parsers_raise_only_parse_error(parse, sample, data):
+    only_parse_errors(parse, data.draw(texts_like(sample)))
+
+
+@pytest.mark.parametrize("parse, sample", PARSERS_AND_SAMPLES)
+def test_parsers_refuse_numbers_longer_than_int_accepts(parse, sample):
+    for text in each_number_made_huge(sample):
+        only_parse_errors(parse, text)
+    with pytest.raises(ParseError):
+        parse_proc_status("Name:\tx\nCpus_allowed_list:\t0-" + "9" * 5000 + "\n")
+
+
+# --- command line label -----------------------------------------------------------------------
+
+def argv(*arguments: str) -> str:
+    return "\0".join(arguments) + "\0"
+
+
+@pytest.mark.parametrize("raw, label", [
+    (argv("vllm", "serve", "m", "--api-key", "sk-live-123", "--port", "8000"),
+     "vllm serve m --api-key <redacted> --port 8000"),
+    (argv("vllm", "serve", "--api-key=sk-live-123", "--hf-token", "hf_abc"),
+     "vllm serve --api-key=<redacted> --hf-token <redacted>"),
+    (argv("srv", "--DB-Password", "a secret with spaces", "-v"), "srv --DB-Password <redacted> -v"),
+    (argv("srv", "--client-secret=x=y", "--AUTH", "-dash-first", "--cookie", "--verbose"),
+     "srv --client-secret=<redacted> --AUTH <redacted> --cookie --verbose"),
+    (argv("srv", "--credentials-file", "/etc/creds.json", "--ssl-keyfile", "/etc/k.pem"),
+     "srv --credentials-file <redacted> --ssl-keyfile <redacted>"),
+    # A process that rewrote its title shows the whole command line as one argument.
+    ("vllm serve m --api-key sk-live-123 --port 8000\0\0\0", "vllm serve m --api-key <redacted> --port 8000"),
+    (argv("llama-server", "--api-key"), "llama-server --api-key"),  # nothing after it to hide
+    (argv("python3", "-m", "vllm", "--model", "m", "--key-value=x"), "python3 -m vllm --model m --key-value=<redacted>"),
+    (argv("keyd", "key=value", "token"), "keyd key=value token"),  # not options
+    ("", ""),
+])
+def test_cmdline_label_redacts_secret_option_values(raw, label):
+    assert cmdline_label(raw) == label
+
+
+def test_cmdline_label_is_cut_to_200_characters_after_redaction():
+    raw = argv("srv", "--api-key", "s" * 300, *(["--model", "m" * 50] * 5))
+    label = cmdline_label(raw)
+    assert len(label) == 200 and "sss" not in label
+    assert label.startswith("srv --api-key <redacted> --model " + "m" * 50)
+
+
+@given(st.lists(st.text(alphabet=st.characters(blacklist_characters="\0"), max_size=12), max_size=8),
+       st.sampled_from(["--api-key", "--hf-token", "--Password", "--auth"]),
+       st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789_.", min_size=12, max_size=24))
+def test_a_secret_never_reaches_the_label(before, option, secret):
+    assume(secret not in " ".join(before))
+    for raw in (argv(*before, option, secret), argv(*before, f"{option}={secret}")):
+        assert secret not in " ".join(redact_secrets(raw.split("\0")))
 
 
 # --- collector on the fixture host ---------------------------------------------------------
@@ -257,17 +304,58 @@ def test_discovery_scans_proc_only_every_interval(procfs_copy):
     source = RecordingSource(LiveSource())
     collector = fixture_collector(source, procfs_copy, clock=clock, discovery_interval_seconds=10)
     collector.collect()
-    assert ["dir", str(procfs_copy)] in [r[:2] for r in source.take_readings()]
+    assert ["call", "process.discovery"] in [r[:2] for r in source.take_readings()]
     shutil.copytree(procfs_copy / "5151", procfs_copy / "6161")  # a second llama-server starts
     clock.now = 5.0
     samples = collector.collect()
     readings = source.take_readings()
-    assert not any(kind == "dir" for kind, *_ in readings)
+    assert not any(key == "process.discovery" for _, key, *_ in readings)
     assert not any("/6161/" in path for _, path, *_ in readings)
     assert samples.find("hybridmon_process_info", pid="6161") == []
     clock.now = 10.0
     samples = collector.collect()
     assert samples.value("hybridmon_process_resident_bytes", pid="6161") == 5382116 * KIB
+
+
+def test_a_trace_holds_the_discovery_matches_and_no_other_process(procfs_copy):
+    recording = RecordingSource(LiveSource())
+    fixture_collector(recording, procfs_copy).collect()
+    readings = recording.take_readings()
+    [discovery] = [r for r in readings if r[:2] == ["call", "process.discovery"]]
+    assert discovery[2:] == [True, {"4242": "cmdline", "5151": "name"}]
+    assert not any(kind == "dir" for kind, *_ in readings)
+    read = {path.removeprefix(f"{procfs_copy}/") for kind, path, *_ in readings if kind == "text"}
+    assert read == {"stat"} | {f"{pid}/{name}" for pid in (4242, 5151) for name in ("stat", "status", "cmdline", "limits")}
+    assert "/sbin/init" not in str(readings)  # pid 1, read by the scan, is not in the trace
+
+
+class UnlistableSource(LiveSource):
+    """The host, except that listing directories fails once `refuse` is set (EMFILE, say)."""
+
+    refuse = False
+
+    def list_dir(self, path: str) -> list[str]:
+        if self.refuse:
+            raise OSError(24, "Too many open files", path)
+        return super().list_dir(path)
+
+
+def test_unlistable_procfs_keeps_the_processes_found_before(fixture_procfs, caplog):
+    clock, host = FakeClock(), UnlistableSource()
+    recording = RecordingSource(host)
+    collector = fixture_collector(recording, fixture_procfs, clock=clock)
+    replay = ReplaySource()
+    replayer = fixture_collector(replay, fixture_procfs)
+    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+        for now, refuse in ((0.0, False), (10.0, True), (20.0, True)):
+            clock.now, host.refuse = now, refuse
+            recorded = as_tuples(collector.collect())
+            replay.load(recording.take_readings())
+            assert as_tuples(replayer.collect()) == recorded
+            assert {labels[0] for _, labels, _ in recorded} == {"4242", "5151"}
+    scan_failures = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
+    assert len(scan_failures) == 2  # once live, once replayed
+    assert "Too many open files" in scan_failures[0]
 
 
 def test_process_that_exits_is_dropped_without_error(procfs_copy, caplog):
@@ -309,7 +397,7 @@ def test_process_of_another_user_gives_what_is_readable(fixture_procfs, caplog):
     assert samples.value("hybridmon_process_major_faults_total", pid="5151") == 1201
     assert samples.value("hybridmon_process_resident_bytes", pid="5151") is None
     assert samples.find("hybridmon_process_info", pid="5151") != []
-    assert without_start_time(samples)[:10] == VLLM_SERIES
+    assert without_start_time(samples)[:len(VLLM_SERIES)] == VLLM_SERIES
     messages = [r.getMessage() for r in caplog.records if "5151" in r.getMessage()]
     assert len(messages) == 1 and "5151/status" in messages[0] and "CAP_SYS_PTRACE" in messages[0]
 
@@ -379,7 +467,7 @@ def test_record_then_replay_gives_identical_samples(procfs_copy):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 22
+        assert len(recorded) == 24
     assert replayer.watched() == recorder.watched() == {4242: "python3", 5151: "llama-server"}
 
 
@@ -399,3 +487,27 @@ def test_constructor_reads_nothing(fixture_procfs):
     ProcessCollector(source, procfs=fixture_procfs, names=["x"], pids=[1])
     assert source.take_readings() == []
 
+
+
+def test_pinned_bytes_help_does_not_promise_cuda_pinned_memory():
+    from exporters.process import PINNED
+
+    assert "mm->pinned_vm" in PINNED.documentation
+    assert "CUDA pinned host memory (cudaHostAlloc, cudaHostRegister) is generally counted in " \
+           "neither VmPin nor VmLck" in PINNED.documentation
+
+
+def test_memlock_limit_is_read_from_limits_with_unlimited_as_infinity(fixture_procfs):
+    import math
+
+    from agent.sources import LiveSource
+    from exporters.process import ProcessCollector, parse_memlock_limit
+
+    collector = ProcessCollector(LiveSource(), procfs=fixture_procfs, pids=(4242, 5151))
+    samples = collector.collect()
+    assert samples.value("hybridmon_process_memlock_limit_bytes", pid="4242") == 8388608.0
+    assert samples.value("hybridmon_process_memlock_limit_bytes", pid="5151") == math.inf
+    with pytest.raises(ParseError):
+        parse_memlock_limit("Max locked memory         lots      lots      bytes\n")
+    with pytest.raises(ParseError):
+        parse_memlock_limit("Max open files 1024 1024 files\n")
