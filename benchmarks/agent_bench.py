@@ -1,0 +1,859 @@
+"""What the agent costs on a scaled host: tick CPU, scrape latency, history memory, series counts.
+
+Builds, in a temporary directory, a copy of the fixture host (tests/fixtures/host-2node) scaled to
+8 NVIDIA GPUs (3 more PCI functions on each NUMA node, copied from 0000:17:00.0) and 16 watched
+vLLM processes (proc/4242 copied to pids 4243-4257; proc/5151 is left out so exactly 16 are
+watched), plus a fake NVML layout (tests/fake_nvml.py) with the same 8 GPUs, 2 of the 16
+processes each, and a 20 ms wait per PCIe throughput direction as real NVML has. Then:
+
+1. tick:    an in-process Agent; every 1 s collector run once per tick in the agent's order,
+            process CPU time (all threads) and wall time per tick; process_numa (30 s) apart;
+            the cost of rendering the samples exposition after a tick.
+2. series:  the series of the samples exposition per GPU, per watched process and host-level.
+3. scrape:  the daemon (`python -m agent.cli run`) and node_exporter as subprocesses on
+            127.0.0.1, sequential GETs of /metrics over one keep-alive connection each, back to
+            back (mostly served from the render cache) and paced 1.37 s apart (every scrape
+            renders after a commit, as with Prometheus); node_exporter also with gzip.
+4. memory:  a fresh subprocess drives 7,200 ticks (2 h at 1 s) of fake wall time through the
+            sampler, NVML values changing every tick, and reports its RSS.
+
+Everything it starts is stopped and its temporary directory removed, on success, error, Ctrl-C,
+SIGTERM, or when --time-limit runs out.
+
+    .venv/bin/python benchmarks/agent_bench.py [--quick] [--json-out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import gc
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # `tests` (the fake NVML, the fixture host) is not installed
+
+FIXTURE_HOST = REPO / "tests" / "fixtures" / "host-2node"
+NODE_EXPORTER = "prometheus-node-exporter"
+GIB = 1024**3
+MIB = 1024**2
+
+# The scaled host. Existing GPUs: 0000:17:00.0 (node 0, Gen4 x16, AER) and 0000:ca:00.0 (node 1,
+# downtrained Gen3 x8). Six more, copied from 0000:17:00.0: (address, root port, NUMA node).
+NEW_GPUS = (
+    ("0000:27:00.0", "0000:26:01.0", 0),
+    ("0000:38:00.0", "0000:37:01.0", 0),
+    ("0000:4a:00.0", "0000:49:01.0", 0),
+    ("0000:98:00.0", "0000:97:01.0", 1),
+    ("0000:b1:00.0", "0000:b0:01.0", 1),
+    ("0000:da:00.0", "0000:d9:01.0", 1),
+)
+TEMPLATE_GPU = "0000:17:00.0"
+TEMPLATE_PID = 4242
+PIDS = tuple([TEMPLATE_PID] + list(range(4243, 4258)))  # 16 watched processes
+DROPPED_PIDS = (5151,)  # the fixture's llama-server: not one of the 16
+THROUGHPUT_DELAY_SECONDS = 0.02
+DAEMON_COMMAND = [sys.executable, "-m", "agent.cli", "run"]  # + --listen 127.0.0.1:PORT
+# Paced scrapes are further apart than a tick, so each one renders anew after a commit, as a
+# Prometheus scrape every 15 s does; 1.37 s, not 1 s, so that they fall at every phase of the tick.
+PACE_SECONDS = 1.37
+
+FULL = dict(ticks=300, numa_runs=30, scrapes=1000, gzip_scrapes=300, paced_scrapes=15,
+            daemon_idle_seconds=20.0, history_ticks=7200)
+QUICK = dict(ticks=50, numa_runs=5, scrapes=100, gzip_scrapes=50, paced_scrapes=3,
+             daemon_idle_seconds=3.0, history_ticks=600)
+
+TARGETS = {
+    "tick_cpu_median_ms": 15.0,
+    "scrape_p99_ms": 10.0,
+    "history_rss_mb": 100.0,
+}
+
+
+class TimeLimit(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[min(rank, len(ordered)) - 1]
+
+
+def summary_ms(seconds: list[float]) -> dict[str, float]:
+    ms = [s * 1000 for s in seconds]
+    return {
+        "n": len(ms),
+        "min_ms": round(min(ms), 3),
+        "median_ms": round(statistics.median(ms), 3),
+        "p50_ms": round(percentile(ms, 50), 3),
+        "mean_ms": round(statistics.fmean(ms), 3),
+        "p95_ms": round(percentile(ms, 95), 3),
+        "p99_ms": round(percentile(ms, 99), 3),
+        "max_ms": round(max(ms), 3),
+    }
+
+
+def rss_bytes(pid: int | str = "self") -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as handle:
+        for line in handle:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """utime + stime of a child process (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+        fields = handle.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM if the benchmark dies without cleaning up (SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+@contextlib.contextmanager
+def managed_process(command: list[str], log_path: Path, env: dict[str, str] | None = None):
+    """A subprocess that is always stopped on exit: SIGTERM, then SIGKILL after 5 s."""
+    log = open(log_path, "wb")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                               env=env, cwd=str(REPO), preexec_fn=_die_with_parent)
+    try:
+        yield process
+    finally:
+        stop_process(process)
+        log.close()
+
+
+def stop_process(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+# --------------------------------------------------------------------------------------------
+# 1. the scaled host
+# --------------------------------------------------------------------------------------------
+
+@dataclass
+class ScaledHost:
+    root: str
+    procfs: str
+    sysfs: str
+    layout: str  # fake NVML layout JSON
+    pids: tuple[int, ...]
+    gpu_bus_ids: tuple[str, ...]  # sysfs form, in NVML index order
+
+    def environment(self) -> dict[str, str]:
+        """HYBRIDMON_* variables configuring the agent for this host (no FAKE_ layout)."""
+        return {
+            "HYBRIDMON_PATHS__PROCFS": self.procfs,
+            "HYBRIDMON_PATHS__SYSFS": self.sysfs,
+            "HYBRIDMON_GPU__NVML_MODULE": "tests.fake_nvml",
+            "HYBRIDMON_PCIE__UDEV": "false",
+            "HYBRIDMON_PROCESS__PIDS": json.dumps(list(self.pids)),
+            "HYBRIDMON_LOG_LEVEL": "warning",
+        }
+
+
+def _device_dir(sysfs: Path, address: str) -> Path:
+    return (sysfs / "bus" / "pci" / "devices" / address).resolve()
+
+
+def build_scaled_host(root: Path) -> ScaledHost:
+    host = root / "host"
+    shutil.copytree(FIXTURE_HOST, host, symlinks=True)
+    procfs, sysfs = host / "proc", host / "sys"
+
+    # GPUs: copy the device directory under a new root port and link it from bus/pci/devices.
+    template = _device_dir(sysfs, TEMPLATE_GPU)
+    devices = sysfs / "bus" / "pci" / "devices"
+    for address, root_port, node in NEW_GPUS:
+        domain_bus = "pci" + root_port[:7]  # "pci0000:26"
+        target = sysfs / "devices" / domain_bus / root_port / address
+        shutil.copytree(template, target)
+        (target / "numa_node").write_text(f"{node}\n")
+        os.symlink(os.path.join("..", "..", "..", "devices", domain_bus, root_port, address),
+                   devices / address)
+        assert _device_dir(sysfs, address) == target.resolve()
+
+    # Processes: copy /proc/4242, with the pid changed where the files carry it.
+    for pid in DROPPED_PIDS:
+        shutil.rmtree(procfs / str(pid))
+    source = procfs / str(TEMPLATE_PID)
+    for pid in PIDS[1:]:
+        target = procfs / str(pid)
+        shutil.copytree(source, target)
+        stat = (target / "stat").read_text()
+        assert stat.startswith(f"{TEMPLATE_PID} (")
+        (target / "stat").write_text(f"{pid}{stat[len(str(TEMPLATE_PID)):]}")
+        status_lines = []
+        for line in (target / "status").read_text().splitlines(keepends=True):
+            key, colon, value = line.partition(":")
+            if colon and key in ("Tgid", "Pid", "NStgid", "NSpid") and value.strip() == str(TEMPLATE_PID):
+                line = f"{key}:\t{pid}\n"
+            status_lines.append(line)
+        (target / "status").write_text("".join(status_lines))
+
+    # NVML: 8 GPUs in PCI bus order (NVML's), bus ids matching sysfs, 2 processes each.
+    from tests import fake_nvml
+
+    sysfs_gpus = sorted([TEMPLATE_GPU, "0000:ca:00.0"] + [a for a, _, _ in NEW_GPUS])
+    template_l40s, template_a10 = fake_nvml.default_gpus()
+    gpus = []
+    for index, address in enumerate(sysfs_gpus):
+        base = template_a10 if address == "0000:ca:00.0" else template_l40s
+        node = int((_device_dir(sysfs, address) / "numa_node").read_text())
+        processes = [fake_nvml.FakeProcess(pid, "python3", 9 * GIB + (pid % 7) * 256 * MIB)
+                     for pid in PIDS[2 * index:2 * index + 2]]
+        gpu = fake_nvml.FakeGpu(**{
+            **asdict(base),
+            "uuid": f"GPU-{index:08x}-b3c4-4d5e-8f60-{0x17a0 + index:012x}",
+            "pci_bus_id": "0000" + address.upper(),  # NVML's form: 00000000:17:00.0
+            "numa_node": node,
+            "memory_used_bytes": sum(p.used_gpu_memory_bytes for p in processes) + 512 * MIB,
+            "processes": [],
+        })
+        gpu.processes = processes
+        gpus.append(gpu)
+    layout = {
+        "driver_version": "550.54.15",
+        "gpus": [asdict(gpu) for gpu in gpus],
+        "throughput_delay_seconds": THROUGHPUT_DELAY_SECONDS,
+    }
+    layout_path = root / "fake-nvml-layout.json"
+    layout_path.write_text(json.dumps(layout, indent=2))
+    return ScaledHost(str(host), str(procfs), str(sysfs), str(layout_path), PIDS, tuple(sysfs_gpus))
+
+
+def agent_config(host: ScaledHost):
+    from agent.config import load_config
+
+    return load_config(environ=host.environment())
+
+
+def load_fake_nvml(host: ScaledHost, throughput_delay_seconds: float):
+    from tests import fake_nvml
+
+    fake_nvml.reset()
+    fake_nvml.load_layout(host.layout)
+    fake_nvml.configure(throughput_delay_seconds=throughput_delay_seconds)
+    return fake_nvml.DEFAULT
+
+
+def vary_fake_values(fake, tick: int) -> None:
+    """Changes what NVML answers, so every tick commits new values."""
+    for index, gpu in enumerate(fake.gpus):
+        phase = tick * 7 + index * 131
+        gpu.pcie_rx_kilobytes_per_second = 200_000 + (phase * 7919) % 20_000_000
+        gpu.pcie_tx_kilobytes_per_second = 50_000 + (phase * 104_729) % 5_000_000
+        gpu.utilization_percent = (tick + index * 13) % 101
+        for number, process in enumerate(gpu.processes):
+            process.used_gpu_memory_bytes = 9 * GIB + ((phase + number * 17) % 2048) * MIB
+        gpu.memory_used_bytes = sum(p.used_gpu_memory_bytes for p in gpu.processes) + 512 * MIB
+
+
+def check_agent_sees_the_host(agent, host: ScaledHost) -> None:
+    problems = []
+    for item in agent.sampler.scheduled:
+        state = item.state
+        if state.runs and (not state.last_success or state.no_data_reason):
+            problems.append(f"{item.collector.name}: {state.last_error or state.no_data_reason}")
+    text = agent.exposition.samples_text().decode()
+    for index, address in enumerate(host.gpu_bus_ids):
+        if f'hybridmon_gpu_up{{gpu="{index}"' not in text:
+            problems.append(f"no GPU {index} in the exposition")
+        if f'hybridmon_pcie_device_present{{pci_bus_id="{address}"}} 1.0' not in text:
+            problems.append(f"no PCI device {address} in the exposition")
+    for pid in host.pids:
+        if f'hybridmon_process_resident_bytes{{name="python3",pid="{pid}"}}' not in text:
+            problems.append(f"process {pid} not watched")
+    process = next(i.collector for i in agent.sampler.scheduled if i.collector.name == "process")
+    if sorted(process.watched()) != sorted(host.pids):
+        problems.append(f"watched pids {sorted(process.watched())}, expected {sorted(host.pids)}")
+    if problems:
+        raise RuntimeError("the agent does not see the scaled host as built:\n  " + "\n  ".join(problems))
+
+
+# --------------------------------------------------------------------------------------------
+# 2. tick CPU time, render cost, process_numa; 5. series counts
+# --------------------------------------------------------------------------------------------
+
+def bench_ticks(host: ScaledHost, ticks: int, numa_runs: int) -> tuple[dict, dict]:
+    from agent.daemon import Agent
+
+    fake = load_fake_nvml(host, THROUGHPUT_DELAY_SECONDS)
+    config = agent_config(host)
+    agent = Agent(config)
+    try:
+        scheduled = agent.sampler.scheduled
+        due = [item for item in scheduled if item.interval_seconds <= config.interval_seconds]
+        slow = [item for item in scheduled if item.interval_seconds > config.interval_seconds]
+        t0 = 1_800_000_000.0
+
+        # First tick: every collector, NVML initialisation, first PCI discovery, process scan.
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for item in scheduled:
+            agent.sampler.run_collector(item, at=t0)
+        first = {"cpu_ms": (time.process_time() - cpu0) * 1000,
+                 "wall_ms": (time.perf_counter() - wall0) * 1000}
+        check_agent_sees_the_host(agent, host)
+        series = count_series(agent, host)
+
+        cpu, wall, render_cpu, render_wall, render_bytes = [], [], [], [], 0
+        per_collector_cpu = {item.collector.name: [] for item in due}
+        per_collector_wall = {item.collector.name: [] for item in due}
+        for tick in range(1, ticks + 1):
+            vary_fake_values(fake, tick)
+            at = t0 + tick
+            tick_cpu, tick_wall = time.process_time(), time.perf_counter()
+            for item in due:
+                c, w = time.process_time(), time.perf_counter()
+                agent.sampler.run_collector(item, at=at)
+                per_collector_cpu[item.collector.name].append(time.process_time() - c)
+                per_collector_wall[item.collector.name].append(time.perf_counter() - w)
+            cpu.append(time.process_time() - tick_cpu)
+            wall.append(time.perf_counter() - tick_wall)
+            # The first render after the tick's commits (what a scrape after a tick pays).
+            c, w = time.process_time(), time.perf_counter()
+            text = agent.exposition.samples_text()
+            render_cpu.append(time.process_time() - c)
+            render_wall.append(time.perf_counter() - w)
+            render_bytes = len(text)
+        failed = {i.collector.name: i.state.last_error for i in due if not i.state.last_success}
+        if failed:
+            raise RuntimeError(f"collectors failed during the tick benchmark: {failed}")
+
+        # A cached render (no commit since the last one) and the health part, for comparison.
+        c = time.perf_counter()
+        agent.exposition.samples_text()
+        cached_ms = (time.perf_counter() - c) * 1000
+        c = time.perf_counter()
+        full = agent.exposition.render()
+        full_render_ms = (time.perf_counter() - c) * 1000
+
+        numa = {}
+        for item in slow:
+            runs_cpu, runs_wall = [], []
+            for run in range(numa_runs):
+                c, w = time.process_time(), time.perf_counter()
+                agent.sampler.run_collector(item, at=t0 + ticks + 1 + run)
+                runs_cpu.append(time.process_time() - c)
+                runs_wall.append(time.perf_counter() - w)
+            numa[item.collector.name] = {
+                "interval_seconds": item.interval_seconds,
+                "cpu": summary_ms(runs_cpu), "wall": summary_ms(runs_wall),
+                "success": bool(item.state.last_success),
+            }
+
+        result = {
+            "collectors_per_tick": [item.collector.name for item in due],
+            "collectors_excluded": {item.collector.name: item.interval_seconds for item in slow},
+            "first_tick_all_collectors": {k: round(v, 3) for k, v in first.items()},
+            "cpu": summary_ms(cpu),
+            "wall": summary_ms(wall),
+            "per_collector_cpu_median_ms": {
+                name: round(statistics.median(v) * 1000, 3) for name, v in per_collector_cpu.items()},
+            "per_collector_wall_median_ms": {
+                name: round(statistics.median(v) * 1000, 3) for name, v in per_collector_wall.items()},
+            "render_after_commit_cpu": summary_ms(render_cpu),
+            "render_after_commit_wall": summary_ms(render_wall),
+            "render_cached_ms": round(cached_ms, 4),
+            "render_full_incl_health_ms": round(full_render_ms, 3),
+            "samples_exposition_bytes": render_bytes,
+            "full_exposition_bytes": len(full),
+            "slow_collectors": numa,
+            "gc_enabled": gc.isenabled(),
+        }
+        return result, series
+    finally:
+        agent.stop()
+        load_fake_nvml(host, 0.0)
+
+
+def count_series(agent, host: ScaledHost) -> dict:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    gpu0_bus = host.gpu_bus_ids[0]
+    pid = str(host.pids[0])
+    total, gpu0, pid0, host_level, per_gpu_total, per_pid_total = 0, 0, 0, 0, 0, 0
+    gpu0_families, pid_families, host_families = {}, {}, {}
+    for family in text_string_to_metric_families(agent.exposition.samples_text().decode()):
+        for sample in family.samples:
+            labels = sample.labels
+            total += 1
+            if labels.get("gpu") == "0" or labels.get("pci_bus_id") == gpu0_bus:
+                gpu0 += 1
+                gpu0_families[sample.name] = gpu0_families.get(sample.name, 0) + 1
+            if labels.get("pid") == pid:
+                pid0 += 1
+                pid_families[sample.name] = pid_families.get(sample.name, 0) + 1
+            if "gpu" in labels or "pci_bus_id" in labels:
+                per_gpu_total += 1
+            if "pid" in labels:
+                per_pid_total += 1
+            if not {"gpu", "pci_bus_id", "pid"} & labels.keys():
+                host_level += 1
+                host_families[sample.name] = host_families.get(sample.name, 0) + 1
+    health = sum(len(f.samples) for f in text_string_to_metric_families(
+        agent.exposition.render()[len(agent.exposition.samples_text()):].decode()))
+    return {
+        "gpus": len(host.gpu_bus_ids),
+        "watched_processes": len(host.pids),
+        "samples_exposition_series": total,
+        "per_gpu_series (gpu=\"0\" or pci_bus_id of GPU0)": gpu0,
+        "per_process_series (pid=\"%s\")" % pid: pid0,
+        "host_level_series": host_level,
+        "series_with_gpu_or_pci_bus_id_label": per_gpu_total,
+        "series_with_pid_label": per_pid_total,
+        "gpu_and_pid_label_overlap": per_gpu_total + per_pid_total + host_level - total,
+        "health_series": health,
+        "history_series": agent.history.series_count(),
+        "gpu0_by_family": dict(sorted(gpu0_families.items())),
+        "process_by_family": dict(sorted(pid_families.items())),
+        "host_by_family": dict(sorted(host_families.items())),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# 3. scrape latency: the daemon and node_exporter
+# --------------------------------------------------------------------------------------------
+
+def wait_for_metrics(client, url: str, needles: tuple[str, ...], process: subprocess.Popen,
+                     timeout: float, log_path: Path) -> str:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{tail(log_path)}")
+        try:
+            response = client.get(url)
+            if response.status_code == 200 and all(n in response.text for n in needles):
+                return response.text
+            last = f"HTTP {response.status_code}"
+        except httpx.HTTPError as error:
+            last = error
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not serve {needles} within {timeout:.0f} s (last: {last!r}):\n"
+                       f"{tail(log_path)}")
+
+
+def scrape_series(client, url: str, count: int, pid: int, headers: dict[str, str],
+                  pace_seconds: float = 0.0) -> dict:
+    latencies, sizes, wire_sizes = [], [], []
+    cpu_before, wall_before = process_cpu_seconds(pid), time.perf_counter()
+    for _ in range(count):
+        if pace_seconds:
+            time.sleep(pace_seconds)
+        started = time.perf_counter()
+        response = client.get(url, headers=headers)
+        body = response.content  # read (and decompressed) inside the measurement
+        latencies.append(time.perf_counter() - started)
+        if response.status_code != 200:
+            raise RuntimeError(f"{url} answered HTTP {response.status_code}")
+        sizes.append(len(body))
+        wire_sizes.append(response.num_bytes_downloaded)
+    elapsed = time.perf_counter() - wall_before
+    server_cpu = process_cpu_seconds(pid) - cpu_before
+    result = summary_ms(latencies)
+    result.update({
+        "over_10ms": sum(1 for latency in latencies if latency > 0.010),
+        "body_bytes_median": int(statistics.median(sizes)),
+        "wire_bytes_median": int(statistics.median(wire_sizes)),
+        "content_encoding": response.headers.get("content-encoding", "identity"),
+        "seconds": round(elapsed, 2),
+        "server_cpu_seconds": round(server_cpu, 3),
+        "server_cpu_ms_per_scrape_incl_background": round(server_cpu / count * 1000, 3),
+    })
+    return result
+
+
+def bench_scrapes(host: ScaledHost, workdir: Path, options: dict) -> dict:
+    import httpx
+
+    identity = {"Accept-Encoding": "identity"}
+    gzip_like_prometheus = {"Accept-Encoding": "gzip"}
+    results: dict = {}
+
+    # hybridmon
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMON_")}
+    env.update(host.environment())
+    env["HYBRIDMON_FAKE_NVML_LAYOUT"] = host.layout
+    env["PYTHONPATH"] = str(REPO)
+    command = DAEMON_COMMAND + ["--listen", f"127.0.0.1:{port}"]
+    log_path = workdir / "hybridmon.log"
+    url = f"http://127.0.0.1:{port}/metrics"
+    with managed_process(command, log_path, env) as daemon, \
+            httpx.Client(timeout=10.0, headers=identity) as client:
+        started = time.monotonic()
+        needles = (f'hybridmon_gpu_up{{gpu="{len(host.gpu_bus_ids) - 1}"',
+                   f'hybridmon_process_resident_bytes{{name="python3",pid="{host.pids[-1]}"}}')
+        wait_for_metrics(client, url, needles, daemon, 60.0, log_path)
+        ready_seconds = time.monotonic() - started
+        idle_rss = rss_bytes(daemon.pid)
+        # The daemon on its own (1 s ticks, no scrapes): CPU per second of wall time.
+        cpu_before = process_cpu_seconds(daemon.pid)
+        time.sleep(options["daemon_idle_seconds"])
+        idle_cpu = process_cpu_seconds(daemon.pid) - cpu_before
+        hybridmon = scrape_series(client, url, options["scrapes"], daemon.pid, identity)
+        paced = scrape_series(client, url, options["paced_scrapes"], daemon.pid, identity,
+                              pace_seconds=PACE_SECONDS)
+        health = client.get(f"http://127.0.0.1:{port}/healthz").json()
+        rss_after = rss_bytes(daemon.pid)
+        hybridmon.update({
+            "ready_after_seconds": round(ready_seconds, 2),
+            "rss_mb_idle_after_start": round(idle_rss / MIB, 1),
+            "rss_mb_after_scrapes": round(rss_after / MIB, 1),
+            "idle_cpu_ms_per_second": round(idle_cpu / options["daemon_idle_seconds"] * 1000, 2),
+            "collectors_ok": all(c["success"] and not c["no_data"] for c in health["collectors"].values()),
+        })
+    if daemon.returncode not in (0, -signal.SIGTERM):
+        print(f"  note: the daemon exited with {daemon.returncode}:\n{tail(log_path)}", file=sys.stderr)
+    results["hybridmon"] = hybridmon
+    results["hybridmon_paced"] = paced
+
+    # node_exporter
+    binary = shutil.which(NODE_EXPORTER)
+    if binary is None:
+        results["node_exporter"] = {"skipped": f"{NODE_EXPORTER} not installed (Debian package "
+                                               "prometheus-node-exporter)"}
+        return results
+    port = free_port()
+    log_path = workdir / "node_exporter.log"
+    url = f"http://127.0.0.1:{port}/metrics"
+    version = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    with managed_process([binary, f"--web.listen-address=127.0.0.1:{port}"], log_path) as exporter, \
+            httpx.Client(timeout=10.0, headers=identity) as client:
+        wait_for_metrics(client, url, ("node_cpu_seconds_total",), exporter, 30.0, log_path)
+        rss = rss_bytes(exporter.pid)
+        node = scrape_series(client, url, options["scrapes"], exporter.pid, identity)
+        node_gzip = scrape_series(client, url, options["gzip_scrapes"], exporter.pid, gzip_like_prometheus)
+        node_paced = scrape_series(client, url, options["paced_scrapes"], exporter.pid, identity,
+                                   pace_seconds=PACE_SECONDS)
+        node["rss_mb_after_start"] = round(rss / MIB, 1)
+        node["rss_mb_after_scrapes"] = round(rss_bytes(exporter.pid) / MIB, 1)
+        node["version"] = ((version.stdout or version.stderr).splitlines() or ["?"])[0]
+        node["series"] = sum(1 for line in client.get(url).text.splitlines()
+                             if line and not line.startswith("#"))
+    results["node_exporter"] = node
+    results["node_exporter_gzip"] = node_gzip
+    results["node_exporter_paced"] = node_paced
+    return results
+
+
+# --------------------------------------------------------------------------------------------
+# 4. memory after 2 h of history (in a fresh subprocess)
+# --------------------------------------------------------------------------------------------
+
+def memory_child(host_json: str, ticks: int) -> None:
+    """Runs in the subprocess: prints one JSON line with the figures."""
+    host = ScaledHost(**json.loads(host_json))
+    rss_start = rss_bytes()
+    from agent.daemon import Agent  # imports counted separately from the agent
+    from agent.server import create_app  # the daemon's HTTP stack (FastAPI, uvicorn), as it runs
+
+    fake = load_fake_nvml(host, 0.0)
+    rss_imported = rss_bytes()
+    config = agent_config(host)
+    agent = Agent(config)
+    app = create_app(agent)  # noqa: F841 (kept alive, as in the daemon)
+    rss_built = rss_bytes()
+    scheduled = agent.sampler.scheduled
+    numa_every = {item.collector.name: max(1, round(item.interval_seconds / config.interval_seconds))
+                  for item in scheduled}
+    t0 = 1_800_000_000.0
+    checkpoints = []
+    rss_first_tick = None
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for tick in range(ticks):
+        vary_fake_values(fake, tick)
+        for item in scheduled:
+            if tick % numa_every[item.collector.name] == 0:
+                agent.sampler.run_collector(item, at=t0 + tick)
+        if tick == 0:
+            rss_first_tick = rss_bytes()
+        if (tick + 1) % max(1, ticks // 10) == 0:
+            checkpoints.append([tick + 1, round(rss_bytes() / MIB, 1)])
+    wall = time.perf_counter() - wall0
+    cpu = time.process_time() - cpu0
+    failed = {i.collector.name: i.state.last_error for i in scheduled if not i.state.last_success}
+    rss_end = rss_bytes()
+    exposition = agent.exposition.render()
+    rss_rendered = rss_bytes()
+    gc.collect()
+    rss_gc = rss_bytes()
+    points = agent.history.series("hybridmon_gpu_memory_used_bytes", gpu="0")
+    values = points[0].values if points else []
+    changed = sum(1 for a, b in zip(values, values[1:]) if a != b)
+    capacities = dict(agent.history.capacities())
+    print(json.dumps({
+        "ticks": ticks,
+        "seconds": round(wall, 1),
+        "cpu_seconds": round(cpu, 1),
+        "cpu_ms_per_tick": round(cpu / ticks * 1000, 3),
+        "rss_mb_interpreter": round(rss_start / MIB, 1),
+        "rss_mb_after_imports": round(rss_imported / MIB, 1),
+        "rss_mb_agent_built": round(rss_built / MIB, 1),
+        "rss_mb_after_first_tick": round(rss_first_tick / MIB, 1),
+        "rss_mb_end": round(rss_end / MIB, 1),
+        "rss_mb_after_render": round(rss_rendered / MIB, 1),
+        "rss_mb_after_gc": round(rss_gc / MIB, 1),
+        "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "rss_checkpoints_mb": checkpoints,
+        "history_series": agent.history.series_count(),
+        "history_capacity": capacities,
+        "history_value_bytes": sum(
+            8 * capacities[name] * len(ring.series) for name, ring in agent.history._rings.items()),
+        "gpu0_memory_points": len(points[0].times) if points else 0,
+        "gpu0_memory_changes": changed,
+        "exposition_bytes": len(exposition),
+        "failed_collectors": failed,
+    }), flush=True)
+    agent.stop()
+
+
+def bench_memory(host: ScaledHost, ticks: int, timeout: float) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMON_")}
+    env["PYTHONPATH"] = str(REPO)
+    command = [sys.executable, str(Path(__file__).resolve()), "--memory-child",
+               json.dumps(asdict(host)), "--history-ticks", str(ticks)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
+                               cwd=str(REPO), preexec_fn=_die_with_parent)
+    if completed.returncode != 0:
+        raise RuntimeError(f"memory subprocess failed ({completed.returncode}):\n{completed.stderr[-3000:]}")
+    return json.loads(completed.stdout.strip().splitlines()[-1])
+
+
+# --------------------------------------------------------------------------------------------
+# report
+# --------------------------------------------------------------------------------------------
+
+def verdict(ok: bool) -> str:
+    return "ok" if ok else "MISSED"
+
+
+def print_report(results: dict) -> None:
+    m = results["machine"]
+    print()
+    print("=" * 78)
+    print(f"hybridmon agent benchmark ({'quick' if results['quick'] else 'full'})")
+    print(f"machine: {m['cpus']} CPUs, {m['cpu_model']}, Python {m['python']}, {m['kernel']}")
+    print(f"host: {results['host']['gpus']} GPUs (fake NVML, {THROUGHPUT_DELAY_SECONDS * 1000:.0f} ms per "
+          f"throughput direction), {results['host']['watched_processes']} watched processes")
+    print("=" * 78)
+
+    t = results["tick"]
+    print(f"\nTick ({t['cpu']['n']} ticks; collectors: {', '.join(t['collectors_per_tick'])})")
+    print(f"  CPU   median {t['cpu']['median_ms']:.2f} ms   p95 {t['cpu']['p95_ms']:.2f} ms   "
+          f"max {t['cpu']['max_ms']:.2f} ms   [target median <= {TARGETS['tick_cpu_median_ms']:.0f} ms: "
+          f"{verdict(t['cpu']['median_ms'] <= TARGETS['tick_cpu_median_ms'])}]")
+    print(f"  wall  median {t['wall']['median_ms']:.2f} ms   p95 {t['wall']['p95_ms']:.2f} ms")
+    print("  CPU per collector (median ms): " + ", ".join(
+        f"{k} {v:.2f}" for k, v in t["per_collector_cpu_median_ms"].items()))
+    print(f"  first tick (all collectors, NVML init): CPU {t['first_tick_all_collectors']['cpu_ms']:.1f} ms, "
+          f"wall {t['first_tick_all_collectors']['wall_ms']:.1f} ms")
+    rc, rw = t["render_after_commit_cpu"], t["render_after_commit_wall"]
+    print(f"  samples exposition render after a commit: CPU median {rc['median_ms']:.2f} ms "
+          f"(p95 {rc['p95_ms']:.2f}), wall median {rw['median_ms']:.2f} ms; "
+          f"cached {t['render_cached_ms']:.3f} ms; {t['samples_exposition_bytes']} bytes")
+    for name, slow in t["slow_collectors"].items():
+        print(f"  {name} (every {slow['interval_seconds']:.0f} s, {slow['cpu']['n']} runs): CPU median "
+              f"{slow['cpu']['median_ms']:.2f} ms, wall median {slow['wall']['median_ms']:.2f} ms")
+
+    s = results["series"]
+    print("\nSeries (samples exposition)")
+    for key in ("samples_exposition_series", "per_gpu_series (gpu=\"0\" or pci_bus_id of GPU0)",
+                f"per_process_series (pid=\"{PIDS[0]}\")", "host_level_series",
+                "series_with_gpu_or_pci_bus_id_label", "series_with_pid_label",
+                "gpu_and_pid_label_overlap", "health_series", "history_series"):
+        print(f"  {key:52s} {s[key]}")
+
+    sc = results.get("scrape")
+    if sc:
+        print("\nScrape latency (sequential GETs of /metrics, one keep-alive connection)")
+        print(f"  {'':20s} {'n':>5s} {'p50':>8s} {'p99':>8s} {'max':>8s} {'>10ms':>6s} {'body':>14s} "
+              f"{'server CPU/scrape':>18s}")
+        for key in ("hybridmon", "hybridmon_paced", "node_exporter", "node_exporter_paced",
+                    "node_exporter_gzip"):
+            r = sc.get(key)
+            if not r or "skipped" in r:
+                if r:
+                    print(f"  {key}: skipped ({r['skipped']})")
+                continue
+            body = f"{r['body_bytes_median'] / 1024:.1f}K"
+            if r["content_encoding"] != "identity":
+                body += f" ({r['wire_bytes_median'] / 1024:.1f}K {r['content_encoding']})"
+            print(f"  {key:20s} {r['n']:5d} {r['p50_ms']:6.2f}ms {r['p99_ms']:6.2f}ms {r['max_ms']:6.2f}ms "
+                  f"{r['over_10ms']:6d} {body:>14s} {r['server_cpu_ms_per_scrape_incl_background']:16.2f}ms")
+        h = sc["hybridmon"]
+        node = sc.get("node_exporter", {})
+        line = f"  hybridmon p99 {h['p99_ms']:.2f} ms [target <= {TARGETS['scrape_p99_ms']:.0f} ms: " \
+               f"{verdict(h['p99_ms'] <= TARGETS['scrape_p99_ms'])}]"
+        if "p50_ms" in node:
+            faster = h["p50_ms"] < node["p50_ms"] and h["p99_ms"] < node["p99_ms"]
+            line += f"; faster than node_exporter (p50 and p99): {verdict(faster)}"
+        print(line)
+        print(f"  hybridmon daemon: ready {h['ready_after_seconds']} s after start, RSS "
+              f"{h['rss_mb_idle_after_start']} MB idle after start, {h['rss_mb_after_scrapes']} MB after "
+              f"the scrapes; {h['idle_cpu_ms_per_second']} ms CPU per second while not scraped")
+        if "rss_mb_after_start" in node:
+            print(f"  node_exporter: {node['version']}; RSS {node['rss_mb_after_start']} MB; "
+                  f"{node['series']} series")
+
+    mem = results.get("memory")
+    if mem:
+        print(f"\nMemory after {mem['ticks']} ticks of history (fresh process, fake NVML without delay)")
+        print(f"  RSS {mem['rss_mb_end']} MB (after gc {mem['rss_mb_after_gc']} MB), ru_maxrss "
+              f"{mem['ru_maxrss_mb']} MB [target <= {TARGETS['history_rss_mb']:.0f} MB: "
+              f"{verdict(mem['rss_mb_end'] <= TARGETS['history_rss_mb'])}]")
+        print(f"  RSS interpreter {mem['rss_mb_interpreter']} MB, after imports {mem['rss_mb_after_imports']} MB, "
+              f"agent built {mem['rss_mb_agent_built']} MB, after first tick {mem['rss_mb_after_first_tick']} MB")
+        print("  RSS by tick (MB): " + ", ".join(f"{t}: {r}" for t, r in mem["rss_checkpoints_mb"]))
+        print(f"  history: {mem['history_series']} series, capacity {mem['history_capacity']}, "
+              f"{mem['history_value_bytes'] / MIB:.1f} MiB of float64 rings")
+        print(f"  took {mem['seconds']} s wall, {mem['cpu_seconds']} s CPU ({mem['cpu_ms_per_tick']} ms CPU "
+              f"per tick); GPU0 memory history: {mem['gpu0_memory_points']} points, "
+              f"value changed on {mem['gpu0_memory_changes']} of {max(0, mem['gpu0_memory_points'] - 1)} ticks")
+    print(f"\ntotal {results['seconds']:.0f} s")
+
+
+# --------------------------------------------------------------------------------------------
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    parser.add_argument("--json-out", metavar="FILE", help="also write the figures as JSON here")
+    parser.add_argument("--time-limit", type=float, default=900.0, metavar="SECONDS",
+                        help="stop everything and fail after this long (default 900)")
+    parser.add_argument("--skip", action="append", default=[], choices=["scrape", "memory"],
+                        help="leave out a part (repeatable)")
+    parser.add_argument("--memory-child", metavar="HOST_JSON", help=argparse.SUPPRESS)
+    parser.add_argument("--history-ticks", type=int, help="ticks of history for the memory part")
+    args = parser.parse_args()
+    options = dict(QUICK if args.quick else FULL)
+    if args.history_ticks:
+        options["history_ticks"] = args.history_ticks
+
+    if args.memory_child:
+        memory_child(args.memory_child, options["history_ticks"])
+        return 0
+
+    def on_alarm(_signum, _frame):
+        raise TimeLimit(f"--time-limit of {args.time_limit:.0f} s reached")
+
+    def on_term(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.signal(signal.SIGTERM, on_term)
+    signal.setitimer(signal.ITIMER_REAL, args.time_limit)
+
+    import logging
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+
+    started = time.perf_counter()
+    results: dict = {
+        "quick": args.quick,
+        "options": options,
+        "machine": {
+            "cpus": os.cpu_count(),
+            "cpu_model": cpu_model(),
+            "python": platform.python_version(),
+            "kernel": f"{platform.system()} {platform.release()}",
+        },
+        "targets": TARGETS,
+    }
+    try:
+        with tempfile.TemporaryDirectory(prefix="hybridmon-bench-") as tmp:
+            workdir = Path(tmp)
+            host = build_scaled_host(workdir)
+            results["host"] = {"gpus": len(host.gpu_bus_ids), "gpu_bus_ids": list(host.gpu_bus_ids),
+                               "watched_processes": len(host.pids), "pids": list(host.pids),
+                               "throughput_delay_seconds": THROUGHPUT_DELAY_SECONDS}
+            print(f"scaled host in {host.root}: {len(host.gpu_bus_ids)} GPUs, {len(host.pids)} processes",
+                  flush=True)
+
+            print(f"tick: {options['ticks']} ticks ...", flush=True)
+            results["tick"], results["series"] = bench_ticks(host, options["ticks"], options["numa_runs"])
+
+            if "scrape" not in args.skip:
+                print(f"scrape: {options['scrapes']} scrapes of hybridmon and of node_exporter ...", flush=True)
+                results["scrape"] = bench_scrapes(host, workdir, options)
+
+            if "memory" not in args.skip:
+                print(f"memory: {options['history_ticks']} ticks in a fresh process ...", flush=True)
+                remaining = args.time_limit - (time.perf_counter() - started) - 10
+                results["memory"] = bench_memory(host, options["history_ticks"], max(10.0, remaining))
+    except TimeLimit as error:
+        print(f"agent_bench: {error}; everything started was stopped", file=sys.stderr)
+        return 1
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    results["seconds"] = round(time.perf_counter() - started, 1)
+
+    if args.json_out:
+        Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
+    print_report(results)
+    if args.json_out:
+        print(f"figures written to {args.json_out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
