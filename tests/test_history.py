@@ -60,3 +60,15 @@ def test_latest_is_the_last_commit():
     at, samples = history.latest()["process"]
     assert at == 2.0 and samples.value("hybridmon_test_resident_bytes", pid="1") == 9.0
     assert not math.isnan(samples.value("hybridmon_test_resident_bytes", pid="1"))
+
+
+def test_series_since_leaves_out_older_points_and_name_can_be_a_label():
+    spec = MetricSpec("hybridmon_test_threads", "test", "gauge", ("pid", "name"))
+    history = History(retention_seconds=10)
+    history.add_collector("process", 1.0)
+    for second in range(5):
+        samples = Samples()
+        samples.add(spec, float(second), "1", "vllm")
+        history.commit("process", float(second), samples)
+    (series,) = history.series("hybridmon_test_threads", since=3.0, name="vllm")
+    assert series.times == [3.0, 4.0] and series.labels == {"pid": "1", "name": "vllm"}

@@ -1,0 +1,212 @@
+"""Runs the detectors and keeps each finding's alert state, as Prometheus keeps an alert's.
+
+A finding whose condition holds is pending from the first evaluation that returns it; it fires
+once it has been returned at every evaluation for its `for_seconds` (0 fires at once), and
+resolves at the first evaluation that no longer returns it. A resolved finding is kept for
+`resolved_retention_seconds` so that a publisher can tell Alertmanager its endsAt; one that
+comes back after resolving is a new finding, pending again. A pending finding that stops is
+dropped without a trace, as Prometheus drops a pending alert.
+
+A detector that raises is counted and logged once; its findings keep the state they had (neither
+refreshed nor resolved), as Prometheus leaves a rule's alerts alone when its query fails, and
+the other detectors run as usual.
+
+The sampler thread calls evaluate(); HTTP handlers read firing()/pending()/resolved() at any
+time: every reader gets immutable snapshots.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, replace
+from typing import Callable, Literal, Sequence
+
+from agent.detectors.base import Detector, Finding
+from agent.history import History, SeriesHistory
+
+log = logging.getLogger(__name__)
+
+Change = Literal["firing", "resolved"]
+DEFAULT_RESOLVED_RETENTION_SECONDS = 15 * 60
+
+
+@dataclass(frozen=True)
+class FindingState:
+    """One finding's alert state: the latest finding for its key and when it changed state."""
+
+    finding: Finding
+    detector: str                       # the detector (thresholds section) that returned it
+    pending_since: float                # first evaluation of this run of the condition
+    firing_since: float | None = None
+    resolved_at: float | None = None
+    last_seen: float = 0.0              # last evaluation that returned it
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return self.finding.key
+
+    @property
+    def state(self) -> Literal["pending", "firing", "resolved"]:
+        if self.resolved_at is not None:
+            return "resolved"
+        return "firing" if self.firing_since is not None else "pending"
+
+    @property
+    def starts_at(self) -> float | None:
+        """Alertmanager's startsAt: when it started firing."""
+        return self.firing_since
+
+    @property
+    def ends_at(self) -> float | None:
+        """Alertmanager's endsAt: when it resolved; None while it fires."""
+        return self.resolved_at
+
+
+ChangeCallback = Callable[[FindingState, Change], None]
+
+
+class EvaluationView:
+    """The history as one evaluation sees it: each metric's series are read from History once
+    and shared by every detector that asks (several read GPU utilization, link state, gpu_info),
+    label filters applied here. Anything else is History's own."""
+
+    def __init__(self, history: History, since: float | None = None) -> None:
+        self._history = history
+        self._since = since
+        self._by_metric: dict[str, list[SeriesHistory]] = {}
+
+    def series(self, name: str, /, **labels: str) -> list[SeriesHistory]:
+        found = self._by_metric.get(name)
+        if found is None:
+            found = self._by_metric[name] = self._history.series(name, since=self._since)
+        if not labels:
+            return list(found)
+        return [s for s in found if all(s.labels.get(k) == v for k, v in labels.items())]
+
+    def __getattr__(self, attribute: str):
+        return getattr(self._history, attribute)
+
+
+class Engine:
+    """Evaluates `detectors` over `history` and keeps the state of every finding."""
+
+    def __init__(self, detectors: Sequence[Detector], history: History,
+                 clock: Callable[[], float] = time.time,
+                 resolved_retention_seconds: float = DEFAULT_RESOLVED_RETENTION_SECONDS,
+                 lookback_seconds: float | None = None) -> None:
+        self.detectors = tuple(detectors)
+        self.history = history
+        self.clock = clock
+        self.resolved_retention_seconds = resolved_retention_seconds
+        # The longest span any detector reads; copying older points out of the history is waste.
+        self.lookback_seconds = lookback_seconds
+        self.on_change: list[ChangeCallback] = []
+        self.evaluations = 0
+        self.last_evaluated_at: float | None = None
+        self.last_duration_seconds: float | None = None
+        self._detector_errors: dict[str, int] = {d.name: 0 for d in self.detectors}
+        self._logged_failures: set[str] = set()
+        self._states: dict[tuple, FindingState] = {}
+        self._lock = threading.Lock()            # guards the states and counters, held briefly
+        self._evaluating = threading.Lock()      # one evaluation at a time
+
+    @property
+    def detector_errors(self) -> dict[str, int]:
+        """Evaluations in which each detector raised, by detector name."""
+        with self._lock:
+            return dict(self._detector_errors)
+
+    def evaluate(self, now: float | None = None) -> list[FindingState]:
+        """Run every detector at `now` (default: the clock) and update the states; returns the
+        findings firing afterwards. on_change callbacks run after the update, in this thread."""
+        with self._evaluating:
+            now = self.clock() if now is None else now
+            started = time.perf_counter()
+            returned: dict[tuple, tuple[str, Finding]] = {}
+            failed: set[str] = set()
+            since = None if self.lookback_seconds is None else now - self.lookback_seconds
+            view = EvaluationView(self.history, since)
+            for detector in self.detectors:
+                try:
+                    findings = detector.evaluate(view, now)  # type: ignore[arg-type]
+                except Exception:
+                    failed.add(detector.name)
+                    self._detector_failed(detector.name)
+                    continue
+                for finding in findings:
+                    returned[finding.key] = (detector.name, finding)
+            with self._lock:
+                changes = self._update(now, returned, failed)
+                self.evaluations += 1
+                self.last_evaluated_at = now
+                self.last_duration_seconds = time.perf_counter() - started
+                firing = self._select("firing")
+            for state, change in changes:
+                for callback in list(self.on_change):
+                    try:
+                        callback(state, change)
+                    except Exception:
+                        log.exception("finding %s callback failed", change)
+            return firing
+
+    def _update(self, now: float, returned: dict[tuple, tuple[str, Finding]],
+                failed: set[str]) -> list[tuple[FindingState, Change]]:
+        changes: list[tuple[FindingState, Change]] = []
+        states: dict[tuple, FindingState] = {}
+        for key, state in self._states.items():
+            if key in returned:
+                continue
+            if state.state == "resolved":
+                if now - state.resolved_at <= self.resolved_retention_seconds:
+                    states[key] = state
+            elif state.detector in failed:
+                states[key] = state
+            elif state.state == "firing":
+                resolved = replace(state, resolved_at=now)
+                states[key] = resolved
+                changes.append((resolved, "resolved"))
+            # a pending finding whose condition stopped is dropped
+        for key, (detector, finding) in returned.items():
+            old = self._states.get(key)
+            if old is None or old.state == "resolved":
+                state = FindingState(finding, detector, pending_since=now, last_seen=now)
+            else:
+                state = replace(old, finding=finding, detector=detector, last_seen=now)
+            if state.firing_since is None and now - state.pending_since >= finding.for_seconds:
+                state = replace(state, firing_since=now)
+                changes.append((state, "firing"))
+            states[key] = state
+        self._states = states
+        return changes
+
+    def _detector_failed(self, name: str) -> None:
+        with self._lock:
+            self._detector_errors[name] = self._detector_errors.get(name, 0) + 1
+            first = name not in self._logged_failures
+            self._logged_failures.add(name)
+        if first:
+            log.exception("detector %s failed; its findings keep their state until it works "
+                          "again (logged once, counted in detector_errors)", name)
+
+    def _select(self, state: str) -> list[FindingState]:
+        return sorted((s for s in self._states.values() if s.state == state),
+                      key=lambda s: (s.finding.alertname, s.key[1]))
+
+    def firing(self) -> list[FindingState]:
+        with self._lock:
+            return self._select("firing")
+
+    def pending(self) -> list[FindingState]:
+        with self._lock:
+            return self._select("pending")
+
+    def resolved(self) -> list[FindingState]:
+        """Resolved findings still within resolved_retention_seconds."""
+        with self._lock:
+            return self._select("resolved")
+
+    def states(self) -> list[FindingState]:
+        """Every finding the engine holds: pending, firing and recently resolved."""
+        with self._lock:
+            return sorted(self._states.values(), key=lambda s: (s.finding.alertname, s.key[1]))

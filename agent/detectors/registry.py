@@ -1,0 +1,43 @@
+"""Every detector, built from the thresholds: the one list the agent, `check` and the tests use."""
+from __future__ import annotations
+
+from agent.detectors.base import Detector, Thresholds
+from agent.detectors.host_config import HostConfigDetector
+from agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
+from agent.detectors.memory import MemoryGrowthDetector
+from agent.detectors.numa import NumaMisplacementDetector
+from agent.detectors.pcie import CapacityLookup, PcieLinkDegradedDetector, PcieStarvationDetector
+from agent.detectors.pcie_errors import GpuLostDetector, PcieErrorsDetector
+from agent.detectors.swap import SwapThrashDetector
+
+
+def all_detectors(thresholds: Thresholds, capacity: CapacityLookup | None = None) -> list[Detector]:
+    """One detector per thresholds section, in a stable order. `capacity` (GPU uuid -> measured
+    bytes/s per direction, or None) replaces the theoretical link capacity for starvation."""
+    return [
+        PcieStarvationDetector(thresholds.pcie_starvation, capacity=capacity),
+        PcieLinkDegradedDetector(thresholds.pcie_link_degraded),
+        PcieErrorsDetector(thresholds.pcie_errors),
+        GpuLostDetector(thresholds.gpu_lost),
+        SwapThrashDetector(thresholds.swap_thrash),
+        MemoryGrowthDetector(thresholds.memory_growth),
+        NumaMisplacementDetector(thresholds.numa_misplacement),
+        GpuMemoryHeadroomDetector(thresholds.gpu_memory_headroom),
+        HostConfigDetector(thresholds.host_config),
+    ]
+
+
+def all_alertnames(detectors: list[Detector]) -> list[str]:
+    """Every alertname the detectors can return (one runbook each), sorted."""
+    return sorted({name for detector in detectors for name in detector.alertnames})
+
+
+def lookback_seconds(thresholds: Thresholds) -> float:
+    """The longest span of history any detector reads, plus a minute for its 1-minute averages."""
+    return 60.0 + max(
+        thresholds.memory_growth.window_seconds,
+        thresholds.gpu_memory_headroom.trend_window_seconds,
+        thresholds.pcie_errors.window_seconds,
+        thresholds.pcie_starvation.for_seconds,
+        thresholds.pcie_link_degraded.for_seconds,
+    )

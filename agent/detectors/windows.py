@@ -1,0 +1,184 @@
+"""Pure helpers over SeriesHistory: the PromQL functions the detectors need, computed in the agent.
+
+Every window is closed at both ends, [now - window, now], and only points inside it count, so a
+detector asked about the past (a replayed trace) never sees the future. The equivalents:
+
+- `avg_over_time(series, now, 60)`   avg_over_time(x[1m])
+- `latest(series, now)`              an instant selector `x` (the last point at most a minute old)
+- `rate(series, now, 60)`            rate(x[1m]); a drop is a counter reset, as in Prometheus
+- `increase(series, now, w)`         increase(x[w]) without extrapolation
+- `theil_sen_slope(times, values)`   deriv(x[w]), but robust: the median of pairwise slopes,
+                                     where deriv() is a least-squares fit that one spike can tilt
+- `seconds_until(current, slope, limit)`  predict_linear solved for the time the limit is reached
+
+rate() here divides the increase by the time between the first and last point in the window;
+Prometheus extrapolates the increase to the window's edges and divides by the window, which gives
+the same per-second rate when samples cover the window.
+"""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from typing import Iterable, Sequence
+
+from agent.history import SeriesHistory
+
+AVERAGE_SECONDS = 60.0
+"""Gauges are compared as their average over this window, counters as their rate over it."""
+INSTANT_LOOKBACK_SECONDS = 60.0
+"""A state gauge's current value is its last point at most this old; older means absent."""
+TREND_POINTS = 300
+"""Theil-Sen looks at most at this many points (n^2/2 pairwise slopes), picked evenly in time."""
+
+
+def window(series: SeriesHistory, now: float, seconds: float) -> tuple[list[float], list[float]]:
+    """The times and values of `series` in [now - seconds, now]."""
+    start = bisect_left(series.times, now - seconds)
+    end = bisect_right(series.times, now)
+    return series.times[start:end], series.values[start:end]
+
+
+def window_since(series: SeriesHistory, now: float, seconds: float,
+                 since: float | None) -> tuple[list[float], list[float]]:
+    """As `window`, starting no earlier than `since` (e.g. a process's restart) when given."""
+    start_time = now - seconds if since is None else max(now - seconds, since)
+    return window(series, now, now - start_time)
+
+
+def avg_over_time(series: SeriesHistory, now: float,
+                  seconds: float = AVERAGE_SECONDS) -> float | None:
+    """Mean of the points in the window; None when there are none (the series is absent)."""
+    _, values = window(series, now, seconds)
+    return sum(values) / len(values) if values else None
+
+
+def latest(series: SeriesHistory, now: float,
+           lookback: float = INSTANT_LOOKBACK_SECONDS) -> float | None:
+    """The last value at or before `now`, if it is at most `lookback` seconds old."""
+    end = bisect_right(series.times, now)
+    if end == 0 or now - series.times[end - 1] > lookback:
+        return None
+    return series.values[end - 1]
+
+
+def counter_increase(values: Sequence[float]) -> float:
+    """Increase over consecutive counter readings; a drop means the counter restarted from 0."""
+    total = 0.0
+    for previous, current in zip(values, values[1:]):
+        total += current - previous if current >= previous else current
+    return total
+
+
+def increase(series: SeriesHistory, now: float, seconds: float) -> float | None:
+    """Counter increase across the points in the window; None with fewer than two points."""
+    _, values = window(series, now, seconds)
+    if len(values) < 2:
+        return None
+    return counter_increase(values)
+
+
+def rate(series: SeriesHistory, now: float, seconds: float = AVERAGE_SECONDS) -> float | None:
+    """Per-second counter rate over the window, resets handled; None with fewer than two points
+    (a series that appeared or came back from a gap has no rate yet)."""
+    times, values = window(series, now, seconds)
+    if len(values) < 2 or times[-1] <= times[0]:
+        return None
+    return counter_increase(values) / (times[-1] - times[0])
+
+
+def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AVERAGE_SECONDS,
+               seconds: float = AVERAGE_SECONDS) -> tuple[list[float], list[float]]:
+    """rate(x[seconds]) evaluated every `step` from `end` back to `start`, oldest first, leaving
+    out steps without a rate: PromQL's `rate(x[1m])[w:1m]` subquery."""
+    times: list[float] = []
+    values: list[float] = []
+    at = end
+    while at >= start + seconds:
+        value = rate(series, at, seconds)
+        if value is not None:
+            times.append(at)
+            values.append(value)
+        at -= step
+    times.reverse()
+    values.reverse()
+    return times, values
+
+
+def evenly(count: int, at_most: int) -> list[int]:
+    """Up to `at_most` indices of range(count), evenly spread, first and last included."""
+    if count <= at_most:
+        return list(range(count))
+    if at_most < 2:
+        return [count - 1] if at_most == 1 else []
+    return sorted({round(k * (count - 1) / (at_most - 1)) for k in range(at_most)})
+
+
+def theil_sen_slope(times: Sequence[float], values: Sequence[float],
+                    max_points: int = TREND_POINTS) -> float | None:
+    """Median of the slopes between every pair of points (units of value per second).
+
+    Robust to outliers: up to 29 % of the points can be anything without moving it. With more
+    than `max_points` points, evenly spaced ones are used (deterministic), bounding the O(n^2)
+    work. None with fewer than two points at distinct times.
+    """
+    picked = evenly(len(times), max_points)
+    xs = [times[i] for i in picked]
+    ys = [values[i] for i in picked]
+    slopes = [
+        (ys[j] - ys[i]) / (xs[j] - xs[i])
+        for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]
+    ]
+    if not slopes:
+        return None
+    slopes.sort()
+    middle = len(slopes) // 2
+    return slopes[middle] if len(slopes) % 2 else (slopes[middle - 1] + slopes[middle]) / 2
+
+
+def seconds_until(current: float, slope_per_second: float | None, limit: float) -> float:
+    """Time until a value growing linearly from `current` reaches `limit`: 0 when it already has,
+    infinity when it does not grow."""
+    if current >= limit:
+        return 0.0
+    if slope_per_second is None or slope_per_second <= 0:
+        return math.inf
+    return (limit - current) / slope_per_second
+
+
+def first_of_latest_run(series: SeriesHistory, now: float, tolerance: float = 0.5) -> float | None:
+    """Time of the first point of the run of (nearly) equal values that ends with the latest one
+    at or before `now`: where a process's start time last changed, i.e. it restarted under the
+    same pid. None for an empty series."""
+    end = bisect_right(series.times, now)
+    if end == 0:
+        return None
+    value = series.values[end - 1]
+    first = end - 1
+    while first > 0 and abs(series.values[first - 1] - value) <= tolerance:
+        first -= 1
+    return series.times[first]
+
+
+def by_labels(series: Iterable[SeriesHistory], *names: str) -> dict[tuple[str, ...], SeriesHistory]:
+    """Series keyed by the values of the given labels (the entity); the last one wins on a tie."""
+    return {tuple(s.labels.get(name, "") for name in names): s for s in series}
+
+
+def group_by(series: Iterable[SeriesHistory],
+             *names: str) -> dict[tuple[str, ...], list[SeriesHistory]]:
+    """Series grouped by the values of the given labels, e.g. a GPU's two PCIe directions."""
+    groups: dict[tuple[str, ...], list[SeriesHistory]] = {}
+    for one in series:
+        groups.setdefault(tuple(one.labels.get(name, "") for name in names), []).append(one)
+    return groups
+
+
+def summed(series: Sequence[SeriesHistory]) -> tuple[list[float], list[float]]:
+    """Point-wise sum at each time any of the series has a point (absent ones count as 0): one
+    process's memory over several GPUs, sampled by the same collector at the same ticks."""
+    totals: dict[float, float] = {}
+    for one in series:
+        for time, value in zip(one.times, one.values):
+            totals[time] = totals.get(time, 0.0) + value
+    times = sorted(totals)
+    return times, [totals[t] for t in times]

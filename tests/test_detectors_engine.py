@@ -1,0 +1,221 @@
+import logging
+import threading
+
+import pytest
+
+from agent.detectors.base import Finding
+from agent.detectors.engine import Engine
+from agent.history import History
+
+
+def finding(alertname="TestAlert", for_seconds=120.0, value=1.0, **labels):
+    return Finding(alertname=alertname, severity="warning", labels=labels or {"gpu": "0"},
+                   value=value, threshold=0.5, summary="s", description="d",
+                   for_seconds=for_seconds)
+
+
+class Scripted:
+    """A detector whose findings the test sets before each evaluation."""
+
+    def __init__(self, name="scripted"):
+        self.name = name
+        self.alertnames = ("TestAlert",)
+        self.findings = []
+        self.calls = []
+
+    def evaluate(self, history, now):
+        self.calls.append(now)
+        return list(self.findings)
+
+
+class Broken:
+    name = "broken"
+    alertnames = ("BrokenAlert",)
+
+    def __init__(self):
+        self.fail = True
+
+    def evaluate(self, history, now):
+        if self.fail:
+            raise ZeroDivisionError("bad arithmetic")
+        return [finding("BrokenAlert", for_seconds=0, node="0")]
+
+
+def engine_with(*detectors, **kwargs):
+    engine = Engine(list(detectors), History(60), **kwargs)
+    changes = []
+    engine.on_change.append(lambda state, change: changes.append((change, state.key, state)))
+    return engine, changes
+
+
+def test_pending_fires_after_for_seconds():
+    detector = Scripted()
+    engine, changes = engine_with(detector)
+    detector.findings = [finding(for_seconds=120)]
+    for now in (1000, 1060, 1119):
+        assert engine.evaluate(now) == []
+        (pending,) = engine.pending()
+        assert pending.pending_since == 1000 and pending.state == "pending"
+        assert pending.starts_at is None
+    assert changes == []
+    (firing,) = engine.evaluate(1120)
+    assert firing.state == "firing" and firing.starts_at == 1120 and firing.ends_at is None
+    assert engine.pending() == [] and engine.firing() == [firing]
+    assert [c[0] for c in changes] == ["firing"]
+    engine.evaluate(1180)
+    assert len(changes) == 1, "a finding that keeps firing is announced once"
+    assert engine.evaluations == 5
+
+
+def test_zero_for_fires_on_the_first_evaluation():
+    detector = Scripted()
+    engine, changes = engine_with(detector)
+    detector.findings = [finding(for_seconds=0)]
+    (firing,) = engine.evaluate(5)
+    assert firing.firing_since == 5 and firing.pending_since == 5
+    assert changes[0][0] == "firing"
+
+
+def test_resolution_sets_ends_at_and_is_kept_for_the_retention():
+    detector = Scripted()
+    engine, changes = engine_with(detector, resolved_retention_seconds=900)
+    detector.findings = [finding(for_seconds=0, value=3.0)]
+    engine.evaluate(100)
+    detector.findings = [finding(for_seconds=0, value=7.0)]
+    (firing,) = engine.evaluate(110)
+    assert firing.finding.value == 7.0 and firing.starts_at == 100
+    detector.findings = []
+    assert engine.evaluate(200) == []
+    (resolved,) = engine.resolved()
+    assert resolved.state == "resolved"
+    assert (resolved.starts_at, resolved.ends_at) == (100, 200)
+    assert resolved.finding.value == 7.0
+    assert [c[0] for c in changes] == ["firing", "resolved"]
+    assert changes[1][2] == resolved
+    engine.evaluate(1100)
+    assert engine.resolved() == [resolved]
+    engine.evaluate(1101)
+    assert engine.resolved() == [] and engine.states() == []
+
+
+def test_a_resolved_finding_that_comes_back_is_new():
+    detector = Scripted()
+    engine, changes = engine_with(detector)
+    detector.findings = [finding(for_seconds=60)]
+    engine.evaluate(0)
+    engine.evaluate(60)
+    detector.findings = []
+    engine.evaluate(70)
+    detector.findings = [finding(for_seconds=60)]
+    engine.evaluate(80)
+    (pending,) = engine.pending()
+    assert pending.pending_since == 80 and pending.firing_since is None
+    assert engine.resolved() == []
+    (firing,) = engine.evaluate(140)
+    assert firing.starts_at == 140
+    assert [c[0] for c in changes] == ["firing", "resolved", "firing"]
+
+
+def test_a_pending_finding_whose_condition_stops_is_dropped_silently():
+    detector = Scripted()
+    engine, changes = engine_with(detector)
+    detector.findings = [finding(for_seconds=120)]
+    engine.evaluate(0)
+    engine.evaluate(60)
+    detector.findings = []
+    engine.evaluate(90)
+    assert engine.pending() == [] and engine.resolved() == [] and engine.firing() == []
+    assert changes == []
+    detector.findings = [finding(for_seconds=120)]
+    engine.evaluate(100)
+    engine.evaluate(200)
+    assert engine.firing() == [], "the for clock starts again"
+    assert engine.evaluate(220) != []
+
+
+def test_findings_are_keyed_by_alertname_and_labels():
+    detector = Scripted()
+    engine, _ = engine_with(detector)
+    detector.findings = [finding(for_seconds=0, gpu="0"), finding(for_seconds=0, gpu="1")]
+    engine.evaluate(0)
+    detector.findings = [finding(for_seconds=0, gpu="1")]
+    engine.evaluate(10)
+    assert [s.finding.labels for s in engine.firing()] == [{"gpu": "1"}]
+    assert [s.finding.labels for s in engine.resolved()] == [{"gpu": "0"}]
+
+
+def test_a_raising_detector_is_isolated_counted_and_logged_once(caplog):
+    good = Scripted("good")
+    broken = Broken()
+    engine, _ = engine_with(broken, good)
+    good.findings = [finding(for_seconds=0)]
+    with caplog.at_level(logging.ERROR, logger="agent.detectors.engine"):
+        engine.evaluate(0)
+        engine.evaluate(10)
+    assert good.calls == [0, 10]
+    assert [s.detector for s in engine.firing()] == ["good"]
+    assert engine.detector_errors == {"broken": 2, "good": 0}
+    failures = [r for r in caplog.records if "broken" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].exc_info is not None
+
+
+def test_a_failing_detector_keeps_its_findings_as_they_were():
+    broken = Broken()
+    broken.fail = False
+    engine, changes = engine_with(broken)
+    engine.evaluate(0)
+    assert len(engine.firing()) == 1
+    broken.fail = True
+    engine.evaluate(10)
+    assert len(engine.firing()) == 1 and engine.resolved() == []
+    broken.fail = False
+    engine.evaluate(20)
+    (state,) = engine.firing()
+    assert state.starts_at == 0 and [c[0] for c in changes] == ["firing"]
+
+
+def test_a_raising_callback_does_not_stop_evaluation():
+    detector = Scripted()
+    engine, changes = engine_with(detector)
+    engine.on_change.insert(0, lambda state, change: 1 / 0)
+    detector.findings = [finding(for_seconds=0)]
+    assert len(engine.evaluate(0)) == 1
+    assert len(changes) == 1
+
+
+def test_the_clock_supplies_now():
+    detector = Scripted()
+    engine = Engine([detector], History(60), clock=lambda: 1234.5)
+    detector.findings = [finding(for_seconds=0)]
+    (state,) = engine.evaluate()
+    assert detector.calls == [1234.5] and state.starts_at == 1234.5
+    assert engine.last_evaluated_at == 1234.5
+
+
+def test_readers_on_another_thread_see_consistent_snapshots():
+    detector = Scripted()
+    engine = Engine([detector], History(60))
+    stop = threading.Event()
+    problems = []
+
+    def read():
+        while not stop.is_set():
+            try:
+                for state in engine.firing():
+                    assert state.state == "firing" and state.starts_at is not None
+                for state in engine.resolved():
+                    assert state.ends_at is not None
+            except Exception as error:  # pragma: no cover - reported below
+                problems.append(error)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for step in range(2000):
+            detector.findings = [finding(for_seconds=0, gpu=str(g)) for g in range(step % 7)]
+            engine.evaluate(float(step))
+    finally:
+        stop.set()
+        reader.join()
+    assert problems == []
+    assert engine.evaluations == 2000

@@ -1,0 +1,171 @@
+"""Synthetic histories for the detector tests, built from the collectors' own MetricSpecs so that
+metric names and labels are exactly the ones the agent records. (No tests in here.)"""
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+from agent.detectors.base import load_thresholds
+from agent.history import History
+from exporters import gpu, host_memory, numa, pcie, pressure, process
+from exporters.base import MetricSpec, Samples
+
+T0 = 1_700_000_000.0
+THRESHOLDS = load_thresholds()
+COLLECTORS = ("gpu", "host_memory", "pressure", "process", "process_numa", "numa", "pcie")
+GIB = 2**30
+MIB = 2**20
+
+Row = tuple  # (MetricSpec, value, *label values)
+
+
+class Trace:
+    """A History filled tick by tick; each collector commits the rows a function gives for t."""
+
+    def __init__(self, retention_seconds: float = 7200.0, interval_seconds: float = 1.0) -> None:
+        self.history = History(retention_seconds)
+        for name in COLLECTORS:
+            self.history.add_collector(name, interval_seconds)
+
+    def commit(self, collector: str, time: float, rows: Iterable[Row]) -> None:
+        samples = Samples()
+        for spec, value, *labels in rows:
+            samples.add(spec, value, *labels)
+        self.history.commit(collector, time, samples)
+
+    def run(self, start: float, end: float, step: float = 1.0,
+            **collectors: Callable[[float], Iterable[Row]]) -> float:
+        """Commit every collector at start, start + step, ... up to end; returns the last tick."""
+        tick = 0
+        time = start
+        while time <= end + 1e-9:
+            for name, rows in collectors.items():
+                self.commit(name, time, rows(time))
+            tick += 1
+            time = start + tick * step
+        return start + (tick - 1) * step
+
+
+def gpu_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, up: float | None = 1,
+             utilization: float | None = 0.9, h2d: float | None = 1e9, d2h: float | None = 1e9,
+             generation: float | None = 4, max_generation: float | None = 4,
+             width: float | None = 16, max_width: float | None = 16,
+             used: float | None = 10 * GIB, total: float | None = 24 * GIB,
+             replays: float | None = None, numa_node: float | None = None,
+             pci_bus_id: str = "0000:17:00.0",
+             processes: dict[str, tuple[str, float]] | None = None) -> list[Row]:
+    """One GPU's series in one tick; None leaves a series out (unsupported)."""
+    labels = (gpu_index, uuid)
+    rows: list[Row] = [(gpu.GPU_INFO, 1, gpu_index, uuid, "NVIDIA Test", pci_bus_id, "550.54")]
+    rows.append((gpu.GPU_UP, up, *labels))
+    if up == 0:
+        return rows
+    rows += [
+        (gpu.UTILIZATION, utilization, *labels),
+        (gpu.PCIE_THROUGHPUT, h2d, *labels, "host_to_device"),
+        (gpu.PCIE_THROUGHPUT, d2h, *labels, "device_to_host"),
+        (gpu.PCIE_LINK_GENERATION, generation, *labels),
+        (gpu.PCIE_LINK_MAX_GENERATION, max_generation, *labels),
+        (gpu.PCIE_LINK_WIDTH, width, *labels),
+        (gpu.PCIE_LINK_MAX_WIDTH, max_width, *labels),
+        (gpu.MEMORY_USED, used, *labels),
+        (gpu.MEMORY_TOTAL, total, *labels),
+        (gpu.PCIE_REPLAYS, replays, *labels),
+        (gpu.NUMA_NODE, numa_node, *labels),
+    ]
+    for pid, (name, used_bytes) in (processes or {}).items():
+        rows.append((gpu.PROCESS_MEMORY_USED, used_bytes, *labels, pid, name))
+    return rows
+
+
+def host_memory_rows(*, swap_in: float = 0.0, swap_out: float = 0.0, major_faults: float = 0.0,
+                     memory_total: float = 64 * GIB, memory_available: float | None = 32 * GIB,
+                     swap_total: float = 8 * GIB, swap_free: float | None = None,
+                     swappiness: float | None = 60, dirty_ratio: float | None = 20,
+                     numa_balancing: float | None = 0, thp_enabled: str | None = "madvise"
+                     ) -> list[Row]:
+    """Host memory figures; swap_in/swap_out/major_faults are the counters' current values."""
+    rows: list[Row] = [
+        (host_memory.SWAP_IN_BYTES, swap_in),
+        (host_memory.SWAP_OUT_BYTES, swap_out),
+        (host_memory.MAJOR_PAGE_FAULTS, major_faults),
+        (host_memory.PAGE_FAULTS, major_faults * 10),
+        (host_memory.MEMORY_TOTAL, memory_total),
+        (host_memory.MEMORY_AVAILABLE, memory_available),
+        (host_memory.SWAP_TOTAL, swap_total),
+        (host_memory.SWAP_FREE, swap_total if swap_free is None else swap_free),
+        (host_memory.SYSCTL_VALUE, swappiness, "vm.swappiness"),
+        (host_memory.SYSCTL_VALUE, dirty_ratio, "vm.dirty_ratio"),
+        (host_memory.SYSCTL_VALUE, numa_balancing, "kernel.numa_balancing"),
+    ]
+    if thp_enabled is not None:
+        rows.append((host_memory.TRANSPARENT_HUGEPAGE_MODE, 1, "enabled", thp_enabled))
+    return rows
+
+
+def pressure_rows(memory_some_seconds: float) -> list[Row]:
+    return [(pressure.STALLED_SECONDS, memory_some_seconds, "memory", "some"),
+            (pressure.STALLED_SECONDS, memory_some_seconds / 2, "memory", "full")]
+
+
+def process_rows(pid: str, name: str, *, start_time: float = T0 - 86400, resident: float = 8 * GIB,
+                 swap: float = 0.0, locked: float = 0.0, pinned: float | None = 0.0,
+                 cpu_seconds: float = 0.0, minor_faults: float = 0.0, major_faults: float = 0.0,
+                 memlock_limit: float | None = 8 * MIB, allowed_cpus: float = 32) -> list[Row]:
+    labels = (pid, name)
+    return [
+        (process.RESIDENT, resident, *labels),
+        (process.SWAP, swap, *labels),
+        (process.LOCKED, locked, *labels),
+        (process.PINNED, pinned, *labels),
+        (process.ALLOWED_CPUS, allowed_cpus, *labels),
+        (process.CPU_SECONDS, cpu_seconds, *labels),
+        (process.MINOR_FAULTS, minor_faults, *labels),
+        (process.MAJOR_FAULTS, major_faults, *labels),
+        (process.START_TIME, start_time, *labels),
+        (process.MEMLOCK_LIMIT, memlock_limit, *labels),
+        (process.INFO, 1, *labels, f"/usr/bin/{name}", "gpu"),
+    ]
+
+
+def numa_rows(nodes: int = 2, cpus_per_node: float = 16) -> list[Row]:
+    rows: list[Row] = []
+    for node in range(nodes):
+        rows += [(numa.NODE_CPUS, cpus_per_node, str(node)),
+                 (numa.NODE_MEMORY_TOTAL, 32 * GIB, str(node)),
+                 (numa.NODE_MEMORY_FREE, 16 * GIB, str(node))]
+    return rows
+
+
+def process_numa_rows(pid: str, name: str, *, cpus: dict[str, float],
+                      resident: dict[str, float]) -> list[Row]:
+    rows: list[Row] = []
+    for node, count in cpus.items():
+        rows.append((numa.PROCESS_ALLOWED_CPUS_ON_NODE, count, pid, name, node))
+    for node, size in resident.items():
+        rows.append((numa.PROCESS_NUMA_RESIDENT, size, pid, name, node))
+    return rows
+
+
+def pcie_rows(pci_bus_id: str = "0000:17:00.0", *, present: float | None = 1,
+              numa_node: float | None = None, aer: dict[str, float] | None = None) -> list[Row]:
+    rows: list[Row] = [(pcie.DEVICE_PRESENT, present, pci_bus_id),
+                       (pcie.DEVICE_NUMA_NODE, numa_node, pci_bus_id)]
+    for severity, count in (aer or {}).items():
+        rows.append((pcie.AER_ERRORS, count, pci_bus_id, severity))
+    return rows
+
+
+def alertnames(findings) -> list[str]:
+    return sorted(f.alertname for f in findings)
+
+
+def only(findings, alertname: str, **labels: str):
+    """The one finding with this alertname whose labels include `labels`."""
+    matching = [f for f in findings if f.alertname == alertname
+                and all(f.labels.get(k) == v for k, v in labels.items())]
+    assert len(matching) == 1, f"expected one {alertname} {labels}, got {findings}"
+    return matching[0]
+
+
+def spec_names(*specs: MetricSpec) -> set[str]:
+    return {spec.name for spec in specs}

@@ -1,0 +1,111 @@
+import math
+import random
+
+import pytest
+
+from agent.detectors import windows
+from agent.history import SeriesHistory
+
+
+def series(times, values, **labels):
+    return SeriesHistory("hybridmon_test", labels, list(map(float, times)), list(map(float, values)))
+
+
+def test_window_is_closed_at_both_ends_and_ignores_the_future():
+    s = series(range(100, 111), range(11))
+    times, values = windows.window(s, now=105, seconds=3)
+    assert times == [102.0, 103.0, 104.0, 105.0] and values == [2.0, 3.0, 4.0, 5.0]
+
+
+def test_avg_over_time_uses_the_last_minute_only():
+    s = series(range(0, 121), [100.0] * 60 + [0.0] * 61)
+    assert windows.avg_over_time(s, now=120) == 0.0
+    assert windows.avg_over_time(s, now=89) == pytest.approx(31 * 100.0 / 61)  # t=29..59 at 100, 60..89 at 0
+    assert windows.avg_over_time(s, now=500) is None
+
+
+def test_latest_is_absent_once_older_than_the_lookback():
+    s = series([0, 10, 20], [1, 2, 3])
+    assert windows.latest(s, now=25) == 3.0
+    assert windows.latest(s, now=15) == 2.0
+    assert windows.latest(s, now=81) is None
+
+
+def test_rate_is_increase_over_the_sampled_span():
+    s = series(range(0, 61), [10 * t for t in range(61)])
+    assert windows.rate(s, now=60) == pytest.approx(10.0)
+
+
+def test_rate_counts_a_drop_as_a_restart_from_zero():
+    # 0..30 at +5/s, restart, then 0..145 at +5/s: increase 150 + 145 over 59 s
+    values = [5 * t for t in range(31)] + [5 * t for t in range(30)]
+    s = series(range(0, 61), values)
+    assert windows.rate(s, now=60, seconds=60) == pytest.approx((150 + 0 + 145) / 60)
+
+
+def test_rate_needs_two_points_in_the_window():
+    s = series([0, 100], [0, 1000])
+    assert windows.rate(s, now=100, seconds=60) is None
+    assert windows.rate(s, now=100, seconds=100) == pytest.approx(10.0)
+    assert windows.increase(series([5], [3]), now=5, seconds=60) is None
+
+
+def test_rate_across_a_gap_spans_the_points_that_exist():
+    s = series([0, 1, 2, 40, 41], [0, 2, 4, 80, 82])
+    assert windows.rate(s, now=41) == pytest.approx(2.0)
+
+
+def test_rate_steps_is_a_minute_by_minute_rate():
+    s = series(range(0, 601), [t * t / 100 for t in range(601)])
+    times, rates = windows.rate_steps(s, 0, 600)
+    assert times == [60.0 * k for k in range(1, 11)]
+    assert rates[0] < rates[-1]
+    assert rates[-1] == pytest.approx((600**2 - 540**2) / 100 / 60)
+
+
+def test_theil_sen_ignores_outliers_that_tilt_least_squares():
+    times = list(range(100))
+    values = [2.0 * t + 5 for t in times]
+    for spike in (10, 40, 70, 95):
+        values[spike] = 10_000.0
+    assert windows.theil_sen_slope(times, values) == pytest.approx(2.0)
+
+
+def test_theil_sen_subsamples_long_series_deterministically():
+    rng = random.Random(7)
+    times = list(range(5000))
+    values = [0.5 * t + rng.gauss(0, 3) for t in times]
+    first = windows.theil_sen_slope(times, values, max_points=120)
+    assert first == windows.theil_sen_slope(times, values, max_points=120)
+    assert first == pytest.approx(0.5, rel=0.02)
+    assert windows.evenly(5000, 120)[0] == 0 and windows.evenly(5000, 120)[-1] == 4999
+    assert len(windows.evenly(5000, 120)) == 120
+
+
+def test_theil_sen_needs_two_distinct_times():
+    assert windows.theil_sen_slope([1.0], [1.0]) is None
+    assert windows.theil_sen_slope([1.0, 1.0], [1.0, 5.0]) is None
+
+
+def test_seconds_until_a_limit():
+    assert windows.seconds_until(10, 2, 30) == 10
+    assert windows.seconds_until(30, 2, 30) == 0
+    assert windows.seconds_until(10, 0, 30) == math.inf
+    assert windows.seconds_until(10, -1, 30) == math.inf
+
+
+def test_first_of_latest_run_finds_a_restart_under_the_same_pid():
+    s = series(range(10), [500.0] * 6 + [900.0] * 4)
+    assert windows.first_of_latest_run(s, now=9) == 6.0
+    assert windows.first_of_latest_run(s, now=4) == 0.0
+    assert windows.first_of_latest_run(series([], []), now=4) is None
+
+
+def test_grouping_and_summing_by_entity():
+    a = series([0, 1, 2], [1, 1, 1], gpu="0", pid="7")
+    b = series([1, 2], [10, 10], gpu="1", pid="7")
+    c = series([0], [5], gpu="0", pid="8")
+    groups = windows.group_by([a, b, c], "pid")
+    assert set(groups) == {("7",), ("8",)} and len(groups[("7",)]) == 2
+    assert windows.summed(groups[("7",)]) == ([0.0, 1.0, 2.0], [1.0, 11.0, 11.0])
+    assert windows.by_labels([a, b, c], "gpu", "pid")[("1", "7")] is b
