@@ -1,0 +1,1 @@
+"""Prometheus rules generated from the agent's thresholds (`python -m rules.generate`)."""

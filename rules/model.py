@@ -1,0 +1,69 @@
+"""What a generated rule file is made of: recording rules, alerting rules, groups."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rules.promql import duration
+from rules.templates import go_template, markers
+
+Query = tuple[str, tuple[str, ...]]  # PromQL with %q placeholders, the alert labels filling them
+
+
+@dataclass(frozen=True)
+class Recording:
+    record: str
+    expr: str
+
+    def to_dict(self) -> dict:
+        return {"record": self.record, "expr": self.expr}
+
+
+@dataclass(frozen=True)
+class Alert:
+    """One alerting rule. Several rules may share an alertname when severity or reason differ."""
+
+    alert: str
+    expr: str
+    for_seconds: float
+    severity: str
+    summary: str                    # annotation text with <markers> (rules.templates)
+    description: str
+    labels: dict[str, str] = field(default_factory=dict)   # static entity labels (reason, resource)
+    queries: dict[str, Query] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        used = markers(self.summary) | markers(self.description)
+        unknown = set(self.queries) - used
+        if unknown:
+            raise ValueError(f"{self.alert}: queries never used: {sorted(unknown)}")
+
+    def to_dict(self, runbook_base_url: str) -> dict:
+        return {
+            "alert": self.alert,
+            "expr": self.expr,
+            "for": duration(self.for_seconds),
+            "labels": {"severity": self.severity, **self.labels},
+            "annotations": {
+                "summary": go_template(self.summary, self.queries),
+                "description": go_template(self.description, self.queries),
+                "runbook_url": f"{runbook_base_url}/{self.alert}",
+            },
+        }
+
+
+@dataclass(frozen=True)
+class Group:
+    name: str
+    rules: tuple[Recording | Alert, ...]
+
+    def to_dict(self, runbook_base_url: str) -> dict:
+        return {
+            "name": self.name,
+            "rules": [
+                rule.to_dict(runbook_base_url) if isinstance(rule, Alert) else rule.to_dict()
+                for rule in self.rules
+            ],
+        }
+
+    def alerts(self) -> list[Alert]:
+        return [rule for rule in self.rules if isinstance(rule, Alert)]

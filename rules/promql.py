@@ -1,0 +1,120 @@
+"""PromQL building blocks shared by the rules and their tests: PCIe tables, durations, selectors.
+
+The PCIe tables are the ones the in-agent detectors use (the brief's "semantics shared by the
+detectors and the rules"): bytes per second per lane and direction at each generation's encoding,
+and each generation's raw line rate for DCGM's replay bound.
+"""
+from __future__ import annotations
+
+import math
+
+# Generation -> (PromQL literal, why). Bytes/s per lane per direction after line encoding.
+LANE_BYTES_PER_SECOND = {
+    1: ("250e6", "2.5 GT/s, 8b/10b"),
+    2: ("500e6", "5 GT/s, 8b/10b"),
+    3: ("984.6e6", "8 GT/s, 128b/130b"),
+    4: ("1969.2e6", "16 GT/s, 128b/130b"),
+    5: ("3938.5e6", "32 GT/s, 128b/130b"),
+    6: ("7563e6", "64 GT/s, 242B/256B FLIT"),
+}
+# Generation -> raw line rate per lane in bits/s, the rate DCGM's bit-error-rate bound scales with.
+LANE_LINE_RATE_BITS_PER_SECOND = {
+    1: ("2.5e9", "Gen1"),
+    2: ("5e9", "Gen2"),
+    3: ("8e9", "Gen3"),
+    4: ("16e9", "Gen4"),
+    5: ("32e9", "Gen5"),
+    6: ("64e9", "Gen6"),
+}
+
+TARGET = ("job", "instance")  # the labels every scraped series carries; host-level joins use them
+SLOPE_NOTE = "# bytes/s: median of the local least-squares slopes over the window (robust to one jump)\n"
+
+
+def by_generation(generation_metric: str, table: dict[int, tuple[str, str]], indent: str) -> str:
+    """A vector holding, per series of `generation_metric`, the table's value for its generation.
+
+    `(x == 4) * 0 + 1969.2e6` keeps the series (and its labels) whose generation is 4 and replaces
+    its value; `or` stacks the generations, which are disjoint.
+    """
+    width = max(len(f"({generation_metric} == {g}) * 0 + {v}") for g, (v, _) in table.items())
+    lines = []
+    for number, (generation, (value, why)) in enumerate(sorted(table.items())):
+        term = f"({generation_metric} == {generation}) * 0 + {value}"
+        lead = "  " if number == 0 else "or"
+        lines.append(f"{indent}{lead} {term.ljust(width)}  # Gen{generation}: {why}")
+    return "\n".join(lines)
+
+
+def lane_bytes_per_second(generation: int) -> float:
+    return float(LANE_BYTES_PER_SECOND[generation][0])
+
+
+def replay_bound_per_minute(bit_error_rate: float, generation: int, lanes: int) -> int:
+    """DCGM's bound, multiplied in the order the PromQL multiplies (same float result)."""
+    line_rate = float(LANE_LINE_RATE_BITS_PER_SECOND[generation][0])
+    return math.ceil(bit_error_rate * 60 * lanes * line_rate)
+
+
+def duration(seconds: float) -> str:
+    """A Prometheus duration in the largest unit that divides it: 120 -> 2m, 3600 -> 1h."""
+    milliseconds = round(seconds * 1000)
+    if milliseconds < 0 or abs(milliseconds - seconds * 1000) > 1e-6:
+        raise ValueError(f"{seconds} s is not a whole number of milliseconds")
+    if milliseconds == 0:
+        return "0s"
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if milliseconds % size == 0:
+            return f"{milliseconds // size}{unit}"
+    return f"{milliseconds}ms"
+
+
+def number(value: float) -> str:
+    """A PromQL literal for a threshold: integers without a fraction, others in shortest form."""
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def selector(metric: str, *label_names: str, **fixed: str) -> tuple[str, tuple[str, ...]]:
+    """`metric{job=%q,instance=%q,<label>=%q,...,<fixed>}` for a template query, and its labels."""
+    names = TARGET + label_names
+    matchers = [f"{name}=%q" for name in names] + [f'{name}="{value}"' for name, value in fixed.items()]
+    return f"{metric}{{{','.join(matchers)}}}", names
+
+
+def query(template: str, metric: str, *label_names: str, **fixed: str) -> tuple[str, tuple[str, ...]]:
+    """A template query: `template` with `{}` standing for the selector of `metric`."""
+    chosen, names = selector(metric, *label_names, **fixed)
+    return template.replace("{}", chosen), names
+
+
+def as_process_name(expr: str, *also_drop: str) -> str:
+    """Rename the process collector's `name` label to `process_name`, as on every process alert."""
+    dropped = ", ".join(("name",) + also_drop)
+    return (f"max without ({dropped}) (\n  label_replace(\n{indent(expr, 4)},\n"
+            f'    "process_name", "$1", "name", "(.*)"\n  )\n)')
+
+
+def indent(text: str, spaces: int) -> str:
+    pad = " " * spaces
+    return "\n".join(pad + line if line else line for line in text.splitlines())
+
+
+def robust_slope(series: str, window_seconds: float) -> str:
+    """Per-second slope of `series` over the window: the median of its 1-minute-spaced local
+    least-squares slopes, each over a sixth of the window.
+
+    A plain `deriv()` over the window is pulled up by one jump (a model load, a cache warm-up)
+    for as long as the jump stays in the window; the median of local slopes ignores it unless the
+    jump lasts a large part of the window. It is the PromQL stand-in for the agent's Theil-Sen
+    slope: both agree on steady growth and both ignore a single step.
+    """
+    local = duration(window_seconds / 6)
+    return f"quantile_over_time(0.5, deriv({series}[{local}])[{duration(window_seconds)}:1m])"
+
+
+def data_spans(series: str, window_seconds: float, at_least_seconds: float) -> str:
+    """True where `series` has a sample at least `at_least_seconds` old within the window."""
+    span = duration(max(window_seconds - at_least_seconds, 60))
+    return f"present_over_time({series}[{span}] offset {duration(at_least_seconds)})"
