@@ -82,6 +82,35 @@ class PcieConfig(_Strict):
     udev: bool = Field(default=True, description="discover devices and watch events through udev")
 
 
+class DetectorsConfig(_Strict):
+    enabled: bool = True
+    thresholds_file: str | None = Field(
+        default=None, description="None: the thresholds.toml shipped with hybridmon"
+    )
+    evaluation_interval_seconds: float = Field(default=10.0, gt=0, le=600)
+
+
+class AlertingConfig(_Strict):
+    alertmanager_urls: tuple[str, ...] = Field(
+        default=(), description="Alertmanager base URLs to push findings to directly (no Prometheus needed)"
+    )
+    push_interval_seconds: float = Field(default=30.0, ge=1, le=3600)
+    runbook_base_url: str | None = Field(
+        default=None, description="None: http://<listen>/runbooks, served by this agent"
+    )
+    labels: dict[str, str] = Field(
+        default={}, description="added to every pushed alert; 'host' defaults to the hostname"
+    )
+
+    @field_validator("alertmanager_urls")
+    @classmethod
+    def _http_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        for url in urls:
+            if not re.match(r"https?://[^/\s]+", url):
+                raise ValueError(f"{url!r} is not an http(s) URL")
+        return urls
+
+
 class AgentConfig(_Strict):
     listen: str = DEFAULT_LISTEN
     interval_seconds: float = Field(default=1.0, gt=0, le=60)
@@ -92,6 +121,8 @@ class AgentConfig(_Strict):
     process: ProcessConfig = ProcessConfig()
     pcie: PcieConfig = PcieConfig()
     collectors: dict[str, CollectorConfig] = {}
+    detectors: DetectorsConfig = DetectorsConfig()
+    alerting: AlertingConfig = AlertingConfig()
 
     @field_validator("listen")
     @classmethod

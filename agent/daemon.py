@@ -7,13 +7,19 @@ replay: collectors read a trace instead of the host; after its last record the s
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from pathlib import Path
 
 from pydantic import ValidationError
 
+from agent.alertmanager import AlertmanagerPusher
 from agent.config import AgentConfig
+from agent.detectors.base import load_thresholds
+from agent.detectors.engine import Engine
+from agent.detectors.registry import all_detectors, lookback_seconds
 from agent.exposition import Exposition
+from agent.findings import FindingsCollector
 from agent.history import History
 from agent.sampler import Sampler
 from agent.sources import LiveSource, RecordingSource, ReplaySource
@@ -45,7 +51,8 @@ class Agent:
         elif record_to:
             self.mode = "record"
             scheduled = build_collectors(config, lambda _name: RecordingSource())
-            self._recorder = TraceWriter(record_to, config.model_dump(mode="json"))
+            # Alerting settings can hold credentials in URLs and are not needed to replay.
+            self._recorder = TraceWriter(record_to, config.model_dump(mode="json", exclude={"alerting"}))
         else:
             self.mode = "live"
             live = LiveSource()
@@ -53,8 +60,38 @@ class Agent:
         self.history = History(config.history_seconds)
         self.sampler = Sampler(scheduled, self.history, config.interval_seconds, recorder=self._recorder)
         self.exposition = Exposition(self.history, self.sampler, self.mode)
+        self.thresholds = load_thresholds(config.detectors.thresholds_file)
+        self.engine = Engine(all_detectors(self.thresholds), self.history,
+                             lookback_seconds=lookback_seconds(self.thresholds))
+        self.exposition.health_registry.register(FindingsCollector(self.engine))
+        self.runbook_base_url = config.alerting.runbook_base_url or f"http://{config.listen}/runbooks"
+        self._last_evaluation: float | None = None
+        self._evaluation_lock = threading.Lock()
+        if config.detectors.enabled:
+            self.sampler.on_commit.append(self._maybe_evaluate)
+        self.pusher: AlertmanagerPusher | None = None
+        if config.alerting.alertmanager_urls and self.mode != "record":
+            self.pusher = AlertmanagerPusher(
+                self.engine, list(config.alerting.alertmanager_urls), self.runbook_base_url,
+                interval_seconds=config.alerting.push_interval_seconds,
+                extra_labels={"host": socket.gethostname(), **config.alerting.labels},
+            )
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def _maybe_evaluate(self, at: float) -> None:
+        """Evaluate the detectors at most once per evaluation interval of sample time (recorded
+        time in a replay, so a replayed incident raises its findings at the recorded moments)."""
+        if not self._evaluation_lock.acquire(blocking=False):
+            return
+        try:
+            interval = self.config.detectors.evaluation_interval_seconds
+            if self._last_evaluation is not None and at - self._last_evaluation < interval:
+                return
+            self._last_evaluation = at
+            self.engine.evaluate(at)
+        finally:
+            self._evaluation_lock.release()
 
     def start(self, replay_speed: float = 1.0) -> None:
         """Start sampling (or replaying) in a background thread."""
@@ -64,6 +101,8 @@ class Agent:
             target, args = self.sampler.run_forever, ()
         self._thread = threading.Thread(target=target, args=args, name="sampler", daemon=True)
         self._thread.start()
+        if self.pusher is not None:
+            self.pusher.start()
 
     def replay(self, speed: float = 1.0) -> int:
         """Feed the trace's records through the collectors, pacing by recorded time / speed.
@@ -103,6 +142,8 @@ class Agent:
         should then leave the process with os._exit, since Python would wait for that thread.
         """
         self._stop.set()
+        if self.pusher is not None:
+            self.pusher.stop()
         hung = self.sampler.stop(timeout)
         if hung:
             log.warning("collectors still running at shutdown, abandoned: %s", ", ".join(hung))
@@ -121,7 +162,10 @@ class Agent:
 def _config_from_trace(reader: TraceReader, current: AgentConfig) -> AgentConfig:
     """The collectors are rebuilt exactly as recorded; listening and logging stay as given now."""
     recorded = dict(reader.config)
-    recorded.update(listen=current.listen, log_level=current.log_level, history_seconds=current.history_seconds)
+    recorded.update(
+        listen=current.listen, log_level=current.log_level, history_seconds=current.history_seconds,
+        detectors=current.detectors.model_dump(), alerting=current.alerting.model_dump(),
+    )
     try:
         return AgentConfig.model_validate(recorded)
     except ValidationError as error:

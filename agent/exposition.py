@@ -120,7 +120,7 @@ class Exposition:
         self._cached: tuple[int, bytes] = (-1, b"")
         sampler.on_commit.append(self.invalidate)
 
-    def invalidate(self) -> None:
+    def invalidate(self, _at: float | None = None) -> None:
         self._generation += 1
 
     def samples_text(self) -> bytes:

@@ -75,7 +75,7 @@ class Sampler:
         self._log_once = LogOnce(log)
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(scheduled)), thread_name_prefix="collector")
         self._stop = threading.Event()
-        self.on_commit: list[Callable[[], None]] = []
+        self.on_commit: list[Callable[[float], None]] = []  # called with the commit's time
         self._by_name = {item.collector.name: item for item in scheduled}
         for item in scheduled:
             history.add_collector(item.collector.name, item.interval_seconds)
@@ -117,7 +117,7 @@ class Sampler:
             state.running_since = None
         self.history.commit(item.collector.name, at, samples if samples is not None else Samples())
         for callback in self.on_commit:
-            callback()
+            callback(at)
         if self._recorder is not None:
             # After the commit: a full disk stops the recording, never the sampling.
             self._recorder.write(item.collector.name, at, item.source.take_readings())

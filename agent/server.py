@@ -5,12 +5,14 @@ import logging
 import socket
 
 import uvicorn
-from fastapi import FastAPI
-from fastapi.responses import JSONResponse, Response
+from fastapi import FastAPI, Query
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent import __version__
 from agent.daemon import Agent
+from agent.findings import findings_json, iso_time
+from agent.runbooks import RunbookLibrary
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,35 @@ def create_app(agent: Agent) -> FastAPI:
             for item in agent.sampler.scheduled
         }
         return JSONResponse({"status": "ok", "mode": agent.mode, "version": __version__, "collectors": collectors})
+
+    finding_states = ("pending", "firing", "resolved")
+
+    @app.get("/api/v1/findings")
+    def findings(state: str = Query("firing,pending", max_length=64)) -> JSONResponse:
+        wanted = [part for part in state.split(",") if part]
+        unknown = sorted(set(wanted) - set(finding_states))
+        if unknown or not wanted:
+            return JSONResponse(
+                {"error": f"state must be a comma-separated subset of {', '.join(finding_states)}"},
+                status_code=400,
+            )
+        return JSONResponse({
+            "evaluated_at": iso_time(agent.engine.last_evaluated_at),
+            "findings": findings_json(agent.engine, agent.runbook_base_url, wanted),
+        })
+
+    runbooks = RunbookLibrary()
+
+    @app.get("/runbooks", response_class=HTMLResponse)
+    def runbook_index() -> HTMLResponse:
+        return HTMLResponse(runbooks.index_html())
+
+    @app.get("/runbooks/{name}", response_class=HTMLResponse)
+    def runbook(name: str) -> HTMLResponse:
+        page = runbooks.page_html(name)
+        if page is None:
+            return HTMLResponse(runbooks.not_found_html(name), status_code=404)
+        return HTMLResponse(page)
 
     return app
 

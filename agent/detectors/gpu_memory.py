@@ -18,7 +18,9 @@ class GpuMemoryHeadroomDetector:
 
     def __init__(self, config: GpuMemoryHeadroom) -> None:
         self.config = config
-        self.min_history_seconds = config.trend_window_seconds / 2
+        # The 'used' half judges a minute; the forecast half checks its own span of data, so a
+        # short `hybridmon check` still reports a full GPU.
+        self.min_history_seconds = windows.AVERAGE_SECONDS
 
     def evaluate(self, history: History, now: float) -> list[Finding]:
         config = self.config

@@ -1,0 +1,84 @@
+"""Findings out of the agent: as Prometheus metrics and as the JSON of /api/v1/findings."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Iterable
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from agent.detectors.engine import Engine, FindingState
+
+SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+
+def runbook_url(base_url: str, alertname: str) -> str:
+    return f"{base_url.rstrip('/')}/{alertname}"
+
+
+def iso_time(unix: float | None) -> str | None:
+    if unix is None:
+        return None
+    return datetime.fromtimestamp(unix, tz=timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def finding_labels(state: FindingState) -> dict[str, str]:
+    """alertname and severity first, then the entity; what Alertmanager and Prometheus see."""
+    finding = state.finding
+    return {"alertname": finding.alertname, "severity": finding.severity, **finding.labels}
+
+
+def finding_json(state: FindingState, runbook_base_url: str) -> dict:
+    finding = state.finding
+    return {
+        "alertname": finding.alertname,
+        "severity": finding.severity,
+        "state": state.state,
+        "labels": dict(finding.labels),
+        "value": finding.value,
+        "threshold": finding.threshold,
+        "unit": finding.unit,
+        "summary": finding.summary,
+        "description": finding.description,
+        "runbook_url": runbook_url(runbook_base_url, finding.alertname),
+        "details": dict(finding.details),
+        "pending_since": iso_time(state.pending_since),
+        "starts_at": iso_time(state.starts_at),
+        "ends_at": iso_time(state.ends_at),
+    }
+
+
+def findings_json(engine: Engine, runbook_base_url: str, include: Iterable[str]) -> list[dict]:
+    """Findings in the requested states, most severe first."""
+    wanted = set(include)
+    states = [s for s in engine.states() if s.state in wanted]
+    states.sort(key=lambda s: (SEVERITY_ORDER.get(s.finding.severity, 9), s.finding.alertname, s.key[1]))
+    return [finding_json(s, runbook_base_url) for s in states]
+
+
+class FindingsCollector:
+    """hybridmon_finding_* series for firing findings, and the engine's own health.
+
+    The label set differs by alert (a GPU's uuid, a process's pid), so samples are added with
+    their own labels rather than one fixed list.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        active = GaugeMetricFamily("hybridmon_finding_active", "1 for each finding firing now: alertname, severity and the entity (gpu, uuid, pid, process_name, pci_bus_id, ...).")
+        value = GaugeMetricFamily("hybridmon_finding_value", "The measured value of each firing finding, in the unit of its threshold.")
+        threshold = GaugeMetricFamily("hybridmon_finding_threshold", "The threshold each firing finding's value was compared with.")
+        for state in self._engine.firing():
+            labels = finding_labels(state)
+            active.add_sample("hybridmon_finding_active", labels, 1.0)
+            value.add_sample("hybridmon_finding_value", labels, state.finding.value)
+            threshold.add_sample("hybridmon_finding_threshold", labels, state.finding.threshold)
+        yield from (active, value, threshold)
+        errors = CounterMetricFamily("hybridmon_detector_errors", "Evaluations in which the detector raised; its findings keep their state meanwhile.", labels=["detector"])
+        for detector, count in sorted(self._engine.detector_errors.items()):
+            errors.add_metric([detector], count)
+        yield errors
+        yield CounterMetricFamily("hybridmon_detector_evaluations", "Evaluations of all detectors since the agent started.", value=self._engine.evaluations)
+        if self._engine.last_duration_seconds is not None:
+            yield GaugeMetricFamily("hybridmon_detector_evaluation_duration_seconds", "Wall time of the last evaluation of all detectors.", value=self._engine.last_duration_seconds)

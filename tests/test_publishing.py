@@ -1,0 +1,163 @@
+"""The three doors' shared parts: findings as metrics, as JSON, pushed to a real Alertmanager,
+and runbooks served by the agent."""
+from __future__ import annotations
+
+import subprocess
+import time
+from datetime import datetime
+
+import pytest
+from fastapi.testclient import TestClient
+
+from agent.alertmanager import AlertmanagerPusher
+from agent.daemon import Agent
+from agent.detectors.base import Finding
+from agent.detectors.engine import Engine
+from agent.exposition import Exposition
+from agent.findings import FindingsCollector
+from agent.history import History
+from agent.runbooks import RunbookLibrary
+from agent.server import create_app
+from tests import fake_nvml
+from tests.agent_helpers import fixture_config, run_every_collector_once
+from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
+
+
+class Switch:
+    """A detector whose single finding is on or off."""
+
+    name = "test"
+    alertnames = ("GpuPcieStarvation",)
+
+    def __init__(self, for_seconds: float = 0.0) -> None:
+        self.on = False
+        self.for_seconds = for_seconds
+
+    def evaluate(self, _history, _now):
+        if not self.on:
+            return []
+        return [Finding(
+            alertname="GpuPcieStarvation", severity="warning", labels={"gpu": "0", "uuid": "GPU-x"},
+            value=29.1e9, threshold=26.8e9, summary="GPU 0 starved", description="link pinned",
+            for_seconds=self.for_seconds, unit="B/s",
+        )]
+
+
+def test_firing_findings_are_metrics_with_their_entity_labels():
+    switch = Switch()
+    engine = Engine([switch], History(60))
+    collector = FindingsCollector(engine)
+    switch.on = True
+    engine.evaluate(100.0)
+    samples = {s.name + str(sorted(s.labels.items())): s.value for m in collector.collect() for s in m.samples}
+    labels = "[('alertname', 'GpuPcieStarvation'), ('gpu', '0'), ('severity', 'warning'), ('uuid', 'GPU-x')]"
+    assert samples["hybridmon_finding_active" + labels] == 1.0
+    assert samples["hybridmon_finding_value" + labels] == 29.1e9
+    assert samples["hybridmon_finding_threshold" + labels] == 26.8e9
+    switch.on = False
+    engine.evaluate(110.0)
+    assert not any(k.startswith("hybridmon_finding_active") for k in
+                   (s.name for m in collector.collect() for s in m.samples))
+
+
+@pytest.fixture
+def fixture_agent():
+    fake_nvml.reset()
+    agent = Agent(fixture_config())
+    run_every_collector_once(agent, at=1_700_000_000.0)
+    agent.engine.evaluate(1_700_000_000.0)
+    yield agent
+    agent.stop()
+    fake_nvml.reset()
+
+
+def test_fixture_host_findings_as_json_with_runbook_links_that_resolve(fixture_agent):
+    client = TestClient(create_app(fixture_agent))
+    body = client.get("/api/v1/findings", params={"state": "firing,pending"}).json()
+    by_name = {f["alertname"]: f for f in body["findings"]}
+    # The fixture host is misconfigured on purpose (tests/fixtures/README.md).
+    assert {"HostSwappinessHigh", "HostTransparentHugepageAlways", "InferenceProcessMemlockLow"} <= set(by_name)
+    swappiness = by_name["HostSwappinessHigh"]
+    assert swappiness["value"] == 60 and swappiness["threshold"] == 10 and swappiness["severity"] == "info"
+    assert swappiness["runbook_url"] == "http://127.0.0.1:9787/runbooks/HostSwappinessHigh"
+    assert by_name["InferenceProcessMemlockLow"]["labels"]["pid"] == "4242"
+    for finding in body["findings"]:
+        page = client.get(finding["runbook_url"].replace("http://127.0.0.1:9787", ""))
+        assert page.status_code == 200 and "<h2>Mitigation</h2>" in page.text, finding["alertname"]
+    assert client.get("/api/v1/findings", params={"state": "bogus"}).status_code == 400
+
+
+def test_fixture_host_findings_in_the_exposition_pass_promtool(fixture_agent):
+    text = fixture_agent.exposition.render()
+    assert b'hybridmon_finding_active{alertname="HostSwappinessHigh",severity="info"} 1.0' in text
+    result = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+@pytest.mark.parametrize("path", ["/runbooks/..%2F..%2Fetc%2Fpasswd", "/runbooks/NoSuchAlert", "/runbooks/lowercase", "/runbooks/" + "A" * 500])
+def test_runbook_paths_outside_the_alert_names_are_404(fixture_agent, path):
+    assert TestClient(create_app(fixture_agent)).get(path).status_code == 404
+
+
+def test_runbook_index_lists_every_runbook():
+    library = RunbookLibrary()
+    index = library.index_html()
+    assert library.names() and all(f'href="/runbooks/{name}"' in index for name in library.names())
+
+
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def wait_until(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = condition()
+        if result:
+            return result
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_push_to_a_real_alertmanager_fires_then_resolves(tmp_path):
+    receiver = WebhookReceiver()
+    alertmanager = Alertmanager(tmp_path, receiver.url)
+    try:
+        switch = Switch()
+        engine = Engine([switch], History(60))
+        pusher = AlertmanagerPusher(engine, [alertmanager.url], "http://agent:9787/runbooks",
+                                    interval_seconds=30, extra_labels={"host": "gpu-host-1"})
+        switch.on = True
+        now = time.time()
+        engine.evaluate(now)
+        assert pusher.push_once() == 1
+        (alert,) = wait_until(alertmanager.alerts, 10, "the alert in Alertmanager")
+        assert alert["labels"] == {"alertname": "GpuPcieStarvation", "severity": "warning", "gpu": "0",
+                                   "uuid": "GPU-x", "host": "gpu-host-1"}
+        assert alert["annotations"] == {"summary": "GPU 0 starved", "description": "link pinned",
+                                        "runbook_url": "http://agent:9787/runbooks/GpuPcieStarvation"}
+        assert abs(parse_time(alert["startsAt"]) - now) < 1
+        assert parse_time(alert["endsAt"]) - now == pytest.approx(4 * 30, abs=1)
+        firing = wait_until(lambda: [n for n in receiver.notifications if n["status"] == "firing"], 15, "firing webhook")
+        assert firing[0]["alerts"][0]["labels"]["gpu"] == "0"
+
+        switch.on = False
+        resolved_at = time.time()
+        engine.evaluate(resolved_at)
+        pusher.push_once()
+        resolved = wait_until(lambda: [n for n in receiver.notifications if n["status"] == "resolved"], 15, "resolved webhook")
+        assert abs(parse_time(resolved[0]["alerts"][0]["endsAt"]) - resolved_at) < 1
+        assert alertmanager.alerts() == []
+    finally:
+        alertmanager.close()
+        receiver.close()
+
+
+def test_an_unreachable_alertmanager_is_counted_not_fatal():
+    switch = Switch()
+    engine = Engine([switch], History(60))
+    pusher = AlertmanagerPusher(engine, ["http://user:secret@127.0.0.1:9"], "http://x/runbooks", timeout_seconds=1)
+    switch.on = True
+    engine.evaluate(1.0)
+    assert pusher.push_once() == 0
+    assert pusher.errors == {"127.0.0.1:9": 1}  # no credentials in what we report
