@@ -55,6 +55,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--speed", type=float, default=1.0, help="replay speed factor (0: as fast as possible)")
     run.set_defaults(handler=_run)
 
+    check = commands.add_parser("check", parents=[common], help="one-shot health check with an exit code")
+    check.add_argument("--duration", type=float, default=10.0, metavar="SECONDS", help="sampling window (default 10)")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--strict", action="store_true", help="info findings (configuration risks) exit 1 too")
+    check.set_defaults(handler=_check)
+
     record = commands.add_parser("record", parents=[common], help="record what the collectors read into a trace")
     record.add_argument("--duration", type=float, required=True, metavar="SECONDS")
     record.add_argument("--output", required=True, metavar="FILE", help="trace file (gzip JSON lines)")
@@ -106,6 +112,14 @@ def _run(args: argparse.Namespace, config) -> int:
         sock.close()
     _exit_past_hung_collectors(hung, EXIT_OK)
     return EXIT_OK
+
+
+def _check(args: argparse.Namespace, config) -> int:
+    from agent import check
+
+    if not 1 <= args.duration <= 3600:
+        raise ValueError("--duration must be between 1 and 3600 seconds")
+    return check.main(config, args.duration, args.json, args.strict)
 
 
 def _record(args: argparse.Namespace, config) -> int:

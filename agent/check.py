@@ -1,0 +1,161 @@
+"""`hybridmon check`: a one-shot health check of this host, with an exit code.
+
+It samples for a short window, then asks every detector that can judge such a window whether its
+condition holds at the end. `for` durations are not waited out: a check reports what it saw.
+Detectors that need more history than the window, or a GPU this host does not have, are listed as
+skipped with the reason.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from agent.config import AgentConfig
+from agent.daemon import Agent
+from agent.detectors.base import Finding
+from agent.detectors.engine import EvaluationView
+from agent.findings import SEVERITY_ORDER
+from agent.runbooks import runbooks_directory
+
+EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL, EXIT_COULD_NOT_RUN = 0, 1, 2, 3
+# Detectors that judge GPUs: skipped, with the GPU collector's reason, on a host without one.
+# Detectors that average over a minute judge a shorter window on the points it has.
+AVERAGING_SECONDS = 60.0
+# Without these the check has nothing to judge the host by.
+COLLECTORS_THAT_MUST_WORK = {"host_memory", "pressure"}
+GPU_DETECTORS = {"pcie_starvation", "pcie_link_degraded", "pcie_errors", "gpu_lost", "gpu_memory_headroom", "numa_misplacement"}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    detector: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    findings: list[Finding]
+    skipped: list[Skipped]
+    collector_failures: dict[str, str]
+    duration_seconds: float
+    unreadable: dict[str, str]      # collectors that failed or found no source, with the reason
+
+    def exit_code(self, strict: bool = False) -> int:
+        severities = {f.severity for f in self.findings}
+        if "critical" in severities:
+            return EXIT_CRITICAL
+        if "warning" in severities or (strict and "info" in severities):
+            return EXIT_WARNING
+        return EXIT_HEALTHY
+
+
+def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
+    agent = Agent(config.model_copy(update={"detectors": config.detectors.model_copy(update={"enabled": False})}))
+    started = time.monotonic()
+    try:
+        agent.start()
+        time.sleep(duration_seconds)
+        agent.sampler.stop()
+        now = time.time()
+        states = {item.collector.name: item.state for item in agent.sampler.scheduled}
+        failures = {name: s.last_error or "failed" for name, s in states.items() if s.last_success is False}
+        unreadable = {**{n: s.no_data_reason for n, s in states.items() if s.no_data_reason},
+                      **failures, **{n: "never ran" for n, s in states.items() if s.runs == 0}}
+        gpu_state = states.get("gpu")
+        no_gpu = None
+        if gpu_state is None:
+            no_gpu = "the gpu collector is disabled"
+        elif gpu_state.no_data_reason:
+            no_gpu = gpu_state.no_data_reason
+        view = EvaluationView(agent.history)
+        findings, skipped = [], []
+        for detector in agent.engine.detectors:
+            needs = getattr(detector, "min_history_seconds", 0.0)
+            if detector.name in GPU_DETECTORS and no_gpu:
+                skipped.append(Skipped(detector.name, no_gpu))
+            elif needs > max(duration_seconds, AVERAGING_SECONDS):
+                skipped.append(Skipped(detector.name, f"needs {needs / 60:g} min of history; run the agent to judge it"))
+            else:
+                findings.extend(detector.evaluate(view, now))
+        findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.alertname, sorted(f.labels.items())))
+        return CheckResult(findings, skipped, failures, time.monotonic() - started, unreadable)
+    finally:
+        agent.stop()
+
+
+def runbook_path(alertname: str) -> str:
+    return str(runbooks_directory() / f"{alertname}.md")
+
+
+def render_table(result: CheckResult, out: TextIO) -> None:
+    rows = [("SEVERITY", "FINDING", "ENTITY", "VALUE", "THRESHOLD")]
+    for finding in result.findings:
+        entity = ",".join(f"{k}={v}" for k, v in sorted(finding.labels.items())) or "host"
+        rows.append((finding.severity, finding.alertname, entity, _number(finding.value, finding.unit), _number(finding.threshold, finding.unit)))
+    if result.findings:
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            out.write("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() + "\n")
+        out.write("\n")
+        for finding in result.findings:
+            out.write(f"{finding.alertname}: {finding.summary}\n  runbook: {runbook_path(finding.alertname)}\n")
+    else:
+        out.write("No findings: nothing wrong was seen in this window.\n")
+    by_reason: dict[str, list[str]] = {}
+    for skipped in result.skipped:
+        by_reason.setdefault(skipped.reason, []).append(skipped.detector)
+    for reason, detectors in by_reason.items():
+        out.write(f"skipped {', '.join(detectors)}: {reason}\n")
+    for collector, error in sorted(result.collector_failures.items()):
+        out.write(f"collector {collector} failed: {error}\n")
+
+
+def render_json(result: CheckResult, strict: bool) -> str:
+    return json.dumps({
+        "exit_code": result.exit_code(strict),
+        "duration_seconds": round(result.duration_seconds, 3),
+        "findings": [
+            {"alertname": f.alertname, "severity": f.severity, "labels": f.labels, "value": f.value,
+             "threshold": f.threshold, "unit": f.unit, "summary": f.summary,
+             "description": f.description, "runbook": runbook_path(f.alertname), "details": f.details}
+            for f in result.findings
+        ],
+        "skipped": [{"detector": s.detector, "reason": s.reason} for s in result.skipped],
+        "collector_failures": result.collector_failures,
+    }, indent=2)
+
+
+def _number(value: float, unit: str) -> str:
+    if value == float("inf"):
+        return "unlimited"
+    if unit == "ratio":
+        return f"{value:.0%}"
+    if unit in ("bytes", "B", "bytes/s", "B/s"):
+        per_second = "/s" if unit.endswith("/s") else ""
+        for scale, suffix in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+            if abs(value) >= scale:
+                return f"{value / scale:.1f} {suffix}{per_second}"
+        return f"{value:g} B{per_second}"
+    return f"{value:.3g} {unit}".rstrip()
+
+
+def main(config: AgentConfig, duration_seconds: float, as_json: bool, strict: bool) -> int:
+    try:
+        result = run_check(config, duration_seconds)
+    except Exception as error:  # a check that cannot run says so with its own exit code
+        print(f"hybridmon check could not run: {error}", file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    if COLLECTORS_THAT_MUST_WORK <= set(result.unreadable):
+        print("hybridmon check could not read this host: "
+              + "; ".join(f"{k}: {v}" for k, v in sorted(result.unreadable.items())), file=sys.stderr)
+        return EXIT_COULD_NOT_RUN
+    if as_json:
+        print(render_json(result, strict))
+    else:
+        render_table(result, sys.stdout)
+    return result.exit_code(strict)
+
+
