@@ -3,6 +3,7 @@ from pathlib import Path
 import pytest
 
 from agent.sources import LiveSource
+from tests.scenario_traces import ScenarioTraces
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # A 2-node NUMA host: GPU0 (0000:17:00.0, node 0, AER-capable, full Gen4 x16 link) and GPU1
@@ -36,3 +37,9 @@ def pytest_addoption(parser):
 @pytest.fixture
 def update_golden(request) -> bool:
     return request.config.getoption("--update-golden")
+
+
+@pytest.fixture(scope="session")
+def scenarios(tmp_path_factory) -> ScenarioTraces:
+    """Every scenario's trace, generated on first use and replayed once, for the whole session."""
+    return ScenarioTraces(tmp_path_factory.mktemp("scenarios"))

@@ -24,6 +24,7 @@ from agent.scenarios import SCENARIOS, START_TIME, TraceSummary, history_seconds
 from agent.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
 from agent.scenarios.library import GPU0_ADDRESS, GPU1_ADDRESS, LLAMA, VLLM
 from tests.agent_helpers import HYBRIDMON, REPO, subprocess_environment
+from tests.scenario_traces import replay
 
 SCHEMA = json.loads((REPO / "docs" / "trace-format.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -36,53 +37,6 @@ ALERTNAMES = {
     "HostNoSwapLowHeadroom", "InferenceProcessMemlockLow",
 }
 HEALTHY = [name for name, scenario in SCENARIOS.items() if scenario.healthy]
-
-
-@dataclass
-class Replayed:
-    records: int
-    failures: dict[str, str]
-    no_data: dict[str, str]
-    history: History
-
-
-class ScenarioTraces:
-    """Traces generated on first use and replayed once, for the whole session."""
-
-    def __init__(self, directory: Path) -> None:
-        self.directory = directory
-        self._summaries: dict[str, TraceSummary] = {}
-        self._replays: dict[str, Replayed] = {}
-
-    def summary(self, name: str) -> TraceSummary:
-        if name not in self._summaries:
-            self._summaries[name] = write_trace(name, self.directory / f"{name}.jsonl.gz")
-        return self._summaries[name]
-
-    def replayed(self, name: str) -> Replayed:
-        if name not in self._replays:
-            self._replays[name] = replay(self.summary(name).path, history_seconds_for(SCENARIOS[name]))
-        return self._replays[name]
-
-
-def replay(path: Path, history_seconds: float) -> Replayed:
-    """The replayed history; the detectors stay off (their delays on each scenario are tested with
-    the detectors)."""
-    overrides = {"history_seconds": history_seconds, "detectors.enabled": False}
-    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=path)
-    try:
-        records = agent.replay(speed=0)
-    finally:
-        agent.stop()
-    items = agent.sampler.scheduled
-    return Replayed(records, {i.collector.name: i.state.last_error for i in items if i.state.errors},
-                    {i.collector.name: i.state.no_data_reason for i in items if i.state.no_data_reason},
-                    agent.history)
-
-
-@pytest.fixture(scope="session")
-def scenarios(tmp_path_factory) -> ScenarioTraces:
-    return ScenarioTraces(tmp_path_factory.mktemp("scenarios"))
 
 
 def one(history: History, metric: str, **labels: str) -> SeriesHistory:
