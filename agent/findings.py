@@ -7,8 +7,18 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent.detectors.engine import Engine, FindingState
+from exporters.base import MetricSpec
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+_ENTITY = "alertname, severity, and the entity: gpu, uuid, pid, process_name, pci_bus_id, ..."
+FINDING_ACTIVE = MetricSpec("hybridmon_finding_active", f"1 for each finding firing now. Labels: {_ENTITY}.", "gauge")
+FINDING_VALUE = MetricSpec("hybridmon_finding_value", "The measured value of each firing finding, in the unit of its threshold.", "gauge")
+FINDING_THRESHOLD = MetricSpec("hybridmon_finding_threshold", "The threshold each firing finding's value was compared with.", "gauge")
+DETECTOR_ERRORS = MetricSpec("hybridmon_detector_errors_total", "Evaluations in which the detector raised; its findings keep their state meanwhile.", "counter", ("detector",))
+DETECTOR_EVALUATIONS = MetricSpec("hybridmon_detector_evaluations_total", "Evaluations of all detectors since the agent started.", "counter")
+DETECTOR_DURATION = MetricSpec("hybridmon_detector_evaluation_duration_seconds", "Wall time of the last evaluation of all detectors.", "gauge")
+FINDING_METRICS = (FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD, DETECTOR_ERRORS, DETECTOR_EVALUATIONS, DETECTOR_DURATION)
 
 
 def runbook_url(base_url: str, alertname: str) -> str:
@@ -66,19 +76,16 @@ class FindingsCollector:
         self._engine = engine
 
     def collect(self) -> Iterable[Metric]:
-        active = GaugeMetricFamily("hybridmon_finding_active", "1 for each finding firing now: alertname, severity and the entity (gpu, uuid, pid, process_name, pci_bus_id, ...).")
-        value = GaugeMetricFamily("hybridmon_finding_value", "The measured value of each firing finding, in the unit of its threshold.")
-        threshold = GaugeMetricFamily("hybridmon_finding_threshold", "The threshold each firing finding's value was compared with.")
+        families = [GaugeMetricFamily(spec.name, spec.documentation) for spec in (FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD)]
         for state in self._engine.firing():
             labels = finding_labels(state)
-            active.add_sample("hybridmon_finding_active", labels, 1.0)
-            value.add_sample("hybridmon_finding_value", labels, state.finding.value)
-            threshold.add_sample("hybridmon_finding_threshold", labels, state.finding.threshold)
-        yield from (active, value, threshold)
-        errors = CounterMetricFamily("hybridmon_detector_errors", "Evaluations in which the detector raised; its findings keep their state meanwhile.", labels=["detector"])
+            for family, number in zip(families, (1.0, state.finding.value, state.finding.threshold)):
+                family.add_sample(family.name, labels, number)
+        yield from families
+        errors = CounterMetricFamily(DETECTOR_ERRORS.name, DETECTOR_ERRORS.documentation, labels=DETECTOR_ERRORS.label_names)
         for detector, count in sorted(self._engine.detector_errors.items()):
             errors.add_metric([detector], count)
         yield errors
-        yield CounterMetricFamily("hybridmon_detector_evaluations", "Evaluations of all detectors since the agent started.", value=self._engine.evaluations)
+        yield CounterMetricFamily(DETECTOR_EVALUATIONS.name, DETECTOR_EVALUATIONS.documentation, value=self._engine.evaluations)
         if self._engine.last_duration_seconds is not None:
-            yield GaugeMetricFamily("hybridmon_detector_evaluation_duration_seconds", "Wall time of the last evaluation of all detectors.", value=self._engine.last_duration_seconds)
+            yield GaugeMetricFamily(DETECTOR_DURATION.name, DETECTOR_DURATION.documentation, value=self._engine.last_duration_seconds)

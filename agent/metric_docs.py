@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 
 from agent.exposition import SELF_METRICS
+from agent.findings import FINDING_METRICS
 from exporters import gpu, host_memory, numa, pcie, pressure, process
 
 COLLECTOR_MODULES = (gpu, host_memory, pressure, numa, pcie, process)
@@ -33,7 +34,10 @@ def render() -> str:
         for spec in collector.metric_specs:
             lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names)} | {_cell(spec.documentation)} |")
         lines.append("")
-    lines += ["## The agent itself", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+    lines += ["## Findings (detectors, every 10 s by default)", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+    for spec in FINDING_METRICS:
+        lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names) or ('per alert' if spec.name.startswith('hybridmon_finding') else '')} | {_cell(spec.documentation)} |")
+    lines += ["", "## The agent itself", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in SELF_METRICS:
         lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names)} | {_cell(spec.documentation)} |")
     return "\n".join(lines) + "\n"
