@@ -59,6 +59,11 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
         agent.start()
         time.sleep(duration_seconds)
         agent.sampler.stop()
+        # A collector that waits for another's first run (process_numa after process after gpu)
+        # may not have had its turn in a short or loaded window: give it one now, in order.
+        for item in agent.sampler.scheduled:
+            if item.state.runs == 0:
+                agent.sampler.run_collector(item)
         now = time.time()
         states = {item.collector.name: item.state for item in agent.sampler.scheduled}
         failures = {name: s.last_error or "failed" for name, s in states.items() if s.last_success is False}
