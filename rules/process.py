@@ -16,6 +16,9 @@ from rules.templates import humanize_percentage
 
 CPU = "process:hybridmon_process_cpu_seconds:rate1m"
 FAULTS = "process:hybridmon_process_faults:rate1m"
+# Faults per CPU second, as the detector judges them: a fault rate that rises only because the
+# load rises is not a trend (the healthy growth-with-load scenario).
+FAULTS_PER_CPU = "process:hybridmon_process_faults_per_cpu_second:ratio1m"
 GPU_MEMORY = "process:hybridmon_gpu_process_memory_used_bytes:sum"
 GPU_NODE = "gpu:hybridmon_gpu_numa_node:nvml_or_sysfs"
 CPUS_OFF_NODE = "process:hybridmon_process_allowed_cpus_off_gpu_node:ratio"
@@ -70,7 +73,7 @@ def load_slope(window: str) -> str:
 
 
 def fault_slope(window: str) -> str:
-    return f"process:hybridmon_process_faults:slope{window}_rate1m"
+    return f"process:hybridmon_process_faults_per_cpu_second:slope{window}_ratio1m"
 
 
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
@@ -81,7 +84,8 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         Recording(load_slope(window), robust_slope(CPU, seconds)),
         Recording(FAULTS, "rate(hybridmon_process_minor_faults_total[1m])"
                           " + rate(hybridmon_process_major_faults_total[1m])"),
-        Recording(fault_slope(window), robust_slope(FAULTS, seconds)),
+        Recording(FAULTS_PER_CPU, f"{FAULTS} / ({CPU} > 0)"),
+        Recording(fault_slope(window), robust_slope(FAULTS_PER_CPU, seconds)),
         Recording(GPU_MEMORY, "sum without (gpu, uuid) (hybridmon_gpu_process_memory_used_bytes)"),
     ]
     for resource in resources():
@@ -137,12 +141,13 @@ def memory_growth(t: Thresholds) -> list[Alert]:
             "# with data reaching back at least min_window_seconds\n"
             "and on (job, instance, pid)\n"
             f"{data_spans(resource.raw, g.window_seconds, g.min_window_seconds)}\n"
-            "# while the CPU load stays flat, or the page-fault rate grows\n"
+            "# while the CPU load stays flat, or the page faults per CPU second grow\n"
             "and on (job, instance, pid)\n"
             "(\n"
             f"    {load} * 3600 <= {CPU} * {number(g.load_flat_per_hour_share)}\n"
             "  or\n"
-            f"    {faults} * 3600 >= {FAULTS} * {number(g.growth_per_hour_share)} and {faults} > 0\n"
+            f"    {faults} * 3600 >= avg_over_time({FAULTS_PER_CPU}[{window}]) * {number(g.growth_per_hour_share)}\n"
+            f"    and {faults} > 0\n"
             ")"
         )
         if resource.label != "gpu_memory":

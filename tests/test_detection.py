@@ -34,6 +34,9 @@ RAMP = {
     "gpu_memory_headroom": 300,            # VRAM climbs from 80 % past 95 % over ~5 min
     "memory_growth": THRESHOLDS.memory_growth.min_window_seconds,  # a trend needs its window
     "numa_misplacement": 120,              # pages migrate to the far node over ~2 min
+    # Rates over a 5 min window (PromQL rate() semantics): at twice the threshold's rate, as the
+    # scenario's AER errors run, the window's rate crosses after half the window.
+    "pcie_errors": THRESHOLDS.pcie_errors.window_seconds / 2,
 }
 
 

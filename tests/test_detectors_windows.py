@@ -50,9 +50,17 @@ def test_rate_needs_two_points_in_the_window():
     assert windows.increase(series([5], [3]), now=5, seconds=60) is None
 
 
-def test_rate_across_a_gap_spans_the_points_that_exist():
+def test_rate_is_prometheus_rate_over_the_whole_window():
+    # Window [-19, 41]: the counter starts at 0 at t=0, so nothing is extrapolated before it
+    # (PromQL's rate() stops at the counter's zero), and the increase spreads over 60 s.
     s = series([0, 1, 2, 40, 41], [0, 2, 4, 80, 82])
-    assert windows.rate(s, now=41) == pytest.approx(2.0)
+    assert windows.rate(s, now=41) == pytest.approx(82 / 60)
+    # Samples covering the window: extrapolated to its edges, as Prometheus does.
+    full = series(range(100, 161, 15), [1000 + 10 * (t - 100) for t in range(100, 161, 15)])
+    assert windows.rate(full, now=160, seconds=60) == pytest.approx(10.0)
+    # History shorter than the window (a 5 min window on 60 s of data) is not stretched over it.
+    short = series(range(0, 61, 15), [100, 100, 100, 101, 102])
+    assert windows.rate(short, now=60, seconds=300) == pytest.approx(2 * (60 + 7.5) / 60 / 300)
 
 
 def test_rate_steps_is_a_minute_by_minute_rate():

@@ -78,12 +78,25 @@ def increase(series: SeriesHistory, now: float, seconds: float) -> float | None:
 
 
 def rate(series: SeriesHistory, now: float, seconds: float = AVERAGE_SECONDS) -> float | None:
-    """Per-second counter rate over the window, resets handled; None with fewer than two points
-    (a series that appeared or came back from a gap has no rate yet)."""
+    """Per-second counter rate over the window the way PromQL's rate() computes it, so a detector
+    and its rule agree: the increase seen, extrapolated to the window's edges only where samples
+    reach near them (by half a sample interval otherwise, never below zero), over the whole
+    window. Resets handled; None with fewer than two points (a new series has no rate yet)."""
     times, values = window(series, now, seconds)
     if len(values) < 2 or times[-1] <= times[0]:
         return None
-    return counter_increase(values) / (times[-1] - times[0])
+    increase = counter_increase(values)
+    sampled = times[-1] - times[0]
+    average_step = sampled / (len(values) - 1)
+    to_start = times[0] - (now - seconds)
+    to_end = now - times[-1]
+    if increase > 0 and values[0] >= 0:
+        # A counter cannot have been below zero: don't extrapolate past where it would be 0.
+        to_start = min(to_start, sampled * values[0] / increase)
+    threshold = average_step * 1.1
+    covered = sampled + (to_start if to_start < threshold else average_step / 2)
+    covered += to_end if to_end < threshold else average_step / 2
+    return increase * (covered / sampled) / seconds
 
 
 def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AVERAGE_SECONDS,
