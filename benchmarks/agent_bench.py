@@ -632,6 +632,11 @@ def memory_child(host_json: str, ticks: int) -> None:
             checkpoints.append([tick + 1, round(rss_bytes() / MIB, 1)])
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0
+    evaluation_ms = []
+    for _ in range(5):  # one evaluation of every detector over the full history, as every 10 s
+        started = time.perf_counter()
+        agent.engine.evaluate(t0 + ticks)
+        evaluation_ms.append((time.perf_counter() - started) * 1000)
     failed = {i.collector.name: i.state.last_error for i in scheduled if not i.state.last_success}
     rss_end = rss_bytes()
     exposition = agent.exposition.render()
@@ -664,6 +669,9 @@ def memory_child(host_json: str, ticks: int) -> None:
         "gpu0_memory_changes": changed,
         "exposition_bytes": len(exposition),
         "failed_collectors": failed,
+        "detector_evaluations_during_ticks": agent.engine.evaluations - 5,
+        "detector_evaluation_ms_median": round(statistics.median(evaluation_ms), 1),
+        "detector_findings_firing": len(agent.engine.firing()),
     }), flush=True)
     agent.stop()
 
@@ -770,6 +778,9 @@ def print_report(results: dict) -> None:
         print(f"  took {mem['seconds']} s wall, {mem['cpu_seconds']} s CPU ({mem['cpu_ms_per_tick']} ms CPU "
               f"per tick); GPU0 memory history: {mem['gpu0_memory_points']} points, "
               f"value changed on {mem['gpu0_memory_changes']} of {max(0, mem['gpu0_memory_points'] - 1)} ticks")
+        print(f"  detectors over the full history: {mem['detector_evaluation_ms_median']} ms per evaluation "
+              f"(every 10 s; {mem['detector_evaluations_during_ticks']} ran during the ticks, "
+              f"{mem['detector_findings_firing']} findings firing)")
     print(f"\ntotal {results['seconds']:.0f} s")
 
 

@@ -72,3 +72,12 @@ def test_series_since_leaves_out_older_points_and_name_can_be_a_label():
         history.commit("process", float(second), samples)
     (series,) = history.series("hybridmon_test_threads", since=3.0, name="vllm")
     assert series.times == [3.0, 4.0] and series.labels == {"pid": "1", "name": "vllm"}
+
+
+def test_series_can_be_coarse_before_a_time_and_full_after_it():
+    history = History(retention_seconds=100)
+    history.add_collector("process", 1.0)
+    for second in range(60):
+        history.commit("process", float(second), batch(p1=float(second)))
+    (series,) = history.series("hybridmon_test_resident_bytes", since=10.0, coarse_before=40.0, coarse_seconds=15.0)
+    assert series.times == [10.0, 25.0, 40.0] + [float(t) for t in range(41, 60)]

@@ -29,6 +29,11 @@ log = logging.getLogger(__name__)
 
 Change = Literal["firing", "resolved"]
 DEFAULT_RESOLVED_RETENTION_SECONDS = 15 * 60
+# Detectors see every sample of the last FULL_RESOLUTION_SECONDS (their 1 m averages and their
+# `for` windows, up to 5 min) and one sample per COARSE_STEP_SECONDS before that (hour-long
+# trends), which keeps an evaluation of 8 GPUs and 16 processes over 2 h of history cheap.
+FULL_RESOLUTION_SECONDS = 600.0
+COARSE_STEP_SECONDS = 15.0
 
 
 @dataclass(frozen=True)
@@ -71,15 +76,19 @@ class EvaluationView:
     and shared by every detector that asks (several read GPU utilization, link state, gpu_info),
     label filters applied here. Anything else is History's own."""
 
-    def __init__(self, history: History, since: float | None = None) -> None:
+    def __init__(self, history: History, since: float | None = None,
+                 coarse_before: float | None = None) -> None:
         self._history = history
         self._since = since
+        self._coarse_before = coarse_before
         self._by_metric: dict[str, list[SeriesHistory]] = {}
 
     def series(self, name: str, /, **labels: str) -> list[SeriesHistory]:
         found = self._by_metric.get(name)
         if found is None:
-            found = self._by_metric[name] = self._history.series(name, since=self._since)
+            found = self._by_metric[name] = self._history.series(
+                name, since=self._since, coarse_before=self._coarse_before,
+                coarse_seconds=COARSE_STEP_SECONDS)
         if not labels:
             return list(found)
         return [s for s in found if all(s.labels.get(k) == v for k, v in labels.items())]
@@ -126,7 +135,7 @@ class Engine:
             returned: dict[tuple, tuple[str, Finding]] = {}
             failed: set[str] = set()
             since = None if self.lookback_seconds is None else now - self.lookback_seconds
-            view = EvaluationView(self.history, since)
+            view = EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS)
             for detector in self.detectors:
                 try:
                     findings = detector.evaluate(view, now)  # type: ignore[arg-type]
