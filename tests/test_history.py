@@ -20,9 +20,9 @@ def test_series_keep_order_and_leave_out_absent_ticks():
     history.commit("process", 101.0, batch(p1=2.0))
     history.commit("process", 102.0, batch(p1=3.0, p2=7.0))
     (one,) = history.series("hybridmon_test_resident_bytes", pid="1")
-    assert one.times == [100.0, 101.0, 102.0] and one.values == [1.0, 2.0, 3.0]
+    assert list(one.times) == [100.0, 101.0, 102.0] and list(one.values) == [1.0, 2.0, 3.0]
     (two,) = history.series("hybridmon_test_resident_bytes", pid="2")
-    assert two.times == [100.0, 102.0] and two.values == [5.0, 7.0]
+    assert list(two.times) == [100.0, 102.0] and list(two.values) == [5.0, 7.0]
 
 
 def test_ring_keeps_only_the_retention_window():
@@ -31,8 +31,8 @@ def test_ring_keeps_only_the_retention_window():
     for second in range(12):
         history.commit("process", float(second), batch(p1=float(second)))
     (series,) = history.series("hybridmon_test_resident_bytes")
-    assert series.times == [7.0, 8.0, 9.0, 10.0, 11.0]
-    assert series.values == series.times
+    assert list(series.times) == [7.0, 8.0, 9.0, 10.0, 11.0]
+    assert list(series.values) == list(series.times)
 
 
 def test_a_series_absent_for_a_whole_window_is_dropped():
@@ -71,7 +71,7 @@ def test_series_since_leaves_out_older_points_and_name_can_be_a_label():
         samples.add(spec, float(second), "1", "vllm")
         history.commit("process", float(second), samples)
     (series,) = history.series("hybridmon_test_threads", since=3.0, name="vllm")
-    assert series.times == [3.0, 4.0] and series.labels == {"pid": "1", "name": "vllm"}
+    assert list(series.times) == [3.0, 4.0] and series.labels == {"pid": "1", "name": "vllm"}
 
 
 def test_series_can_be_coarse_before_a_time_and_full_after_it():
@@ -80,4 +80,4 @@ def test_series_can_be_coarse_before_a_time_and_full_after_it():
     for second in range(60):
         history.commit("process", float(second), batch(p1=float(second)))
     (series,) = history.series("hybridmon_test_resident_bytes", since=10.0, coarse_before=40.0, coarse_seconds=15.0)
-    assert series.times == [10.0, 25.0, 40.0] + [float(t) for t in range(41, 60)]
+    assert list(series.times) == [10.0, 25.0, 40.0] + [float(t) for t in range(41, 60)]
