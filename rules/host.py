@@ -157,10 +157,12 @@ def host_config(t: Thresholds) -> list[Alert]:
         ),
         Alert(
             "HostNumaBalancingEnabled",
-            f"{balancing} == 1\nand on (job, instance)\n{NUMA_NODES} >= 2",
+            # 1 is balancing, 3 balancing with memory tiering (2, tiering alone, moves no pages
+            # between CPU nodes): the detector judges the same values.
+            f"({balancing} == 1 or {balancing} == 3)\nand on (job, instance)\n{NUMA_NODES} >= 2",
             0, "info",
             "<instance> has automatic NUMA balancing on across <nodes|humanize> NUMA nodes",
-            "kernel.numa_balancing is <value> (threshold: 1, on) on a host with <nodes|humanize> "
+            "kernel.numa_balancing is <value> (threshold: 1 or 3, on) on a host with <nodes|humanize> "
             "NUMA nodes: the kernel "
             "unmaps pages to sample accesses and migrates them between nodes, which adds "
             "page-fault latency and can move the server's host memory away from its GPU's node. On a "
