@@ -65,6 +65,17 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--duration", type=float, required=True, metavar="SECONDS")
     record.add_argument("--output", required=True, metavar="FILE", help="trace file (gzip JSON lines)")
     record.set_defaults(handler=_record)
+
+    budget = commands.add_parser("budget", parents=[common], help="KV cache size and offload reload cost of a context")
+    model = budget.add_mutually_exclusive_group(required=True)
+    model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b (an unknown name lists them)")
+    model.add_argument("--config-json", metavar="PATH", help="a Hugging Face config.json instead of a preset")
+    budget.add_argument("--context", type=int, required=True, metavar="TOKENS", help="context length in tokens")
+    budget.add_argument("--dtype", metavar="DTYPE", help="KV cache element type: fp16, bf16, fp8, fp32, q8, q4 (default: the model's)")
+    budget.add_argument("--bandwidth", metavar="RATE", help="host-to-device bytes/s, e.g. 24GB/s or 24e9 (default: the measured one)")
+    budget.add_argument("--vram-free", metavar="BYTES", help="VRAM left for KV cache, e.g. 6GiB or 6e9")
+    budget.add_argument("--json", action="store_true", help="machine-readable output")
+    budget.set_defaults(handler=_budget)
     return parser
 
 
@@ -141,6 +152,29 @@ def _record(args: argparse.Namespace, config) -> int:
         code = EXIT_OK
     _exit_past_hung_collectors(hung, code)
     return code
+
+
+def _budget(args: argparse.Namespace, config) -> int:
+    import json
+
+    from agent import budget
+
+    try:
+        shape = budget.preset(args.model) if args.model else budget.load_config_json(args.config_json)
+        vram_free = budget.parse_bytes(args.vram_free, "free VRAM") if args.vram_free is not None else None
+        if args.bandwidth is not None:
+            bandwidth, source = budget.parse_bandwidth(args.bandwidth), "--bandwidth"
+        else:
+            bandwidth, source = budget.measured_bandwidth(config), "measured"
+        result = budget.compute(shape, args.context, args.dtype, vram_free, bandwidth, source)
+    except budget.BudgetError as error:
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.json:
+        print(json.dumps(result.as_dict(), indent=2))
+    else:
+        print(budget.render(result))
+    return EXIT_OK
 
 
 def _exit_past_hung_collectors(hung: list[str], code: int) -> None:
