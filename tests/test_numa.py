@@ -198,7 +198,8 @@ def test_numa_collector_on_this_host():
     free = samples.value("hybridmon_numa_node_memory_free_bytes", node=str(online[0]))
     assert 0 < free <= samples.value("hybridmon_numa_node_memory_total_bytes", node=str(online[0]))
     cpus = sum(s.value for s in samples.find("hybridmon_numa_node_cpus"))
-    assert 1 <= cpus <= os.cpu_count()
+    # Every online CPU belongs to exactly one node.
+    assert cpus == len(parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text()))
     assert samples.value("hybridmon_numa_node_allocations_total", node=str(online[0]), outcome="hit") > 0
 
 

@@ -40,6 +40,9 @@ def built(bench_cache) -> Path:
     try:
         bench_build.find_nvcc()
     except NvccNotFound:
+        # CI's machines have nvcc: there a missing toolkit is a lost install step, not a skip.
+        if os.environ.get("CI") == "true":
+            pytest.fail("nvcc must be present in CI to build the offload benchmark")
         pytest.skip("no nvcc on PATH or in $CUDA_HOME/bin")
     return bench_build.build(cache_dir=bench_cache)  # BuildFailed here fails the tests
 
