@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -196,13 +198,21 @@ def _parse_quantity(text: str, what: str, per_second: bool) -> float:
     return value
 
 
-def measured_bandwidth(config: object | None = None) -> float | None:
-    """Pinned host-to-device large-copy bandwidth (bytes/s) from this host's latest `hybridmon bench`.
+def measured_bandwidth(state_dir: str | os.PathLike[str]) -> tuple[float, str] | None:
+    """(bytes/s, where it comes from) for reloading KV: the pinned host-to-device capacity of this
+    host's latest `hybridmon bench` runs, the slowest GPU's when there are several (a context may
+    land on any of them). None when nothing was measured."""
+    from agent.bench.store import load_latest, measured_capacity  # keeps `budget` light
 
-    The hook the benchmark runner fills in; until a stored result can be read it returns None, and
-    reload figures need `--bandwidth`.
-    """
-    return None
+    slowest = None
+    for run in load_latest(state_dir)[0]:
+        if run.contended:
+            continue
+        measured = measured_capacity(run).get("host_to_device")
+        if measured is not None and (slowest is None or measured[0] < slowest[0]):
+            when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(run.finished_at))
+            slowest = (measured[0], f"measured on GPU {run.gpu_index} ({run.pci_bus_id}), {when}")
+    return slowest
 
 
 @dataclass(frozen=True)
@@ -219,7 +229,7 @@ class Budget:
     offloaded_tokens: int | None
     offloaded_bytes: int | None
     bandwidth_bytes_per_second: float | None
-    bandwidth_source: str | None  # "--bandwidth" or "measured"
+    bandwidth_source: str | None  # "--bandwidth", or which `hybridmon bench` run measured it
     offloaded_reload_seconds: float | None
     context_reload_seconds: float | None
     reload_tokens_per_second: float | None  # ceiling: bandwidth / bytes per token

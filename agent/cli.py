@@ -66,6 +66,15 @@ def _parser() -> argparse.ArgumentParser:
     record.add_argument("--output", required=True, metavar="FILE", help="trace file (gzip JSON lines)")
     record.set_defaults(handler=_record)
 
+    bench = commands.add_parser("bench", parents=[common], help="measure host<->device copy bandwidth per GPU")
+    bench.add_argument("--gpu", type=int, metavar="N", help="only this GPU (NVML index; default: every GPU)")
+    bench.add_argument("--json", action="store_true", help="print the stored runs as JSON")
+    bench.add_argument("--force", action="store_true", help="run even while the GPU is in use")
+    bench.add_argument("--binary", metavar="PATH", help="a prebuilt offload_bench (default: build with nvcc)")
+    bench.add_argument("--no-remote", action="store_true", help="skip the second run on a remote NUMA node")
+    bench.add_argument("--max-seconds", type=float, metavar="S", help="time limit per NUMA placement")
+    bench.set_defaults(handler=_bench)
+
     budget = commands.add_parser("budget", parents=[common], help="KV cache size and offload reload cost of a context")
     model = budget.add_mutually_exclusive_group(required=True)
     model.add_argument("--model", metavar="NAME", help="a preset, e.g. llama-3-8b (an unknown name lists them)")
@@ -154,6 +163,19 @@ def _record(args: argparse.Namespace, config) -> int:
     return code
 
 
+def _bench(args: argparse.Namespace, config) -> int:
+    from agent.bench import command
+
+    if args.gpu is not None and args.gpu < 0:
+        raise ValueError("--gpu must be a GPU index (0, 1, ...)")
+    if args.max_seconds is not None:
+        if not 0 < args.max_seconds <= 3600:
+            raise ValueError("--max-seconds must be between 0 and 3600")
+        config = config.model_copy(update={"bench": config.bench.model_copy(
+            update={"max_seconds": args.max_seconds})})
+    return command.main(config, args.gpu, args.json, args.force, args.binary, not args.no_remote)
+
+
 def _budget(args: argparse.Namespace, config) -> int:
     import json
 
@@ -165,7 +187,7 @@ def _budget(args: argparse.Namespace, config) -> int:
         if args.bandwidth is not None:
             bandwidth, source = budget.parse_bandwidth(args.bandwidth), "--bandwidth"
         else:
-            bandwidth, source = budget.measured_bandwidth(config), "measured"
+            bandwidth, source = budget.measured_bandwidth(config.resolved_state_dir()) or (None, None)
         result = budget.compute(shape, args.context, args.dtype, vram_free, bandwidth, source)
     except budget.BudgetError as error:
         print(f"hybridmon: {error}", file=sys.stderr)

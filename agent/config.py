@@ -20,7 +20,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "HYBRIDMON_"
-COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa")
+COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa", "bench")
 DEFAULT_LISTEN = "127.0.0.1:9787"
 
 # Command lines of the inference servers we look for when nothing else is configured.
@@ -111,11 +111,32 @@ class AlertingConfig(_Strict):
         return urls
 
 
+class BenchConfig(_Strict):
+    api_token_file: str | None = Field(
+        default=None,
+        description="file holding the bearer token for POST /api/v1/bench; None: the endpoint is off",
+    )
+    binary: str | None = Field(
+        default=None, description="a prebuilt offload_bench (hosts with the driver but no CUDA toolkit)"
+    )
+    max_seconds: float = Field(default=120.0, gt=0, le=3600, description="time limit per NUMA placement")
+    repeat: int = Field(default=10, ge=1, le=1000)
+    busy_utilization_at_least: float = Field(
+        default=0.05, ge=0, le=1,
+        description="a GPU this busy (1 min average), or running compute processes, counts as in use",
+    )
+
+
 class AgentConfig(_Strict):
     listen: str = DEFAULT_LISTEN
     interval_seconds: float = Field(default=1.0, gt=0, le=60)
     history_seconds: float = Field(default=7200.0, ge=60, le=7 * 86400)
     log_level: str = "info"
+    state_dir: str | None = Field(
+        default=None,
+        description="where benchmark results are kept; None: $STATE_DIRECTORY (systemd), else "
+        "/var/lib/hybridmon as root, else $XDG_STATE_HOME/hybridmon or ~/.local/state/hybridmon",
+    )
     paths: PathsConfig = PathsConfig()
     gpu: GpuConfig = GpuConfig()
     process: ProcessConfig = ProcessConfig()
@@ -123,6 +144,7 @@ class AgentConfig(_Strict):
     collectors: dict[str, CollectorConfig] = {}
     detectors: DetectorsConfig = DetectorsConfig()
     alerting: AlertingConfig = AlertingConfig()
+    bench: BenchConfig = BenchConfig()
 
     @field_validator("listen")
     @classmethod
@@ -147,6 +169,19 @@ class AgentConfig(_Strict):
 
     def collector(self, name: str) -> CollectorConfig:
         return self.collectors.get(name, CollectorConfig())
+
+    def resolved_state_dir(self, environ: Mapping[str, str] | None = None) -> Path:
+        """The state directory this agent uses (it may not exist yet)."""
+        if self.state_dir:
+            return Path(self.state_dir)
+        environ = os.environ if environ is None else environ
+        if environ.get("STATE_DIRECTORY"):
+            # systemd's StateDirectory= may list several, colon-separated; the first is ours.
+            return Path(environ["STATE_DIRECTORY"].split(":")[0])
+        if os.geteuid() == 0:
+            return Path("/var/lib/hybridmon")
+        base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+        return Path(base) / "hybridmon"
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -10,6 +10,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from agent import __version__
+from agent.bench_api import BenchService, router as bench_router
 from agent.daemon import Agent
 from agent.findings import findings_json, iso_time
 from agent.runbooks import RunbookLibrary
@@ -66,6 +67,8 @@ def create_app(agent: Agent) -> FastAPI:
             return HTMLResponse(runbooks.not_found_html(name), status_code=404)
         return HTMLResponse(page)
 
+    app.state.bench = BenchService(agent.config, agent.history, agent.mode)
+    app.include_router(bench_router(app.state.bench))
     return app
 
 

@@ -6,6 +6,7 @@ from typing import Callable
 from agent.config import COLLECTOR_NAMES, AgentConfig
 from agent.sampler import Scheduled
 from agent.sources import RawSource
+from exporters.bench import BenchCollector
 from exporters.gpu import GpuCollector
 from exporters.host_memory import HostMemoryCollector
 from exporters.numa import NumaCollector, ProcessNumaCollector
@@ -64,6 +65,7 @@ def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: boo
         process,
         ProcessNumaCollector(sources["process_numa"], procfs=paths.procfs, sysfs=paths.sysfs,
                              watched=watched_processes),
+        BenchCollector(sources["bench"], state_dir=config.resolved_state_dir()),
     ]
     enabled = [c for c in collectors if config.collector(c.name).enabled]
     enabled_names = {c.name for c in enabled}

@@ -16,9 +16,10 @@ from rules.templates import humanize, humanize_percentage
 
 CAPACITY_THEORETICAL = "gpu:hybridmon_gpu_pcie_link_capacity_bytes_per_second:theoretical"
 MAX_CAPACITY = "gpu:hybridmon_gpu_pcie_link_max_capacity_bytes_per_second:theoretical"
-# The capacity the starvation alert divides by. When the offload benchmark records what this host
-# measured, add its recording rule and point this at `measured or theoretical`.
-CAPACITY = CAPACITY_THEORETICAL
+# The capacity the starvation alert divides by, per direction: what `hybridmon bench` measured on
+# this host where it has run, else the theoretical rate of the current link.
+CAPACITY = "gpu:hybridmon_gpu_pcie_capacity_bytes_per_second:effective"
+MEASURED_CAPACITY = "hybridmon_gpu_pcie_measured_capacity_bytes_per_second"
 THROUGHPUT = "gpu:hybridmon_gpu_pcie_throughput_bytes_per_second:avg1m"
 UTILIZATION = "gpu:hybridmon_gpu_utilization_ratio:avg1m"
 REPLAY_BOUND = "gpu:hybridmon_gpu_pcie_replays_per_minute:dcgm_bound"
@@ -47,6 +48,11 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
                                   "hybridmon_gpu_pcie_link_width_lanes")),
         Recording(MAX_CAPACITY, capacity_expr("hybridmon_gpu_pcie_link_max_generation",
                                               "hybridmon_gpu_pcie_link_max_width_lanes")),
+        Recording(CAPACITY,
+                  "# bytes/s per direction: measured by `hybridmon bench`, else theoretical\n"
+                  f"{MEASURED_CAPACITY}\n"
+                  + "".join(f'or\nlabel_replace({CAPACITY_THEORETICAL}, "direction", "{direction}", "", "")\n'
+                            for direction in ("host_to_device", "device_to_host")).rstrip("\n")),
         Recording(THROUGHPUT, "avg_over_time(hybridmon_gpu_pcie_throughput_bytes_per_second[1m])"),
         Recording(UTILIZATION, "avg_over_time(hybridmon_gpu_utilization_ratio[1m])"),
         Recording(replay_rate_record(t), f"rate(hybridmon_gpu_pcie_replays_total[{window}])"),
@@ -65,9 +71,8 @@ def starvation(t: Thresholds) -> Alert:
     return Alert(
         "GpuPcieStarvation",
         dedent(f"""\
-            # the busier direction's share of the link's capacity...
-            max without (direction) ({THROUGHPUT})
-              / {CAPACITY}
+            # the share of its capacity in the direction nearest to it...
+            max without (direction) ({THROUGHPUT} / {CAPACITY})
               >= {number(s.traffic_share_of_capacity)}
             # ...while the GPU's own work stalls
             and
@@ -76,8 +81,9 @@ def starvation(t: Thresholds) -> Alert:
         "GPU <gpu> on <instance> is starved by PCIe: link <value|humanizePercentage> full, "
         "GPU <util|humanizePercentage> busy",
         "GPU <gpu> (<uuid>) moved <traffic|humanize>B/s over PCIe in its busier direction "
-        "(1 min average): <value|humanizePercentage> of the <capacity|humanize>B/s its link carries "
-        "at the current generation and width (threshold "
+        "(1 min average); the direction nearest its capacity ran at <value|humanizePercentage> of "
+        "it (capacity up to <capacity|humanize>B/s: what hybridmon bench measured on this host, "
+        "else the theoretical rate of the current generation and width; threshold "
         f"{humanize_percentage(s.traffic_share_of_capacity)}), while its utilization was "
         f"<util|humanizePercentage> (threshold: at most {humanize_percentage(s.gpu_utilization_at_most)}). "
         "The GPU waits on host-device copies: offloaded KV cache or weights cross the bus faster "
@@ -85,7 +91,7 @@ def starvation(t: Thresholds) -> Alert:
         "traffic (nvidia-smi dmon -s t, nvidia-smi pmon) and shrink what it moves per token.",
         queries={
             "traffic": _gpu("max without (direction) ({})", THROUGHPUT),
-            "capacity": _gpu("{}", CAPACITY),
+            "capacity": _gpu("max without (direction) ({})", CAPACITY),
             "util": _gpu("{}", UTILIZATION),
         },
     )

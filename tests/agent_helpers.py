@@ -18,6 +18,8 @@ FIXTURE_ENVIRONMENT = {
     "HYBRIDMON_PATHS__SYSFS": str(FIXTURE_HOST / "sys"),
     "HYBRIDMON_GPU__NVML_MODULE": "tests.fake_nvml",
     "HYBRIDMON_PCIE__UDEV": "false",
+    # Benchmark results: none stored on the fixture host (the directory does not exist).
+    "HYBRIDMON_STATE_DIR": str(FIXTURE_HOST / "state"),
 }
 
 

@@ -82,8 +82,8 @@ def test_quantized_kv_carries_the_accuracy_caveat():
     assert not any("accuracy" in note for note in budget.compute(budget.preset("llama-3-8b"), 10, "fp16").notes)
 
 
-def test_measured_bandwidth_hook_reports_nothing_yet():
-    assert budget.measured_bandwidth() is None
+def test_nothing_measured_means_no_bandwidth(tmp_path):
+    assert budget.measured_bandwidth(tmp_path / "no-state") is None
 
 
 @pytest.mark.parametrize(

@@ -2,16 +2,18 @@ import pytest
 
 from agent.detectors.pcie import (PcieLinkDegradedDetector, PcieStarvationDetector,
                                   theoretical_capacity)
+from agent.detectors.pcie_bandwidth import PcieBandwidthLowDetector
 from agent.detectors.pcie_errors import (GpuLostDetector, PcieErrorsDetector,
                                          replay_bound_per_minute)
-from tests.test_detectors_support import (T0, THRESHOLDS, Trace, gpu_rows, only, pcie_rows)
+from tests.test_detectors_support import (T0, THRESHOLDS, Trace, bench_rows, gpu_rows, only,
+                                          pcie_rows)
 
 GEN4_X16 = 16 * 1969.2e6
 GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
 
 
-def starvation(capacity=None):
-    return PcieStarvationDetector(THRESHOLDS.pcie_starvation, capacity=capacity)
+def starvation():
+    return PcieStarvationDetector(THRESHOLDS.pcie_starvation)
 
 
 def test_capacity_and_replay_bound_tables():
@@ -55,15 +57,59 @@ def test_starvation_silent_while_the_gpu_keeps_working():
 
 
 def test_starvation_uses_the_measured_capacity_when_there_is_one():
+    gpu = lambda t: gpu_rows(utilization=0.1, h2d=24e9, d2h=2e9)
     trace = Trace()
-    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=24e9))
+    now = trace.run(T0, T0 + 120, gpu=gpu)
     assert starvation().evaluate(trace.history, now) == []
-    (finding,) = starvation(capacity={"GPU-0000": 26e9}.get).evaluate(trace.history, now)
+    measured = Trace()
+    now = measured.run(T0, T0 + 120, gpu=gpu, bench=lambda t: bench_rows(h2d=26e9, d2h=25e9))
+    (finding,) = starvation().evaluate(measured.history, now)
     assert finding.value == pytest.approx(24 / 26)
     assert finding.details["threshold_bytes_per_second"] == pytest.approx(0.85 * 26e9)
     assert finding.details["capacity_source"] == "measured"
-    # a lookup without a result for this GPU falls back to the theoretical rate
-    assert starvation(capacity=lambda uuid: None).evaluate(trace.history, now) == []
+    assert "measured Gen4 x16 capacity" in finding.summary
+
+
+def test_starvation_judges_each_direction_against_its_own_capacity():
+    # 20 GB/s device->host is 95 % of a measured 21 GB/s, while 22 GB/s host->device is 73 % of 30.
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=22e9, d2h=20e9),
+                    bench=lambda t: bench_rows(h2d=30e9, d2h=21e9))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.details["direction"] == "device_to_host"
+    assert finding.value == pytest.approx(20 / 21)
+
+
+def test_bandwidth_low_fires_on_a_measurement_far_below_the_link():
+    detector = PcieBandwidthLowDetector(THRESHOLDS.pcie_bandwidth_low)
+    trace = Trace()
+    # Gen4 x16: the floor is 76 % of 31.5 GB/s = 23.9 GB/s; host->device measured 13.6 GB/s.
+    now = trace.run(T0, T0 + 10, gpu=lambda t: gpu_rows(generation=3, width=16),
+                    bench=lambda t: bench_rows(h2d=13.6e9, d2h=26.4e9))
+    (finding,) = detector.evaluate(trace.history, now)
+    assert finding.alertname == "GpuPcieBandwidthLow" and finding.labels == GPU0
+    assert finding.value == pytest.approx(13.6e9 / GEN4_X16)
+    assert finding.threshold == 0.76 and finding.for_seconds == 0
+    assert finding.details["direction"] == "host_to_device"
+    assert finding.details["floor_bytes_per_second"] == pytest.approx(0.76 * GEN4_X16)
+    assert "13.6 GB/s host to device" in finding.summary and "Gen4 x16" in finding.summary
+    assert finding.details["measured_at"] == T0 - 3600
+
+
+def test_bandwidth_low_silent_on_a_healthy_measurement_or_without_one():
+    detector = PcieBandwidthLowDetector(THRESHOLDS.pcie_bandwidth_low)
+    healthy = Trace()
+    now = healthy.run(T0, T0 + 10, gpu=lambda t: gpu_rows(), bench=lambda t: bench_rows(h2d=24.5e9))
+    assert detector.evaluate(healthy.history, now) == []
+    unmeasured = Trace()
+    now = unmeasured.run(T0, T0 + 10, gpu=lambda t: gpu_rows())
+    assert detector.evaluate(unmeasured.history, now) == []
+    # Gen5 x16 has the higher floor: 50 GB/s is 79 % of 63 GB/s, below 82.5 %.
+    gen5 = Trace()
+    now = gen5.run(T0, T0 + 10, gpu=lambda t: gpu_rows(generation=5, max_generation=5),
+                   bench=lambda t: bench_rows(h2d=50e9, d2h=53e9))
+    (finding,) = detector.evaluate(gen5.history, now)
+    assert finding.threshold == 0.825 and finding.value == pytest.approx(50e9 / (16 * 3938.5e6))
 
 
 def test_starvation_judges_the_minute_average_not_one_burst():

@@ -6,12 +6,12 @@ from typing import Callable, Iterable
 
 from agent.detectors.base import load_thresholds
 from agent.history import History
-from exporters import gpu, host_memory, numa, pcie, pressure, process
+from exporters import bench, gpu, host_memory, numa, pcie, pressure, process
 from exporters.base import MetricSpec, Samples
 
 T0 = 1_700_000_000.0
 THRESHOLDS = load_thresholds()
-COLLECTORS = ("gpu", "host_memory", "pressure", "process", "process_numa", "numa", "pcie")
+COLLECTORS = ("gpu", "host_memory", "pressure", "process", "process_numa", "numa", "pcie", "bench")
 GIB = 2**30
 MIB = 2**20
 
@@ -75,6 +75,15 @@ def gpu_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, up: float | None =
     for pid, (name, used_bytes) in (processes or {}).items():
         rows.append((gpu.PROCESS_MEMORY_USED, used_bytes, *labels, pid, name))
     return rows
+
+
+def bench_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, h2d: float = 26e9,
+               d2h: float = 26e9, finished_at: float = T0 - 3600) -> list[Row]:
+    """A stored benchmark run as exporters/bench.py exports it: the measured capacity per direction."""
+    return [(bench.TIMESTAMP, finished_at, gpu_index, uuid),
+            (bench.CONTENDED, 0, gpu_index, uuid),
+            (bench.MEASURED_CAPACITY, h2d, gpu_index, uuid, "host_to_device"),
+            (bench.MEASURED_CAPACITY, d2h, gpu_index, uuid, "device_to_host")]
 
 
 def host_memory_rows(*, swap_in: float = 0.0, swap_out: float = 0.0, major_faults: float = 0.0,

@@ -190,3 +190,18 @@ def test_source_is_shipped_as_package_data():
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     assert "*.cu" in config["tool"]["setuptools"]["package-data"]["agent.bench"]
     assert bench_build.SOURCE.is_file()
+
+
+def test_hybridmon_bench_turns_no_device_into_a_clear_message_and_exit_3(built, tmp_path):
+    """The real binary through the whole command. `hybridmon bench` clears CUDA_VISIBLE_DEVICES
+    on purpose (device order), so on a host with a GPU this would measure it instead."""
+    if Path("/dev/nvidiactl").exists():
+        pytest.skip("a GPU host: `hybridmon bench` would run for real (docs/offload-bench.md)")
+    env = {**os.environ, "HYBRIDMON_STATE_DIR": str(tmp_path / "state")}
+    proc = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "--binary", str(built)],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert proc.returncode == EXIT_NO_DEVICE, proc.stderr
+    assert "hybridmon: no CUDA device: cuda" in proc.stderr
+    assert "the benchmark needs an NVIDIA GPU with a working driver" in proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "state").exists()  # nothing half-measured is stored

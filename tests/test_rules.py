@@ -30,7 +30,7 @@ ALERTS = {
     "HostSwapThrash", "InferenceProcessMemoryGrowth", "InferenceProcessNumaMisplaced",
     "GpuMemoryHeadroomLow", "HostSwappinessHigh", "HostDirtyRatioHigh",
     "HostTransparentHugepageAlways", "HostNumaBalancingEnabled", "HostNoSwapLowHeadroom",
-    "InferenceProcessMemlockLow",
+    "InferenceProcessMemlockLow", "GpuPcieBandwidthLow",
 }
 # Alerts on a state, whose value (0 or 1) says nothing more than the alert itself.
 STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways"}
@@ -78,6 +78,11 @@ max_swappiness_with_swap = 20
 max_dirty_ratio = 10
 min_memlock_bytes = 536870912
 min_available_share_without_swap = 0.2
+
+[pcie_bandwidth_low]
+floor_share_gen4 = 0.6
+floor_share_gen5 = 0.9
+floor_share_other = 0.5
 """
 
 

@@ -22,6 +22,7 @@ THRESHOLD_SECTION = {
     "HostSwappinessHigh": "host_config", "HostDirtyRatioHigh": "host_config",
     "HostTransparentHugepageAlways": "host_config", "HostNumaBalancingEnabled": "host_config",
     "HostNoSwapLowHeadroom": "host_config", "InferenceProcessMemlockLow": "host_config",
+    "GpuPcieBandwidthLow": "pcie_bandwidth_low",
 }
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

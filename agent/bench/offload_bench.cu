@@ -464,6 +464,10 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&b.dev_dst, max_bytes));
     CK(cudaMalloc((void **)&b.dev_src, max_bytes));
     uint64_t seed = 0x5EED;
+    // Progress: one JSON line on stderr before each configuration, so a runner can show how far
+    // the run is (stdout stays the single report object).
+    const int steps = (int)sizes.size() * 5;  // pinned: 3 directions, pageable: 2
+    int step = 0;
     for (bool pinned : {true, false}) {
       b.pinned = pinned;
       alloc_host(b, max_bytes, bind_node);
@@ -473,6 +477,11 @@ int main(int argc, char **argv) {
         // issuing pattern, not the link. Only pinned memory gets the bidirectional test.
         for (Direction d : {kH2D, kD2H, kBidir}) {
           if (d == kBidir && !pinned) continue;
+          std::fprintf(stderr,
+                       "{\"progress\": {\"step\": %d, \"steps\": %d, \"direction\": \"%s\", "
+                       "\"memory\": \"%s\", \"bytes\": %zu}}\n",
+                       ++step, steps, direction_name(d), pinned ? "pinned" : "pageable", s);
+          std::fflush(stderr);
           if (bench.out_of_time()) {
             time_limit_reached = true;
             skipped.push_back({s, std::string("time limit: ") + direction_name(d) +

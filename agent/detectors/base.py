@@ -108,6 +108,17 @@ class GpuMemoryHeadroom(_Section):
     trend_window_seconds: float
 
 
+class PcieBandwidthLow(_Section):
+    floor_share_gen4: float
+    floor_share_gen5: float
+    floor_share_other: float
+
+    def floor_share(self, generation: float) -> float:
+        """The share of the theoretical rate below which a measurement counts as low."""
+        return {4: self.floor_share_gen4, 5: self.floor_share_gen5}.get(
+            int(round(generation)), self.floor_share_other)
+
+
 class HostConfig(_Section):
     max_swappiness_with_swap: int
     max_dirty_ratio: int
@@ -125,6 +136,7 @@ class Thresholds(_Section):
     numa_misplacement: NumaMisplacement
     gpu_memory_headroom: GpuMemoryHeadroom
     host_config: HostConfig
+    pcie_bandwidth_low: PcieBandwidthLow
 
 
 class ThresholdsError(Exception):

@@ -35,6 +35,19 @@ def gpu_latest(history: History, metric: str, now: float) -> dict[tuple[str, ...
     return found
 
 
+def gpu_directions(history: History, metric: str, now: float,
+                   reduce=windows.latest) -> dict[tuple[str, ...], dict[str, float]]:
+    """{(gpu, uuid): {direction: value}} of a per-direction GPU series, `reduce` (windows.latest
+    or windows.avg_over_time) applied to each; series without a value now are left out."""
+    found: dict[tuple[str, ...], dict[str, float]] = {}
+    for series in history.series(metric):
+        value = reduce(series, now)
+        if value is not None:
+            key = (series.labels["gpu"], series.labels["uuid"])
+            found.setdefault(key, {})[series.labels["direction"]] = value
+    return found
+
+
 def host_latest(history: History, metric: str, now: float, **labels: str) -> float | None:
     """The current value of a host-wide gauge (one series for the given labels)."""
     for series in history.series(metric, **labels):

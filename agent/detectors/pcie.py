@@ -6,8 +6,6 @@ Both read NVML's view of the link (hybridmon_gpu_pcie_*), which carries the GPU'
 from __future__ import annotations
 
 import math
-from typing import Callable
-
 from agent.detectors import common, windows
 from agent.detectors.base import Finding, PcieLinkDegraded, PcieStarvation
 from agent.history import History
@@ -18,15 +16,14 @@ LANE_BYTES_PER_SECOND = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e
 # Raw line rate per lane in bits per second, the base of DCGM's replay bound.
 LANE_LINE_RATE_BITS_PER_SECOND = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
 
-CapacityLookup = Callable[[str], "float | None"]
-"""GPU uuid -> measured bytes/s per direction (e.g. from `hybridmon bench`), or None if unknown."""
-
 THROUGHPUT = "hybridmon_gpu_pcie_throughput_bytes_per_second"
 UTILIZATION = "hybridmon_gpu_utilization_ratio"
 GENERATION = "hybridmon_gpu_pcie_link_generation"
 MAX_GENERATION = "hybridmon_gpu_pcie_link_max_generation"
 WIDTH = "hybridmon_gpu_pcie_link_width_lanes"
 MAX_WIDTH = "hybridmon_gpu_pcie_link_max_width_lanes"
+# Per direction, from the latest `hybridmon bench` run (exporters/bench.py).
+MEASURED_CAPACITY = "hybridmon_gpu_pcie_measured_capacity_bytes_per_second"
 
 
 def theoretical_capacity(generation: float, lanes: float) -> float | None:
@@ -42,26 +39,25 @@ def link_name(generation: float, lanes: float) -> str:
 
 
 class PcieStarvationDetector:
-    """GpuPcieStarvation: the busier direction's traffic (avg 1m) at or above
+    """GpuPcieStarvation: in the direction nearest its capacity, traffic (avg 1m) at or above
     traffic_share_of_capacity x capacity while GPU utilization (avg 1m) is at or below
-    gpu_utilization_at_most. Capacity is the `capacity` lookup's value for the GPU when it has
-    one, else the theoretical rate of the current generation x current width."""
+    gpu_utilization_at_most. Capacity is what `hybridmon bench` measured for that direction
+    (hybridmon_gpu_pcie_measured_capacity_bytes_per_second) when there is a measurement, else the
+    theoretical rate of the current generation x current width."""
 
     name = "pcie_starvation"
     alertnames = ("GpuPcieStarvation",)
     min_history_seconds = windows.AVERAGE_SECONDS
 
-    def __init__(self, config: PcieStarvation, capacity: CapacityLookup | None = None) -> None:
+    def __init__(self, config: PcieStarvation) -> None:
         self.config = config
-        self.capacity = capacity
 
-    def link_capacity(self, uuid: str, generation: float | None,
+    @staticmethod
+    def link_capacity(measured: float | None, generation: float | None,
                       lanes: float | None) -> tuple[float, str] | None:
-        """(bytes/s per direction, where it comes from) for one GPU."""
-        if self.capacity is not None:
-            measured = self.capacity(uuid)
-            if measured is not None and measured > 0:
-                return measured, "measured"
+        """(bytes/s, where it comes from) for one direction of one GPU."""
+        if measured is not None and measured > 0:
+            return measured, "measured"
         if generation is None or lanes is None:
             return None
         theoretical = theoretical_capacity(generation, lanes)
@@ -71,23 +67,24 @@ class PcieStarvationDetector:
         utilization = common.gpu_averages(history, UTILIZATION, now)
         generation = common.gpu_latest(history, GENERATION, now)
         width = common.gpu_latest(history, WIDTH, now)
-        traffic: dict[tuple[str, ...], dict[str, float]] = {}
-        for series in history.series(THROUGHPUT):
-            value = windows.avg_over_time(series, now)
-            if value is not None:
-                key = (series.labels["gpu"], series.labels["uuid"])
-                traffic.setdefault(key, {})[series.labels["direction"]] = value
+        traffic = common.gpu_directions(history, THROUGHPUT, now, windows.avg_over_time)
+        measured = common.gpu_directions(history, MEASURED_CAPACITY, now)
         findings = []
         for key, directions in sorted(traffic.items()):
             busy = utilization.get(key)
-            capacity = self.link_capacity(key[1], generation.get(key), width.get(key))
-            if busy is None or capacity is None:
+            shares = {}
+            for direction, value in directions.items():
+                capacity = self.link_capacity(measured.get(key, {}).get(direction),
+                                              generation.get(key), width.get(key))
+                if capacity is not None:
+                    shares[direction] = (value / capacity[0], value, capacity)
+            if busy is None or not shares:
                 continue
-            bytes_per_second, source = capacity
-            direction, peak = max(directions.items(), key=lambda item: item[1])
+            direction, (share, peak, (bytes_per_second, source)) = max(
+                shares.items(), key=lambda item: item[1][0])
+            if share < self.config.traffic_share_of_capacity or busy > self.config.gpu_utilization_at_most:
+                continue
             threshold = self.config.traffic_share_of_capacity * bytes_per_second
-            if peak < threshold or busy > self.config.gpu_utilization_at_most:
-                continue
             findings.append(self._finding(key, direction, peak, threshold, bytes_per_second,
                                           source, busy, directions, generation.get(key),
                                           width.get(key)))

@@ -6,16 +6,16 @@ from agent.detectors.host_config import HostConfigDetector
 from agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
 from agent.detectors.memory import MemoryGrowthDetector
 from agent.detectors.numa import NumaMisplacementDetector
-from agent.detectors.pcie import CapacityLookup, PcieLinkDegradedDetector, PcieStarvationDetector
+from agent.detectors.pcie import PcieLinkDegradedDetector, PcieStarvationDetector
+from agent.detectors.pcie_bandwidth import PcieBandwidthLowDetector
 from agent.detectors.pcie_errors import GpuLostDetector, PcieErrorsDetector
 from agent.detectors.swap import SwapThrashDetector
 
 
-def all_detectors(thresholds: Thresholds, capacity: CapacityLookup | None = None) -> list[Detector]:
-    """One detector per thresholds section, in a stable order. `capacity` (GPU uuid -> measured
-    bytes/s per direction, or None) replaces the theoretical link capacity for starvation."""
+def all_detectors(thresholds: Thresholds) -> list[Detector]:
+    """One detector per thresholds section, in a stable order."""
     return [
-        PcieStarvationDetector(thresholds.pcie_starvation, capacity=capacity),
+        PcieStarvationDetector(thresholds.pcie_starvation),
         PcieLinkDegradedDetector(thresholds.pcie_link_degraded),
         PcieErrorsDetector(thresholds.pcie_errors),
         GpuLostDetector(thresholds.gpu_lost),
@@ -24,6 +24,7 @@ def all_detectors(thresholds: Thresholds, capacity: CapacityLookup | None = None
         NumaMisplacementDetector(thresholds.numa_misplacement),
         GpuMemoryHeadroomDetector(thresholds.gpu_memory_headroom),
         HostConfigDetector(thresholds.host_config),
+        PcieBandwidthLowDetector(thresholds.pcie_bandwidth_low),
     ]
 
 

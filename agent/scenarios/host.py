@@ -646,6 +646,7 @@ class SyntheticHost:
             "interval_seconds": interval_seconds,
             "history_seconds": history_seconds,
             "paths": {"procfs": str(self.procfs), "sysfs": str(self.sysfs)},
+            "state_dir": str(self.root / "state"),  # no benchmark run unless a scenario stores one
             "gpu": {"nvml_module": "tests.fake_nvml"},
             "pcie": {"udev": False},
         }

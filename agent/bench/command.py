@@ -1,0 +1,137 @@
+"""`hybridmon bench`: build or find the benchmark, run it per GPU with a progress line, store and
+summarise the results.
+
+Exit statuses: 0 measured, 1 failed (build, CUDA error, verification, storage), 2 usage,
+3 no CUDA device, 4 a GPU is in use and --force was not given.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from typing import TextIO
+
+from agent.bench.build import BenchBuildError, locate_binary
+from agent.bench.report import Progress, ReportError
+from agent.bench.runner import BenchError, BenchRunner, busy_reason
+from agent.bench.store import measured_capacity, parse_stored_run
+from agent.config import AgentConfig
+from agent.detectors.pcie import link_name, theoretical_capacity
+from exporters.nvml import GpuLostError
+
+
+COLUMNS = {"host_to_device": "host->device", "device_to_host": "device->host",
+           "bidirectional": "both (summed)"}
+
+
+class ProgressLine:
+    """One line rewritten in place on a terminal; one line per step otherwise (logs, CI)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+        self.interactive = stream.isatty()
+
+    def __call__(self, gpu: str, placement: str, step: Progress) -> None:
+        size = _size(step.transfer_bytes)
+        text = (f"GPU {gpu} {placement}: [{step.step:>2}/{step.steps}] "
+                f"{step.direction.replace('_', ' ')} {step.memory} {size}")
+        if self.interactive:
+            self.stream.write("\r\033[K" + text)
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        if self.interactive:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _size(value: float) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= scale:
+            return f"{value / scale:g} {unit}"
+    return f"{value:g} B"
+
+
+def main(config: AgentConfig, gpu: int | None, as_json: bool, force: bool,
+         binary: str | None, remote: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+    try:
+        path = locate_binary(binary or config.bench.binary)
+    except BenchBuildError as error:
+        err.write(f"hybridmon: cannot build or find the benchmark: {error}\n")
+        return 1
+    progress = ProgressLine(err)
+    runner = BenchRunner(path, config.resolved_state_dir(), nvml_module=config.gpu.nvml_module,
+                         sysfs=config.paths.sysfs, max_seconds=config.bench.max_seconds,
+                         repeat=config.bench.repeat,
+                         busy_utilization_at_least=config.bench.busy_utilization_at_least,
+                         remote=remote, progress=progress)
+    if runner.nvml_problem:
+        err.write(f"hybridmon: warning: {runner.nvml_problem}; running the benchmark without GPU "
+                  "identity or link state\n")
+    gpus = runner.gpu_indices() if gpu is None else [gpu]
+    records, code = [], 0
+    for index in gpus:
+        try:
+            busy = busy_reason(runner.activity(index), config.bench.busy_utilization_at_least)
+        except GpuLostError as error:
+            err.write(f"hybridmon: {error}\n")
+            code = code or 1
+            continue
+        if busy and force:
+            err.write(f"hybridmon: warning: GPU {index} is in use ({busy}); benchmarking anyway "
+                      "(--force): its users will see a busier link, and the figures will be low\n")
+        try:
+            records.append(runner.run_gpu(index, force=force, busy=busy))
+        except (BenchError, ReportError, OSError) as error:
+            progress.done()
+            err.write(f"hybridmon: {error}\n")
+            code = code or getattr(error, "exit_code", 1)
+        progress.done()
+    if as_json:
+        out.write(json.dumps({"runs": records, "state_dir": str(config.resolved_state_dir())},
+                             indent=2) + "\n")
+    else:
+        for record in records:
+            out.write(render(record) + "\n")
+        if records:
+            out.write(f"stored in {config.resolved_state_dir() / 'bench'}\n")
+    return code
+
+
+def render(record: dict) -> str:
+    """A short table per GPU: pinned/pageable per size and direction, efficiency vs the link."""
+    run = parse_stored_run(json.dumps(record))
+    link = run.link
+    capacity = theoretical_capacity(link.generation, link.width) if link else None
+    lines = [f"GPU {run.gpu_index} {run.name} ({run.pci_bus_id}, NUMA node "
+             f"{'?' if run.gpu_numa_node is None else run.gpu_numa_node})"
+             + (f", link {link_name(link.generation, link.width)}" if link else ", link unknown")]
+    if run.contended:
+        lines.append(f"  measured while the GPU was in use ({run.contended}): figures are low")
+    for placement, report in run.reports.items():
+        node = "not bound" if report.numa_node is None else f"node {report.numa_node}"
+        lines.append(f"  host buffers {placement} ({node}), median GB/s"
+                     + (" (share of the link)" if capacity else "") + ":")
+        lines.append(f"    {'':<18}" + "".join(f"{name:>18}" for name in COLUMNS.values()))
+        cells: dict[tuple[str, int], dict[str, str]] = {}
+        for result in report.results:
+            limit = capacity * (2 if result.direction == "bidirectional" else 1) if capacity else None
+            share = f" ({result.median_bytes_per_second / limit:.0%})" if limit else ""
+            cells.setdefault((result.memory, result.transfer_bytes), {})[result.direction] = (
+                f"{result.median_bytes_per_second / 1e9:.2f}{share}")
+        for (memory, size), row in cells.items():
+            lines.append(f"    {memory:<8} {_size(size):>9}"
+                         + "".join(f"{row.get(direction, '-'):>18}" for direction in COLUMNS))
+        for size, reason in report.skipped:
+            lines.append(f"    skipped {_size(size)}: {reason}")
+    for placement, error in run.failures:
+        lines.append(f"  {placement} placement failed: {error}")
+    peak = measured_capacity(run)
+    if peak and run.contended:
+        lines.append("  not used as link capacity (measured while the GPU was in use)")
+    elif peak:
+        lines.append("  capacity used by GpuPcieStarvation: " + ", ".join(
+            f"{direction.replace('_', ' ')} {value / 1e9:.2f} GB/s"
+            for direction, (value, _size_bytes) in sorted(peak.items())))
+    return "\n".join(lines)

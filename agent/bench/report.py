@@ -1,0 +1,168 @@
+"""What the offload benchmark binary prints, read strictly: its report, its error object and its
+progress lines (schema: docs/offload-bench.md).
+
+The parsers raise only ReportError, whose message says what was wrong, so a binary from another
+version or a truncated output never turns into a bandwidth figure.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+SCHEMA_VERSION = 1
+DIRECTIONS = {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional"}
+MEMORY_KINDS = ("pinned", "pageable")
+GIGA = 1e9
+
+
+class ReportError(ValueError):
+    """The benchmark's output is not what its schema promises."""
+
+
+@dataclass(frozen=True)
+class CopyResult:
+    """One (direction, memory kind, transfer size): bandwidths in bytes per second."""
+
+    direction: str  # host_to_device, device_to_host or bidirectional (both directions summed)
+    memory: str
+    transfer_bytes: int
+    samples: int
+    median_bytes_per_second: float
+    min_bytes_per_second: float
+    max_bytes_per_second: float
+    host_numa_node: int | None
+
+
+@dataclass(frozen=True)
+class Report:
+    device_index: int
+    device_name: str
+    pci_bus_id: str
+    device_numa_node: int | None
+    free_memory_bytes: int
+    numa_node: int | None  # node the host buffers were bound to; None: not bound
+    elapsed_seconds: float
+    time_limit_reached: bool
+    results: tuple[CopyResult, ...]
+    skipped: tuple[tuple[int, str], ...]
+    raw: dict
+
+
+@dataclass(frozen=True)
+class BinaryError:
+    """The error object the binary prints with a non-zero exit status."""
+
+    error: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    steps: int
+    direction: str
+    memory: str
+    transfer_bytes: int
+
+
+def _field(obj: dict, name: str, kinds: type | tuple[type, ...], where: str):
+    if name not in obj:
+        raise ReportError(f"{where}: missing {name!r}")
+    value = obj[name]
+    # bool is an int in Python; a JSON true where a number belongs is still wrong.
+    if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+        raise ReportError(f"{where}: {name!r} is {value!r}, not a number")
+    if not isinstance(value, kinds):
+        raise ReportError(f"{where}: {name!r} is {value!r}, not {_kind_names(kinds)}")
+    return value
+
+
+def _kind_names(kinds) -> str:
+    kinds = kinds if isinstance(kinds, tuple) else (kinds,)
+    return " or ".join("null" if kind is type(None) else kind.__name__ for kind in kinds)
+
+
+def _node(obj: dict, name: str, where: str) -> int | None:
+    return _field(obj, name, (int, type(None)), where)
+
+
+def _load_object(text: str, what: str) -> dict:
+    try:
+        obj = json.loads(text)
+    except ValueError as error:
+        raise ReportError(f"{what} is not JSON ({error}): {text[:200]!r}") from None
+    if not isinstance(obj, dict):
+        raise ReportError(f"{what} is not a JSON object: {text[:200]!r}")
+    return obj
+
+
+def parse_report(text: str) -> Report:
+    """The report printed with exit status 0."""
+    obj = _load_object(text, "benchmark report")
+    version = _field(obj, "version", int, "report")
+    if version != SCHEMA_VERSION:
+        raise ReportError(f"report schema version {version}, this hybridmon reads {SCHEMA_VERSION}")
+    device = _field(obj, "device", dict, "report")
+    results = []
+    for position, item in enumerate(_field(obj, "results", list, "report")):
+        where = f"results[{position}]"
+        if not isinstance(item, dict):
+            raise ReportError(f"{where} is not an object")
+        direction = _field(item, "direction", str, where)
+        memory = _field(item, "memory", str, where)
+        if direction not in DIRECTIONS or memory not in MEMORY_KINDS:
+            raise ReportError(f"{where}: unknown direction/memory {direction!r}/{memory!r}")
+        if _field(item, "verified", bool, where) is not True:
+            raise ReportError(f"{where}: copy not verified")
+        bandwidths = [_field(item, name, (int, float), where) for name in
+                      ("median_gbps", "min_gbps", "max_gbps")]
+        median, low, high = bandwidths
+        if not 0 < low <= median <= high:
+            raise ReportError(f"{where}: bandwidths out of order or not positive: {bandwidths}")
+        results.append(CopyResult(
+            direction=DIRECTIONS[direction], memory=memory,
+            transfer_bytes=_positive(item, "bytes", where),
+            samples=_positive(item, "repeat", where),
+            median_bytes_per_second=median * GIGA, min_bytes_per_second=low * GIGA,
+            max_bytes_per_second=high * GIGA, host_numa_node=_node(item, "host_numa_node", where)))
+    skipped = []
+    for position, item in enumerate(_field(obj, "skipped", list, "report")):
+        where = f"skipped[{position}]"
+        if not isinstance(item, dict):
+            raise ReportError(f"{where} is not an object")
+        skipped.append((_positive(item, "bytes", where), _field(item, "reason", str, where)))
+    return Report(
+        device_index=_field(device, "index", int, "device"),
+        device_name=_field(device, "name", str, "device"),
+        pci_bus_id=_field(device, "pci_bus_id", str, "device"),
+        device_numa_node=_node(device, "numa_node", "device"),
+        free_memory_bytes=_field(device, "free_memory_bytes", int, "device"),
+        numa_node=_node(obj, "numa_node", "report"),
+        elapsed_seconds=float(_field(obj, "elapsed_seconds", (int, float), "report")),
+        time_limit_reached=_field(obj, "time_limit_reached", bool, "report"),
+        results=tuple(results), skipped=tuple(skipped), raw=obj)
+
+
+def _positive(obj: dict, name: str, where: str) -> int:
+    value = _field(obj, name, int, where)
+    if value <= 0:
+        raise ReportError(f"{where}: {name!r} must be positive, got {value}")
+    return value
+
+
+def parse_error(text: str) -> BinaryError:
+    """The error object printed with a non-zero exit status."""
+    obj = _load_object(text, "benchmark error output")
+    return BinaryError(error=_field(obj, "error", str, "error object"),
+                       detail=str(obj.get("detail", "")))
+
+
+def parse_progress(line: str) -> Progress | None:
+    """One stderr line; None for anything that is not a progress line (e.g. a driver warning)."""
+    try:
+        item = json.loads(line)["progress"]
+        return Progress(step=int(item["step"]), steps=int(item["steps"]),
+                        direction=DIRECTIONS.get(item["direction"], str(item["direction"])),
+                        memory=str(item["memory"]), transfer_bytes=int(item["bytes"]))
+    except (ValueError, KeyError, TypeError):
+        return None

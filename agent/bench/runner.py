@@ -1,0 +1,305 @@
+"""Run the offload benchmark on a GPU the way `hybridmon bench` and the HTTP endpoint do.
+
+Per GPU: refuse when the GPU is in use (unless forced), run the binary with the host buffers on
+the GPU's NUMA node, then once more on a remote node when the host has one, watch the PCIe link
+meanwhile (it trains up under load; the fastest state seen is the link the copies ran on), and
+store the run atomically in the state directory.
+
+CUDA numbers devices fastest-first by default and honours CUDA_VISIBLE_DEVICES, NVML numbers them
+by PCI bus id. The binary runs with CUDA_DEVICE_ORDER=PCI_BUS_ID and without CUDA_VISIBLE_DEVICES,
+so CUDA device N is NVML GPU N; the PCI bus id the binary reports is checked against NVML's.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from agent import __version__
+from agent.bench.build import EXIT_NO_DEVICE, EXIT_OK
+from agent.bench.report import Progress, ReportError, parse_error, parse_progress, parse_report
+from agent.bench.store import save_run
+from agent.sources import LiveSource
+from exporters.base import CollectorError, NoDataError, ParseError
+from exporters.nvml import GpuLostError, Nvml, normalize_pci_bus_id
+
+LINK_POLL_SECONDS = 0.2
+# Beyond --max-seconds: one sample may still be running when the limit passes, plus start-up.
+GRACE_SECONDS = 60.0
+
+UNCHECKED = object()  # run_gpu's `busy` when the caller has not looked at the GPU's activity
+ProgressCallback = Callable[[str, str, Progress], None]  # (gpu, placement, progress)
+
+
+class BenchError(Exception):
+    """The benchmark could not run or failed; `exit_code` is what `hybridmon bench` returns."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class GpuBusy(BenchError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=4)
+
+
+class NoCudaDevice(BenchError):
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=3)
+
+
+@dataclass(frozen=True)
+class GpuActivity:
+    """What else is using a GPU: compute processes (pid, name, bytes or None) and utilization."""
+
+    processes: tuple[tuple[int, str, int | None], ...]
+    utilization: float | None
+
+
+def busy_reason(activity: GpuActivity, utilization_at_least: float) -> str | None:
+    """Why the GPU counts as in use, or None when it is idle enough to benchmark."""
+    reasons = []
+    if activity.processes:
+        listed = ", ".join(
+            f"pid {pid} ({name}{', ' + _gib(used) if used else ''})"
+            for pid, name, used in activity.processes[:5])
+        more = len(activity.processes) - 5
+        reasons.append(f"compute processes {listed}{f' and {more} more' if more > 0 else ''}")
+    if activity.utilization is not None and activity.utilization >= utilization_at_least:
+        reasons.append(f"{activity.utilization:.0%} utilization")
+    return "; ".join(reasons) or None
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    numa_node: int | None
+
+
+class LinkWatcher:
+    """Polls the link while the benchmark runs and keeps the fastest state seen."""
+
+    def __init__(self, nvml: Nvml | None, gpu: int) -> None:
+        self._nvml, self._gpu = nvml, gpu
+        self._best: tuple[int, int] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"bench-link-{gpu}", daemon=True)
+
+    def _poll(self) -> None:
+        while True:
+            self._sample()
+            if self._stop.wait(LINK_POLL_SECONDS):
+                self._sample()
+                return
+
+    def _sample(self) -> None:
+        try:
+            state = (self._nvml.pcie_link_generation(self._gpu),
+                     self._nvml.pcie_link_width_lanes(self._gpu))
+        except (NoDataError, CollectorError, GpuLostError):
+            return
+        if None not in state and (self._best is None or state[0] * state[1] > self._best[0] * self._best[1]):
+            self._best = state
+
+    def __enter__(self) -> "LinkWatcher":
+        if self._nvml is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    def link(self) -> dict | None:
+        if self._best is None:
+            return None
+        return {"generation": int(self._best[0]), "width": int(self._best[1]),
+                "max_generation": self._nvml.pcie_link_max_generation(self._gpu),
+                "max_width": self._nvml.pcie_link_max_width_lanes(self._gpu)}
+
+
+class BenchRunner:
+    def __init__(self, binary: Path, state_dir: Path, *, nvml_module: Any = "pynvml",
+                 sysfs: str = "/sys", max_seconds: float = 120.0, repeat: int = 10,
+                 busy_utilization_at_least: float = 0.05, remote: bool = True,
+                 progress: ProgressCallback | None = None) -> None:
+        self.binary, self.state_dir, self.sysfs = binary, state_dir, sysfs
+        self.max_seconds, self.repeat, self.remote = max_seconds, repeat, remote
+        self.busy_utilization_at_least = busy_utilization_at_least
+        self.progress = progress
+        self._nvml: Nvml | None = Nvml(LiveSource(), nvml_module)
+        self.nvml_problem: str | None = None
+        try:
+            self._nvml.device_count()
+        except (NoDataError, CollectorError) as error:
+            # The binary still runs and says why CUDA has no device; identity comes from its report.
+            self.nvml_problem, self._nvml = str(error), None
+
+    def gpu_indices(self) -> list[int]:
+        return list(range(self._nvml.device_count())) if self._nvml is not None else [0]
+
+    def activity(self, gpu: int) -> GpuActivity:
+        if self._nvml is None:
+            return GpuActivity((), None)
+        processes = self._nvml.compute_processes(gpu) or []
+        names = self._nvml.process_names(p.pid for p in processes)
+        own = os.getpid()
+        return GpuActivity(
+            tuple((p.pid, names.get(p.pid, str(p.pid)), p.used_memory_bytes) for p in processes if p.pid != own),
+            self._nvml.utilization_ratio(gpu))
+
+    def identity(self, gpu: int) -> GpuIdentity | None:
+        if self._nvml is None:
+            return None
+        try:
+            bus_id = self._nvml.pci_bus_id(gpu)
+        except ParseError:
+            bus_id = None
+        return GpuIdentity(gpu, self._nvml.uuid(gpu) or "", self._nvml.name(gpu) or "",
+                           bus_id or "", self._nvml.numa_node(gpu))
+
+    def run_gpu(self, gpu: int, force: bool = False, busy: Any = UNCHECKED) -> dict:
+        """Benchmark one GPU and store the run; returns the stored record. `busy` is the caller's
+        busy_reason when it already looked (the CLI warns with it before a forced run)."""
+        if busy is UNCHECKED:
+            busy = busy_reason(self.activity(gpu), self.busy_utilization_at_least)
+        if busy and not force:
+            raise GpuBusy(f"GPU {gpu} is in use ({busy}): a benchmark would compete with it for the "
+                          "PCIe link and GPU memory and disturb its users; run it in a quiet "
+                          "moment, or force it (--force) and expect lower figures")
+        identity = self.identity(gpu)
+        placements, failures = [], []
+        with LinkWatcher(self._nvml, gpu) as watcher:
+            local = self._run_binary(gpu, "auto", "local")
+            report = local["report"]
+            bus_id = normalize_pci_bus_id(report["device"]["pci_bus_id"])
+            if identity is not None and identity.pci_bus_id and identity.pci_bus_id != bus_id:
+                raise BenchError(f"CUDA device {gpu} is {bus_id} but NVML GPU {gpu} is "
+                                 f"{identity.pci_bus_id}: the two disagree on device order")
+            gpu_node = report["device"]["numa_node"]
+            nodes = memory_nodes(self.sysfs)
+            local["placement"] = ("local" if gpu_node is not None or len(nodes) <= 1 else "unbound")
+            placements.append(local)
+            remote = self._remote_node(gpu_node, nodes) if self.remote else None
+            if remote is not None:
+                try:
+                    placements.append(self._run_binary(gpu, str(remote), "remote"))
+                except BenchError as error:
+                    failures.append({"placement": "remote", "error": str(error)})
+        record = {
+            "format": 1, "finished_at": time.time(), "hybridmon_version": __version__,
+            "gpu": {"index": gpu, "uuid": identity.uuid if identity else "",
+                    "name": identity.name if identity else report["device"]["name"],
+                    "pci_bus_id": bus_id, "numa_node": report["device"]["numa_node"]},
+            "link": watcher.link(), "contended": busy, "placements": placements,
+            "failures": failures,
+        }
+        save_run(self.state_dir, record)
+        return record
+
+    def _remote_node(self, gpu_node: int | None, nodes: list[int]) -> int | None:
+        """The memory node farthest from the GPU's (the other socket): the misplacement penalty."""
+        others = [node for node in nodes if node != gpu_node]
+        if gpu_node is None or not others:
+            return None
+        distances = node_distances(self.sysfs, gpu_node)
+        return max(others, key=lambda node: (distances.get(node, 0), -node))
+
+    def _run_binary(self, gpu: int, numa: str, placement: str) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        command = [str(self.binary), "--device", str(gpu), "--repeat", str(self.repeat),
+                   "--max-seconds", f"{self.max_seconds:g}", "--numa-node", numa]
+        try:
+            process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       text=True, env=env)
+        except OSError as error:
+            raise BenchError(f"cannot run {self.binary}: {error.strerror}") from None
+        stderr_lines: list[str] = []
+        stdout_parts: list[str] = []
+        readers = [
+            threading.Thread(target=self._follow, args=(process, gpu, placement, stderr_lines), daemon=True),
+            threading.Thread(target=lambda: stdout_parts.append(process.stdout.read()), daemon=True),
+        ]
+        for reader in readers:
+            reader.start()
+        try:
+            process.wait(timeout=self.max_seconds + GRACE_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            raise BenchError(f"the benchmark on GPU {gpu} ran past {self.max_seconds + GRACE_SECONDS:g} s "
+                             "and was stopped") from None
+        finally:
+            for reader in readers:
+                reader.join(timeout=5)
+        stdout = "".join(stdout_parts)
+        if process.returncode != EXIT_OK:
+            raise self._failure(gpu, process.returncode, stdout, stderr_lines)
+        try:
+            parse_report(stdout)
+        except ReportError as error:
+            raise BenchError(f"the benchmark's report for GPU {gpu} is unusable: {error}") from None
+        report = json.loads(stdout)
+        return {"placement": placement, "numa_node": report.get("numa_node"), "report": report}
+
+    def _follow(self, process: subprocess.Popen, gpu: int, placement: str, lines: list[str]) -> None:
+        for line in process.stderr:
+            step = parse_progress(line)
+            if step is None:
+                lines.append(line.rstrip())
+            elif self.progress is not None:
+                self.progress(str(gpu), placement, step)
+
+    @staticmethod
+    def _failure(gpu: int, status: int, stdout: str, stderr_lines: list[str]) -> BenchError:
+        try:
+            error = parse_error(stdout)
+            what = f"{error.error}: {error.detail}" if error.detail else error.error
+        except ReportError:
+            what = "; ".join(stderr_lines[-5:]) or f"no output (exit status {status})"
+        if status == EXIT_NO_DEVICE:
+            return NoCudaDevice(f"{what}; the benchmark needs an NVIDIA GPU with a working driver "
+                                "(`nvidia-smi` should list it)")
+        return BenchError(f"the benchmark failed on GPU {gpu} (exit status {status}): {what}")
+
+
+def memory_nodes(sysfs: str) -> list[int]:
+    """NUMA nodes that have memory (sysfs has_memory, e.g. "0-1"); [] when unknown."""
+    try:
+        with open(os.path.join(sysfs, "devices/system/node/has_memory"), encoding="ascii") as handle:
+            text = handle.read().strip()
+    except OSError:
+        return []
+    nodes: list[int] = []
+    for part in filter(None, text.split(",")):
+        low, _, high = part.partition("-")
+        try:
+            nodes.extend(range(int(low), int(high or low) + 1))
+        except ValueError:
+            return []
+    return nodes
+
+
+def node_distances(sysfs: str, node: int) -> dict[int, int]:
+    """node -> SLIT distance from `node` (sysfs node<N>/distance); {} when unknown."""
+    try:
+        with open(os.path.join(sysfs, f"devices/system/node/node{node}/distance"), encoding="ascii") as handle:
+            values = [int(value) for value in handle.read().split()]
+    except (OSError, ValueError):
+        return {}
+    return dict(enumerate(values))

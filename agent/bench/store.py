@@ -1,0 +1,196 @@
+"""Benchmark results kept in the agent's state directory.
+
+    <state_dir>/bench/latest/<pci bus id>.json   the newest run per GPU: what the agent exports
+    <state_dir>/bench/runs/<UTC time>-<pci bus id>.json   every run, the oldest pruned
+
+Each file is one stored run (format below), written to a temporary file in the same directory,
+fsynced and renamed into place, so a reader (the agent, `hybridmon budget`) sees the old run or the
+new one, never half of one. The reports inside are the binary's own output, kept whole so a later
+hybridmon can re-read what was measured.
+
+    {"format": 1, "finished_at": <unix time>, "hybridmon_version": "...",
+     "gpu": {"index": 0, "uuid": "GPU-...", "name": "...", "pci_bus_id": "0000:17:00.0",
+             "numa_node": 0},
+     "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16} or null,
+     "contended": null or "why the GPU counted as busy when the run was forced",
+     "placements": [{"placement": "local", "numa_node": 0, "report": {...}}, ...],
+     "failures": [{"placement": "remote", "error": "..."}]}
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.bench.report import Report, ReportError, parse_report
+
+RECORD_FORMAT = 1
+RUNS_KEPT_PER_GPU = 50
+PLACEMENTS = ("local", "remote", "unbound")
+_SAFE_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+
+
+@dataclass(frozen=True)
+class Link:
+    generation: int
+    width: int
+    max_generation: int | None
+    max_width: int | None
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    finished_at: float
+    gpu_index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    gpu_numa_node: int | None
+    link: Link | None
+    contended: str | None
+    reports: dict[str, Report]  # placement -> report
+    failures: tuple[tuple[str, str], ...]
+
+
+def bench_dir(state_dir: str | os.PathLike[str]) -> Path:
+    return Path(state_dir) / "bench"
+
+
+def latest_dir(state_dir: str | os.PathLike[str]) -> Path:
+    return bench_dir(state_dir) / "latest"
+
+
+def _optional_int(obj: dict, name: str) -> int | None:
+    value = obj.get(name)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ReportError(f"stored run: {name!r} is {value!r}, not an integer")
+    return value
+
+
+def parse_stored_run(text: str) -> StoredRun:
+    """A stored run, checked as strictly as the binary's report; raises ReportError."""
+    try:
+        obj = json.loads(text)
+    except ValueError as error:
+        raise ReportError(f"stored run is not JSON: {error}") from None
+    if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
+        raise ReportError(f"not a stored benchmark run of format {RECORD_FORMAT}")
+    gpu, link = obj.get("gpu"), obj.get("link")
+    if not isinstance(gpu, dict) or not isinstance(obj.get("placements"), list):
+        raise ReportError("stored run lacks 'gpu' or 'placements'")
+    if not isinstance(obj.get("finished_at"), (int, float)):
+        raise ReportError("stored run lacks 'finished_at'")
+    reports = {}
+    for entry in obj["placements"]:
+        placement = entry.get("placement") if isinstance(entry, dict) else None
+        if placement not in PLACEMENTS:
+            raise ReportError(f"stored run: unknown placement {placement!r}")
+        reports[placement] = parse_report(json.dumps(entry.get("report")))
+    parsed_link = None
+    if isinstance(link, dict):
+        generation, width = _optional_int(link, "generation"), _optional_int(link, "width")
+        if generation and width:
+            parsed_link = Link(generation, width, _optional_int(link, "max_generation"),
+                               _optional_int(link, "max_width"))
+    failures = tuple((str(item.get("placement")), str(item.get("error")))
+                     for item in obj.get("failures") or () if isinstance(item, dict))
+    index = _optional_int(gpu, "index")
+    return StoredRun(
+        finished_at=float(obj["finished_at"]), gpu_index=-1 if index is None else index,
+        uuid=str(gpu.get("uuid") or ""), name=str(gpu.get("name") or ""),
+        pci_bus_id=str(gpu.get("pci_bus_id") or ""), gpu_numa_node=_optional_int(gpu, "numa_node"),
+        link=parsed_link, contended=obj.get("contended") or None, reports=reports,
+        failures=failures)
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as out:
+            out.write(text)
+            out.flush()
+            os.fsync(out.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        try:
+            os.unlink(temporary)
+        except FileNotFoundError:
+            pass
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)  # the rename itself survives a crash
+    finally:
+        os.close(directory)
+
+
+def save_run(state_dir: str | os.PathLike[str], record: dict) -> Path:
+    """Store a run (a dict in the format above) as the GPU's latest and in the run history.
+
+    The record is validated first: what cannot be read back is never stored."""
+    text = json.dumps(record, indent=1, sort_keys=True) + "\n"
+    parse_stored_run(text)
+    bus_id = str(record["gpu"]["pci_bus_id"])
+    if not _SAFE_BUS_ID.fullmatch(bus_id):
+        raise ReportError(f"refusing to store a run under PCI bus id {bus_id!r}")
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(record["finished_at"]))
+    runs = bench_dir(state_dir) / "runs"
+    _write_atomically(runs / f"{stamp}-{bus_id}.json", text)
+    latest = latest_dir(state_dir) / f"{bus_id}.json"
+    _write_atomically(latest, text)
+    _prune(runs, bus_id)
+    return latest
+
+
+def _prune(runs: Path, bus_id: str) -> None:
+    mine = sorted(path for path in runs.glob(f"*-{bus_id}.json"))
+    for old in mine[:-RUNS_KEPT_PER_GPU]:
+        old.unlink(missing_ok=True)
+
+
+def load_latest(state_dir: str | os.PathLike[str]) -> tuple[list[StoredRun], list[str]]:
+    """Every GPU's latest run, and one message per file that could not be read."""
+    runs, problems = [], []
+    directory = latest_dir(state_dir)
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return [], []
+    except OSError as error:
+        return [], [f"{directory}: {error.strerror}"]
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = directory / name
+        try:
+            runs.append(parse_stored_run(path.read_text(encoding="utf-8")))
+        except (OSError, ReportError) as error:
+            problems.append(f"{path}: {error}")
+    return runs, problems
+
+
+def preferred_placement(run: StoredRun) -> str | None:
+    """The placement that stands for the host: NUMA-local buffers, else unbound ones."""
+    return next((name for name in ("local", "unbound") if name in run.reports), None)
+
+
+def measured_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
+    """direction (host_to_device, device_to_host) -> (median bytes/s, transfer bytes) of the largest
+    pinned copy with the preferred placement: what the link delivers to a well-placed server."""
+    placement = preferred_placement(run)
+    if placement is None:
+        return {}
+    best: dict[str, tuple[float, int]] = {}
+    for result in run.reports[placement].results:
+        if result.memory != "pinned" or result.direction == "bidirectional":
+            continue
+        known = best.get(result.direction)
+        if known is None or result.transfer_bytes > known[1]:
+            best[result.direction] = (result.median_bytes_per_second, result.transfer_bytes)
+    return best

@@ -1,0 +1,189 @@
+"""POST /api/v1/bench starts an offload benchmark beside a live server; GET /api/v1/bench says how it
+goes. Starting one is guarded three ways, because a benchmark saturates the PCIe link and takes GPU
+memory from whatever runs there:
+
+- a bearer token (the file named by bench.api_token_file; without one the endpoint is off);
+- a GPU in use (compute processes, or busy over the last minute, as the agent sees it) is refused
+  unless the request says "force": true;
+- one benchmark at a time.
+"""
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import os
+import stat
+import threading
+import time
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agent.bench.build import BenchBuildError, locate_binary
+from agent.bench.report import Progress, ReportError
+from agent.bench.runner import BenchError, BenchRunner, GpuActivity, busy_reason
+from agent.config import AgentConfig
+from agent.detectors import common, windows
+from agent.history import History
+from exporters.nvml import GpuLostError
+
+log = logging.getLogger(__name__)
+
+MIN_TOKEN_LENGTH = 16
+MAX_BODY_BYTES = 4096
+
+
+class BenchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    gpu: int | None = Field(default=None, ge=0, le=1023)
+    force: bool = False
+
+
+def load_token(path: str | None) -> str | None:
+    """The bearer token, or None (endpoint off) with the reason logged."""
+    if not path:
+        return None
+    try:
+        mode = os.stat(path).st_mode
+        with open(path, encoding="utf-8") as handle:
+            token = handle.read().strip()
+    except (OSError, UnicodeDecodeError) as error:
+        log.error("benchmark endpoint off: token file %s cannot be read (%s)", path, error)
+        return None
+    if len(token) < MIN_TOKEN_LENGTH or any(c.isspace() for c in token):
+        log.error("benchmark endpoint off: the token in %s must be at least %d characters without "
+                  "spaces (e.g. `openssl rand -hex 32`)", path, MIN_TOKEN_LENGTH)
+        return None
+    if mode & (stat.S_IRGRP | stat.S_IROTH):
+        log.warning("token file %s is readable by other users: chmod 600 it", path)
+    return token
+
+
+class BenchService:
+    """Runs at most one benchmark in a background thread and keeps its status."""
+
+    def __init__(self, config: AgentConfig, history: History, mode: str) -> None:
+        self.config, self.history, self.mode = config, history, mode
+        self.token = load_token(config.bench.api_token_file)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.status: dict[str, Any] = {"state": "idle"}
+
+    def authorized(self, header: str | None) -> bool:
+        if self.token is None or not header or not header.startswith("Bearer "):
+            return False
+        return hmac.compare_digest(header[len("Bearer "):].strip().encode(), self.token.encode())
+
+    def known_gpus(self) -> list[int]:
+        """GPUs the agent saw in its last minute of samples."""
+        now = time.time()
+        seen = common.gpu_latest(self.history, "hybridmon_gpu_info", now)
+        return sorted(int(gpu) for gpu, _uuid in seen if gpu.isdigit())
+
+    def activity(self, gpu: int) -> GpuActivity:
+        """What the agent saw on the GPU: its processes now, its utilization over the last minute."""
+        now, wanted = time.time(), str(gpu)
+        processes = []
+        for series in self.history.series("hybridmon_gpu_process_memory_used_bytes", gpu=wanted):
+            used = windows.latest(series, now)
+            if used is not None:
+                processes.append((int(series.labels["pid"]), series.labels["process_name"], int(used)))
+        utilization = next((value for (index, _uuid), value in common.gpu_averages(
+            self.history, "hybridmon_gpu_utilization_ratio", now).items() if index == wanted), None)
+        return GpuActivity(tuple(sorted(processes)), utilization)
+
+    def start(self, request: BenchRequest) -> tuple[int, dict]:
+        """(HTTP status, body) for a request that passed authentication."""
+        if self.mode == "replay":
+            return 409, {"error": "this agent replays a trace: there is no GPU to benchmark"}
+        with self._lock:
+            if self._thread is not None and self._thread.is_alive():
+                return 409, {"error": "a benchmark is already running", "status": self.status}
+            gpus = [request.gpu] if request.gpu is not None else self.known_gpus()
+            if not gpus:
+                return 409, {"error": "the agent has not seen any GPU (is the NVIDIA driver loaded?)"}
+            threshold = self.config.bench.busy_utilization_at_least
+            busy = {gpu: busy_reason(self.activity(gpu), threshold) for gpu in gpus}
+            in_use = {str(gpu): why for gpu, why in busy.items() if why}
+            if in_use and not request.force:
+                return 409, {"error": "GPU in use: a benchmark would compete with it for the PCIe "
+                             "link and GPU memory; retry in a quiet moment or send \"force\": true",
+                             "busy": in_use}
+            self.status = {"state": "running", "started_at": time.time(), "gpus": gpus,
+                           "force": request.force, "busy": in_use, "progress": None}
+            self._thread = threading.Thread(target=self._run, args=(gpus, request.force, busy),
+                                            name="bench", daemon=True)
+            self._thread.start()
+            return 202, self.status
+
+    def _progress(self, gpu: str, placement: str, step: Progress) -> None:
+        self.status["progress"] = {"gpu": gpu, "placement": placement, "step": step.step,
+                                   "steps": step.steps, "direction": step.direction,
+                                   "memory": step.memory, "transfer_bytes": step.transfer_bytes}
+
+    def _run(self, gpus: list[int], force: bool, busy: dict[int, str | None]) -> None:
+        results, errors = [], []
+        try:
+            bench = self.config.bench
+            runner = BenchRunner(locate_binary(bench.binary), self.config.resolved_state_dir(),
+                                 nvml_module=self.config.gpu.nvml_module, sysfs=self.config.paths.sysfs,
+                                 max_seconds=bench.max_seconds, repeat=bench.repeat,
+                                 busy_utilization_at_least=bench.busy_utilization_at_least,
+                                 progress=self._progress)
+            for gpu in gpus:
+                try:
+                    record = runner.run_gpu(gpu, force=force, busy=busy.get(gpu))
+                    results.append({"gpu": gpu, "pci_bus_id": record["gpu"]["pci_bus_id"]})
+                except (BenchError, ReportError, GpuLostError, OSError) as error:
+                    errors.append({"gpu": gpu, "error": str(error)})
+        except (BenchBuildError, OSError) as error:
+            errors.append({"gpu": None, "error": f"cannot build or find the benchmark: {error}"})
+        except Exception as error:  # the status must end whatever happened in the thread
+            log.exception("benchmark run failed")
+            errors.append({"gpu": None, "error": f"internal error: {error}"})
+        for problem in errors:
+            log.error("benchmark: %s", problem["error"])
+        self.status = {**self.status, "state": "failed" if errors else "finished",
+                       "finished_at": time.time(), "results": results, "errors": errors}
+
+    def wait(self, timeout: float) -> bool:
+        """For tests and shutdown: True when no run is going on after `timeout`."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+            return not thread.is_alive()
+        return True
+
+
+def router(service: BenchService) -> APIRouter:
+    routes = APIRouter()
+
+    @routes.get("/api/v1/bench")
+    def bench_status() -> JSONResponse:
+        return JSONResponse({**service.status, "enabled": service.token is not None})
+
+    @routes.post("/api/v1/bench")
+    async def bench_start(request: Request) -> JSONResponse:
+        if service.token is None:
+            return JSONResponse({"error": "the benchmark endpoint is off: set bench.api_token_file "
+                                 "to a file holding a token"}, status_code=403)
+        if not service.authorized(request.headers.get("authorization")):
+            return JSONResponse({"error": "a valid bearer token is required"}, status_code=401,
+                                headers={"WWW-Authenticate": 'Bearer realm="hybridmon"'})
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY_BYTES:
+                return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
+        try:
+            parsed = BenchRequest.model_validate(json.loads(body or b"{}"))
+        except (ValueError, ValidationError) as error:
+            return JSONResponse({"error": f"body must be JSON like {{\"gpu\": 0, \"force\": false}}: "
+                                 f"{str(error)[:300]}"}, status_code=400)
+        status, answer = service.start(parsed)
+        return JSONResponse(answer, status_code=status)
+
+    return routes

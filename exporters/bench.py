@@ -1,0 +1,114 @@
+"""The latest offload benchmark run per GPU (`hybridmon bench`), read from the state directory.
+
+Reads <state_dir>/bench/latest/*.json (agent/bench/store.py), so a run made by the CLI, the HTTP
+endpoint or another host's copy of the file shows up on the next collection, and the agent has
+its last measurement again after a restart. The values are measurements of the past: each series
+carries the run's labels and `hybridmon_bench_timestamp_seconds` says when it was taken.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from agent.bench.report import ReportError
+from agent.bench.store import StoredRun, latest_dir, measured_capacity, parse_stored_run
+from agent.detectors.pcie import theoretical_capacity
+from agent.sources import RawSource
+from exporters.base import LogOnce, MetricSpec, NoDataError, Samples
+
+log = logging.getLogger(__name__)
+
+_RESULT_LABELS = ("gpu", "uuid", "direction", "memory", "transfer_bytes", "placement")
+_RESULT_WHERE = (
+    " Labels: direction host_to_device, device_to_host or bidirectional (both directions summed), "
+    "memory pinned or pageable, transfer_bytes per copy, placement local (host buffers on the GPU's "
+    "NUMA node), remote (on the farthest other node) or unbound (GPU node unknown).")
+
+BANDWIDTH = MetricSpec(
+    "hybridmon_bench_bandwidth_bytes_per_second",
+    "Median copy bandwidth of the latest `hybridmon bench` run (bytes/s), from "
+    "<state_dir>/bench/latest/<pci_bus_id>.json." + _RESULT_WHERE, "gauge", _RESULT_LABELS)
+BANDWIDTH_MIN = MetricSpec(
+    "hybridmon_bench_bandwidth_min_bytes_per_second",
+    "Slowest sample of the same measurement (bytes/s); with the max, the spread between samples.",
+    "gauge", _RESULT_LABELS)
+BANDWIDTH_MAX = MetricSpec(
+    "hybridmon_bench_bandwidth_max_bytes_per_second",
+    "Fastest sample of the same measurement (bytes/s).", "gauge", _RESULT_LABELS)
+EFFICIENCY = MetricSpec(
+    "hybridmon_bench_efficiency_ratio",
+    "Median bandwidth over the theoretical rate of the link the run saw (twice the per-direction "
+    "rate for bidirectional); absent when the link state was not known.", "gauge", _RESULT_LABELS)
+LINK_CAPACITY = MetricSpec(
+    "hybridmon_bench_link_capacity_bytes_per_second",
+    "Theoretical per-direction rate of the PCIe link during the run (bytes/s): the fastest "
+    "generation x width NVML reported while the copies ran.", "gauge", ("gpu", "uuid"))
+TIMESTAMP = MetricSpec(
+    "hybridmon_bench_timestamp_seconds",
+    "When the latest benchmark run of the GPU finished (Unix time).", "gauge", ("gpu", "uuid"))
+CONTENDED = MetricSpec(
+    "hybridmon_bench_contended",
+    "1 when the latest run was forced while the GPU was in use (its figures understate the link), "
+    "else 0.", "gauge", ("gpu", "uuid"))
+MEASURED_CAPACITY = MetricSpec(
+    "hybridmon_gpu_pcie_measured_capacity_bytes_per_second",
+    "What this host's link delivers per direction (bytes/s): the median of the largest pinned copy "
+    "with NUMA-local host buffers in the latest benchmark run. GpuPcieStarvation divides traffic "
+    "by it instead of the theoretical rate when present.", "gauge", ("gpu", "uuid", "direction"))
+
+
+class BenchCollector:
+    name = "bench"
+    default_interval_seconds = 30.0
+    metric_specs = (BANDWIDTH, BANDWIDTH_MIN, BANDWIDTH_MAX, EFFICIENCY, LINK_CAPACITY, TIMESTAMP,
+                    CONTENDED, MEASURED_CAPACITY)
+
+    def __init__(self, source: RawSource, state_dir: str | os.PathLike[str]) -> None:
+        self._source = source
+        self._directory = str(latest_dir(state_dir))
+        self._log_once = LogOnce(log)
+
+    def collect(self) -> Samples:
+        try:
+            names = self._source.list_dir(self._directory)
+        except OSError as error:
+            raise NoDataError(f"no benchmark results in {self._directory} "
+                              f"({error.strerror or error}): run `hybridmon bench`") from None
+        samples = Samples()
+        for name in names:
+            if not name.endswith(".json") or name.startswith("."):
+                continue
+            path = os.path.join(self._directory, name)
+            try:
+                run = parse_stored_run(self._source.read_text(path))
+            except (OSError, ReportError) as error:
+                # One unreadable file costs that GPU's series, not the others'.
+                self._log_once(path, "ignoring benchmark result %s: %s", path, error)
+                continue
+            self._add(samples, run)
+        return samples
+
+    @staticmethod
+    def _add(samples: Samples, run: StoredRun) -> None:
+        gpu = str(run.gpu_index) if run.gpu_index >= 0 else run.pci_bus_id
+        link = theoretical_capacity(run.link.generation, run.link.width) if run.link else None
+        samples.add(TIMESTAMP, run.finished_at, gpu, run.uuid)
+        samples.add(CONTENDED, 1 if run.contended else 0, gpu, run.uuid)
+        samples.add(LINK_CAPACITY, link, gpu, run.uuid)
+        for placement, report in run.reports.items():
+            for result in report.results:
+                labels = (gpu, run.uuid, result.direction, result.memory, result.transfer_bytes,
+                          placement)
+                samples.add(BANDWIDTH, result.median_bytes_per_second, *labels)
+                samples.add(BANDWIDTH_MIN, result.min_bytes_per_second, *labels)
+                samples.add(BANDWIDTH_MAX, result.max_bytes_per_second, *labels)
+                if link:
+                    limit = link * (2 if result.direction == "bidirectional" else 1)
+                    samples.add(EFFICIENCY, result.median_bytes_per_second / limit, *labels)
+        if run.contended:
+            return  # a forced run beside a busy GPU would understate the capacity starvation uses
+        for direction, (value, _transfer) in sorted(measured_capacity(run).items()):
+            samples.add(MEASURED_CAPACITY, value, gpu, run.uuid, direction)
+
+    def close(self) -> None:
+        pass
