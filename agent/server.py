@@ -54,6 +54,12 @@ def create_app(agent: Agent) -> FastAPI:
             "findings": findings_json(agent.engine, agent.runbook_base_url, wanted),
         })
 
+    from agent.status_page import render_status_page
+
+    @app.get("/", response_class=HTMLResponse)
+    def status_page() -> HTMLResponse:
+        return HTMLResponse(render_status_page(agent))
+
     runbooks = RunbookLibrary()
 
     @app.get("/runbooks", response_class=HTMLResponse)

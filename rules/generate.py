@@ -98,6 +98,22 @@ def write(output_dir: Path, files: dict[str, str]) -> None:
         path.write_text(text)
 
 
+def check_or_write(output_dir: Path, files: dict[str, str], check_only: bool, command: str,
+                   checker=None, writer=None) -> int:
+    """The end of every generator here: with --check, exit 1 with a diff when the files on disk
+    differ from `files` (`checker`, default `check`); otherwise write them (`writer`, default
+    `write`). Returns the exit status."""
+    if check_only:
+        diffs = (checker or check)(output_dir, files)
+        if diffs:
+            sys.stdout.write("".join(diffs))
+            print(f"generated files are stale: run {command}", file=sys.stderr)
+            return 1
+        return 0
+    (writer or write)(output_dir, files)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m rules.generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--thresholds", type=Path, default=None,
@@ -116,15 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rules.generate: {error}", file=sys.stderr)
         return 2
     files = render(thresholds, args.runbook_base_url.rstrip("/"))
-    if args.check:
-        diffs = check(args.output_dir, files)
-        if diffs:
-            sys.stdout.write("".join(diffs))
-            print("generated rules are stale: run python -m rules.generate", file=sys.stderr)
-            return 1
-        return 0
-    write(args.output_dir, files)
-    return 0
+    return check_or_write(args.output_dir, files, args.check, "python -m rules.generate")
 
 
 if __name__ == "__main__":

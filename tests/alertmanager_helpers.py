@@ -19,12 +19,16 @@ class WebhookReceiver:
 
     def __init__(self) -> None:
         self.notifications: list[dict] = []
-        received = self.notifications
+        # (time.time() at arrival, body) of each notification, for delivery latencies.
+        self.deliveries: list[tuple[float, dict]] = []
+        received, delivered = self.notifications, self.deliveries
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 - the http.server API
                 length = int(self.headers.get("Content-Length", 0))
-                received.append(json.loads(self.rfile.read(length)))
+                body = json.loads(self.rfile.read(length))
+                delivered.append((time.time(), body))
+                received.append(body)
                 self.send_response(200)
                 self.end_headers()
 

@@ -261,6 +261,29 @@ def gpu_lost(host: SyntheticHost) -> Step:
     return step
 
 
+@scenario("gpu_lost_and_reset", tick_seconds=1, duration_seconds=180, onset_seconds=60,
+          expected=[("GpuLost", {"gpu": "1", "uuid": GPU1_UUID})])
+def gpu_lost_and_reset(host: SyntheticHost) -> Step:
+    """GPU1 stops answering and is reset: from onset NVML answers NVML_ERROR_GPU_IS_LOST for every
+    call on it while its PCI function stays on the bus, and llama-server, its user, idles. At
+    onset + 60 s a GPU reset (`nvidia-smi -r` after stopping llama-server) brings it back: NVML
+    answers again and the restarted llama-server works as before to the end, so the alert resolves
+    and the trace ends on a healthy host (the end-to-end alert tests need one that resolves)."""
+    healthy_host(host)
+    onset, reset = 60, 120
+    gpu = host.gpu(1)
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        lost = onset <= t < reset
+        if lost:
+            load.gpus[1] = GpuLoad(0.0, 0.0, 0.0)
+            load.processes[LLAMA].cpu_cores = 0.05
+        apply(host, load)
+        gpu.lost = lost
+    return step
+
+
 @scenario("swap_thrash", tick_seconds=1, duration_seconds=600, onset_seconds=60,
           expected=[("HostSwapThrash", {"pid": str(VLLM), "process_name": VLLM_NAME}),
                     ("HostSwappinessHigh", {}), ("HostDirtyRatioHigh", {})],

@@ -1,0 +1,238 @@
+"""The signals of the status page (agent/status_page.py): per GPU, per watched process, the host's
+memory and the last benchmark.
+
+Cheap by construction: gauges come from every collector's latest samples (History.latest(), one
+pass, no copy of the history arrays); the three counter rates shown (PSI memory some and full,
+each process's major faults) read the last minute of their series only.
+"""
+from __future__ import annotations
+
+from agent.detectors import windows
+from agent.detectors.common import human_bytes, human_rate, percent
+from agent.detectors.pcie import link_name, theoretical_capacity
+from agent.history import History
+from agent.status_template import Row, card, clock_and_age, key_values, paragraph, table
+from exporters import bench, host_memory, numa, pressure, process
+from exporters import gpu as gpu_metrics
+from exporters.base import MetricSpec
+
+DIRECTIONS = {"host_to_device": "host → device", "device_to_host": "device → host", "bidirectional": "both ways"}
+
+Labels = dict[str, str]
+
+
+class LatestValues:
+    """Every collector's latest samples by metric name."""
+
+    def __init__(self, history: History) -> None:
+        self.by_metric: dict[str, list[tuple[Labels, float]]] = {}
+        self.newest: float | None = None
+        self._keyed: dict[tuple[str, tuple[str, ...]], dict[tuple[str, ...], float]] = {}
+        for at, samples in history.latest().values():
+            if len(samples):
+                self.newest = at if self.newest is None else max(self.newest, at)
+            for sample in samples:
+                labels = dict(zip(sample.spec.label_names, sample.label_values))
+                self.by_metric.setdefault(sample.spec.name, []).append((labels, sample.value))
+
+    def all(self, metric: str) -> list[tuple[Labels, float]]:
+        return self.by_metric.get(metric, [])
+
+    def keyed(self, metric: str, *label_names: str) -> dict[tuple[str, ...], float]:
+        """Values by the given labels' values, e.g. per (gpu, uuid); built once per page."""
+        found = self._keyed.get((metric, label_names))
+        if found is None:
+            found = self._keyed[(metric, label_names)] = {
+                tuple(labels.get(n, "") for n in label_names): value for labels, value in self.all(metric)}
+        return found
+
+
+def counter_rates(history: History, latest: LatestValues, metric: str, label_names: tuple[str, ...],
+                  **wanted: str) -> dict[tuple[str, ...], float]:
+    """rate(metric[1m]) per label set over the minute that ends at the newest sample (not the wall
+    clock: a replay's samples are in recorded time), reading only that minute of the series."""
+    if latest.newest is None:
+        return {}
+    rates = {}
+    end = latest.newest
+    for series in history.series(metric, since=end - windows.AVERAGE_SECONDS, **wanted):
+        value = windows.rate(series, end)
+        if value is not None:
+            rates[tuple(series.labels.get(n, "") for n in label_names)] = value
+    return rates
+
+
+def gpus_html(latest: LatestValues) -> str:
+    gpu = ("gpu", "uuid")
+    identity = {tuple(labels[n] for n in gpu): labels for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)}
+    up = latest.keyed(gpu_metrics.GPU_UP.name, *gpu)
+    keys = sorted(set(identity) | set(up), key=numeric_first)
+    if not keys:
+        return paragraph("No GPU seen (no NVIDIA driver, or the gpu collector is off or failing: see Agent).", "meta")
+    cards = []
+    for key in keys:
+        info = identity.get(key, {})
+        title = f"GPU {key[0]} · {info.get('name', 'unknown model')}"
+        subtitle = f"{info.get('pci_bus_id', 'PCI address unknown')} · {key[1]}"
+        if up.get(key) == 0:
+            rows: list[Row] = [("State", "lost: no NVML call on it succeeds (fell off the bus, or the driver is gone)", True)]
+        else:
+            rows = gpu_rows(key, latest)
+        cards.append(card(title, key_values(rows), subtitle))
+    return f'<div class="grid">{"".join(cards)}</div>'
+
+
+def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
+    def get(spec: MetricSpec) -> float | None:
+        return latest.keyed(spec.name, "gpu", "uuid").get(key)
+
+    traffic = latest.keyed(gpu_metrics.PCIE_THROUGHPUT.name, "gpu", "uuid", "direction")
+    measured = latest.keyed(bench.MEASURED_CAPACITY.name, "gpu", "uuid", "direction")
+
+    rows: list[Row] = []
+    utilization = get(gpu_metrics.UTILIZATION)
+    if utilization is not None:
+        rows.append(("Utilization", percent(utilization), False))
+    used, total = get(gpu_metrics.MEMORY_USED), get(gpu_metrics.MEMORY_TOTAL)
+    if used is not None and total:
+        rows.append(("Memory used", f"{human_bytes(used)} of {human_bytes(total)} ({percent(used / total)})", False))
+    generation, width = get(gpu_metrics.PCIE_LINK_GENERATION), get(gpu_metrics.PCIE_LINK_WIDTH)
+    theoretical = theoretical_capacity(generation, width) if generation and width else None
+    for direction in ("host_to_device", "device_to_host"):
+        rate = traffic.get((*key, direction))
+        if rate is None:
+            continue
+        capacity, source = measured.get((*key, direction)), "measured"
+        if not capacity:
+            capacity, source = theoretical, "theoretical"
+        of = f" of {human_rate(capacity)} {source} ({percent(rate / capacity)})" if capacity else ""
+        rows.append((f"PCIe {DIRECTIONS[direction]}", f"{human_rate(rate)}{of}", False))
+    best_generation, best_width = get(gpu_metrics.PCIE_LINK_MAX_GENERATION), get(gpu_metrics.PCIE_LINK_MAX_WIDTH)
+    if generation and width:
+        best = f" (max {link_name(best_generation, best_width)})" if best_generation and best_width else ""
+        rows.append(("PCIe link", f"{link_name(generation, width)}{best}", False))
+    replays = get(gpu_metrics.PCIE_REPLAYS)
+    if replays is not None:
+        rows.append(("PCIe replays", f"{replays:.0f} since the driver loaded", False))
+    node = get(gpu_metrics.NUMA_NODE)
+    if node is not None:
+        rows.append(("NUMA node", f"{node:.0f}", False))
+    return rows
+
+
+def processes_html(history: History, latest: LatestValues) -> str:
+    watched = {(labels["pid"], labels["name"]): labels for labels, _ in latest.all(process.INFO.name)}
+    for labels, _ in latest.all(process.RESIDENT.name):
+        watched.setdefault((labels["pid"], labels["name"]), labels)
+    if not watched:
+        return paragraph("No inference process watched (none found by command line, configuration or GPU memory).", "meta")
+    resident = latest.keyed(process.RESIDENT.name, "pid", "name")
+    swap = latest.keyed(process.SWAP.name, "pid", "name")
+    faults = counter_rates(history, latest, process.MAJOR_FAULTS.name, ("pid", "name"))
+    gpu_nodes = latest.keyed(gpu_metrics.NUMA_NODE.name, "gpu")
+    on_gpus: dict[str, list[tuple[str, float]]] = {}
+    for labels, used in latest.all(gpu_metrics.PROCESS_MEMORY_USED.name):
+        on_gpus.setdefault(labels["pid"], []).append((labels["gpu"], used))
+    by_node: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for labels, placed in latest.all(numa.PROCESS_NUMA_RESIDENT.name):
+        by_node.setdefault((labels["pid"], labels["name"]), []).append((labels["node"], placed))
+    cards = []
+    for key in sorted(watched, key=numeric_first):
+        pid, name = key
+        rows: list[Row] = []
+        if key in resident:
+            rows.append(("Resident", human_bytes(resident[key]), False))
+        if key in swap:
+            rows.append(("Swapped out", human_bytes(swap[key]), False))
+        gpus = sorted(on_gpus.get(pid, []))
+        rows.append(("GPU memory", ", ".join(f"{human_bytes(used)} on GPU {gpu}" for gpu, used in gpus) or "none", False))
+        rate = faults.get(key)
+        rows.append(("Major faults", f"{rate:.1f}/s" if rate is not None else "no rate yet (needs two samples in a minute)", False))
+        placed = sorted(by_node.get(key, []), key=numeric_first)
+        placed_total = sum(size for _, size in placed)
+        if placed_total > 0:
+            shares = ", ".join(f"node {node}: {percent(size / placed_total)}" for node, size in placed)
+            gpu_nodes_used = sorted({f"{gpu_nodes[(gpu,)]:.0f}" for gpu, _ in gpus if (gpu,) in gpu_nodes})
+            where = f" (its GPUs: node {', '.join(gpu_nodes_used)})" if gpu_nodes_used else ""
+            rows.append(("Memory by NUMA node", shares + where, False))
+        info = watched[key]
+        reason = f"watched: {info['watch_reason']}" if info.get("watch_reason") else ""
+        subtitle = " · ".join(part for part in (info.get("cmdline", ""), reason) if part)
+        cards.append(card(f"{name} · pid {pid}", key_values(rows), subtitle))
+    return f'<div class="grid">{"".join(cards)}</div>'
+
+
+def host_html(history: History, latest: LatestValues) -> str:
+    def one(spec: MetricSpec) -> float | None:
+        found = latest.all(spec.name)
+        return found[0][1] if found else None
+
+    rows: list[Row] = []
+    available, total = one(host_memory.MEMORY_AVAILABLE), one(host_memory.MEMORY_TOTAL)
+    if available is not None and total:
+        rows.append(("Memory available", f"{human_bytes(available)} of {human_bytes(total)} ({percent(available / total)})", False))
+    swap_total, swap_free = one(host_memory.SWAP_TOTAL), one(host_memory.SWAP_FREE)
+    if swap_total == 0:
+        rows.append(("Swap used", "no swap configured", False))
+    elif swap_total is not None and swap_free is not None:
+        rows.append(("Swap used", f"{human_bytes(swap_total - swap_free)} of {human_bytes(swap_total)}", False))
+    stalled = counter_rates(history, latest, pressure.STALLED_SECONDS.name, ("scope",), resource="memory")
+    for scope, meaning in (("some", "some task stalled"), ("full", "every task stalled")):
+        if (scope,) in stalled:
+            rows.append((f"PSI memory {scope}", f"{stalled[(scope,)] * 100:.1f} % of the last minute ({meaning})", False))
+    return card("This host", key_values(rows)) if rows else paragraph("No host memory samples yet.", "meta")
+
+
+def bench_html(latest: LatestValues, now: float) -> str:
+    finished = latest.keyed(bench.TIMESTAMP.name, "gpu", "uuid")
+    if not finished:
+        return '<p class="meta">No benchmark yet: run <code>hybridmon bench</code>.</p>'
+    link_rates = latest.keyed(bench.LINK_CAPACITY.name, "gpu", "uuid")
+    contended = latest.keyed(bench.CONTENDED.name, "gpu", "uuid")
+    figures = {spec.name: latest.keyed(spec.name, *bench.BANDWIDTH.label_names)
+               for spec in (bench.BANDWIDTH, bench.BANDWIDTH_MIN, bench.BANDWIDTH_MAX, bench.EFFICIENCY)}
+    cards = []
+    for key in sorted(finished, key=numeric_first):
+        results = [labels for labels in figures[bench.BANDWIDTH.name] if labels[:2] == key]
+        # The largest copies stand for the link (small ones measure launch overhead).
+        largest = max((as_number(labels[4]) for labels in results), default=0.0)
+        rows = [bench_row(labels, figures) for labels in sorted(results, key=bench_order)
+                if as_number(labels[4]) == largest]
+        subtitle = " · ".join(part for part in (
+            f"finished {clock_and_age(finished[key], now)}",
+            f"link {human_rate(link_rates[key])} per direction" if link_rates.get(key) else "",
+            f"copies of {human_bytes(largest)}" if largest else "",
+            "run forced while the GPU was busy: figures understate the link" if contended.get(key) else "",
+        ) if part)
+        body = table(("direction", "host memory", "median (min–max)", "of link"), rows) if rows else ""
+        cards.append(card(f"GPU {key[0]}", body, subtitle))
+    return f'<div class="grid">{"".join(cards)}</div>'
+
+
+def bench_row(labels: tuple[str, ...], figures: dict[str, dict[tuple[str, ...], float]]) -> tuple[str, ...]:
+    _gpu, _uuid, direction, memory, _size, placement = labels
+    low, high = figures[bench.BANDWIDTH_MIN.name].get(labels), figures[bench.BANDWIDTH_MAX.name].get(labels)
+    spread = f" ({human_rate(low)}–{human_rate(high)})" if low is not None and high is not None else ""
+    efficiency = figures[bench.EFFICIENCY.name].get(labels)
+    return (DIRECTIONS.get(direction, direction), f"{memory}, {placement}",
+            human_rate(figures[bench.BANDWIDTH.name][labels]) + spread,
+            percent(efficiency) if efficiency is not None else "n/a")
+
+
+def bench_order(labels: tuple[str, ...]) -> tuple:
+    direction, memory, placement = labels[2], labels[3], labels[5]
+    known = list(DIRECTIONS)
+    return (known.index(direction) if direction in known else len(known), memory != "pinned",
+            placement != "local", labels)
+
+
+def numeric_first(key: tuple) -> tuple:
+    """GPU indexes, pids and NUMA nodes (the first item) in numeric order: 2 before 10."""
+    return (len(key[0]), key)
+
+
+def as_number(label: str) -> float:
+    try:
+        return float(label)
+    except ValueError:
+        return 0.0

@@ -1,0 +1,71 @@
+"""Generate the Grafana dashboards from Python, with thresholds from the agent's thresholds file.
+
+    python -m dashboards.generate                 # rewrite dashboards/json/*.json
+    python -m dashboards.generate --check         # exit 1 with a diff if the committed JSON differs
+    python -m dashboards.generate --thresholds my.toml --runbook-base-url https://runbooks.example/hybridmon
+
+The thresholds come from agent/detectors/thresholds.toml through the loader the agent and
+rules.generate use, so a line on a panel is where the alert fires. Import the JSON into Grafana
+(Dashboards > New > Import) or provision it; pick the Prometheus that scrapes the agent and loads
+rules/hybridmon.rules.yml as the data source.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from agent.detectors.base import Thresholds, ThresholdsError, load_thresholds
+from dashboards import JSON_DIR, gpu, host
+from dashboards.common import DEFAULT_RUNBOOK_BASE_URL
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from rules import generate as rules_generate
+
+BUILDERS = {host.UID: host.build, gpu.UID: gpu.build}
+
+
+def render(thresholds: Thresholds, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict[str, str]:
+    """Every dashboard's file name with its JSON text."""
+    encoder = JSONEncoder(sort_keys=True, indent=2)
+    return {f"{uid}.json": encoder.encode(build(thresholds, runbook_base_url)) + "\n"
+            for uid, build in BUILDERS.items()}
+
+
+def check(output_dir: Path, files: dict[str, str]) -> list[str]:
+    """Unified diffs of every file that differs from what is on disk, and stale extra files."""
+    extra = sorted(p.name for p in output_dir.glob("*.json") if p.name not in files) if output_dir.is_dir() else []
+    return rules_generate.check(output_dir, files) + [f"{name}: not generated any more (delete it)\n" for name in extra]
+
+
+def write(output_dir: Path, files: dict[str, str]) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        json.loads(text)  # never write what Grafana could not import
+        (output_dir / name).write_text(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--thresholds", type=Path, default=None,
+                        help="thresholds file (default: agent/detectors/thresholds.toml)")
+    parser.add_argument("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE_URL,
+                        help="runbook links are BASE/<AlertName> (default: %(default)s, the agent "
+                             "chosen in the dashboard serves its runbooks)")
+    parser.add_argument("--output-dir", type=Path, default=JSON_DIR,
+                        help="where the JSON files go (default: %(default)s)")
+    parser.add_argument("--check", action="store_true",
+                        help="generate in memory and exit 1 with a diff if the files on disk differ")
+    args = parser.parse_args(argv)
+    try:
+        thresholds = load_thresholds(args.thresholds)
+    except ThresholdsError as error:
+        print(f"dashboards.generate: {error}", file=sys.stderr)
+        return 2
+    files = render(thresholds, args.runbook_base_url.rstrip("/"))
+    return rules_generate.check_or_write(args.output_dir, files, args.check,
+                                         "python -m dashboards.generate", check, write)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""Panels about one or more GPUs, used by the host overview (every GPU chosen) and the drill-down
+(one GPU): PCIe traffic against capacity, link state, link errors and GPU memory.
+
+Capacity comes from rules/ recording rules: the theoretical rate of the current generation x width,
+and the effective one GpuPcieStarvation divides by (what `hybridmon bench` measured, pinned local
+copies of the largest size, else the theoretical rate).
+"""
+from __future__ import annotations
+
+from agent.detectors.base import Thresholds
+from dashboards.common import graph, query, runbook_links, selector, single_stat, value_table
+from grafana_foundation_sdk.models import dashboard as model
+from rules.pcie import CAPACITY, CAPACITY_THEORETICAL, MAX_CAPACITY, MEASURED_CAPACITY, REPLAY_BOUND
+from rules.promql import number
+
+THROUGHPUT = "hybridmon_gpu_pcie_throughput_bytes_per_second"
+AVERAGE_TRAFFIC = f"avg_over_time({selector(THROUGHPUT)}[$__rate_interval])"
+# As GpuPcieStarvation judges it: per direction, traffic over the effective capacity; the direction
+# nearest its capacity counts.
+TRAFFIC_SHARE = f"max without (direction) (\n  {AVERAGE_TRAFFIC}\n/\n  {selector(CAPACITY)}\n)"
+# The theoretical rate carries no direction (it is the same both ways); name it so legends read well.
+THEORETICAL_BOTH_WAYS = (f'label_replace({selector(CAPACITY_THEORETICAL)}, '
+                         '"direction", "each direction", "direction", "")')
+# PCIe functions (sysfs) are keyed by PCI address; this gives them the GPU index of hybridmon_gpu_info.
+GPU_BY_PCI_ADDRESS = f"max without (uuid, name, driver_version) ({selector('hybridmon_gpu_info')})"
+DASHED = model.DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})
+
+
+def traffic_vs_capacity(t: Thresholds, runbooks: str, title: str, width: int = 24):
+    share = t.pcie_starvation.traffic_share_of_capacity
+    panel = graph(
+        title, "Bps",
+        "PCIe traffic per direction (NVML, 20 ms windows) against what the link carries: the rate "
+        "`hybridmon bench` measured for pinned local copies, and the theoretical rate of the current "
+        "generation and width. The starvation level is traffic_share_of_capacity of the capacity "
+        "GpuPcieStarvation divides by (measured where present, else theoretical).",
+        query(selector(THROUGHPUT), "traffic {{direction}}", "A"),
+        query(selector(MEASURED_CAPACITY), "measured capacity {{direction}}", "B"),
+        query(THEORETICAL_BOTH_WAYS, "theoretical capacity {{direction}}", "C"),
+        query(f"{number(share)} * {selector(CAPACITY)}", "starvation level {{direction}}", "D"),
+        width=width, links=runbook_links(runbooks, "GpuPcieStarvation"))
+    for ref in "BCD":
+        panel = panel.override_by_query(ref, [DASHED])
+    return panel
+
+
+def traffic_share(t: Thresholds, runbooks: str, width: int = 12):
+    return graph(
+        "PCIe traffic, share of capacity", "percentunit",
+        "Traffic (average over the rate interval) over the capacity GpuPcieStarvation divides by, in "
+        "the direction nearest it: measured by the benchmark, else theoretical. The line is "
+        "traffic_share_of_capacity: at or above it while the GPU idles, the GPU waits on the link.",
+        query(TRAFFIC_SHARE, "GPU {{gpu}}"),
+        threshold=t.pcie_starvation.traffic_share_of_capacity, width=width,
+        links=runbook_links(runbooks, "GpuPcieStarvation"))
+
+
+def utilization(t: Thresholds, runbooks: str, width: int = 12):
+    return graph(
+        "GPU utilization", "percentunit",
+        "Share of time a kernel ran (NVML). Lines: gpu_utilization_at_most of [pcie_starvation] "
+        "(starved when the link is full and utilization is at or below it) and "
+        "busy_utilization_at_least of [pcie_link_degraded] (links are judged only above it).",
+        query(selector("hybridmon_gpu_utilization_ratio"), "GPU {{gpu}}"),
+        threshold=[t.pcie_link_degraded.busy_utilization_at_least, t.pcie_starvation.gpu_utilization_at_most],
+        width=width, links=runbook_links(runbooks, "GpuPcieStarvation", "GpuPcieLinkDegraded")).max(1)
+
+
+def link_now(runbooks: str, width: int = 12):
+    names = {"A": "generation", "B": "max generation", "C": "lanes", "D": "max lanes"}
+    metrics = ("hybridmon_gpu_pcie_link_generation", "hybridmon_gpu_pcie_link_max_generation",
+               "hybridmon_gpu_pcie_link_width_lanes", "hybridmon_gpu_pcie_link_max_width_lanes")
+    return value_table(
+        "PCIe link now: generation and width vs maximum", "short",
+        "Current and maximum PCIe generation and width (NVML). Links drop speed at idle on purpose; "
+        "below the maximum while busy is a downtrained link.",
+        {ref: (selector(metric), names[ref]) for ref, metric in zip(names, metrics)},
+        width=width, height=6, links=runbook_links(runbooks, "GpuPcieLinkDegraded"))
+
+
+def link_capacity_share(runbooks: str, width: int = 12):
+    return graph(
+        "PCIe link capacity, share of its maximum", "percentunit",
+        "Theoretical rate at the current generation and width over the rate at the maximum ones: "
+        "1 is a full link; less while the GPU is busy is a downtrained link.",
+        query(f"{selector(CAPACITY_THEORETICAL)} / {selector(MAX_CAPACITY)}", "GPU {{gpu}}"),
+        width=width, links=runbook_links(runbooks, "GpuPcieLinkDegraded")).max(1)
+
+
+def replays(runbooks: str, width: int = 12):
+    return graph(
+        "PCIe replays per minute vs DCGM's bound", "short",
+        "Packets the GPU resent (NVML replay counter) per minute, against DCGM's health-watch bound "
+        "for the link (recording rule from bit_error_rate of [pcie_errors]).",
+        query(f"rate({selector('hybridmon_gpu_pcie_replays_total')}[$__rate_interval]) * 60",
+              "GPU {{gpu}} replays per minute", "A"),
+        query(selector(REPLAY_BOUND), "GPU {{gpu}} bound", "B"),
+        width=width, links=runbook_links(runbooks, "GpuPcieReplayErrors")).override_by_query("B", [DASHED])
+
+
+def aer_expr(window: str, per_hour: bool) -> str:
+    counter = selector("hybridmon_pcie_aer_errors_total", gpu=False)
+    rate = f"rate({counter}[{window}]) * 3600" if per_hour else f"increase({counter}[{window}])"
+    return f"{rate}\n* on (job, instance, pci_bus_id) group_left (gpu)\n{GPU_BY_PCI_ADDRESS}"
+
+
+def aer_errors(t: Thresholds, runbooks: str, width: int = 12):
+    return graph(
+        "PCIe AER errors per hour", "short",
+        "AER error messages the GPU's PCI function sent (sysfs), per hour, by severity. The line is "
+        "aer_correctable_per_hour of [pcie_errors]; any nonfatal or fatal error alerts.",
+        query(aer_expr("$__rate_interval", per_hour=True), "GPU {{gpu}} {{severity}}"),
+        threshold=t.pcie_errors.aer_correctable_per_hour, width=width,
+        links=runbook_links(runbooks, "PcieAerErrors"))
+
+
+def errors_in_range(runbooks: str, width: int = 6):
+    return single_stat(
+        "PCIe errors in the time range", "short",
+        "Replays and AER errors counted over the dashboard's time range.",
+        query(f"increase({selector('hybridmon_gpu_pcie_replays_total')}[$__range])", "GPU {{gpu}} replays", "A"),
+        query(aer_expr("$__range", per_hour=False), "GPU {{gpu}} AER {{severity}}", "B"),
+        width=width, height=6, links=runbook_links(runbooks, "GpuPcieReplayErrors", "PcieAerErrors"))
+
+
+def memory_share(t: Thresholds, runbooks: str, width: int = 12):
+    return graph(
+        "GPU memory used, share of total", "percentunit",
+        "Memory allocated on the GPU over its total (NVML). The line is used_share of "
+        "[gpu_memory_headroom], where offloading should start.",
+        query(f"{selector('hybridmon_gpu_memory_used_bytes')} / {selector('hybridmon_gpu_memory_total_bytes')}",
+              "GPU {{gpu}}"),
+        threshold=t.gpu_memory_headroom.used_share, width=width,
+        links=runbook_links(runbooks, "GpuMemoryHeadroomLow")).max(1)
+
+
+def memory_bytes(runbooks: str, width: int = 12):
+    return graph(
+        "GPU memory", "bytes", "Used, reserved by the driver, and total memory of each GPU (NVML).",
+        query(selector("hybridmon_gpu_memory_used_bytes"), "GPU {{gpu}} used", "A"),
+        query(selector("hybridmon_gpu_memory_reserved_bytes"), "GPU {{gpu}} reserved", "B"),
+        query(selector("hybridmon_gpu_memory_total_bytes"), "GPU {{gpu}} total", "C"),
+        width=width, links=runbook_links(runbooks, "GpuMemoryHeadroomLow")).override_by_query("C", [DASHED])
+
+
+def process_memory(runbooks: str, width: int = 12):
+    return graph(
+        "GPU memory per process", "bytes",
+        "GPU memory each compute process uses on each GPU (NVML); absent where NVML cannot tell.",
+        query(selector("hybridmon_gpu_process_memory_used_bytes"), "{{process_name}} ({{pid}}) on GPU {{gpu}}"),
+        width=width, links=runbook_links(runbooks, "InferenceProcessMemoryGrowth", "GpuMemoryHeadroomLow"))
+
+
+def gpu_up(runbooks: str, width: int = 6):
+    up, lost = model.ValueMappingResult(text="up", color="green"), model.ValueMappingResult(text="lost", color="red")
+    return single_stat(
+        "GPUs up", "short", "1 while NVML answers for the GPU; 0 when it reports the GPU lost.",
+        query(selector("hybridmon_gpu_up"), "GPU {{gpu}}"), width=width, height=6,
+        links=runbook_links(runbooks, "GpuLost")).mappings([model.ValueMap(options={"1": up, "0": lost})])

@@ -1,0 +1,155 @@
+"""The host overview: why is this hybrid GPU/CPU inference host slow?
+
+Top to bottom: what the agent and Prometheus find wrong now (with runbook links), each GPU's PCIe
+traffic against what its link carries, link state and errors, GPU memory, host memory pressure
+(swap, major faults, PSI), where the watched processes sit against their GPUs' NUMA nodes, and the
+last benchmark of the links.
+"""
+from __future__ import annotations
+
+from agent.detectors.base import Thresholds
+from dashboards import gpu_panels
+from dashboards.common import (assemble, graph, link, new_dashboard, override_links,
+                               override_threshold, override_unit, query, runbook_links, selector,
+                               single_stat, value_table)
+from grafana_foundation_sdk.models import dashboard as model
+from rules.pcie import MEASURED_CAPACITY
+from rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
+
+UID = "hybridmon-host"
+GPU_DRILL_DOWN = "/d/hybridmon-gpu?var-datasource=${datasource}&var-instance=${instance}&${gpu:queryparam}"
+PINNED_LOCAL_EFFICIENCY = selector("hybridmon_bench_efficiency_ratio", 'memory="pinned"', 'placement="local"')
+
+
+def _host(metric: str, *matchers: str) -> str:
+    return selector(metric, *matchers, gpu=False)
+
+
+def _rate(metric: str, *matchers: str) -> str:
+    return f"rate({_host(metric, *matchers)}[$__rate_interval])"
+
+
+def findings(runbooks: str):
+    """The agent's own findings, with value and threshold, each alertname linking to its runbook."""
+    agent = value_table(
+        "Active findings (agent)", "short",
+        "Findings the agent's detectors raise now (hybridmon_finding_active), with the measured value "
+        "and the threshold it crossed, in the threshold's unit. Click an alert name for its runbook.",
+        {"A": (_host("hybridmon_finding_active"), None), "B": (_host("hybridmon_finding_value"), "value"),
+         "C": (_host("hybridmon_finding_threshold"), "threshold")}, width=12, height=8)
+    alerts = value_table(
+        "Alerts from Prometheus rules", "short",
+        "ALERTS for this agent from rules/hybridmon.rules.yml, pending and firing. Click an alert "
+        "name for its runbook.",
+        {"A": ('ALERTS{instance="$instance"}', None)}, width=12, height=8)
+    runbook = [link("Runbook: ${__value.raw}", f"{runbooks}/${{__value.raw}}")]
+    return [override_links(panel, "alertname", runbook) for panel in (agent, alerts)]
+
+
+def host_memory(t: Thresholds, runbooks: str):
+    swap = t.swap_thrash
+    swap_panel = override_threshold(graph(
+        "Swap in and out", "Bps",
+        "Memory read back from swap and written to it (/proc/vmstat). Lines: swap_in_bytes_per_second "
+        "and swap_out_bytes_per_second of [swap_thrash]; both at once, with major faults and memory "
+        "pressure, is thrashing.",
+        query(_rate("hybridmon_swap_in_bytes_total"), "swap in", "A"),
+        query(_rate("hybridmon_swap_out_bytes_total"), "swap out", "B"),
+        threshold=swap.swap_in_bytes_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
+        "B", swap.swap_out_bytes_per_second)
+    return [
+        swap_panel,
+        graph("Major page faults per second", "short",
+              "Faults that waited for disk or swap (/proc/vmstat pgmajfault). The line is "
+              "major_faults_per_second of [swap_thrash].",
+              query(_rate("hybridmon_memory_major_page_faults_total"), "major faults"),
+              threshold=swap.major_faults_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
+        graph("Pressure stall (PSI)", "percentunit",
+              "Share of wall time tasks stalled on memory or I/O (/proc/pressure). The line is "
+              "memory_pressure_some_ratio of [swap_thrash], for memory some.",
+              query(_rate("hybridmon_pressure_stalled_seconds_total", 'resource=~"memory|io"'),
+                    "{{resource}} {{scope}}"),
+              threshold=swap.memory_pressure_some_ratio, links=runbook_links(runbooks, "HostSwapThrash")),
+        graph("Host memory and swap", "bytes",
+              "MemAvailable against MemTotal, and swap free against swap total (/proc/meminfo).",
+              query(_host("hybridmon_memory_available_bytes"), "available", "A"),
+              query(_host("hybridmon_memory_total_bytes"), "total", "B"),
+              query(_host("hybridmon_swap_free_bytes"), "swap free", "C"),
+              query(_host("hybridmon_swap_total_bytes"), "swap total", "D"),
+              links=runbook_links(runbooks, "HostNoSwapLowHeadroom")),
+        graph("Watched processes: memory in swap", "bytes",
+              "VmSwap of each watched process. The line is process_swap_bytes of [swap_thrash].",
+              query(_host("hybridmon_process_swap_bytes"), "{{name}} ({{pid}})"),
+              threshold=swap.process_swap_bytes, links=runbook_links(runbooks, "HostSwapThrash")),
+        graph("Watched processes: major faults per second", "short",
+              "Major faults of each watched process (/proc/<pid>/stat). The line is "
+              "process_major_faults_per_second of [swap_thrash].",
+              query(_rate("hybridmon_process_major_faults_total"), "{{name}} ({{pid}})"),
+              threshold=swap.process_major_faults_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
+    ]
+
+
+def numa_placement(t: Thresholds, runbooks: str):
+    shares = {"A": (CPUS_OFF_NODE, "allowed CPUs"), "B": (MEMORY_OFF_NODE, "resident memory")}
+    placement = value_table(
+        "Watched processes vs their GPUs' NUMA nodes", "percentunit",
+        "For each watched process and each GPU it holds memory on: the GPU's NUMA node (node), and "
+        "the share of the process's allowed CPUs and of its resident memory on other nodes.",
+        {ref: (selector(record), f"{what} off the GPU's node") for ref, (record, what) in shares.items()},
+        labels={"node": "GPU's NUMA node"}, width=12, height=8,
+        links=runbook_links(runbooks, "InferenceProcessNumaMisplaced"))
+    by_node = value_table(
+        "Watched processes by NUMA node", "bytes",
+        "Resident memory (numa_maps) and allowed CPUs of each watched process on each NUMA node.",
+        {"A": (_host("hybridmon_process_numa_resident_bytes"), "resident memory"),
+         "B": (_host("hybridmon_process_allowed_cpus_on_node"), "allowed CPUs")}, width=12, height=8)
+    return [
+        placement,
+        override_unit(by_node, "allowed CPUs", "short"),
+        graph("Watched processes: share off their GPU's NUMA node", "percentunit",
+              "Share of each watched process's allowed CPUs and resident memory on other NUMA nodes "
+              "than the GPU it uses (recording rules). The line is share_off_gpu_node of "
+              "[numa_misplacement].",
+              *(query(selector(record), f"{{{{name}}}} ({{{{pid}}}}) on GPU {{{{gpu}}}}: {what}", ref)
+                for ref, (record, what) in shares.items()),
+              threshold=t.numa_misplacement.share_off_gpu_node, width=24,
+              links=runbook_links(runbooks, "InferenceProcessNumaMisplaced")).max(1),
+    ]
+
+
+def last_benchmark():
+    return [
+        single_stat("Measured PCIe capacity (last benchmark)", "Bps",
+                    "Pinned, local, largest copies of the last `hybridmon bench` run per direction, "
+                    "and the theoretical rate of the link the run saw.",
+                    query(selector(MEASURED_CAPACITY), "GPU {{gpu}} {{direction}}", "A"),
+                    query(selector("hybridmon_bench_link_capacity_bytes_per_second"),
+                          "GPU {{gpu}} link, theoretical", "B"),
+                    width=10),
+        single_stat("Benchmark efficiency, pinned local copies", "percentunit",
+                    "Best measured / theoretical rate over the transfer sizes of the last run.",
+                    query(f"max without (transfer_bytes) ({PINNED_LOCAL_EFFICIENCY})", "GPU {{gpu}} {{direction}}"),
+                    width=8),
+        single_stat("Time since the last benchmark", "s", "When each GPU's last `hybridmon bench` run finished.",
+                    query(f"time() - {selector('hybridmon_bench_timestamp_seconds')}", "GPU {{gpu}}"), width=6),
+    ]
+
+
+def build(t: Thresholds, runbooks: str) -> model.Dashboard:
+    dashboard = new_dashboard(
+        "hybridmon: host overview", UID,
+        "Why a hybrid GPU/CPU inference host is slow: PCIe, GPU and host memory, NUMA placement and "
+        "active findings.", gpu_multi=True,
+        links=[link("Runbooks", runbooks), link("GPU drill-down", GPU_DRILL_DOWN)])
+    return assemble(dashboard, [
+        ("Findings", [*findings(runbooks)]),
+        ("PCIe per GPU", [gpu_panels.traffic_vs_capacity(t, runbooks, "PCIe traffic vs capacity: GPU $gpu")
+                          .repeat("gpu").repeat_direction("h").max_per_row(2),
+                          gpu_panels.traffic_share(t, runbooks), gpu_panels.utilization(t, runbooks)]),
+        ("PCIe link state and errors", [gpu_panels.gpu_up(runbooks), gpu_panels.link_now(runbooks, width=18),
+                                        gpu_panels.replays(runbooks), gpu_panels.aer_errors(t, runbooks)]),
+        ("GPU memory", [gpu_panels.memory_share(t, runbooks), gpu_panels.process_memory(runbooks)]),
+        ("Host memory", host_memory(t, runbooks)),
+        ("NUMA placement", numa_placement(t, runbooks)),
+        ("Last benchmark", last_benchmark()),
+    ])

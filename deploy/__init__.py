@@ -1,0 +1,1 @@
+"""Deployment files for hybridmon; see deploy/README.md."""

@@ -1,0 +1,371 @@
+"""deploy/: every file is checked by the tool that will read it, offline.
+
+systemd-analyze (unit), kubernetes-validate (built-in Kubernetes kinds, strict), promtool (the
+Prometheus config and the rules inside the PrometheusRule), amtool and a real Alertmanager (routing
+and inhibition). kubernetes-validate has no schema for the Prometheus Operator's CRDs, so the
+ServiceMonitor and PrometheusRule are checked by what they must agree with: the Service, the
+DaemonSet's pods and the rule file.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import kubernetes_validate
+import pytest
+import yaml
+from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
+
+from agent import __version__
+from agent.config import AgentConfig, load_config, parse_listen, tomllib
+from deploy.kubernetes import generate_prometheusrule
+from exporters.numa import parse_numa_maps
+from tests.agent_helpers import REPO
+from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
+from tests.live_stack import require_binary
+
+DEPLOY = REPO / "deploy"
+UNIT = DEPLOY / "systemd" / "hybridmon.service"
+KUBERNETES = DEPLOY / "kubernetes"
+ALERTMANAGER_CONFIG = DEPLOY / "alertmanager" / "alertmanager.yml"
+PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
+RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
+# The oldest Kubernetes the manifests claim to work on, and the newest the validator knows.
+KUBERNETES_VERSIONS = ("1.30", kubernetes_validate.utils.latest_version())
+CRD_KINDS = {"ServiceMonitor", "PrometheusRule"}
+
+
+def unit_settings(path: Path = UNIT) -> dict[str, list[str]]:
+    """[Service] and friends as {key: [values in order]}; systemd allows a key more than once."""
+    settings: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        if line and not line.startswith(("#", ";", "[")):
+            key, _, value = line.partition("=")
+            settings.setdefault(key.strip(), []).append(value.strip())
+    return settings
+
+
+def manifests() -> dict[str, dict]:
+    """kind -> the one resource of that kind under deploy/kubernetes/."""
+    resources = {}
+    for path in sorted(KUBERNETES.glob("*.yaml")):
+        for resource in yaml.safe_load_all(path.read_text()):
+            assert resource["kind"] not in resources, f"two {resource['kind']} resources"
+            resources[resource["kind"]] = resource
+    return resources
+
+
+def agent_container() -> dict:
+    (container,) = manifests()["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+# --- systemd ----------------------------------------------------------------------------------
+
+def test_unit_passes_systemd_analyze_verify_and_security(tmp_path):
+    analyze = require_binary("systemd-analyze", "systemd")
+    # verify insists that ExecStart's binary exists: point it at this checkout's entry point.
+    installed = Path(sys.executable).with_name("hybridmon")
+    assert installed.is_file(), "pip install -e . puts a hybridmon entry point beside the venv's python"
+    unit = tmp_path / "hybridmon.service"
+    unit.write_text(UNIT.read_text().replace("/opt/hybridmon/bin/hybridmon", str(installed)))
+    assert unit.read_text() != UNIT.read_text()
+    verify = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=30)
+    # Unknown keys and unparsable values are only warnings (exit 0): any output is a failure.
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+    # Exposure 0 (locked down) to 10 (unprotected); 2.5 leaves room only for what NVML needs.
+    security = subprocess.run([analyze, "security", "--offline=true", "--threshold=25", str(unit)],
+                              capture_output=True, text=True, timeout=30)
+    assert security.returncode == 0, security.stdout[-1500:] + security.stderr
+
+
+def test_unit_keeps_what_the_agent_needs_and_nothing_more():
+    settings = unit_settings()
+    single = {key: values[-1] for key, values in settings.items()}
+    assert single["CapabilityBoundingSet"] == single["AmbientCapabilities"] == "CAP_SYS_PTRACE"
+    for key in ("DynamicUser", "NoNewPrivileges", "ProtectHome", "PrivateTmp", "ProtectKernelTunables",
+                "ProtectControlGroups", "RestrictSUIDSGID", "LockPersonality"):
+        assert single[key] == "yes", key
+    assert single["ProtectSystem"] == "strict"
+    assert single["StateDirectory"] == "hybridmon"  # -> $STATE_DIRECTORY, the agent's state_dir
+    assert set(single["RestrictAddressFamilies"].split()) == {"AF_UNIX", "AF_INET", "AF_INET6", "AF_NETLINK"}
+    assert single["DevicePolicy"] == "closed" and "char-nvidia* rw" in settings["DeviceAllow"]
+    assert settings["SystemCallFilter"] == ["@system-service", "~@privileged"]  # keeps set_mempolicy
+    assert {"MemoryMax", "LimitMEMLOCK", "TasksMax"} <= settings.keys()
+    # Each would hide what the agent reads: /dev/nvidia*, other users' processes, host /proc files.
+    assert single.get("PrivateDevices", "no") == "no" and single.get("PrivateUsers", "no") == "no"
+    assert single["ProtectProc"] == "default" and single["ProcSubset"] == "all"
+
+
+def test_every_service_setting_is_explained_by_a_comment():
+    text = UNIT.read_text()
+    lines = text[text.index("[Service]"):text.index("[Install]")].splitlines()
+    unexplained = []
+    for number, line in enumerate(lines):
+        if not line or line.startswith(("#", "[")):
+            continue
+        above = number - 1
+        while above >= 0 and lines[above] and not lines[above].startswith(("#", "[")):
+            above -= 1  # a run of settings shares the comment above it
+        if above < 0 or not lines[above].startswith("#"):
+            unexplained.append(line)
+    assert unexplained == []
+
+
+def test_the_units_capability_is_what_reading_numa_maps_needs():
+    """As an unprivileged user another user's numa_maps is unreadable; with the unit's capability
+    set (and nothing else) it reads, and the agent's parser finds the process's pages in it."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root; this check needs root to switch users")
+        pytest.skip("needs root to run a process as another user")
+    setpriv = require_binary("setpriv", "util-linux")
+    capabilities = ",".join("+" + c.lower().removeprefix("cap_")
+                            for c in unit_settings()["AmbientCapabilities"][-1].split())
+    as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--no-new-privs"]
+    with_capabilities = [f"--inh-caps={capabilities}", f"--ambient-caps={capabilities}",
+                         f"--bounding-set=-all,{capabilities}"]
+    target = subprocess.Popen(["sleep", "30"])  # owned by root, not by the reader
+    try:
+        read = ["cat", f"/proc/{target.pid}/numa_maps"]
+        denied = subprocess.run([*as_nobody, *read], capture_output=True, text=True, timeout=30)
+        allowed = subprocess.run([*as_nobody, *with_capabilities, *read], capture_output=True, text=True,
+                                 timeout=30)
+    finally:
+        target.kill()
+        target.wait()
+    assert denied.returncode != 0 and "Permission denied" in denied.stderr
+    assert allowed.returncode == 0, allowed.stderr
+    assert sum(parse_numa_maps(allowed.stdout).values()) > 0  # resident bytes of sleep, all nodes
+
+
+def test_example_config_is_valid_and_leaves_the_state_dir_to_systemd():
+    settings = unit_settings()
+    config_path = re.search(r"--config (\S+)", settings["ExecStart"][-1]).group(1)
+    assert config_path == f"/etc/{settings['ConfigurationDirectory'][-1]}/hybridmon.toml"
+    config = load_config(DEPLOY / "systemd" / "hybridmon.toml", environ={})
+    assert config.resolved_state_dir({"STATE_DIRECTORY": "/var/lib/hybridmon"}) == Path("/var/lib/hybridmon")
+
+
+# --- Kubernetes -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_builtin_manifests_validate_strictly(version):
+    resources = manifests()
+    assert {"DaemonSet", "Service", "Kustomization"} | CRD_KINDS == resources.keys()
+    for kind, resource in resources.items():
+        if kind in CRD_KINDS or kind == "Kustomization":
+            # The validator knows built-in kinds only; these are checked by the tests below.
+            with pytest.raises(SchemaNotFoundError):
+                kubernetes_validate.validate(resource, version, strict=True)
+        else:
+            kubernetes_validate.validate(resource, version, strict=True)
+    misspelled = yaml.safe_load(yaml.safe_dump(resources["DaemonSet"]))
+    misspelled["spec"]["template"]["spec"]["hostPid"] = True
+    with pytest.raises(ValidationError, match="hostPid"):
+        kubernetes_validate.validate(misspelled, version, strict=True)
+
+
+def test_kustomization_lists_every_manifest_and_the_agents_version():
+    kustomization = manifests()["Kustomization"]
+    on_disk = {p.name for p in KUBERNETES.glob("*.yaml")} - {"kustomization.yaml"}
+    assert sorted(kustomization["resources"]) == sorted(on_disk)
+    (image,) = kustomization["images"]
+    assert agent_container()["image"] == f"{image['name']}:{__version__}" and image["newTag"] == __version__
+
+
+def test_daemonset_reads_the_host_read_only_with_one_capability():
+    pod = manifests()["DaemonSet"]["spec"]["template"]["spec"]
+    container = agent_container()
+    environment = {e["name"]: e["value"] for e in container["env"]}
+    config = load_config(environ=environment)  # the env vars are valid configuration keys
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    host_paths = {v["name"]: v.get("hostPath", {}).get("path") for v in pod["volumes"]}
+    for root, host_root in ((config.paths.procfs, "/proc"), (config.paths.sysfs, "/sys")):
+        assert mounts[root]["readOnly"] is True and host_paths[mounts[root]["name"]] == host_root
+    assert pod["hostPID"] is True and environment["NVIDIA_VISIBLE_DEVICES"] == "all"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})  # must not take a GPU
+    host, port = parse_listen(config.listen)
+    (metrics_port,) = container["ports"]
+    assert (host, port) == ("0.0.0.0", metrics_port["containerPort"])
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": metrics_port["name"]}
+    security = container["securityContext"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    unit_capabilities = unit_settings()["CapabilityBoundingSet"][-1].split()
+    assert ["CAP_" + c for c in security["capabilities"]["add"]] == unit_capabilities
+    assert security["allowPrivilegeEscalation"] is False and security["readOnlyRootFilesystem"] is True
+    assert security["privileged"] is False
+    writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
+    assert str(config.resolved_state_dir({})) in writable
+
+
+def test_container_image_copies_what_the_package_is_built_from():
+    dockerfile = (DEPLOY / "container" / "Dockerfile").read_text()
+    copied = {source for line in dockerfile.splitlines() if line.startswith("COPY ")
+              for source in line.split()[1:-1]}
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())
+    packages = {name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    assert copied == {"pyproject.toml", project["project"]["readme"]} | packages
+    assert all((REPO / source).exists() for source in copied)
+
+
+def test_service_and_servicemonitor_reach_the_agent_pods():
+    resources = manifests()
+    pod_labels = resources["DaemonSet"]["spec"]["template"]["metadata"]["labels"]
+    service, monitor = resources["Service"], resources["ServiceMonitor"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    port_names = {p["name"] for p in service["spec"]["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= {p["name"] for p in agent_container()["ports"]}
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["metadata"]["namespace"] == service["metadata"]["namespace"]  # no namespaceSelector
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in port_names and endpoint["path"] == "/metrics"
+    (job,) = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+    assert endpoint["interval"] == job["scrape_interval"] == "15s"
+
+
+def test_prometheusrule_is_generated_from_the_current_rules(tmp_path, capsys):
+    assert generate_prometheusrule.main(["--check"]) == 0, capsys.readouterr().out[-3000:]
+    rule = manifests()["PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+    extracted = tmp_path / "extracted.rules.yml"
+    extracted.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    promtool = require_binary("promtool", "prometheus")
+    checked = subprocess.run([promtool, "check", "rules", str(extracted)], capture_output=True, text=True,
+                             timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    # and a changed rule file makes the committed one stale
+    changed = tmp_path / "changed.rules.yml"
+    changed.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"][:-1]}))
+    assert generate_prometheusrule.main(["--check", "--rules-file", str(changed)]) == 1
+
+
+# --- Alertmanager and Prometheus --------------------------------------------------------------
+
+RECEIVER_BY_SEVERITY = {"critical": "pager", "warning": "chat", "info": "none"}
+DEFAULT_RECEIVER = "chat"
+
+
+def rule_alerts() -> set[tuple[str, str]]:
+    """(alertname, severity) of every alerting rule."""
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return {(r["alert"], r["labels"]["severity"]) for g in groups for r in g["rules"] if "alert" in r}
+
+
+def test_alertmanager_config_passes_amtool_and_routes_each_alert_by_severity():
+    amtool = require_binary("amtool", "prometheus-alertmanager")
+    checked = subprocess.run([amtool, "check-config", str(ALERTMANAGER_CONFIG)], capture_output=True, text=True,
+                             timeout=30)
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
+    alerts = sorted(rule_alerts()) + [("NotOneOfOurs", "page-me-maybe")]
+    assert {severity for _, severity in alerts} >= RECEIVER_BY_SEVERITY.keys()
+    for alertname, severity in alerts:
+        routed = subprocess.run([amtool, "config", "routes", "test", f"--config.file={ALERTMANAGER_CONFIG}",
+                                 f"alertname={alertname}", f"severity={severity}", "instance=gpu-host-1:9787",
+                                 "gpu=0"], capture_output=True, text=True, timeout=30)
+        assert routed.stdout.strip() == RECEIVER_BY_SEVERITY.get(severity, DEFAULT_RECEIVER), (alertname, severity)
+
+
+def _alert(alertname: str, severity: str, **labels: str) -> dict:
+    return {"labels": {"alertname": alertname, "severity": severity, **labels}}
+
+
+# Alerts from Prometheus carry instance; those the agent pushes itself carry host.
+INHIBITION_CASES = [  # (alert, muted?)
+    (_alert("GpuLost", "critical", instance="a:9787", gpu="0"), False),
+    (_alert("GpuPcieReplayErrors", "warning", instance="a:9787", gpu="0"), True),   # the lost GPU
+    (_alert("GpuPcieReplayErrors", "warning", instance="a:9787", gpu="1"), False),  # another GPU
+    (_alert("GpuPcieReplayErrors", "warning", instance="b:9787", gpu="0"), False),  # another host
+    (_alert("HostSwapThrash", "warning", instance="a:9787"), False),                # the host itself
+    (_alert("GpuLost", "critical", host="c", pci_bus_id="0000:17:00.0"), False),     # left the bus
+    (_alert("PcieAerErrors", "warning", host="c", pci_bus_id="0000:17:00.0", aer_severity="correctable"), True),
+    (_alert("HostSwapThrash", "warning", host="c"), False),  # no gpu label on either side: not muted
+    (_alert("PcieAerErrors", "critical", instance="d:9787", pci_bus_id="0000:3b:00.0", aer_severity="fatal"),
+     False),
+    (_alert("PcieAerErrors", "warning", instance="d:9787", pci_bus_id="0000:3b:00.0", aer_severity="correctable"),
+     True),  # its critical variant mutes it
+    (_alert("HostSwappinessHigh", "info", instance="a:9787"), False),
+]
+
+
+def _receivers(webhook: WebhookReceiver) -> dict[frozenset, str]:
+    """The receiver each delivered alert (by its label set) was routed to."""
+    return {frozenset(alert["labels"].items()): body["receiver"]
+            for body in list(webhook.notifications) for alert in body["alerts"]}
+
+
+def test_a_real_alertmanager_routes_and_inhibits_as_configured(tmp_path):
+    """The example's routes and inhibit rules, loaded into Debian's Alertmanager with every receiver
+    pointed at the test's webhook and the group timers cut to a second."""
+    config = yaml.safe_load(ALERTMANAGER_CONFIG.read_text())
+    for receiver in config["receivers"]:
+        for integration in [key for key in receiver if key.endswith("_configs")]:
+            del receiver[integration]
+        receiver["webhook_configs"] = [{"url": "WEBHOOK", "send_resolved": False}]
+    for route in (config["route"], *config["route"]["routes"]):
+        route.update(group_wait="1s", group_interval="1s")
+    webhook = WebhookReceiver()
+    alertmanager = None
+    try:
+        alertmanager = Alertmanager(tmp_path, webhook.url)
+        (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(config).replace("WEBHOOK", webhook.url))
+        assert httpx.post(f"{alertmanager.url}/-/reload", timeout=5).status_code == 200
+        posted = httpx.post(f"{alertmanager.url}/api/v2/alerts", json=[a for a, _ in INHIBITION_CASES], timeout=5)
+        assert posted.status_code == 200, posted.text
+        expected = {frozenset(a["labels"].items()): RECEIVER_BY_SEVERITY[a["labels"]["severity"]]
+                    for a, muted in INHIBITION_CASES if not muted}
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not expected.items() <= _receivers(webhook).items():
+            time.sleep(0.2)
+        time.sleep(2)  # two more group intervals: a muted alert would have been sent by now
+        assert _receivers(webhook) == expected
+        state = {frozenset(a["labels"].items()): (a["status"]["state"], bool(a["status"]["inhibitedBy"]))
+                 for a in alertmanager.alerts()}
+        assert state == {frozenset(a["labels"].items()): ("suppressed", True) if muted else ("active", False)
+                         for a, muted in INHIBITION_CASES}
+    finally:
+        if alertmanager is not None:
+            alertmanager.close()
+        webhook.close()
+
+
+def test_prometheus_config_passes_promtool_with_the_rules_it_names():
+    promtool = require_binary("promtool", "prometheus")
+    checked = subprocess.run([promtool, "check", "config", str(PROMETHEUS_CONFIG)], capture_output=True, text=True,
+                             timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    rules = sum(len(group["rules"]) for group in yaml.safe_load(RULES_FILE.read_text())["groups"])
+    assert f"SUCCESS: {rules} rules found" in checked.stdout  # promtool read rules/hybridmon.rules.yml
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    assert [(PROMETHEUS_CONFIG.parent / p).resolve() for p in config["rule_files"]] == [RULES_FILE]
+    (job,) = config["scrape_configs"]
+    assert (job["job_name"], job["scrape_interval"], job["metrics_path"]) == ("hybridmon", "15s", "/metrics")
+    assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9093"]
+
+
+# --- The documents that describe these files --------------------------------------------------
+
+@pytest.mark.parametrize("document", ["docs/quickstart.md", "deploy/README.md"])
+def test_docs_name_real_files_metrics_and_settings(document):
+    path = REPO / document
+    text = path.read_text()
+    links = [target for target in re.findall(r"\]\(([^)#]+)\)", text) if "://" not in target]
+    assert links and [t for t in links if not (path.parent / t).exists()] == []
+    metrics_doc = (REPO / "docs" / "metrics.md").read_text()
+    documented_metrics = set(re.findall(r"^\| `(hybridmon_\w+)`", metrics_doc, re.M))
+    named = set(re.findall(r"\b(hybridmon_\w*[a-z])\b(?![*\w])", text))
+    assert named - documented_metrics == set()
+    for variable in set(re.findall(r"\bHYBRIDMON_([A-Z_]+)=", text)):
+        *sections, key = variable.lower().split("__")
+        model = AgentConfig
+        for section in sections:
+            model = model.model_fields[section].annotation
+        assert key in model.model_fields, variable

@@ -1,0 +1,333 @@
+"""The live alert path, end to end (issue 5, part 4): real Prometheus and Alertmanager binaries on
+loopback, agents as `hybridmon run` subprocesses.
+
+One stack per module: Alertmanager (group_wait and group_interval 1 s) posting to a webhook
+receiver in the test; Prometheus scraping three agents every second and evaluating
+rules/hybridmon.rules.yml, unchanged, every second. Two agents replay scenario traces and push
+their own findings to the same Alertmanager (alerting.alertmanager_urls, with a `scenario` label;
+Prometheus's alerts carry job and instance, the direct ones do not, so the two doors tell apart):
+
+- the incident, `gpu_lost_and_reset`: GPU1 answers NVML_ERROR_GPU_IS_LOST from 60 s to 120 s of
+  recorded time and is healthy again after. GpuLost has `for: 0s` and reads a gauge, so neither
+  the rule nor the detector waits on a wall-clock window and the replay can run fast;
+- the healthy host, `healthy_busy_offload` (GPU0's link at 70 %, near the starvation threshold).
+
+The third runs live on the fixture host with a stored benchmark run, for the dashboard queries.
+
+Speed and time: both replays run at SPEED recorded seconds per wall second. The detectors judge
+recorded time, so they evaluate every SPEED recorded seconds (every wall second, as often as
+Prometheus) and see SPEED times more history per wall second. Prometheus stamps scrapes with wall
+time: gauges read the same, but a counter's rate() and a gauge's deriv() come out SPEED times the
+recorded ones. GpuLost reads a gauge. On the healthy host, the rates and slopes the rules compare
+with thresholds (swap traffic, faults, PSI stall, replays, AER errors, a VRAM fill) fire when high,
+so SPEED times the recorded rates only makes silence harder to keep; the memory-growth rule, the
+one that also asks for something flat (CPU load), needs 30 min of history and cannot fire in any
+short window.
+
+The healthy window: both replays run side by side until the incident has fired and resolved
+through both doors, at least HEALTHY_WINDOW_SECONDS. A rule with `for: 0s` judges full input
+after two scrapes (rate() needs two samples), so the window holds ~30 of its evaluations; a rule
+with a `for` (2 m, 5 m) cannot fire in a short window, but a condition that holds shows as a
+pending alert, and the test asks Prometheus for pending alerts too. The detectors see SPEED times
+the window of recorded history (180 s): past their 1 m windows and GpuPcieStarvation's 2 m `for`.
+The same stack delivers the incident's alerts within seconds in the same window, so silence is
+not a broken pipe.
+
+Timing (printed by test_onset_to_webhook_delivery_times): the onset and the reset are when the
+incident agent's /metrics first served hybridmon_gpu_up 0 and then 1 again (StateWatch, 50 ms
+polls); delivery is the webhook receiver's arrival time. The direct door's firing alert skips
+group_wait here: Alertmanager flushes a new group at once when an alert's startsAt is more than
+group_wait in the past, and a replay's startsAt is the recorded time. A live agent's is now, so
+live it waits group_wait (1 s here, 30 s by Alertmanager's default) on top.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import httpx
+import pytest
+
+from agent.scenarios import SCENARIOS, START_TIME
+from agent.scenarios.library import GPU1_UUID
+from tests.agent_helpers import FIXTURE_ENVIRONMENT, free_port
+from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
+from tests.bench_helpers import BENCH_FIXTURES
+from tests.fake_nvml import UUID0
+from tests.live_stack import (
+    JOB, AgentProcess, Prometheus, StateWatch, first_delivery, require_binary, sample_value,
+    store_bench_run,
+)
+
+INCIDENT, HEALTHY = "gpu_lost_and_reset", "healthy_busy_offload"
+SPEED = 6.0
+HEALTHY_WINDOW_SECONDS = 30.0
+LOST_GPU = {"gpu": "1", "uuid": GPU1_UUID}
+# Each door's delivery, from the onset (or the reset): the intervals it waits on (scrape and rule
+# evaluation, or detector evaluation; group_wait or group_interval) add up to 2-3 s here.
+DELIVERY_LIMIT_SECONDS = 10.0
+
+
+@dataclass
+class LiveRun:
+    prometheus: Prometheus
+    alertmanager: Alertmanager
+    receiver: WebhookReceiver
+    incident: AgentProcess
+    healthy: AgentProcess
+    fixture: AgentProcess               # live on the fixture host, with a stored benchmark run
+    started: float                      # wall time the agents were started
+    ready: float                        # wall time all three served /healthz
+    states: dict[str, tuple[float, float]]  # "onset", "reset": StateWatch.seen
+    ended: float = 0.0
+    deliveries: dict[str, tuple[float, dict]] = field(default_factory=dict)
+
+    def missing(self) -> str:
+        """What the run saw, for a failure message."""
+        def brief(labels: dict) -> str:
+            return ",".join(f"{k}={v}" for k, v in sorted(labels.items()) if k not in ("host", "job"))
+        webhook = sorted({f"{a['status']} {brief(a['labels'])}" for _t, body in self.receiver.deliveries
+                          for a in body["alerts"]})
+        held = sorted(f"{a['state']} {brief(a['labels'])}" for a in self.prometheus.alerts())
+        return (f"onset/reset seen at {self.states}; deliveries {sorted(self.deliveries)};\n"
+                f"webhook got: {webhook};\nPrometheus holds now: {held}")
+
+
+def parse_time(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def is_the_lost_gpu(alert: dict) -> bool:
+    return alert["labels"].get("alertname") == "GpuLost" and LOST_GPU.items() <= alert["labels"].items()
+
+
+def from_prometheus(instance: str):
+    return lambda alert: is_the_lost_gpu(alert) and alert["labels"].get("instance") == instance
+
+
+def pushed_by(scenario: str):
+    return lambda alert: (is_the_lost_gpu(alert) and alert["labels"].get("scenario") == scenario
+                          and "instance" not in alert["labels"])
+
+
+def gpu_up_is(value: float):
+    return lambda text: sample_value(text, "hybridmon_gpu_up", gpu="1") == value
+
+
+def agent_environment(alertmanager: Alertmanager, scenario: str, state_dir: Path) -> dict[str, str]:
+    return {
+        "HYBRIDMON_ALERTING__ALERTMANAGER_URLS": json.dumps([alertmanager.url]),
+        "HYBRIDMON_ALERTING__LABELS": json.dumps({"scenario": scenario}),
+        "HYBRIDMON_DETECTORS__EVALUATION_INTERVAL_SECONDS": str(SPEED),  # 1 s of wall time
+        "HYBRIDMON_STATE_DIR": str(state_dir),
+    }
+
+
+def store_a_benchmark_run(state_dir: Path) -> None:
+    """GPU0 of the fixture host measured (recorded reports of the binary), as `hybridmon bench`
+    leaves it: the dashboards' benchmark panels have something to show."""
+    store_bench_run(
+        state_dir,
+        {"index": 0, "uuid": UUID0, "name": "NVIDIA L40S", "pci_bus_id": "0000:17:00.0", "numa_node": 0},
+        {"local": BENCH_FIXTURES / "report-gen4-local.json", "remote": BENCH_FIXTURES / "report-gen4-remote.json"},
+        {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16},
+    )
+
+
+def wait_for_both_doors(run: LiveRun, deadline: float) -> None:
+    """Until each door has delivered the incident firing and resolved (and the healthy window has
+    passed), or the deadline; the tests say what is missing."""
+    wanted = {
+        "prometheus firing": ("firing", from_prometheus(run.incident.instance)),
+        "prometheus resolved": ("resolved", from_prometheus(run.incident.instance)),
+        "direct firing": ("firing", pushed_by(INCIDENT)),
+        "direct resolved": ("resolved", pushed_by(INCIDENT)),
+    }
+    while time.time() < deadline and (len(run.deliveries) < len(wanted)
+                                      or time.time() - run.ready < HEALTHY_WINDOW_SECONDS):
+        for key, (status, matches) in wanted.items():
+            if key not in run.deliveries:
+                found = first_delivery(run.receiver.deliveries, status, matches)
+                if found:
+                    run.deliveries[key] = found
+        time.sleep(0.1)
+    run.ended = time.time()
+
+
+@pytest.fixture(scope="module")
+def live(scenarios):
+    traces = {name: scenarios.summary(name).path for name in (INCIDENT, HEALTHY)}
+    require_binary("prometheus", "prometheus")
+    require_binary("prometheus-alertmanager", "prometheus-alertmanager")
+    with ExitStack() as stack:
+        directory = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="hybridmon-live-")))
+        receiver = WebhookReceiver()
+        stack.callback(receiver.close)
+        (directory / "alertmanager").mkdir()
+        alertmanager = Alertmanager(directory / "alertmanager", receiver.url)
+        stack.callback(alertmanager.close)
+        ports = {name: free_port() for name in (INCIDENT, HEALTHY, "fixture")}
+        prometheus = Prometheus(directory, [f"127.0.0.1:{port}" for port in ports.values()],
+                                f"127.0.0.1:{alertmanager.port}")
+        stack.callback(prometheus.close)
+        store_a_benchmark_run(directory / "state-fixture")
+        started = time.time()
+        agents = {}
+        for name, environment in (
+            (INCIDENT, agent_environment(alertmanager, INCIDENT, directory / "state-incident")),
+            (HEALTHY, agent_environment(alertmanager, HEALTHY, directory / "state-healthy")),
+            ("fixture", {**FIXTURE_ENVIRONMENT, "HYBRIDMON_STATE_DIR": str(directory / "state-fixture")}),
+        ):
+            agents[name] = AgentProcess(directory, name, ports[name], environment, replay=traces.get(name), speed=SPEED)
+            stack.callback(agents[name].close)
+        for agent in agents.values():
+            agent.wait_ready()
+        incident = agents[INCIDENT]
+        watch = StateWatch(incident, [("onset", gpu_up_is(0.0)), ("reset", gpu_up_is(1.0))])
+        stack.callback(watch.close)
+        run = LiveRun(prometheus, alertmanager, receiver, incident, agents[HEALTHY], agents["fixture"],
+                      started, time.time(), watch.seen)
+        wait_for_both_doors(run, deadline=started + SCENARIOS[INCIDENT].duration_seconds / SPEED + 20)
+        yield run
+
+
+# --- through Prometheus ---------------------------------------------------------------------------
+
+def test_rules_load_unchanged_and_evaluate_without_errors(live):
+    rules = live.prometheus.rules()
+    assert len(rules) >= 20
+    broken = [(rule["name"], rule.get("lastError")) for rule in rules if rule["health"] != "ok"]
+    assert broken == []
+    scraped = live.prometheus.query(f'up{{job="{JOB}"}}')
+    assert sorted(s["metric"]["instance"] for s in scraped if s["value"][1] == "1") == \
+        sorted(agent.instance for agent in (live.incident, live.healthy, live.fixture))
+
+
+def test_prometheus_route_delivers_the_alert_with_its_labels_and_runbook(live):
+    assert "prometheus firing" in live.deliveries, live.missing()
+    _arrived, alert = live.deliveries["prometheus firing"]
+    assert alert["labels"] == {"alertname": "GpuLost", "severity": "critical", **LOST_GPU,
+                               "instance": live.incident.instance, "job": JOB}
+    runbook = alert["annotations"]["runbook_url"]
+    assert runbook == f"http://{live.incident.instance}/runbooks/GpuLost"
+    page = httpx.get(runbook, timeout=5)
+    assert page.status_code == 200 and "GpuLost" in page.text
+    assert f"GPU 1 on {live.incident.instance} is lost" in alert["annotations"]["summary"]
+
+
+def test_prometheus_route_resolves_once_the_gpu_is_back(live):
+    assert "prometheus resolved" in live.deliveries and "reset" in live.states, live.missing()
+    arrived, alert = live.deliveries["prometheus resolved"]
+    assert arrived > live.states["reset"][0]
+    assert alert["labels"]["instance"] == live.incident.instance
+
+
+def test_the_incident_raises_nothing_else_through_prometheus(live):
+    """Every alert Prometheus held for the incident host over the run, pending or firing."""
+    window = int(time.time() - live.started) + 1
+    held = live.prometheus.query(f'count_over_time(ALERTS{{instance="{live.incident.instance}"}}[{window}s])')
+    assert {(s["metric"]["alertname"], s["metric"].get("gpu")) for s in held} == {("GpuLost", "1")}
+
+
+# --- the agent's direct push ----------------------------------------------------------------------
+
+def test_direct_push_delivers_the_alert_with_its_labels_and_runbook(live):
+    assert "direct firing" in live.deliveries, live.missing()
+    _arrived, alert = live.deliveries["direct firing"]
+    labels = dict(alert["labels"])
+    assert labels.pop("host")  # the agent's hostname
+    assert labels == {"alertname": "GpuLost", "severity": "critical", **LOST_GPU, "scenario": INCIDENT}
+    runbook = alert["annotations"]["runbook_url"]
+    assert runbook == f"http://{live.incident.instance}/runbooks/GpuLost"
+    assert httpx.get(runbook, timeout=5).status_code == 200
+    # A replay reports the incident at its recorded time: the first evaluation at or after onset.
+    onset = START_TIME + SCENARIOS[INCIDENT].onset_seconds
+    assert onset <= parse_time(alert["startsAt"]) < onset + SPEED
+
+
+def test_direct_push_resolves_once_the_gpu_is_back(live):
+    assert "direct resolved" in live.deliveries and "reset" in live.states, live.missing()
+    arrived, alert = live.deliveries["direct resolved"]
+    assert arrived > live.states["reset"][0]
+    assert alert["labels"]["scenario"] == INCIDENT
+    pushed = [a for _t, body in live.receiver.deliveries for a in body["alerts"]
+              if a["labels"].get("scenario") == INCIDENT]
+    assert {(a["labels"]["alertname"], a["labels"].get("gpu")) for a in pushed} == {("GpuLost", "1")}
+
+
+# --- the healthy host -----------------------------------------------------------------------------
+
+def test_a_healthy_host_sends_nothing(live):
+    window = live.ended - live.ready
+    assert window >= HEALTHY_WINDOW_SECONDS
+    instance = live.healthy.instance
+    # It was scraped all along (a scrape a second; a loaded machine may miss a few), so the rules
+    # judged its data ...
+    scrapes = live.prometheus.query(f'sum_over_time(up{{instance="{instance}"}}[{int(window)}s])')
+    assert scrapes and float(scrapes[0]["value"][1]) >= 0.75 * window
+    # ... and no rule was ever pending or firing for it, no detector raised anything, and the
+    # webhook got nothing from either door.
+    whole_run = int(time.time() - live.started) + 1
+    held = live.prometheus.query(f'count_over_time(ALERTS{{instance="{instance}"}}[{whole_run}s])')
+    assert held == []
+    assert live.healthy.findings() == []
+    from_healthy = [a for _t, body in live.receiver.deliveries for a in body["alerts"]
+                    if a["labels"].get("instance") == instance or a["labels"].get("scenario") == HEALTHY]
+    assert from_healthy == []
+
+
+# --- how long it takes ----------------------------------------------------------------------------
+
+def test_onset_to_webhook_delivery_times(live):
+    """From the incident agent first serving the onset (the reset) to the webhook receiving the
+    alert firing (resolved), through each door. Measured from StateWatch's `after`, so at most
+    ~0.1 s longer than the real delay, never shorter."""
+    assert {"onset", "reset"} <= live.states.keys() and len(live.deliveries) == 4, live.missing()
+    lines, out_of_bounds = [], []
+    for door in ("prometheus", "direct"):
+        for status, since in (("firing", "onset"), ("resolved", "reset")):
+            after, by = live.states[since]
+            seconds = live.deliveries[f"{door} {status}"][0] - after
+            lines.append(f"{door:>10} {status:<8} {seconds:5.2f} s after the {since} "
+                         f"(the {since} seen within {by - after:.2f} s)")
+            if not 0 < seconds <= DELIVERY_LIMIT_SECONDS:
+                out_of_bounds.append(lines[-1])
+    print("\nonset to webhook delivery (scrape, rule and detector evaluation every 1 s; group_wait "
+          "and group_interval 1 s):\n" + "\n".join(lines))
+    assert out_of_bounds == []
+
+
+# --- the dashboards -------------------------------------------------------------------------------
+
+def test_every_dashboard_query_is_valid_and_returns_data(live):
+    """Every panel query of dashboards/json, run against this Prometheus for the fixture-host
+    agent (live, with a stored benchmark run and its host's configuration findings firing):
+    instant queries now, range queries over the run, as Grafana would show the last minute."""
+    from dashboards import all_panel_queries
+
+    now = time.time()
+    window = int(now - live.started)
+    variables = {"datasource": "prometheus", "instance": live.fixture.instance, "gpu": "0",
+                 # Grafana's $__rate_interval: max(4 x scrape interval, $__interval + scrape interval)
+                 "__rate_interval": "4s", "__interval": "1s", "__range": f"{window}s"}
+    queries = all_panel_queries(variables)
+    assert len(queries) >= 20
+    problems = []
+    for query in queries:
+        where = f"{query.dashboard_uid} / {query.panel_title} / {query.ref_id}: {query.expr}"
+        try:
+            if query.instant:
+                result = live.prometheus.query(query.expr, at=now)
+            else:
+                result = live.prometheus.query_range(query.expr, live.started, now, 1.0)
+        except AssertionError as error:  # Prometheus refused the query
+            problems.append(f"{where}\n    {error}")
+            continue
+        if not result:
+            problems.append(f"{where}\n    no data")
+    assert problems == [], f"{len(problems)} of {len(queries)} queries:\n" + "\n".join(problems)
