@@ -14,13 +14,16 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from exporters.inference_names import SERVERS as INFERENCE_SERVERS, USUAL_PORTS
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "HYBRIDMON_"
-COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa", "bench")
+COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa", "bench",
+                   "inference")
 DEFAULT_LISTEN = "127.0.0.1:9787"
 
 # Command lines of the inference servers we look for when nothing else is configured.
@@ -127,6 +130,46 @@ class BenchConfig(_Strict):
     )
 
 
+class InferenceEndpoint(_Strict):
+    url: str = Field(description="http(s)://HOST:PORT[/PATH]; no path: /metrics (/api/ps for Ollama)")
+    server: str | None = Field(default=None, description="None: detected from the metric names")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s?#]+(/\S*)?", url):
+            raise ValueError(f"{url!r} is not an http(s) URL")
+        if "@" in url.split("/")[2]:
+            raise ValueError("a URL with credentials would show them in the endpoint label; not supported")
+        return url
+
+    @field_validator("server")
+    @classmethod
+    def _known_server(cls, server: str | None) -> str | None:
+        if server is not None and server not in INFERENCE_SERVERS:
+            raise ValueError(f"unknown server {server!r}; known: {', '.join(INFERENCE_SERVERS)}")
+        return server
+
+
+class InferenceConfig(_Strict):
+    endpoints: tuple[InferenceEndpoint, ...] = Field(
+        default=(), description="URLs, or tables {url, server}; none: look beside the watched processes"
+    )
+    discover: bool = Field(default=True, description="with no endpoints, find servers on the watched "
+                           "processes' ports, else on probe_ports of 127.0.0.1")
+    probe_ports: tuple[int, ...] = USUAL_PORTS
+    timeout_seconds: float = Field(default=2.0, gt=0, le=10, description="whole GET; keep it under the interval")
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=4096, le=256 * 1024 * 1024)
+    discovery_interval_seconds: float = Field(default=30.0, gt=0, le=3600)
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _urls_as_tables(cls, endpoints: Any) -> Any:
+        if isinstance(endpoints, (list, tuple)):
+            return [{"url": e} if isinstance(e, str) else e for e in endpoints]
+        return endpoints
+
+
 class AgentConfig(_Strict):
     listen: str = DEFAULT_LISTEN
     interval_seconds: float = Field(default=1.0, gt=0, le=60)
@@ -145,6 +188,7 @@ class AgentConfig(_Strict):
     detectors: DetectorsConfig = DetectorsConfig()
     alerting: AlertingConfig = AlertingConfig()
     bench: BenchConfig = BenchConfig()
+    inference: InferenceConfig = InferenceConfig()
 
     @field_validator("listen")
     @classmethod

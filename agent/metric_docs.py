@@ -8,9 +8,9 @@ import inspect
 
 from agent.exposition import SELF_METRICS
 from agent.findings import FINDING_METRICS
-from exporters import bench, gpu, host_memory, numa, pcie, pressure, process
+from exporters import bench, gpu, host_memory, inference, numa, pcie, pressure, process
 
-COLLECTOR_MODULES = (gpu, host_memory, pressure, numa, pcie, process, bench)
+COLLECTOR_MODULES = (gpu, host_memory, pressure, numa, pcie, process, bench, inference)
 
 def collector_classes():
     for module in COLLECTOR_MODULES:

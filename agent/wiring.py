@@ -9,6 +9,7 @@ from agent.sources import RawSource
 from exporters.bench import BenchCollector
 from exporters.gpu import GpuCollector
 from exporters.host_memory import HostMemoryCollector
+from exporters.inference import inference_collector
 from exporters.numa import NumaCollector, ProcessNumaCollector
 from exporters.pcie import PcieCollector
 from exporters.pressure import PressureCollector
@@ -16,7 +17,7 @@ from exporters.process import ProcessCollector
 
 SourceFactory = Callable[[str], RawSource]
 # First runs wait for the collectors they take their watch lists from (see Scheduled.after).
-RUNS_AFTER = {"process": ("gpu",), "process_numa": ("process",)}
+RUNS_AFTER = {"process": ("gpu",), "process_numa": ("process",), "inference": ("process",)}
 
 
 def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: bool = False) -> list[Scheduled]:
@@ -49,8 +50,8 @@ def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: boo
         discovery_interval_seconds=config.process.discovery_interval_seconds,
     )
 
-    def watched_processes() -> dict[int, str]:
-        recorded = sources["process_numa"].call(
+    def watched_processes(source: RawSource = sources["process_numa"]) -> dict[int, str]:
+        recorded = source.call(
             "agent.watched_processes", lambda: {str(pid): name for pid, name in process.watched().items()}
         )
         return {int(pid): name for pid, name in recorded.items()}
@@ -66,6 +67,8 @@ def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: boo
         ProcessNumaCollector(sources["process_numa"], procfs=paths.procfs, sysfs=paths.sysfs,
                              watched=watched_processes),
         BenchCollector(sources["bench"], state_dir=config.resolved_state_dir()),
+        inference_collector(config.inference, sources["inference"], paths.procfs,
+                            watched=lambda: watched_processes(sources["inference"])),
     ]
     enabled = [c for c in collectors if config.collector(c.name).enabled]
     enabled_names = {c.name for c in enabled}

@@ -191,8 +191,9 @@ def test_trace_replays_without_a_collector_failure(name, scenarios):
     replayed = scenarios.replayed(name)
     assert replayed.records == scenarios.summary(name).records
     assert replayed.failures == {}
-    # The scenarios model no offload benchmark: the bench collector finds no stored run, and says so.
-    assert set(replayed.no_data) <= {"bench"}
+    # The scenarios model no offload benchmark and no inference server yet: those collectors find
+    # nothing, and say so.
+    assert set(replayed.no_data) <= {"bench", "inference"}
     assert "run `hybridmon bench`" in replayed.no_data.get("bench", "run `hybridmon bench`")
 
 

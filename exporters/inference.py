@@ -1,0 +1,260 @@
+"""Inference servers beside the host: load, tokens, latency, KV cache and KV offload, per server.
+
+Which servers: the configured endpoints; with none, those found beside the watched processes
+(process.py): every TCP port a watched process listens on is asked for /metrics (and Ollama's
+/api/ps), and a port that answers as a known server is scraped from then on, labelled with the
+process's pid. Where no watched process listens anywhere (or its fds cannot be read), the usual
+ports on 127.0.0.1 are tried instead. Ports are looked up again every discovery interval.
+
+inference_formats.py turns each answer into one ServerStats per server and model;
+inference_scrape.py makes the bounded GET and finds the listening ports.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+from agent.sources import RawSource, ReplayedCallError
+from exporters import inference_scrape
+from exporters.base import LogOnce, NoDataError, Samples
+from exporters.inference_formats import PERCENTILES, Histogram, ServerStats, interpret, recent_quantile
+from exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
+                                         OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS,
+                                         USUAL_PORTS)
+
+if TYPE_CHECKING:
+    from agent.config import InferenceConfig
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+_MAX_PORTS_PER_PROCESS = 8  # vLLM and SGLang also listen on internal ports; the API port is one
+_MAX_PARALLEL_SCRAPES = 8
+_SERVER_ANSWERED = (None, "missing_families")  # a known server, even if some names changed
+
+
+@dataclass
+class Target:
+    """One endpoint: configured, or found beside a watched process ("process") or on a usual port
+    ("probe"). A found one is reported once it answered as a known server (confirmed)."""
+
+    url: str
+    server: str | None  # configured kind; None: detected from each answer
+    pid: int | None
+    origin: str
+    confirmed: bool
+    base: str = ""  # scheme://host:port of a found one
+
+
+class InferenceCollector:
+    """Scrapes inference servers and exports one normalised set of series per server and model."""
+
+    name = "inference"
+    default_interval_seconds = 5.0
+    metric_specs = METRIC_SPECS
+
+    def __init__(self, source: RawSource, procfs: str = "/proc",
+                 endpoints: Iterable[tuple[str, str | None]] = (), discover: bool = True,
+                 probe_ports: Iterable[int] = USUAL_PORTS,
+                 watched: Callable[[], Mapping[int, str]] = lambda: {},
+                 timeout_seconds: float = 2.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                 discovery_interval_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic,
+                 fetch: Callable[[str, float, int], dict] = inference_scrape.fetch) -> None:
+        self._source = source
+        self._procfs = procfs
+        configured = {endpoint_url(url, server): server for url, server in endpoints}
+        self._configured = [Target(url, server, None, "config", True) for url, server in configured.items()]
+        self._discover = discover and not self._configured
+        self._probe_ports = tuple(probe_ports)
+        self._watched = watched
+        self._timeout = timeout_seconds
+        self._max_bytes = max_body_bytes
+        self._discovery_interval = discovery_interval_seconds
+        self._clock = clock
+        self._fetch = fetch
+        self._found: dict[str, Target] = {}  # base -> confirmed target, when discovering
+        self._last_discovery: float | None = None
+        self._searched = ""  # where the last discovery looked, for the no-data message
+        self._previous: dict[tuple[str, str, str, str], Histogram] = {}
+        self._log_once = LogOnce(logger)
+
+    def collect(self) -> Samples:
+        # The clock goes through the source so that a replay looks around on the same runs.
+        now = self._source.call("inference.clock", self._clock)
+        candidates: list[Target] = []
+        if self._last_discovery is None or now - self._last_discovery >= self._discovery_interval:
+            self._last_discovery = now
+            candidates = self._look_around()
+        known = self._configured + list(self._found.values())
+        answers = self._get_all([t.url for t in known + candidates])
+        targets = known + self._confirm(candidates, answers)
+        if not targets:
+            raise NoDataError(self._nothing_found())
+        samples = Samples()
+        for target in targets:
+            self._add(samples, target, answers[target.url])
+        return samples
+
+    def _look_around(self) -> list[Target]:
+        """Finds the pids of configured endpoints or, when discovering, the new candidates."""
+        listeners = self._listeners()
+        for target in self._configured:
+            target.pid = _pid_listening_at(target.url, listeners)
+        if not self._discover:
+            return []
+        candidates: dict[str, int | None] = {}
+        for pid, sockets in listeners.items():
+            usual_first = sorted(sockets, key=lambda s: (s[1] not in self._probe_ports, s[1]))
+            for address, port in usual_first[:_MAX_PORTS_PER_PROCESS]:
+                candidates[f"http://{inference_scrape.connect_host(address)}:{port}"] = int(pid)
+        origin = "process" if candidates else "probe"
+        if candidates:
+            self._searched = "the watched processes' ports (" + ", ".join(
+                f"{base.rsplit(':', 1)[1]} of pid {pid}" for base, pid in candidates.items()) + ")"
+        else:
+            candidates = {f"http://127.0.0.1:{port}": None for port in self._probe_ports}
+            self._searched = (f"127.0.0.1 ports {', '.join(map(str, self._probe_ports))} (no watched "
+                              "process listens on TCP, or its /proc/<pid>/fd cannot be read)")
+        # A found server stays while its process still listens there; a new process is asked again.
+        self._found = {base: target for base, target in self._found.items()
+                       if base in candidates and candidates[base] == target.pid}
+        kept_urls = {t.url for t in self._configured + list(self._found.values())}
+        self._previous = {key: value for key, value in self._previous.items() if key[0] in kept_urls}
+        return [Target(base + "/metrics", None, pid, origin, False, base)
+                for base, pid in candidates.items() if base not in self._found]
+
+    def _listeners(self) -> dict[str, list[list]]:
+        try:
+            pids = sorted(int(pid) for pid in self._watched())
+        except Exception as error:  # the process collector's failure must not stop this one
+            self._log_once("watched", "cannot get the watched processes: %s", error)
+            pids = []
+        if not pids:
+            return {}
+        try:
+            return self._source.call("inference.listeners", lambda: inference_scrape.find_listeners(
+                self._source, self._procfs, pids))
+        except (OSError, ReplayedCallError) as error:
+            self._log_once("listeners", "cannot find the ports of the watched processes: %s", error)
+            return {}
+
+    def _get_all(self, urls: list[str]) -> dict[str, dict]:
+        """Every URL at once, so that slow servers cost one timeout per run, not one each."""
+        urls = list(dict.fromkeys(urls))
+        if not urls:
+            return {}
+        with ThreadPoolExecutor(max_workers=min(len(urls), _MAX_PARALLEL_SCRAPES)) as pool:
+            return dict(zip(urls, pool.map(self._get, urls)))
+
+    def _get(self, url: str) -> dict:
+        try:
+            return self._source.call(f"inference.get {url}",
+                                     lambda: self._fetch(url, self._timeout, self._max_bytes))
+        except ReplayedCallError as error:  # a fetch that failed in an unforeseen way while recording
+            return {"url": url, "error": "connection", "detail": str(error), "seconds": None}
+
+    def _confirm(self, candidates: list[Target], answers: dict[str, dict]) -> list[Target]:
+        """The candidates that answered as an inference server, kept from now on. Ollama answers
+        on /api/ps, not /metrics, so an HTTP answer that is not metrics has that asked too."""
+        readings = {id(t): interpret(answers[t.url], None) for t in candidates}
+        ask_api_ps = [t for t in candidates if readings[id(t)].error not in _SERVER_ANSWERED
+                      and answers[t.url].get("status") is not None]
+        for target in ask_api_ps:
+            target.url = target.base + "/api/ps"
+        answers.update(self._get_all([t.url for t in ask_api_ps]))
+        for target in ask_api_ps:
+            readings[id(target)] = interpret(answers[target.url], None)
+        confirmed = []
+        for target in candidates:
+            reading = readings[id(target)]
+            if reading.error in _SERVER_ANSWERED:
+                target.confirmed = True
+                self._found[target.base] = target
+                confirmed.append(target)
+            elif target.origin == "process":
+                self._log_once(f"not-a-server:{target.base}:{target.pid}",
+                               "pid %s listens at %s, which does not answer as an inference server "
+                               "(%s: %s)", target.pid, target.base, reading.error, reading.detail,
+                               level=logging.INFO)
+        return confirmed
+
+    def _add(self, samples: Samples, target: Target, answer: dict) -> None:
+        reading = interpret(answer, target.server)
+        samples.add(SCRAPE_SUCCESS, 0.0 if reading.error else 1.0, target.url)
+        samples.add(SCRAPE_DURATION, answer.get("seconds"), target.url)
+        if reading.error:
+            samples.add(SCRAPE_ERROR, 1.0, target.url, reading.error)
+            self._log_once(f"error:{target.url}:{reading.error}", "inference endpoint %s: %s (%s)",
+                           target.url, reading.error, reading.detail)
+        pid = "" if target.pid is None else str(target.pid)
+        for stats in reading.stats:
+            self._add_stats(samples, target.url, pid, stats)
+
+    def _add_stats(self, samples: Samples, url: str, pid: str, stats: ServerStats) -> None:
+        labels = (stats.server, url, stats.model, pid)
+        for field_name, spec in BY_FIELD.items():
+            samples.add(spec, getattr(stats, field_name), *labels)
+        for direction in ("store", "load"):
+            samples.add(OFFLOAD_BYTES, getattr(stats, f"kv_offload_{direction}_bytes"), *labels, direction)
+            samples.add(OFFLOAD_SECONDS, getattr(stats, f"kv_offload_{direction}_seconds"), *labels, direction)
+        for field_name, (percentile_spec, seconds_spec, count_spec) in HISTOGRAM_SPECS.items():
+            histogram = getattr(stats, field_name)
+            if histogram is None:
+                continue
+            samples.add(seconds_spec, histogram.sum, *labels)
+            samples.add(count_spec, histogram.count, *labels)
+            key = (url, stats.server, stats.model, field_name)
+            previous, self._previous[key] = self._previous.get(key), histogram
+            for percentile, quantile in PERCENTILES.items():
+                samples.add(percentile_spec, recent_quantile(previous, histogram, quantile), *labels, percentile)
+
+    def _nothing_found(self) -> str:
+        if not self._discover:
+            return "no inference endpoint is configured and discovery is off ([inference] discover)"
+        return f"no inference server found: none answers on {self._searched}; name one in [inference] endpoints"
+
+    def close(self) -> None:
+        pass
+
+
+def endpoint_url(url: str, server: str | None) -> str:
+    """A configured URL with its path filled in: /api/ps for Ollama, /metrics for the others."""
+    parts = urlsplit(url)
+    if parts.path not in ("", "/"):
+        return url
+    return urlunsplit(parts._replace(path="/api/ps" if server == "ollama" else "/metrics"))
+
+
+def _pid_listening_at(url: str, listeners: Mapping[str, list[list]]) -> int | None:
+    """The watched process whose socket a configured URL reaches (same port, a local address)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    for pid, sockets in listeners.items():
+        for address, listening_port in sockets:
+            if listening_port == port and _reaches(parts.hostname or "", address):
+                return int(pid)
+    return None
+
+
+def _reaches(host: str, address: str) -> bool:
+    """Whether a URL naming `host` reaches a socket bound to `address` on this host."""
+    if host == address:
+        return True
+    ip = ipaddress.ip_address(address)
+    local_name = host == "localhost" or host.startswith("127.") or host == "::1"
+    return local_name and (ip.is_unspecified or ip.is_loopback)
+
+
+def inference_collector(config: "InferenceConfig", source: RawSource, procfs: str,
+                        watched: Callable[[], Mapping[int, str]]) -> InferenceCollector:
+    """The collector as the [inference] section of the configuration describes it."""
+    return InferenceCollector(
+        source, procfs=procfs, endpoints=[(e.url, e.server) for e in config.endpoints],
+        discover=config.discover, probe_ports=config.probe_ports, watched=watched,
+        timeout_seconds=config.timeout_seconds, max_body_bytes=config.max_body_bytes,
+        discovery_interval_seconds=config.discovery_interval_seconds)

@@ -1,0 +1,257 @@
+"""What inference servers publish, read into one small model per server and model.
+
+vLLM, SGLang, llama.cpp, TGI and LMCache publish the Prometheus text format on /metrics, each with
+its own names, and the names change between versions; Ollama publishes no metrics but answers
+GET /api/ps with the models it holds. Tables map each server's names (newest first) onto one
+`ServerStats`, so a detector reads "generated tokens" or "KV cache usage" without knowing which
+server it is looking at. The tables are in inference_names.py, and per server in
+docs/inference-servers.md.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, fields
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from exporters.base import ParseError
+from exporters.inference_names import EXPECTED, PREFIXES, RULES, Rule
+
+MODEL_LABELS = ("model_name", "model")
+PERCENTILES = {"p50": 0.5, "p95": 0.95}
+_LEADING_NAME = re.compile(r"\s*([^\s{]*)")
+
+SampleIndex = dict[str, list[tuple[dict[str, str], float]]]
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Cumulative bucket counts (upper bound, count; +Inf last), the sum and the count.
+
+    No buckets: the server gives only the sum and the count (llama.cpp's generation seconds and
+    tokens), so the mean is known but no quantile.
+    """
+
+    buckets: tuple[tuple[float, float], ...]
+    sum: float
+    count: float
+
+
+@dataclass
+class ServerStats:
+    """One model on one server at one scrape. None: the server does not publish it (absent)."""
+
+    server: str
+    model: str
+    requests_running: float | None = None
+    requests_waiting: float | None = None
+    prompt_tokens: float | None = None  # counter
+    generated_tokens: float | None = None  # counter
+    time_to_first_token: Histogram | None = None
+    inter_token_latency: Histogram | None = None
+    kv_cache_usage_ratio: float | None = None
+    preemptions: float | None = None  # counter
+    prefix_cache_queried_tokens: float | None = None  # counter
+    prefix_cache_hit_tokens: float | None = None  # counter
+    prefix_cache_hit_ratio: float | None = None  # for servers that publish only a ratio
+    kv_offload_store_bytes: float | None = None  # counter, device -> host
+    kv_offload_load_bytes: float | None = None  # counter, host -> device
+    kv_offload_store_seconds: float | None = None  # counter
+    kv_offload_load_seconds: float | None = None  # counter
+    kv_offload_host_cache_bytes: float | None = None
+    model_size_bytes: float | None = None
+    model_host_memory_bytes: float | None = None
+
+    def known_fields(self) -> set[str]:
+        return {f.name for f in fields(self)[2:] if getattr(self, f.name) is not None}
+
+
+def parse_prometheus(text: str) -> SampleIndex:
+    """Prometheus text format -> {sample name: [(labels, value)]}; NaN and infinite values left out.
+
+    Indexed by sample name rather than family so that a body without # TYPE lines reads the same.
+    """
+    index: SampleIndex = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                value = float(sample.value)
+                if math.isfinite(value):
+                    index.setdefault(sample.name, []).append((dict(sample.labels), value))
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+        raise ParseError(f"not the Prometheus text format: {str(error)[:120]}") from None
+    return index
+
+
+def keep_known_families(text: str) -> str:
+    """Only the lines of the servers' own families (vLLM's /metrics also carries Python, process
+    and HTTP families), so that a recorded trace keeps what is read; the text unchanged when it
+    holds no known family at all, so that an HTML page or another exporter is told apart later."""
+    kept = [line for line in text.splitlines() if _line_metric(line).startswith(tuple(PREFIXES.values()))]
+    return "\n".join(kept) + "\n" if kept else text
+
+
+def _line_metric(line: str) -> str:
+    if line.startswith(("# HELP ", "# TYPE ", "# UNIT ")):
+        parts = line.split(None, 3)
+        return parts[2] if len(parts) > 2 else ""
+    return _LEADING_NAME.match(line).group(1)
+
+
+def detect_servers(index: SampleIndex) -> list[str]:
+    """The servers whose prefix some sample carries, in PREFIXES order."""
+    return [server for server, prefix in PREFIXES.items() if any(name.startswith(prefix) for name in index)]
+
+
+def normalise(server: str, index: SampleIndex) -> list[ServerStats]:
+    """One ServerStats per model the server reports (model "" where it names none)."""
+    by_model: dict[str, dict[str, object]] = {}
+    for rule in RULES[server]:
+        for model, value in _read(rule, index).items():
+            by_model.setdefault(model, {}).setdefault(rule.field, value)
+    return [ServerStats(server, model, **values) for model, values in sorted(by_model.items())]
+
+
+def _model(labels: dict[str, str]) -> str:
+    return next((labels[name] for name in MODEL_LABELS if name in labels), "")
+
+
+def _matching(index: SampleIndex, name: str, rule: Rule) -> list[tuple[dict[str, str], float]]:
+    return [(labels, value) for labels, value in index.get(name, ())
+            if all(labels.get(key) == wanted for key, wanted in rule.labels)]
+
+
+def _combined(index: SampleIndex, name: str, rule: Rule) -> dict[str, float]:
+    grouped: dict[str, list[float]] = {}
+    for labels, value in _matching(index, name, rule):
+        grouped.setdefault(_model(labels), []).append(value)
+    combine = {"sum": sum, "max": max, "mean": lambda values: sum(values) / len(values)}[rule.combine]
+    return {model: combine(values) for model, values in grouped.items()}
+
+
+def _read(rule: Rule, index: SampleIndex) -> dict[str, object]:
+    if rule.how == "value":
+        return _combined(index, rule.sample, rule)
+    sums = _combined(index, rule.sample + "_sum" if rule.how != "sum_count" else rule.sample, rule)
+    if rule.how == "histogram_sum":
+        return sums
+    counts = _combined(index, rule.count_sample or rule.sample + "_count", rule)
+    if rule.how == "sum_count":
+        return {model: Histogram((), sums[model], counts[model]) for model in sums if model in counts}
+    buckets: dict[str, dict[float, float]] = {}
+    for labels, value in _matching(index, rule.sample + "_bucket", rule):
+        try:
+            bound = float(labels.get("le", "nan"))
+        except ValueError:
+            continue
+        if not math.isnan(bound):
+            model_buckets = buckets.setdefault(_model(labels), {})
+            model_buckets[bound] = model_buckets.get(bound, 0.0) + value
+    found = {}
+    for model, by_bound in buckets.items():
+        if math.inf in by_bound and model in sums and model in counts:
+            found[model] = Histogram(tuple(sorted(by_bound.items())), sums[model], counts[model])
+    return found
+
+
+def parse_ollama_ps(text: str) -> list[ServerStats]:
+    """Ollama's GET /api/ps: {"models": [{"name", "size", "size_vram", ...}]}. The bytes of a model
+    that are not in GPU memory (size - size_vram) sit in host memory and run on the CPU."""
+    try:
+        document = json.loads(text)
+    except (ValueError, RecursionError) as error:
+        raise ParseError(f"not JSON: {str(error)[:80]}") from None
+    if not isinstance(document, dict) or not isinstance(document.get("models", False), (list, type(None))):
+        raise ParseError("not an Ollama /api/ps answer: no 'models' list")
+    stats = []
+    for entry in document.get("models") or []:
+        if not isinstance(entry, dict):
+            raise ParseError("an entry of 'models' is not an object")
+        name = entry.get("name") or entry.get("model")
+        size, in_vram = _byte_count(entry.get("size")), _byte_count(entry.get("size_vram"))
+        if not isinstance(name, str) or size is None:
+            raise ParseError("an entry of 'models' lacks a name or a size")
+        host = size - in_vram if in_vram is not None and in_vram <= size else None
+        stats.append(ServerStats("ollama", name, model_size_bytes=size, model_host_memory_bytes=host))
+    return stats
+
+
+def _byte_count(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value >= 0 else None
+
+
+def recent_quantile(previous: Histogram | None, current: Histogram, quantile: float) -> float | None:
+    """The quantile of the observations made between two scrapes, as Prometheus's
+    histogram_quantile computes it: linear within the bucket, the highest finite bound when it
+    falls in +Inf. None without a previous scrape, buckets or new observations. A count that went
+    down (the server restarted) or changed bounds counts everything since the restart."""
+    if previous is None or not current.buckets:
+        return None
+    bounds = [bound for bound, _ in current.buckets]
+    counts = [count for _, count in current.buckets]
+    before = [count for _, count in previous.buckets]
+    if [bound for bound, _ in previous.buckets] == bounds and all(
+            now >= then for now, then in zip(counts, before)):
+        counts = [now - then for now, then in zip(counts, before)]
+    for i in range(1, len(counts)):  # cumulative counts never fall; repair a torn read
+        counts[i] = max(counts[i], counts[i - 1])
+    total = counts[-1]
+    if total <= 0:
+        return None
+    rank = quantile * total
+    position = next(i for i, count in enumerate(counts) if count >= rank)
+    if math.isinf(bounds[position]):
+        return bounds[position - 1] if position > 0 else None
+    lower = bounds[position - 1] if position > 0 else min(0.0, bounds[0])
+    below = counts[position - 1] if position > 0 else 0.0
+    return lower + (bounds[position] - lower) * (rank - below) / (counts[position] - below)
+
+
+@dataclass
+class Interpretation:
+    """What one scrape's answer says: the stats read from it, or why it could not be read."""
+
+    stats: list[ServerStats] = field(default_factory=list)
+    error: str | None = None
+    detail: str = ""
+
+
+def interpret(answer: dict, server: str | None) -> Interpretation:
+    """The stats in one answer of inference_scrape.fetch, or the scrape error it shows.
+
+    `server`: the kind configured for the endpoint, None to detect it from the metric prefixes.
+    A body that holds no family of the expected server, or whose server lacks a family every
+    version of it publishes, is an error (unknown_server, missing_families): the names changed.
+    """
+    if answer.get("error"):
+        return Interpretation(error=answer["error"], detail=answer.get("detail", ""))
+    if answer.get("status") != 200:
+        return Interpretation(error="http_status", detail=f"HTTP {answer.get('status')}")
+    body = answer.get("body") or ""
+    if server == "ollama" or (server is None and answer.get("url", "").endswith("/api/ps")):
+        try:
+            return Interpretation(parse_ollama_ps(body))
+        except ParseError as error:
+            return Interpretation(error="not_json", detail=str(error))
+    if "html" in (answer.get("content_type") or "").lower():
+        return Interpretation(error="not_prometheus", detail=f"the body is {answer['content_type']}")
+    try:
+        index = parse_prometheus(body)
+    except ParseError as error:
+        return Interpretation(error="not_prometheus", detail=str(error))
+    found = detect_servers(index)
+    if not found or (server is not None and server not in found):
+        wanted = PREFIXES[server] if server else ", ".join(PREFIXES.values())
+        return Interpretation(error="unknown_server", detail=f"no family named {wanted}*")
+    primary = server or found[0]
+    stats = [stats for kind in found for stats in normalise(kind, index)]
+    known = set().union(*(s.known_fields() for s in stats if s.server == primary))
+    missing = [name for name in EXPECTED[primary] if name not in known]
+    if missing or not known:
+        return Interpretation(stats, "missing_families",
+                              f"{primary}: nothing read for {', '.join(missing) or 'any field'}")
+    return Interpretation(stats)
