@@ -21,12 +21,19 @@ from agent.findings import SEVERITY_ORDER
 from agent.runbooks import runbooks_directory
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL, EXIT_COULD_NOT_RUN = 0, 1, 2, 3
-# Detectors that judge GPUs: skipped, with the GPU collector's reason, on a host without one.
 # Detectors that average over a minute judge a shorter window on the points it has.
 AVERAGING_SECONDS = 60.0
 # Without these the check has nothing to judge the host by.
 COLLECTORS_THAT_MUST_WORK = {"host_memory", "pressure"}
 GPU_DETECTORS = {"pcie_starvation", "pcie_link_degraded", "pcie_errors", "gpu_lost", "gpu_memory_headroom", "numa_misplacement"}
+# The collectors a detector judges: when the first of them found no source on this host (no GPU,
+# no benchmark run, no inference server), the detector is skipped with that collector's reason.
+REQUIRED_COLLECTORS = {
+    **{name: ("gpu",) for name in GPU_DETECTORS},
+    "pcie_bandwidth_low": ("gpu", "bench"),
+    "throughput_decay": ("inference",),
+    "kv_offload_pressure": ("inference",),
+}
 
 
 @dataclass(frozen=True)
@@ -69,18 +76,22 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
         failures = {name: s.last_error or "failed" for name, s in states.items() if s.last_success is False}
         unreadable = {**{n: s.no_data_reason for n, s in states.items() if s.no_data_reason},
                       **failures, **{n: "never ran" for n, s in states.items() if s.runs == 0}}
-        gpu_state = states.get("gpu")
-        no_gpu = None
-        if gpu_state is None:
-            no_gpu = "the gpu collector is disabled"
-        elif gpu_state.no_data_reason:
-            no_gpu = gpu_state.no_data_reason
+        def missing_source(detector: str) -> str | None:
+            for collector in REQUIRED_COLLECTORS.get(detector, ()):
+                state = states.get(collector)
+                if state is None:
+                    return f"the {collector} collector is disabled"
+                if state.no_data_reason:
+                    return state.no_data_reason
+            return None
+
         view = EvaluationView(agent.history)
         findings, skipped = [], []
         for detector in agent.engine.detectors:
             needs = getattr(detector, "min_history_seconds", 0.0)
-            if detector.name in GPU_DETECTORS and no_gpu:
-                skipped.append(Skipped(detector.name, no_gpu))
+            missing = missing_source(detector.name)
+            if missing:
+                skipped.append(Skipped(detector.name, missing))
             elif needs > max(duration_seconds, AVERAGING_SECONDS):
                 skipped.append(Skipped(detector.name, f"needs {needs / 60:g} min of history; run the agent to judge it"))
             else:
