@@ -196,10 +196,14 @@ class ScaledHost:
     layout: str  # fake NVML layout JSON
     pids: tuple[int, ...]
     gpu_bus_ids: tuple[str, ...]  # sysfs form, in NVML index order
+    state_dir: str = ""           # a stored `hybridmon bench` run per GPU (hand-written figures)
+    inference_url: str = ""       # a fake vLLM /metrics on loopback, scraped every 5 s
 
     def environment(self) -> dict[str, str]:
         """HYBRIDMON_* variables configuring the agent for this host (no FAKE_ layout)."""
         return {
+            "HYBRIDMON_STATE_DIR": self.state_dir,
+            "HYBRIDMON_INFERENCE__ENDPOINTS": json.dumps([self.inference_url]),
             "HYBRIDMON_PATHS__PROCFS": self.procfs,
             "HYBRIDMON_PATHS__SYSFS": self.sysfs,
             "HYBRIDMON_GPU__NVML_MODULE": "tests.fake_nvml",
@@ -236,7 +240,7 @@ def build_scaled_host(root: Path) -> ScaledHost:
     source = procfs / str(TEMPLATE_PID)
     for pid in PIDS[1:]:
         target = procfs / str(pid)
-        shutil.copytree(source, target)
+        shutil.copytree(source, target, symlinks=True)  # fd/ holds socket:[inode] links
         stat = (target / "stat").read_text()
         assert stat.startswith(f"{TEMPLATE_PID} (")
         (target / "stat").write_text(f"{pid}{stat[len(str(TEMPLATE_PID)):]}")
@@ -276,7 +280,28 @@ def build_scaled_host(root: Path) -> ScaledHost:
     }
     layout_path = root / "fake-nvml-layout.json"
     layout_path.write_text(json.dumps(layout, indent=2))
-    return ScaledHost(str(host), str(procfs), str(sysfs), str(layout_path), PIDS, tuple(sysfs_gpus))
+    state_dir = root / "state"
+    store_bench_runs(state_dir, gpus)
+    return ScaledHost(str(host), str(procfs), str(sysfs), str(layout_path), PIDS, tuple(sysfs_gpus),
+                      str(state_dir))
+
+
+def store_bench_runs(state_dir: Path, gpus: list) -> None:
+    """One stored benchmark run per GPU, so the bench collector reads 8 files as on a measured host
+    (the figures are the hand-written test report's, tests/fixtures/bench)."""
+    from agent.bench.store import save_run
+
+    report = json.loads((REPO / "tests/fixtures/bench/report-gen4-local.json").read_text())
+    for index, gpu in enumerate(gpus):
+        bus_id = gpu.pci_bus_id[4:].lower()
+        placed = {**report, "device": {**report["device"], "index": index, "pci_bus_id": bus_id}}
+        save_run(state_dir, {"format": 1, "finished_at": time.time(), "hybridmon_version": "bench",
+                             "gpu": {"index": index, "uuid": gpu.uuid, "name": gpu.name,
+                                     "pci_bus_id": bus_id, "numa_node": gpu.numa_node},
+                             "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16},
+                             "contended": None, "failures": [],
+                             "placements": [{"placement": "local", "numa_node": gpu.numa_node,
+                                             "report": placed}]})
 
 
 def agent_config(host: ScaledHost):
@@ -830,10 +855,15 @@ def main() -> int:
         },
         "targets": TARGETS,
     }
+    from tests.fake_inference_server import FakeInferenceServer
+
+    fixtures = REPO / "tests/fixtures/inference"
+    server = FakeInferenceServer({"/metrics": [(fixtures / "vllm-v1-names.1.prom").read_text()]})
     try:
-        with tempfile.TemporaryDirectory(prefix="hybridmon-bench-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="hybridmon-bench-") as tmp, server:
             workdir = Path(tmp)
             host = build_scaled_host(workdir)
+            host.inference_url = server.url()
             results["host"] = {"gpus": len(host.gpu_bus_ids), "gpu_bus_ids": list(host.gpu_bus_ids),
                                "watched_processes": len(host.pids), "pids": list(host.pids),
                                "throughput_delay_seconds": THROUGHPUT_DELAY_SECONDS}
