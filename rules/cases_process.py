@@ -135,5 +135,50 @@ def memory_growth(t: Thresholds, catalog: Catalog) -> Test:
     return test
 
 
+def memory_growth_against_server_load(t: Thresholds, catalog: Catalog) -> Test:
+    """Where an inference server is tied to the process, its load is the one judged: python3 (pid
+    4242) burns more CPU every hour but its vLLM server's tokens/s and running requests stay flat:
+    it fires. llama-server (pid 5151) has a flat CPU but its server's tokens/s rise, and sglang
+    (pid 6161) a flat CPU and tokens/s but more running requests: both silent."""
+    g = t.memory_growth
+    rule = catalog.find("InferenceProcessMemoryGrowth", resource="resident")
+    at = int(g.min_window_seconds) + 300
+    test = Test("memory growth against the inference server's load: tokens/s and running requests "
+                "tied to the process by pid win over its CPU time", at + 300, catalog)
+    test.interval = 60
+    minutes = range(test.samples)
+    per_hour, rising = 2 * g.growth_per_hour_share, 5 * g.load_flat_per_hour_share
+
+    def accumulated(rate: float, share_per_hour: float) -> list[float]:
+        return [rate * (m * 60 + share_per_hour * (m * 60) ** 2 / 7200) for m in minutes]
+
+    def linear(start: float, share_per_hour: float) -> list[float]:
+        return [start * (1 + share_per_hour * m / 60) for m in minutes]
+
+    slope = 8 * GIB * per_hour / 3600
+    current = 8 * GIB * (1 + per_hour * at / 3600)
+    total = next(64 * GIB + e for e in range(0, 10 ** 7, 4099)
+                 if _exact_enough((64 * GIB + e - current) / slope))
+    test.constant("hybridmon_memory_total_bytes", total)
+    servers = {VLLM["pid"]: ("vllm", 0.0, 0.0, rising), LLAMA["pid"]: ("llamacpp", rising, 0.0, 0.0),
+               SGLANG["pid"]: ("sglang", 0.0, rising, 0.0)}
+    for proc in (VLLM, LLAMA, SGLANG):
+        server, tokens_growth, running_growth, cpu_growth = servers[proc["pid"]]
+        labels = {"server": server, "endpoint": f"http://127.0.0.1:{proc['pid']}/metrics",
+                  "model": "", "pid": proc["pid"]}
+        test.values("hybridmon_process_resident_bytes", linear(8 * GIB, per_hour), **proc)
+        test.values("hybridmon_process_cpu_seconds_total", accumulated(2.0, cpu_growth), **proc)
+        # page faults in step with the CPU time: their rate per CPU second stays flat
+        test.values("hybridmon_process_minor_faults_total", accumulated(200.0, cpu_growth), **proc)
+        test.constant("hybridmon_process_major_faults_total", 0, **proc)
+        test.values("hybridmon_inference_generated_tokens_total", accumulated(1000.0, tokens_growth), **labels)
+        test.values("hybridmon_inference_requests_running", linear(8, running_growth), **labels)
+    test.expect(at, "InferenceProcessMemoryGrowth", test.alert(
+        rule, process_label(VLLM), value=slope, per_hour=slope * 3600, current=current,
+        exhaustion=(total - current) / slope))
+    return test
+
+
 def files(t: Thresholds, catalog: Catalog) -> dict[str, list[Test]]:
-    return {"process": [numa(t, catalog), memory_growth(t, catalog)]}
+    return {"process": [numa(t, catalog), memory_growth(t, catalog),
+                        memory_growth_against_server_load(t, catalog)]}

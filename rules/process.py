@@ -1,4 +1,5 @@
-"""Watched inference processes: memory that grows without load, and NUMA placement off the GPU.
+"""Watched inference processes: memory that grows without load (its inference server's load where
+one is tied to it, else its CPU), and NUMA placement off the GPU.
 
 Slopes are rules.promql.robust_slope (the median of local least-squares slopes), the PromQL
 stand-in for the agent's Theil-Sen slope: both agree on steady growth and ignore a single jump.
@@ -20,6 +21,10 @@ FAULTS = "process:hybridmon_process_faults:rate1m"
 # load rises is not a trend (the healthy growth-with-load scenario).
 FAULTS_PER_CPU = "process:hybridmon_process_faults_per_cpu_second:ratio1m"
 GPU_MEMORY = "process:hybridmon_gpu_process_memory_used_bytes:sum"
+# The load of the inference servers tied to a process (label pid), summed over its servers: where
+# there is one, it is the load memory growth is judged against, as the detector does.
+SERVER_TOKENS = "process:hybridmon_inference_generated_tokens:rate1m"
+SERVER_RUNNING = "process:hybridmon_inference_requests_running:avg1m"
 GPU_NODE = "gpu:hybridmon_gpu_numa_node:nvml_or_sysfs"
 CPUS_OFF_NODE = "process:hybridmon_process_allowed_cpus_off_gpu_node:ratio"
 MEMORY_OFF_NODE = "process:hybridmon_process_numa_resident_bytes_off_gpu_node:ratio"
@@ -76,6 +81,11 @@ def fault_slope(window: str) -> str:
     return f"process:hybridmon_process_faults_per_cpu_second:slope{window}_ratio1m"
 
 
+def server_slopes(window: str) -> tuple[str, str]:
+    return (f"process:hybridmon_inference_generated_tokens:slope{window}_rate1m",
+            f"process:hybridmon_inference_requests_running:slope{window}_avg1m")
+
+
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
     seconds = t.memory_growth.window_seconds
     window = duration(seconds)
@@ -87,6 +97,10 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         Recording(FAULTS_PER_CPU, f"{FAULTS} / ({CPU} > 0)"),
         Recording(fault_slope(window), robust_slope(FAULTS_PER_CPU, seconds)),
         Recording(GPU_MEMORY, "sum without (gpu, uuid) (hybridmon_gpu_process_memory_used_bytes)"),
+        Recording(SERVER_TOKENS, 'sum by (job, instance, pid) (rate(hybridmon_inference_generated_tokens_total{pid!=""}[1m]))'),
+        Recording(server_slopes(window)[0], robust_slope(SERVER_TOKENS, seconds)),
+        Recording(SERVER_RUNNING, 'sum by (job, instance, pid) (avg_over_time(hybridmon_inference_requests_running{pid!=""}[1m]))'),
+        Recording(server_slopes(window)[1], robust_slope(SERVER_RUNNING, seconds)),
     ]
     for resource in resources():
         rules.append(Recording(resource.slope(window), SLOPE_NOTE + robust_slope(resource.current, seconds)))
@@ -131,6 +145,8 @@ def memory_growth(t: Thresholds) -> list[Alert]:
     g = t.memory_growth
     window = duration(g.window_seconds)
     load, faults = load_slope(window), fault_slope(window)
+    tokens_slope, running_slope = server_slopes(window)
+    flat = number(g.load_flat_per_hour_share)
     alerts = []
     for resource in resources():
         slope = resource.slope(window)
@@ -141,11 +157,17 @@ def memory_growth(t: Thresholds) -> list[Alert]:
             "# with data reaching back at least min_window_seconds\n"
             "and on (job, instance, pid)\n"
             f"{data_spans(resource.raw, g.window_seconds, g.min_window_seconds)}\n"
-            "# while the CPU load stays flat, or the page faults per CPU second grow\n"
+            "# while the load stays flat: its inference server's tokens/s and running requests...\n"
             "and on (job, instance, pid)\n"
             "(\n"
-            f"    {load} * 3600 <= {CPU} * {number(g.load_flat_per_hour_share)}\n"
+            f"    {tokens_slope} * 3600 <= {SERVER_TOKENS} * {flat}\n"
+            f"    unless on (job, instance, pid) {running_slope} * 3600 > {SERVER_RUNNING} * {flat}\n"
             "  or\n"
+            "    # ...or, with no server tied to the process, its CPU load...\n"
+            f"    {load} * 3600 <= {CPU} * {flat}\n"
+            f"    unless on (job, instance, pid) {SERVER_TOKENS}\n"
+            "  or\n"
+            "    # ...or the page faults per CPU second grow\n"
             f"    {faults} * 3600 >= avg_over_time({FAULTS_PER_CPU}[{window}]) * {number(g.growth_per_hour_share)}\n"
             f"    and {faults} > 0\n"
             ")"
@@ -159,8 +181,10 @@ def memory_growth(t: Thresholds) -> list[Alert]:
             f"The {resource.what} of watched process <process_name> (pid <pid>) grew at "
             "<value|humanize1024>B/s (<per_hour|humanize1024>B per hour, median of the local "
             f"slopes over {window}; threshold {humanize_percentage(g.growth_per_hour_share)} of the current "
-            "<current|humanize1024>B per hour) while its CPU load stayed flat (within "
-            f"{humanize_percentage(g.load_flat_per_hour_share)} per hour) or its page-fault rate "
+            "<current|humanize1024>B per hour) while its load stayed flat (within "
+            f"{humanize_percentage(g.load_flat_per_hour_share)} per hour: its inference server's "
+            "generation tokens/s and running requests where a server is tied to it, else its CPU "
+            "time) or its page faults per CPU second "
             f"kept rising. At this rate it reaches {resource.limit} in <exhaustion|humanizeDuration>. "
             "Memory that grows without more work is being held, not reused: a leak, a cache "
             "without a bound, or references kept to KV blocks that were offloaded or freed. From "

@@ -13,8 +13,9 @@ import pytest
 
 from agent.config import load_config
 from agent.daemon import Agent
-from agent.detectors.base import load_thresholds
+from agent.detectors.base import Finding, load_thresholds
 from agent.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from agent.scenarios.library import VLLM_SERVER
 
 THRESHOLDS = load_thresholds()
 EVALUATION_SECONDS = 10
@@ -28,6 +29,9 @@ FOR_SECONDS = {
     "InferenceProcessMemoryGrowth": 0.0,
     "InferenceProcessNumaMisplaced": THRESHOLDS.numa_misplacement.for_seconds,
     "GpuMemoryHeadroomLow": THRESHOLDS.gpu_memory_headroom.for_seconds,
+    "InferenceThroughputDecay": THRESHOLDS.throughput_decay.for_seconds,
+    "InferenceKvOffloadPressure": THRESHOLDS.kv_offload_pressure.for_seconds,
+    "InferenceServerScrapeFailing": THRESHOLDS.inference_scrape.for_seconds,
 }
 # Seconds from onset until the scenario's signal is past its threshold (docs/scenarios.md).
 RAMP = {
@@ -37,6 +41,10 @@ RAMP = {
     # Rates over a 5 min window (PromQL rate() semantics): at twice the threshold's rate, as the
     # scenario's AER errors run, the window's rate crosses after half the window.
     "pcie_errors": THRESHOLDS.pcie_errors.window_seconds / 2,
+    "kv_cache_full": 60,                   # KV-cache usage climbs past 95 % over ~55 s
+    # The decay is judged against the earliest part of a window_seconds window: nothing before the
+    # history reaches back that far, window_seconds after the trace's start.
+    "throughput_decay": THRESHOLDS.throughput_decay.window_seconds - SCENARIOS["throughput_decay"].onset_seconds,
 }
 
 
@@ -50,19 +58,20 @@ def budget(scenario_name: str, alertname: str) -> float:
             + RAMP.get(scenario_name, 0))
 
 
-def first_firing(path, scenario) -> dict[tuple[str, tuple], float]:
-    """(alertname, labels) -> seconds after the scenario's start when it first fired."""
+def replay(path, scenario) -> dict[tuple[str, tuple], tuple[float, Finding]]:
+    """(alertname, labels) -> (seconds after the scenario's start when it first fired, the finding
+    as it was then)."""
     config = load_config(environ={}, overrides={
         "history_seconds": history_seconds_for(scenario),
         "detectors.evaluation_interval_seconds": EVALUATION_SECONDS,
     })
     agent = Agent(config, replay_from=path)
-    fired: dict[tuple[str, tuple], float] = {}
+    fired: dict[tuple[str, tuple], tuple[float, Finding]] = {}
 
     def remember(state, change):
         if change == "firing":
             key = (state.finding.alertname, tuple(sorted(state.finding.labels.items())))
-            fired.setdefault(key, state.starts_at - START_TIME)
+            fired.setdefault(key, (state.starts_at - START_TIME, state.finding))
 
     agent.engine.on_change.append(remember)
     try:
@@ -72,6 +81,18 @@ def first_firing(path, scenario) -> dict[tuple[str, tuple], float]:
     return fired
 
 
+@pytest.fixture(scope="module")
+def replays(scenarios):
+    """Per scenario, replayed with the detectors on first use, once for the module."""
+    seen: dict[str, dict] = {}
+
+    def get(name: str) -> dict[tuple[str, tuple], tuple[float, Finding]]:
+        if name not in seen:
+            seen[name] = replay(scenarios.summary(name).path, SCENARIOS[name])
+        return seen[name]
+    return get
+
+
 def matches(key, expectation) -> bool:
     alertname, labels = key
     want_name, want_labels = expectation
@@ -79,9 +100,9 @@ def matches(key, expectation) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
-def test_detectors_fire_on_their_scenario_in_time_and_nothing_else(name, scenarios):
+def test_detectors_fire_on_their_scenario_in_time_and_nothing_else(name, replays):
     scenario = SCENARIOS[name]
-    fired = first_firing(scenarios.summary(name).path, scenario)
+    fired = {key: at for key, (at, _) in replays(name).items()}
     unexpected = [key for key in fired
                   if not any(matches(key, e) for e in scenario.expected + scenario.allowed)]
     assert unexpected == [], f"{name}: fired without being expected: {unexpected}"
@@ -99,3 +120,50 @@ def test_healthy_scenarios_are_part_of_the_set():
     healthy = {name for name, s in SCENARIOS.items() if s.healthy}
     assert {"healthy_idle_downshifted", "healthy_busy_offload", "healthy_swap_unused",
             "healthy_growth_with_load"} <= healthy
+
+
+# Host findings put in the server's terms (agent/detectors/impact.py), on the scenarios whose vLLM
+# feels the incident (docs/scenarios.md gives each story's server figures).
+IMPACT = [
+    ("pcie_starvation", "GpuPcieStarvation", {"gpu": "0"}),
+    ("swap_thrash", "HostSwapThrash", {"pid": "4242"}),
+    ("swap_thrash", "HostSwapThrash", {}),
+    ("numa_misplacement", "InferenceProcessNumaMisplaced", {"reason": "cpus"}),
+]
+
+
+def first_finding(fired, alertname: str, labels: dict[str, str]) -> Finding:
+    """The first firing finding with these labels among its own; no labels: the one without any."""
+    found = [(at, finding) for (name, pairs), (at, finding) in fired.items()
+             if name == alertname and (set(labels.items()) <= set(pairs) if labels else not pairs)]
+    assert found, f"{alertname} {labels} never fired"
+    return min(found, key=lambda item: item[0])[1]
+
+
+@pytest.mark.parametrize("name, alertname, labels", IMPACT,
+                         ids=[f"{n}-{a}-{'-'.join(l.values()) or 'host'}" for n, a, l in IMPACT])
+def test_host_findings_carry_the_servers_impact_over_the_same_window(name, alertname, labels, replays):
+    finding = first_finding(replays(name), alertname, labels)
+    details = finding.details
+    assert details["server"] == VLLM_SERVER["server"] and details["server_endpoint"] == VLLM_SERVER["endpoint"]
+    for figure in ("generation_tokens_per_second", "inter_token_latency_p50_seconds",
+                   "time_to_first_token_p50_seconds"):
+        assert details[f"server_{figure}_before"] > 0 and details[f"server_{figure}_after"] > 0, figure
+    assert "server_preemptions_per_second" in details
+    assert finding.description.endswith(" " + details["server_impact"])
+    assert f"vLLM (model {VLLM_SERVER['model']} at {VLLM_SERVER['endpoint']})" in details["server_impact"]
+    print(f"{name} {alertname}: {finding.summary}\n  {details['server_impact']}")
+    if name == "pcie_starvation":   # the story: ITL p50 38 -> 210 ms, KV offload loads 4 -> 11 GB/s
+        assert details["server_inter_token_latency_p50_seconds_before"] == pytest.approx(0.038, rel=0.05)
+        assert details["server_inter_token_latency_p50_seconds_after"] == pytest.approx(0.210, rel=0.05)
+        assert details["server_kv_offload_load_bytes_per_second"] == pytest.approx(11e9, rel=0.05)
+        assert "inter-token latency p50 rose from 38 ms to 210 ms" in finding.description
+
+
+def test_memory_growth_is_judged_against_the_servers_load(replays):
+    """memory_growth: vLLM's tokens/s stay flat while its memory grows (it fires); in
+    healthy_growth_with_load its running requests and tokens/s grow with it (silent, above)."""
+    for key, (_, finding) in replays("memory_growth").items():
+        if key[0] == "InferenceProcessMemoryGrowth":
+            assert finding.details["load_source"] == "server", finding.details
+            assert finding.details["load_flat"] == "yes"

@@ -4,7 +4,7 @@ from agent.detectors.engine import Engine
 from agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
 from agent.detectors.memory import MemoryGrowthDetector
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
-                                          only, process_rows)
+                                          inference_rows, only, process_rows)
 
 HOUR = 3600.0
 STEP = 10.0  # samples every 10 s keep an hour of trace quick to build
@@ -138,6 +138,48 @@ def test_locked_memory_is_locked_plus_pinned():
     (finding,) = growth().evaluate(trace.history, now)
     assert finding.labels["resource"] == "locked"
     assert finding.details["slope_bytes_per_second"] == pytest.approx(2 * GIB / HOUR)
+
+
+def with_server(tokens_per_second, running=lambda t: 8.0, pid="4242"):
+    """A vLLM server tied to `pid` generating tokens_per_second(t) (its counter integrated per
+    STEP) while running running(t) requests."""
+    state = {"tokens": 0.0}
+
+    def rows(t):
+        state["tokens"] += tokens_per_second(t) * STEP
+        return inference_rows(generated_tokens=state["tokens"], running=running(t), pid=pid)
+    return rows
+
+
+def test_growth_under_the_servers_flat_load_fires_and_says_so():
+    trace = Trace()
+    now = trace.run(T0, T0 + HOUR, STEP, process=leaking, inference=with_server(lambda t: 1200.0))
+    (finding,) = growth().evaluate(trace.history, now)
+    assert finding.details["load_source"] == "server"
+    assert finding.details["load_generation_tokens_per_second"] == pytest.approx(1200, rel=0.01)
+    assert finding.details["load_requests_running"] == pytest.approx(8)
+    assert "load_cpu_seconds_per_second" not in finding.details
+    assert "while the load of its vLLM server stays flat (1,200 tokens/s, 8.0 running requests)" \
+        in finding.description
+
+
+def test_growth_with_the_servers_load_is_silent_though_the_cpu_is_flat():
+    """The CPU of a GPU-bound server barely moves with its load: tokens/s and running requests
+    tell growth with load from growth without it."""
+    rising = (lambda t: 600.0 * (1 + (t - T0) / HOUR), lambda t: 8.0)
+    more_requests = (lambda t: 1200.0, lambda t: 4.0 * (1 + (t - T0) / HOUR))
+    for tokens, running in (rising, more_requests):
+        trace = Trace()
+        now = trace.run(T0, T0 + HOUR, STEP, process=leaking, inference=with_server(tokens, running))
+        assert growth().evaluate(trace.history, now) == []
+
+
+def test_a_server_on_another_pid_does_not_stand_for_the_process_load():
+    trace = Trace()
+    rising = with_server(lambda t: 600.0 * (1 + (t - T0) / HOUR), pid="5151")
+    now = trace.run(T0, T0 + HOUR, STEP, process=leaking, inference=rising)
+    (finding,) = growth().evaluate(trace.history, now)
+    assert finding.details["load_source"] == "cpu"
 
 
 # --- GpuMemoryHeadroomLow ------------------------------------------------------------------

@@ -12,6 +12,8 @@ ALERTS = {  # the brief's alert table
     "GpuMemoryHeadroomLow", "HostSwappinessHigh", "HostDirtyRatioHigh",
     "HostTransparentHugepageAlways", "HostNumaBalancingEnabled", "HostNoSwapLowHeadroom",
     "InferenceProcessMemlockLow",
+    # issue 6: the inference servers' own view
+    "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
 }
 
 

@@ -6,12 +6,14 @@ from typing import Callable, Iterable
 
 from agent.detectors.base import load_thresholds
 from agent.history import History
-from exporters import bench, gpu, host_memory, numa, pcie, pressure, process
+from exporters import bench, gpu, host_memory, inference_names, numa, pcie, pressure, process
 from exporters.base import MetricSpec, Samples
 
 T0 = 1_700_000_000.0
 THRESHOLDS = load_thresholds()
-COLLECTORS = ("gpu", "host_memory", "pressure", "process", "process_numa", "numa", "pcie", "bench")
+COLLECTORS = ("gpu", "host_memory", "pressure", "process", "process_numa", "numa", "pcie", "bench",
+              "inference")
+VLLM_ENDPOINT = "http://127.0.0.1:8000/metrics"
 GIB = 2**30
 MIB = 2**20
 
@@ -162,6 +164,39 @@ def pcie_rows(pci_bus_id: str = "0000:17:00.0", *, present: float | None = 1,
     for severity, count in (aer or {}).items():
         rows.append((pcie.AER_ERRORS, count, pci_bus_id, severity))
     return rows
+
+
+def inference_rows(*, server: str = "vllm", endpoint: str = VLLM_ENDPOINT, model: str = "llama-3-8b",
+                   pid: str = "4242", running: float | None = 8, waiting: float | None = 0,
+                   generated_tokens: float | None = 0.0, kv_usage: float | None = 0.5,
+                   preemptions: float | None = 0.0, offload_load_bytes: float | None = None,
+                   offload_store_bytes: float | None = None, inter_token_p50: float | None = None,
+                   first_token_p50: float | None = None) -> list[Row]:
+    """One server's series in one scrape, as exporters/inference.py exports them; counters are
+    their current values. None leaves a series out (the server does not publish it)."""
+    names = inference_names
+    labels = (server, endpoint, model, pid)
+    latency = names.HISTOGRAM_SPECS
+    return [
+        (names.SCRAPE_SUCCESS, 1, endpoint),
+        (names.SCRAPE_DURATION, 0.01, endpoint),
+        (names.BY_FIELD["requests_running"], running, *labels),
+        (names.BY_FIELD["requests_waiting"], waiting, *labels),
+        (names.BY_FIELD["generated_tokens"], generated_tokens, *labels),
+        (names.BY_FIELD["kv_cache_usage_ratio"], kv_usage, *labels),
+        (names.BY_FIELD["preemptions"], preemptions, *labels),
+        (names.OFFLOAD_BYTES, offload_load_bytes, *labels, "load"),
+        (names.OFFLOAD_BYTES, offload_store_bytes, *labels, "store"),
+        (latency["inter_token_latency"][0], inter_token_p50, *labels, "p50"),
+        (latency["time_to_first_token"][0], first_token_p50, *labels, "p50"),
+    ]
+
+
+def scrape_error_rows(endpoint: str = VLLM_ENDPOINT, reason: str = "refused") -> list[Row]:
+    """A failed scrape: success 0 and the reason, no server series."""
+    return [(inference_names.SCRAPE_SUCCESS, 0, endpoint),
+            (inference_names.SCRAPE_DURATION, 0.001, endpoint),
+            (inference_names.SCRAPE_ERROR, 1, endpoint, reason)]
 
 
 def alertnames(findings) -> list[str]:

@@ -31,10 +31,11 @@ ALERTS = {
     "GpuMemoryHeadroomLow", "HostSwappinessHigh", "HostDirtyRatioHigh",
     "HostTransparentHugepageAlways", "HostNumaBalancingEnabled", "HostNoSwapLowHeadroom",
     "InferenceProcessMemlockLow", "GpuPcieBandwidthLow",
+    "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
 }
 # Alerts on a state, whose value (0 or 1) says nothing more than the alert itself.
-STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways"}
-RECORD_NAME = re.compile(r"(gpu|instance|process):hybridmon_[a-z0-9_]+:[a-z0-9_]+")
+STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways", "InferenceServerScrapeFailing"}
+RECORD_NAME = re.compile(r"(gpu|instance|process|server):hybridmon_[a-z0-9_]+:[a-z0-9_]+")
 DURATION = re.compile(r"([0-9]+(ms|s|m|h|d))+")
 OTHER_THRESHOLDS = """\
 [pcie_starvation]
@@ -83,6 +84,25 @@ min_available_share_without_swap = 0.2
 floor_share_gen4 = 0.6
 floor_share_gen5 = 0.9
 floor_share_other = 0.5
+
+[throughput_decay]
+decay_share = 0.5
+window_seconds = 10800
+baseline_seconds = 3600
+recent_seconds = 900
+min_requests_running = 2
+load_kept_share = 0.7
+host_signal_moved_share = 0.3
+for_seconds = 600
+
+[kv_offload_pressure]
+kv_cache_usage_at_least = 0.9
+preemptions_per_second_above = 0.5
+offload_load_share_of_capacity = 0.7
+for_seconds = 300
+
+[inference_scrape]
+for_seconds = 300
 """
 
 
@@ -139,7 +159,8 @@ def test_promtool_check_rules_passes():
 def test_promtool_unit_tests_pass():
     tests = sorted((RULES / "tests").glob("*.yml"))
     assert {p.name for p in tests} >= {f"generated_{n}.yml" for n in
-                                        ("pcie", "gpu_memory", "host_memory", "host_config", "process")}
+                                        ("pcie", "gpu_memory", "host_memory", "host_config", "process",
+                                         "bench", "inference")}
     result = run(promtool(), "test", "rules", *tests)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("SUCCESS") == len(tests)

@@ -23,6 +23,8 @@ THRESHOLD_SECTION = {
     "HostTransparentHugepageAlways": "host_config", "HostNumaBalancingEnabled": "host_config",
     "HostNoSwapLowHeadroom": "host_config", "InferenceProcessMemlockLow": "host_config",
     "GpuPcieBandwidthLow": "pcie_bandwidth_low",
+    "InferenceThroughputDecay": "throughput_decay", "InferenceKvOffloadPressure": "kv_offload_pressure",
+    "InferenceServerScrapeFailing": "inference_scrape",
 }
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

@@ -29,12 +29,13 @@ from tests.scenario_traces import replay
 SCHEMA = json.loads((REPO / "docs" / "trace-format.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
 GEN4_X16 = link_capacity_bytes_per_second(4, 16)
-# Every alert of issue 3's table: what a scenario may promise.
+# Every alert of issue 3's table and issue 6's server alerts: what a scenario may promise.
 ALERTNAMES = {
     "GpuPcieStarvation", "GpuPcieLinkDegraded", "GpuPcieReplayErrors", "PcieAerErrors", "GpuLost",
     "HostSwapThrash", "InferenceProcessMemoryGrowth", "InferenceProcessNumaMisplaced", "GpuMemoryHeadroomLow",
     "HostSwappinessHigh", "HostDirtyRatioHigh", "HostTransparentHugepageAlways", "HostNumaBalancingEnabled",
     "HostNoSwapLowHeadroom", "InferenceProcessMemlockLow",
+    "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
 }
 HEALTHY = [name for name, scenario in SCENARIOS.items() if scenario.healthy]
 
@@ -67,7 +68,7 @@ def rate(series: SeriesHistory, start: float, end: float) -> float:
 # --- the catalogue ---------------------------------------------------------------------------------
 
 def test_every_scenario_is_described_and_timed_consistently():
-    assert len(SCENARIOS) >= 13
+    assert len(SCENARIOS) >= 20
     for name, scenario in SCENARIOS.items():
         assert scenario.name == name and scenario.description, name
         assert scenario.tick_seconds in (1, 10), name
@@ -80,10 +81,12 @@ def test_every_scenario_is_described_and_timed_consistently():
             assert alertname in ALERTNAMES, (name, alertname)
             assert all(isinstance(v, str) for v in labels.values()), (name, labels)
     assert {"healthy_idle_downshifted", "healthy_busy_offload", "healthy_swap_unused",
-            "healthy_growth_with_load"} <= set(HEALTHY)
-    # Long scenarios (the memory-growth window is >= 30 min) tick every 10 s; short ones every 1 s.
-    assert SCENARIOS["memory_growth"].tick_seconds == 10
-    assert SCENARIOS["memory_growth"].duration_seconds - SCENARIOS["memory_growth"].onset_seconds >= 7200
+            "healthy_growth_with_load", "healthy_inference_busy"} <= set(HEALTHY)
+    # Long scenarios (the memory-growth window is >= 30 min, the throughput decay's 2 h) tick every
+    # 10 s; short ones every 1 s.
+    for name in ("memory_growth", "throughput_decay"):
+        assert SCENARIOS[name].tick_seconds == 10
+        assert SCENARIOS[name].duration_seconds - SCENARIOS[name].onset_seconds >= 7200
 
 
 def test_the_docs_describe_every_scenario():
@@ -191,9 +194,9 @@ def test_trace_replays_without_a_collector_failure(name, scenarios):
     replayed = scenarios.replayed(name)
     assert replayed.records == scenarios.summary(name).records
     assert replayed.failures == {}
-    # The scenarios model no offload benchmark and no inference server yet: those collectors find
-    # nothing, and say so.
-    assert set(replayed.no_data) <= {"bench", "inference"}
+    # The scenarios model no offload benchmark: that collector finds nothing, and says so. Every
+    # scenario has its inference server (even inference_server_down, whose failures are readings).
+    assert set(replayed.no_data) <= {"bench"}
     assert "run `hybridmon bench`" in replayed.no_data.get("bench", "run `hybridmon bench`")
 
 
@@ -238,7 +241,9 @@ def test_a_scenario_generates_the_same_values_every_time(scenarios, tmp_path):
     again = replay(write_trace("gpu_lost", tmp_path / "again.jsonl.gz").path, 7200).history
     first = scenarios.replayed("gpu_lost").history
     for metric in ("hybridmon_gpu_utilization_ratio", "hybridmon_swap_out_bytes_total",
-                   "hybridmon_process_cpu_seconds_total", "hybridmon_pcie_device_present"):
+                   "hybridmon_process_cpu_seconds_total", "hybridmon_pcie_device_present",
+                   "hybridmon_inference_generated_tokens_total",
+                   "hybridmon_inference_inter_token_latency_percentile_seconds"):
         assert ([(s.labels, s.times, s.values) for s in again.series(metric)]
                 == [(s.labels, s.times, s.values) for s in first.series(metric)]), metric
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from agent.history import History
 
@@ -119,6 +119,40 @@ class PcieBandwidthLow(_Section):
             int(round(generation)), self.floor_share_other)
 
 
+class ThroughputDecay(_Section):
+    decay_share: float
+    window_seconds: float
+    baseline_seconds: float
+    recent_seconds: float
+    min_requests_running: float
+    load_kept_share: float
+    host_signal_moved_share: float
+    for_seconds: float
+
+    @model_validator(mode="after")
+    def _windows_apart(self) -> "ThroughputDecay":
+        if self.baseline_seconds + self.recent_seconds > self.window_seconds:
+            raise ValueError("baseline_seconds + recent_seconds must fit in window_seconds: the "
+                             "baseline and the recent window must not overlap")
+        return self
+
+    @property
+    def baseline_offset_seconds(self) -> float:
+        """How far back the baseline window ends: it is the earliest part of the long window."""
+        return self.window_seconds - self.baseline_seconds
+
+
+class KvOffloadPressure(_Section):
+    kv_cache_usage_at_least: float
+    preemptions_per_second_above: float
+    offload_load_share_of_capacity: float
+    for_seconds: float
+
+
+class InferenceScrape(_Section):
+    for_seconds: float
+
+
 class HostConfig(_Section):
     max_swappiness_with_swap: int
     max_dirty_ratio: int
@@ -137,6 +171,9 @@ class Thresholds(_Section):
     gpu_memory_headroom: GpuMemoryHeadroom
     host_config: HostConfig
     pcie_bandwidth_low: PcieBandwidthLow
+    throughput_decay: ThroughputDecay
+    kv_offload_pressure: KvOffloadPressure
+    inference_scrape: InferenceScrape
 
 
 class ThresholdsError(Exception):

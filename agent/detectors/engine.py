@@ -11,6 +11,11 @@ A detector that raises is counted and logged once; its findings keep the state t
 refreshed nor resolved), as Prometheus leaves a rule's alerts alone when its query fails, and
 the other detectors run as usual.
 
+Each finding a detector returns goes through `correlate` (impact.correlate by default) with the
+time its condition began, pending_since, before it is stored: PCIe, swap and NUMA findings gain
+the inference servers' figures from before that moment and now. A correlation that raises leaves
+the finding as the detector returned it (logged once).
+
 The sampler thread calls evaluate(); HTTP handlers read firing()/pending()/resolved() at any
 time: every reader gets immutable snapshots.
 """
@@ -22,6 +27,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
+from agent.detectors import impact
 from agent.detectors.base import Detector, Finding
 from agent.history import History, SeriesHistory
 
@@ -69,6 +75,8 @@ class FindingState:
 
 
 ChangeCallback = Callable[[FindingState, Change], None]
+# (history, finding, when its condition began, now) -> the finding, with figures added
+Correlator = Callable[[History, Finding, float, float], Finding]
 
 
 class EvaluationView:
@@ -103,8 +111,10 @@ class Engine:
     def __init__(self, detectors: Sequence[Detector], history: History,
                  clock: Callable[[], float] = time.time,
                  resolved_retention_seconds: float = DEFAULT_RESOLVED_RETENTION_SECONDS,
-                 lookback_seconds: float | None = None) -> None:
+                 lookback_seconds: float | None = None,
+                 correlate: Correlator | None = impact.correlate) -> None:
         self.detectors = tuple(detectors)
+        self.correlate = correlate
         self.history = history
         self.clock = clock
         self.resolved_retention_seconds = resolved_retention_seconds
@@ -145,6 +155,8 @@ class Engine:
                     continue
                 for finding in findings:
                     returned[finding.key] = (detector.name, finding)
+            if self.correlate is not None:
+                self._correlate(view, returned, now)
             with self._lock:
                 changes = self._update(now, returned, failed)
                 self.evaluations += 1
@@ -188,6 +200,24 @@ class Engine:
             states[key] = state
         self._states = states
         return changes
+
+    def _correlate(self, view: EvaluationView, returned: dict[tuple, tuple[str, Finding]],
+                   now: float) -> None:
+        with self._lock:
+            began = {key: state.pending_since for key, state in self._states.items()
+                     if key in returned and state.state != "resolved"}
+        for key, (detector, finding) in returned.items():
+            try:
+                correlated = self.correlate(view, finding, began.get(key, now), now)  # type: ignore[misc,arg-type]
+            except Exception:
+                with self._lock:
+                    first = "correlate" not in self._logged_failures
+                    self._logged_failures.add("correlate")
+                if first:
+                    log.exception("correlating %s with the inference servers failed; findings "
+                                  "keep the detector's text (logged once)", finding.alertname)
+                continue
+            returned[key] = (detector, correlated)
 
     def _detector_failed(self, name: str) -> None:
         with self._lock:

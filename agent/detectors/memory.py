@@ -2,9 +2,9 @@
 does not (incident 3's stale pointers to offloaded KV blocks)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from agent.detectors import common, windows
+from agent.detectors import common, servers, windows
 from agent.detectors.base import Finding, MemoryGrowth
 from agent.history import History, SeriesHistory
 
@@ -28,13 +28,25 @@ RESOURCE_TEXT = {"gpu_memory": "GPU memory", "resident": "resident host memory",
 
 @dataclass(frozen=True)
 class _Load:
-    """A process's CPU load over the window, as per-minute rates (CPU seconds per second)."""
+    """A process's load over the window, as per-minute rates: CPU seconds per second, or its
+    server's generation tokens per second (source "server")."""
 
     mean: float
     slope_per_hour: float | None
     flat: bool
     faults_rising: bool
     fault_intensity_slope_per_hour: float | None
+    source: str = "cpu"
+    server: str = ""                          # the server's name, for the text
+    requests_running: float | None = None     # mean over the window
+    requests_slope_per_hour: float | None = None
+
+
+def _flat(times: list[float], values: list[float], share: float) -> tuple[bool, float | None, float]:
+    """(flat, slope per hour, mean): flat unless the slope x 3600 reaches share x the mean."""
+    slope = _slope_per_hour(times, values)
+    mean = sum(values) / len(values)
+    return slope is not None and (slope <= 0 or slope < share * mean), slope, mean
 
 
 def _slope_per_hour(times: list[float], values: list[float]) -> float | None:
@@ -48,14 +60,16 @@ class MemoryGrowthDetector:
 
     Over the last window_seconds since the process (re)started, with at least min_window_seconds
     between its first and last point: the Theil-Sen slope x 3600 >= growth_per_hour_share x the
-    current value (avg 1m), and either the load is flat (the Theil-Sen slope of its per-minute
-    CPU rate x 3600 < load_flat_per_hour_share x its mean, or not rising at all) or its page
-    faults per CPU second (minor + major) rise by at least growth_per_hour_share of their mean
-    per hour. Without CPU figures for the process (not visible in this PID namespace) the load
-    cannot be judged and nothing is reported. The forecast is the time until the process alone
-    reaches the memory total of its GPUs (gpu_memory) or the host's MemTotal (host resources),
-    as the brief defines it; the horizon (exhaustion_horizon_seconds) is reported, not a
-    condition, since the alert table's condition does not include it."""
+    current value (avg 1m), and either the load is flat or its page faults per CPU second (minor
+    + major) rise by at least growth_per_hour_share of their mean per hour. The load is the
+    process's inference server when one is tied to its pid (hybridmon_inference_*{pid}): flat when
+    neither its generation tokens/s nor its running requests (per minute, summed over its
+    servers) rise by load_flat_per_hour_share of their mean per hour (Theil-Sen slope); else its
+    CPU seconds per second, judged the same way. Without CPU figures for the process (not
+    visible in this PID namespace) nothing is reported. The forecast is the time until the
+    process alone reaches the memory total of its GPUs (gpu_memory) or the host's MemTotal (host
+    resources), as the brief defines it; the horizon (exhaustion_horizon_seconds) is reported,
+    not a condition, since the alert table's condition does not include it."""
 
     name = "memory_growth"
     alertnames = ("InferenceProcessMemoryGrowth",)
@@ -107,18 +121,38 @@ class MemoryGrowthDetector:
         start = now - self.config.window_seconds if since is None else max(
             now - self.config.window_seconds, since)
         times, rates = windows.rate_steps(cpu, start, now)
+        server = self._server_load(history, key[0], start, now)
         if len(rates) < 2:
-            return None
-        mean = sum(rates) / len(rates)
-        slope = _slope_per_hour(times, rates)
-        flat = slope is not None and (slope <= 0 or slope < self.config.load_flat_per_hour_share * mean)
+            return server
+        flat, slope, mean = _flat(times, rates, self.config.load_flat_per_hour_share)
         intensity_times, intensity = self._fault_intensity(history, key, dict(zip(times, rates)),
                                                            start, now)
         fault_slope = _slope_per_hour(intensity_times, intensity) if len(intensity) >= 2 else None
         mean_intensity = sum(intensity) / len(intensity) if intensity else 0.0
         rising = (fault_slope is not None and mean_intensity > 0
                   and fault_slope >= self.config.growth_per_hour_share * mean_intensity)
+        if server is not None:
+            return replace(server, faults_rising=rising, fault_intensity_slope_per_hour=fault_slope)
         return _Load(mean, slope, flat, rising, fault_slope)
+
+    def _server_load(self, history: History, pid: str, start: float, now: float) -> _Load | None:
+        """The load of the inference servers tied to `pid`: generation tokens/s and running
+        requests, per minute, summed over its servers and models. None without such a server."""
+        tokens = history.series(servers.GENERATED_TOKENS, pid=pid)
+        times, rates = servers.summed_rate_steps(tokens, start, now)
+        if len(rates) < 2:
+            return None
+        share = self.config.load_flat_per_hour_share
+        flat, slope, mean = _flat(times, rates, share)
+        running_times, running = servers.summed_average_steps(
+            history.series(servers.REQUESTS_RUNNING, pid=pid), start, now)
+        requests_mean = requests_slope = None
+        if len(running) >= 2:
+            requests_flat, requests_slope, requests_mean = _flat(running_times, running, share)
+            flat = flat and requests_flat
+        names = sorted({servers.server_of(s).short_name for s in tokens})
+        return _Load(mean, slope, flat, False, None, "server", " and ".join(names),
+                     requests_mean, requests_slope)
 
     def _fault_intensity(self, history: History, key: tuple[str, ...], cpu_rates: dict,
                          start: float, now: float) -> tuple[list[float], list[float]]:
@@ -153,19 +187,33 @@ class MemoryGrowthDetector:
             "current_bytes": current,
             "growth_share_per_hour": share_per_hour,
             "window_seconds": times[-1] - times[0],
-            "load_cpu_seconds_per_second": load.mean,
+            "load_source": load.source,
             "load_flat": "yes" if load.flat else "no",
             "faults_per_cpu_second_rising": "yes" if load.faults_rising else "no",
             "exhaustion_horizon_seconds": config.exhaustion_horizon_seconds,
         }
+        if load.source == "server":
+            details["load_generation_tokens_per_second"] = load.mean
+            if load.requests_running is not None:
+                details["load_requests_running"] = load.requests_running
+            if load.requests_slope_per_hour is not None:
+                details["load_requests_running_slope_per_hour"] = load.requests_slope_per_hour
+        else:
+            details["load_cpu_seconds_per_second"] = load.mean
         if load.slope_per_hour is not None:
             details["load_slope_per_hour"] = load.slope_per_hour
         if forecast is not None:
             details["forecast_seconds_to_exhaustion"] = forecast
             details["exhaustion_limit_bytes"] = limit
         what = RESOURCE_TEXT[resource]
-        why = ("while its CPU load stays flat" if load.flat
-               else "while its page faults per CPU second keep rising")
+        if load.source == "server":
+            running = ("" if load.requests_running is None
+                       else f", {servers.human_count(load.requests_running)} running requests")
+            flat_text = (f"while the load of its {load.server} server stays flat "
+                         f"({servers.human_count(load.mean)} tokens/s{running})")
+        else:
+            flat_text = "while its CPU load stays flat"
+        why = flat_text if load.flat else "while its page faults per CPU second keep rising"
         forecast_text = ""
         if forecast is not None:
             limit_text = ("the memory total of its GPUs" if resource == "gpu_memory"

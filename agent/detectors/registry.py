@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from agent.detectors.base import Detector, Thresholds
 from agent.detectors.host_config import HostConfigDetector
+from agent.detectors.inference import KvOffloadPressureDetector, ScrapeFailingDetector
 from agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
 from agent.detectors.memory import MemoryGrowthDetector
 from agent.detectors.numa import NumaMisplacementDetector
@@ -10,6 +11,7 @@ from agent.detectors.pcie import PcieLinkDegradedDetector, PcieStarvationDetecto
 from agent.detectors.pcie_bandwidth import PcieBandwidthLowDetector
 from agent.detectors.pcie_errors import GpuLostDetector, PcieErrorsDetector
 from agent.detectors.swap import SwapThrashDetector
+from agent.detectors.throughput import ThroughputDecayDetector
 
 
 def all_detectors(thresholds: Thresholds) -> list[Detector]:
@@ -25,6 +27,9 @@ def all_detectors(thresholds: Thresholds) -> list[Detector]:
         GpuMemoryHeadroomDetector(thresholds.gpu_memory_headroom),
         HostConfigDetector(thresholds.host_config),
         PcieBandwidthLowDetector(thresholds.pcie_bandwidth_low),
+        ThroughputDecayDetector(thresholds.throughput_decay),
+        KvOffloadPressureDetector(thresholds.kv_offload_pressure),
+        ScrapeFailingDetector(thresholds.inference_scrape),
     ]
 
 
@@ -34,8 +39,11 @@ def all_alertnames(detectors: list[Detector]) -> list[str]:
 
 
 def lookback_seconds(thresholds: Thresholds) -> float:
-    """The longest span of history any detector reads, plus a minute for its 1-minute averages."""
+    """The longest span of history any detector reads, plus a minute for its 1-minute averages.
+    The throughput-decay baseline is the longest: with the default 2 h window it needs the whole
+    of the agent's default 2 h history (history_seconds)."""
     return 60.0 + max(
+        thresholds.throughput_decay.window_seconds,
         thresholds.memory_growth.window_seconds,
         thresholds.gpu_memory_headroom.trend_window_seconds,
         thresholds.pcie_errors.window_seconds,

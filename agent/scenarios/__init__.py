@@ -2,7 +2,8 @@
 
 A scenario (library.py) is a timeline of host states. `write_trace` copies the 2-node fixture host
 (tests/fixtures/host-2node) to a temporary directory, and for each simulated tick sets the state,
-rewrites the procfs/sysfs files and the fake NVML from it (host.py), and runs every due collector of
+rewrites the procfs/sysfs files, the fake NVML and vLLM's /metrics answer from it (host.py,
+inference.py; loopback.py serves that answer over HTTP meanwhile), and runs every due collector of
 a recording agent.daemon.Agent once, in the agent's own order, at the simulated time. The trace
 therefore holds exactly the readings those states produce, in the trace format of
 docs/trace-format.md, and replays without the temporary directory. docs/scenarios.md lists the
@@ -40,6 +41,8 @@ from dataclasses import dataclass  # noqa: E402
 from agent.daemon import Agent  # noqa: E402
 from agent.scenarios.host import SyntheticHost  # noqa: E402
 from agent.scenarios.library import SCENARIOS, Scenario  # noqa: E402
+from agent.scenarios import inference_library  # noqa: E402,F401 (registers its scenarios)
+from agent.scenarios.loopback import LoopbackServer  # noqa: E402
 from tests import fake_nvml  # noqa: E402
 
 __all__ = ["SCENARIOS", "Scenario", "ScenarioError", "TraceSummary", "write_trace", "START_TIME"]
@@ -83,7 +86,9 @@ def write_trace(name: str, path: str | Path, start: float = START_TIME) -> Trace
         fake_nvml.reset()
         agent = Agent(host.agent_config(scenario.tick_seconds, history_seconds_for(scenario)), record_to=path)
         try:
-            records = _drive(scenario, step, host, agent, start)
+            with LoopbackServer(host.inference) as server:
+                _route_inference(agent, server)
+                records = _drive(scenario, step, host, agent, start)
         finally:
             agent.stop()
             fake_nvml.reset()
@@ -94,6 +99,15 @@ def write_trace(name: str, path: str | Path, start: float = START_TIME) -> Trace
             raise ScenarioError(f"scenario {name}: {agent.recording_error}")
     return TraceSummary(name, path, records, scenario.ticks, scenario.duration_seconds,
                         time.perf_counter() - began, path.stat().st_size)
+
+
+def _route_inference(agent: Agent, server: LoopbackServer) -> None:
+    """The recording inference collector's HTTP goes to the loopback server (see LoopbackServer).
+    Its fetch is the constructor's injection point for exactly this; it is replaced afterwards
+    because the agent builds its collectors from the configuration."""
+    for item in agent.sampler.scheduled:
+        if item.collector.name == "inference":
+            item.collector._fetch = server.route(item.collector._fetch)
 
 
 def _scratch_dir() -> str | None:

@@ -12,7 +12,8 @@ the real collectors then make are consistent by construction:
   out leaves RssAnon;
 - a GPU's used memory is its processes' memory plus a fixed context overhead, and its PCIe link is
   written the same to NVML and to sysfs (current_link_speed, current_link_width);
-- a removed PCI function loses both its bus/pci/devices link and its device directory.
+- a removed PCI function loses both its bus/pci/devices link and its device directory;
+- vLLM's /metrics (inference.py) follows its own load, served on loopback while a trace is made.
 
 Only the files a scenario can change are rewritten, and only when their text changed.
 """
@@ -29,6 +30,7 @@ from pathlib import Path
 from typing import Iterable
 
 from agent.config import AgentConfig
+from agent.scenarios.inference import ENDPOINT, InferenceServer
 from tests.fake_nvml import FakeGpu, FakeNvml, FakeProcess, default_gpus
 
 REPO = Path(__file__).resolve().parents[2]
@@ -252,6 +254,9 @@ class SyntheticHost:
         self._root_text = str(self.root)
         self._written: dict[str, str] = {}  # relative path -> text last written there
         self._load()
+        # vLLM (pid 4242) serves /metrics at ENDPOINT; its noise comes from a generator of its own.
+        self.inference = InferenceServer(seed + 1)
+        self.inference_endpoint = ENDPOINT
 
     @classmethod
     def from_fixture(cls, root: str | Path, fixture: str | Path = FIXTURE_HOST, **options) -> "SyntheticHost":
@@ -474,6 +479,7 @@ class SyntheticHost:
         for node in self.nodes.values():
             for name, rate in node.allocation_rates.items():
                 node.numastat.values[name] += rate * dt
+        self.inference.advance(dt)
 
     # --- rendering -------------------------------------------------------------------------
     def _put(self, relative: str, text: str) -> None:
@@ -483,7 +489,8 @@ class SyntheticHost:
             self._written[relative] = text
 
     def write(self, nvml: FakeNvml | None = None) -> None:
-        """Render the state into the tree, and into `nvml` (the fake library the agent calls)."""
+        """Render the state into the tree, into `nvml` (the fake library the agent calls) and into
+        the inference server's answer."""
         self._write_memory()
         for resource in PSI_RESOURCES:
             lines = []
@@ -504,6 +511,7 @@ class SyntheticHost:
             self._render_gpu(gpu)
         for device in self.pci.values():
             self._write_pci(device)
+        self.inference.publish()
         if nvml is not None:
             nvml.configure(gpus=[gpu.nvml for gpu in self.gpus])
             nvml.lost = {gpu.index for gpu in self.gpus if gpu.lost}
@@ -640,8 +648,9 @@ class SyntheticHost:
     def agent_config(self, interval_seconds: float = 1.0, history_seconds: float = 7200.0,
                      detectors: bool = False) -> AgentConfig:
         """The configuration an agent on this host runs with: its roots, the fake NVML, no udev
-        (udev describes only the machine's own /sys). The detectors are off by default: recording
-        needs none, and a replay takes its detector settings from the replaying agent."""
+        (udev describes only the machine's own /sys), vLLM's endpoint (so no discovery). The
+        detectors are off by default: recording needs none, and a replay takes its detector
+        settings from the replaying agent."""
         settings = {
             "interval_seconds": interval_seconds,
             "history_seconds": history_seconds,
@@ -649,6 +658,10 @@ class SyntheticHost:
             "state_dir": str(self.root / "state"),  # no benchmark run unless a scenario stores one
             "gpu": {"nvml_module": "tests.fake_nvml"},
             "pcie": {"udev": False},
+            "inference": {"endpoints": [{"url": self.inference_endpoint, "server": "vllm"}]},
+            # vLLM is asked every 10 s (30 s on the long scenarios' 10 s ticks), not every 5 s as
+            # by default: reading a body costs ~3 ms, paid at generation and again by every replay.
+            "collectors": {"inference": {"interval_seconds": max(10.0, 3 * interval_seconds)}},
         }
         if "detectors" in AgentConfig.model_fields:
             settings["detectors"] = {"enabled": detectors}

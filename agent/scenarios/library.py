@@ -2,7 +2,8 @@
 
 Every scenario starts from the same healthy host (`healthy_host`): recommended sysctls, swap
 configured and idle, each inference process pinned to its GPU's NUMA node, both links at Gen4 x16,
-GPU0 busy with vLLM (pid 4242) and GPU1 moderately busy with llama-server (pid 5151). An incident
+GPU0 busy with vLLM (pid 4242, serving /metrics at inference.ENDPOINT: 55 running requests, 1,450
+tokens/s) and GPU1 moderately busy with llama-server (pid 5151). An incident
 then changes only what its story needs, from its onset, so the alerts it should raise are exactly
 those in `expected` (plus those in `allowed`, which may accompany them). docs/scenarios.md describes
 each one with its numbers and timeline.
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from agent.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
+from agent.scenarios.inference import ENDPOINT, MODEL, ServerLoad
 
 VLLM, LLAMA = 4242, 5151            # the fixture's inference processes (comm python3, llama-server)
 VLLM_NAME, LLAMA_NAME = "python3", "llama-server"
@@ -24,6 +26,7 @@ GPU0_UUID = "GPU-0a1b2c3d-0000-4000-8000-000000000000"
 GPU1_UUID = "GPU-1a1b2c3d-0000-4000-8000-000000000001"
 GPU0_ADDRESS, GPU1_ADDRESS = "0000:17:00.0", "0000:ca:00.0"
 GEN4_X16 = link_capacity_bytes_per_second(4, 16)  # 31.5 GB/s per direction
+VLLM_SERVER = {"server": "vllm", "endpoint": ENDPOINT, "model": MODEL}  # its findings' labels
 
 Expectation = tuple[str, dict[str, str]]  # (alertname, a subset of the finding's labels)
 Step = Callable[[float], None]
@@ -95,6 +98,7 @@ class Load:
     reclaim_pages_per_second: dict[str, float] = field(default_factory=dict)  # kswapd/direct scanned
     pressure: dict[str, tuple[float, float]] = field(default_factory=lambda: {
         "memory": (0.002, 0.001), "io": (0.02, 0.008), "cpu": (0.04, 0.0)})
+    server: ServerLoad = field(default_factory=ServerLoad)  # vLLM on GPU0 (pid 4242)
     noise: float = 1.0               # 0: exact values
 
 
@@ -133,6 +137,7 @@ def apply(host: SyntheticHost, load: Load) -> None:
         host.set_vm_rate(f"pgsteal_{reclaimer}", scanned * 0.7)
     for resource, (some, full) in load.pressure.items():
         host.set_pressure(resource, some * host.jitter(1.0, 0.05 * noise), full * host.jitter(1.0, 0.05 * noise))
+    host.inference.set_load(load.server, noise)
 
 
 def healthy_host(host: SyntheticHost) -> None:
@@ -157,6 +162,7 @@ def healthy_host(host: SyntheticHost) -> None:
     host.set_vm_rate("numa_local", 40_000.0)
     apply(host, healthy_load())
     host.settle_pressure()
+    host.inference.advance(6 * 3600)  # vLLM has served for 6 h: its counters do not start at zero
 
 
 def ramp(t: float, start: float, end: float, first: float, last: float) -> float:
@@ -176,7 +182,11 @@ def pcie_starvation(host: SyntheticHost) -> Step:
     """Incident 1. GPU0 (Gen4 x16) runs vLLM at ~88 % utilization with host-to-device traffic at
     40 % of the link. From onset, KV-cache offload saturates the link: host-to-device traffic pinned
     at 96 % of 31.5 GB/s while GPU0's utilization falls from ~90 % to ~20 % over 20 s; after 10 min
-    (onset + 600 s) the offload stops and both return to normal."""
+    (onset + 600 s) the offload stops and both return to normal. vLLM feels it over the same 20 s:
+    KV offload loads rise from 4 to 11 GB/s (the rest of the link is weights streamed from host
+    memory, which vLLM counts nowhere), its inter-token latency p50 from 38 ms to 210 ms with the
+    same 55 running requests (1,450 -> 260 tokens/s), time to first token p50 from 0.15 s to 0.9 s
+    and the queue from 2 to 25 requests."""
     healthy_host(host)
     onset, end = 60, 660
 
@@ -185,6 +195,13 @@ def pcie_starvation(host: SyntheticHost) -> Step:
         if onset <= t < end:
             load.gpus[0] = GpuLoad(ramp(t, onset, onset + 20, 0.90, 0.20), 0.96, 0.30)
             load.processes[VLLM].cpu_cores = 3.0   # the copy threads are busy, the decode is not
+            server = load.server
+            server.inter_token_latency_seconds = ramp(t, onset, onset + 20, 0.038, 0.210)
+            server.time_to_first_token_seconds = ramp(t, onset, onset + 20, 0.15, 0.9)
+            server.waiting = ramp(t, onset, onset + 20, 2, 25)
+            server.kv_offload_load_bytes_per_second = ramp(t, onset, onset + 20, 4e9, 11e9)
+            server.kv_offload_store_bytes_per_second = ramp(t, onset, onset + 20, 2e9, 5e9)
+            server.kv_cache_usage = 0.8
         apply(host, load)
         if onset <= t < end:  # pinned: a saturated link shows almost no noise
             host.set_traffic_share(0, host.jitter(0.96, 0.003), host.jitter(0.30, 0.02))
@@ -295,7 +312,9 @@ def swap_thrash(host: SyntheticHost) -> Step:
     (7.5) and swap-out ~8 MiB/s (8.5), ~400 major faults/s, PSI memory some ~30 % (full ~12 %),
     reclaim by kswapd and direct reclaim, MemAvailable down to ~1.5 GiB. vLLM (pid 4242) is hit:
     its VmSwap rises from 0 to 2 GiB over 7 min (leaving its RssAnon) and it major-faults
-    ~150/s. The thrash lasts to the end."""
+    ~150/s; its time to first token p50 rises from 0.15 s to 1.2 s over the first minute (prompts
+    wait on faulted-in pages) and its inter-token latency p50 from 38 ms to 52 ms. The thrash lasts
+    to the end."""
     healthy_host(host)
     host.sysctl.update({"vm.swappiness": 60, "vm.dirty_ratio": 20, "vm.dirty_background_ratio": 10})
     host.set_swap_used(4 * GIB)
@@ -314,6 +333,8 @@ def swap_thrash(host: SyntheticHost) -> Step:
             load.reclaim_pages_per_second = {"kswapd": 40_000.0, "direct": 6_000.0}
             load.pressure = {"memory": (0.30, 0.12), "io": (0.25, 0.15), "cpu": (0.06, 0.0)}
             load.gpus[0].utilization = 0.55  # decode steps wait on faults
+            load.server.time_to_first_token_seconds = ramp(t, onset, onset + 60, 0.15, 1.2)
+            load.server.inter_token_latency_seconds = ramp(t, onset, onset + 60, 0.038, 0.052)
         apply(host, load)
         vllm.swap_out(ramp(t, onset, onset + 420, 0.0, 2 * GIB))
         vllm.rss_anon_bytes = resident_anon - vllm.swap_bytes
@@ -331,8 +352,9 @@ def memory_growth(host: SyntheticHost) -> Step:
     resident (14 GiB anonymous). From onset both grow steadily at 1.5 GB/h (about 8 %/h of their
     size) for the rest of the scenario (2 h 10 min), while its load stays flat: CPU time at 1.5
     cores, GPU0 utilization ~85 %, the same traffic, and a flat page-fault rate (the growth's own
-    ~100 faults/s included from onset). Host memory available falls by what it takes. Sysctls are
-    the recommended ones, so nothing else fires."""
+    ~100 faults/s included from onset), and vLLM's own load flat too: 55 running requests at 38 ms
+    per token, 1,450 tokens/s from start to end. Host memory available falls by what it takes.
+    Sysctls are the recommended ones, so nothing else fires."""
     healthy_host(host)
     onset = 600
     per_second = 1.5e9 / 3600
@@ -361,12 +383,17 @@ def numa_misplacement(host: SyntheticHost) -> Step:
     """Incident 1's NUMA note. vLLM (pid 4242) uses GPU0, on NUMA node 0, and starts local to it.
     At onset it is re-pinned to node 1's CPUs (8-15, as a `taskset -c 8-15` on the wrong socket
     does) and its resident memory migrates to node 1 over the next 2 min (98 % on node 0 before,
-    95 % on node 1 after). The process_numa collector reads it every 30 s."""
+    95 % on node 1 after). The process_numa collector reads it every 30 s. vLLM slows as its memory
+    moves away from the GPU: inter-token latency p50 38 ms -> 46 ms, time to first token p50
+    0.15 s -> 0.2 s over the same 2 min."""
     healthy_host(host)
     onset = 60
 
     def step(t: float) -> None:
-        apply(host, healthy_load())
+        load = healthy_load()
+        load.server.inter_token_latency_seconds = ramp(t, onset, onset + 120, 0.038, 0.046)
+        load.server.time_to_first_token_seconds = ramp(t, onset, onset + 120, 0.15, 0.2)
+        apply(host, load)
         if t >= onset:
             on_node1 = ramp(t, onset, onset + 120, 0.02, 0.95)
             host.set_process_placement(VLLM, [1], {0: 1.0 - on_node1, 1: on_node1})
@@ -379,14 +406,17 @@ def numa_misplacement(host: SyntheticHost) -> Step:
 def gpu_memory_headroom(host: SyntheticHost) -> Step:
     """GPU0 (48 GiB) starts 85 % used, nearly all by vLLM (pid 4242). From onset its KV cache grows
     and GPU0's used memory climbs linearly to 97 % over 5 min (crossing 95 % at onset + 250 s),
-    then stays there. The forecast reason may fire too while it climbs."""
+    then stays there. The forecast reason may fire too while it climbs. vLLM's KV-cache usage climbs
+    with it, from 55 % to 90 %."""
     healthy_host(host)
     onset = 60
     gpu = host.gpu(0)
     gpu.set_memory_used_share(0.85, VLLM)
 
     def step(t: float) -> None:
-        apply(host, healthy_load())
+        load = healthy_load()
+        load.server.kv_cache_usage = ramp(t, onset, onset + 300, 0.55, 0.90)
+        apply(host, load)
         gpu.set_memory_used_share(ramp(t, onset, onset + 300, 0.85, 0.97), VLLM)
     return step
 
@@ -426,7 +456,8 @@ def host_no_swap_low_headroom(host: SyntheticHost) -> Step:
 def healthy_idle_downshifted(host: SyntheticHost) -> Step:
     """Both GPUs idle (0 % utilization, a few MB/s of traffic) with their links downshifted to
     Gen1 x16 to save power, as NVIDIA GPUs do at idle (maximum Gen4 x16): no link-degraded finding.
-    The servers keep their models loaded and barely use CPU."""
+    The servers keep their models loaded and barely use CPU; vLLM has no request running or waiting,
+    an empty KV cache and no offload traffic, so its counters and histograms stand still."""
     healthy_host(host)
     host.set_link(0, 1, 16)
     host.set_link(1, 1, 16)
@@ -436,6 +467,8 @@ def healthy_idle_downshifted(host: SyntheticHost) -> Step:
         load.gpus = {0: GpuLoad(0.0, 0.001, 0.0005), 1: GpuLoad(0.0, 0.001, 0.0005)}
         load.processes[VLLM].cpu_cores = 0.05
         load.processes[LLAMA].cpu_cores = 0.05
+        load.server = ServerLoad(running=0, waiting=0, kv_cache_usage=0.0, kv_offload_load_bytes_per_second=0.0,
+                                 kv_offload_store_bytes_per_second=0.0)
         apply(host, load)
         for gpu in host.gpus:
             gpu.utilization = 0.0
@@ -446,13 +479,18 @@ def healthy_idle_downshifted(host: SyntheticHost) -> Step:
 def healthy_busy_offload(host: SyntheticHost) -> Step:
     """A busy KV-offload host that is fine: GPU0 host-to-device traffic at ~70 % of its Gen4 x16
     link (near, not at, capacity; device-to-host ~25 %) with utilization ~85 %, GPU1 at 60 %
-    utilization and 50 % of its link. Placement local, swap idle."""
+    utilization and 50 % of its link. Placement local, swap idle. vLLM's KV offload loads run at
+    17 GB/s (55 % of the link; stores 5 GB/s) with 60 requests running at 40 ms per token
+    (1,500 tokens/s) and the KV cache 85 % full, without preemptions."""
     healthy_host(host)
 
     def step(t: float) -> None:
         load = healthy_load()
         load.gpus = {0: GpuLoad(0.85, 0.70, 0.25), 1: GpuLoad(0.60, 0.50, 0.15)}
         load.processes[VLLM].cpu_cores = 3.0
+        load.server = ServerLoad(running=60, inter_token_latency_seconds=0.040, kv_cache_usage=0.85,
+                                 kv_offload_load_bytes_per_second=0.55 * GEN4_X16,
+                                 kv_offload_store_bytes_per_second=5e9)
         apply(host, load)
     return step
 
@@ -470,7 +508,9 @@ def healthy_growth_with_load(host: SyntheticHost) -> Step:
     """vLLM's memory grows with its load, not against it: from t = 600 s its CPU load rises from
     0.8 to 2.4 cores over 2 h 10 min (traffic and GPU0 utilization rising with it, 40 % to 85 %),
     and its GPU memory and resident memory grow in proportion, 1.5 GB/h each, like the memory
-    growth incident. Its page-fault rate is flat apart from the growth's own faults."""
+    growth incident. Its page-fault rate is flat apart from the growth's own faults. The server
+    says why: running requests rise from 14 to 55 (tokens/s from 440 to 1,450, inter-token latency
+    p50 32 ms -> 38 ms as the batch grows), KV-cache usage from 20 % to 60 %."""
     healthy_host(host)
     start, end = 600, 8400
     per_second = 1.5e9 / 3600
@@ -484,6 +524,10 @@ def healthy_growth_with_load(host: SyntheticHost) -> Step:
         progress = ramp(t, start, end, 0.0, 1.0)
         load.processes[VLLM].cpu_cores = 0.8 + 1.6 * progress
         load.gpus[0] = GpuLoad(0.40 + 0.45 * progress, 0.15 + 0.35 * progress, 0.05 + 0.10 * progress)
+        load.server = ServerLoad(running=14 + 41 * progress, inter_token_latency_seconds=0.032 + 0.006 * progress,
+                                 kv_cache_usage=0.20 + 0.40 * progress,
+                                 kv_offload_load_bytes_per_second=1e9 + 3e9 * progress,
+                                 kv_offload_store_bytes_per_second=0.5e9 + 1.5e9 * progress)
         if t >= start:
             load.processes[VLLM].minor_faults_per_second += per_second / 4096
         apply(host, load)

@@ -1,0 +1,156 @@
+"""The inference servers in history (exporters/inference.py's hybridmon_inference_* series): which
+are scraped now, which process each belongs to, and their load and latency over a window.
+
+A server is one (server, endpoint, model, pid) label set: `pid` is the watched process listening
+on the endpoint's port, "" when none is known.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agent.detectors import windows
+from agent.history import History, SeriesHistory
+
+GENERATED_TOKENS = "hybridmon_inference_generated_tokens_total"
+REQUESTS_RUNNING = "hybridmon_inference_requests_running"
+KV_CACHE_USAGE = "hybridmon_inference_kv_cache_usage_ratio"
+PREEMPTIONS = "hybridmon_inference_preemptions_total"
+OFFLOAD_BYTES = "hybridmon_inference_kv_offload_bytes_total"   # label direction: store | load
+INTER_TOKEN_LATENCY_P = "hybridmon_inference_inter_token_latency_percentile_seconds"
+TIME_TO_FIRST_TOKEN_P = "hybridmon_inference_time_to_first_token_percentile_seconds"
+INTER_TOKEN_LATENCY_SUM = "hybridmon_inference_inter_token_latency_seconds_total"
+INTER_TOKEN_LATENCY_COUNT = "hybridmon_inference_inter_token_latency_observations_total"
+SCRAPE_SUCCESS = "hybridmon_inference_scrape_success"
+SCRAPE_ERROR = "hybridmon_inference_scrape_error"
+SERVER_LABELS = ("server", "endpoint", "model", "pid")
+# How each server calls itself, for the text of a finding.
+DISPLAY_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "tgi": "TGI",
+                 "lmcache": "LMCache", "ollama": "Ollama"}
+# Series that every server publishes one of: a server with none of them now is not scraped now.
+PRESENCE = (GENERATED_TOKENS, REQUESTS_RUNNING, KV_CACHE_USAGE)
+
+
+@dataclass(frozen=True)
+class Server:
+    server: str
+    endpoint: str
+    model: str
+    pid: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """The labels its alerts carry: the pid is left out, as it changes on every restart."""
+        return {"server": self.server, "endpoint": self.endpoint, "model": self.model}
+
+    @property
+    def name(self) -> str:
+        """'vLLM (model llama-3-8b at http://127.0.0.1:8000/metrics)': which server, in words."""
+        shown = DISPLAY_NAMES.get(self.server, self.server)
+        model = f"model {self.model} at " if self.model else ""
+        return f"{shown} ({model}{self.endpoint})"
+
+    @property
+    def short_name(self) -> str:
+        return DISPLAY_NAMES.get(self.server, self.server)
+
+
+def server_of(series: SeriesHistory) -> Server:
+    return Server(*(series.labels.get(name, "") for name in SERVER_LABELS))
+
+
+def scraped(history: History, now: float) -> list[Server]:
+    """Every server with a current point (at most a minute old) in one of the PRESENCE series."""
+    found = set()
+    for metric in PRESENCE:
+        for series in history.series(metric):
+            if windows.latest(series, now) is not None:
+                found.add(server_of(series))
+    return sorted(found, key=lambda s: (s.server, s.endpoint, s.model, s.pid))
+
+
+def for_process(servers: list[Server], pid: str | None) -> list[Server]:
+    """The servers a finding about process `pid` is about: those tied to it; when no server is
+    tied to any process (every pid label empty: the agent could not see who listens), all of
+    them. None (a GPU or host finding): all of them."""
+    if pid is None:
+        return servers
+    tied = [s for s in servers if s.pid == pid]
+    if tied or any(s.pid for s in servers):
+        return tied
+    return servers
+
+
+def series_of(history: History, metric: str, server: Server, **labels: str) -> SeriesHistory | None:
+    found = history.series(metric, server=server.server, endpoint=server.endpoint,
+                           model=server.model, pid=server.pid, **labels)
+    return found[0] if found else None
+
+
+def mean(series: SeriesHistory | None, start: float, end: float) -> float | None:
+    """Mean of a gauge's points in [start, end]; None without any."""
+    if series is None:
+        return None
+    _, values = windows.window(series, end, end - start)
+    return sum(values) / len(values) if values else None
+
+
+def mean_rate(series: SeriesHistory | None, start: float, end: float) -> float | None:
+    """A counter's increase per second over the points in [start, end] (resets handled): what it
+    did while it was seen, where rate() would count the unseen part of the window as zero. None
+    with fewer than two points."""
+    if series is None:
+        return None
+    times, values = windows.window(series, end, end - start)
+    if len(values) < 2 or times[-1] <= times[0]:
+        return None
+    return windows.counter_increase(values) / (times[-1] - times[0])
+
+
+def rate(series: SeriesHistory | None, now: float, seconds: float) -> float | None:
+    """PromQL's rate(x[seconds]) at now (windows.rate), for the findings a rule mirrors."""
+    return None if series is None else windows.rate(series, now, seconds)
+
+
+def summed_rate_steps(series: list[SeriesHistory], start: float, end: float
+                      ) -> tuple[list[float], list[float]]:
+    """rate(x[1m]) every minute from end back to start, summed over `series` at each step."""
+    totals: dict[float, float] = {}
+    for one in series:
+        for time, value in zip(*windows.rate_steps(one, start, end)):
+            totals[time] = totals.get(time, 0.0) + value
+    times = sorted(totals)
+    return times, [totals[t] for t in times]
+
+
+def summed_average_steps(series: list[SeriesHistory], start: float, end: float
+                         ) -> tuple[list[float], list[float]]:
+    """avg_over_time(x[1m]) every minute from end back to start, summed over `series`."""
+    totals: dict[float, float] = {}
+    for one in series:
+        at = end
+        while at >= start + windows.AVERAGE_SECONDS:
+            value = windows.avg_over_time(one, at)
+            if value is not None:
+                totals[at] = totals.get(at, 0.0) + value
+            at -= windows.AVERAGE_SECONDS
+    times = sorted(totals)
+    return times, [totals[t] for t in times]
+
+
+def human_latency(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.1f} s"
+    if seconds >= 0.01:
+        return f"{seconds * 1000:.0f} ms"
+    return f"{seconds * 1000:.1f} ms"
+
+
+def human_count(value: float) -> str:
+    """1,450 / 61 / 6.2 / 0.35: a rate the way it is read aloud."""
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.0f}"
+    if abs(value) >= 1:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
