@@ -2,9 +2,10 @@
 host without Grafana.
 
 Server-rendered from what the agent already holds: the findings of its engine, then the latest
-signals per GPU, watched process and host, and the last benchmark (agent/status_signals.py). The
-judging is the detectors' job: the page lays out their findings first and flags only what is
-plainly broken (a lost GPU, a failing collector). HTML and its escaping: agent/status_template.py.
+signals per GPU, watched process and host, and the last benchmark (agent/status_signals.py), and
+per scraped inference server (agent/status_inference.py). The judging is the detectors' job: the
+page lays out their findings first and flags only what is plainly broken (a lost GPU, a failing
+collector, a failing scrape). HTML and its escaping: agent/status_template.py.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from agent import __version__
 from agent.detectors.common import human_duration
 from agent.detectors.engine import FindingState
 from agent.findings import SEVERITY_ORDER, runbook_url
+from agent.status_inference import inference_html
 from agent.status_signals import LatestValues, bench_html, gpus_html, host_html, processes_html
 from agent.status_template import (
     Row, card, clock, clock_and_age, esc, key_values, link, page, paragraph, section,
@@ -39,6 +41,7 @@ def render_status_page(agent: Agent) -> str:
         section("Findings", findings_html(states, agent.runbook_base_url, now), "findings"),
         section("GPUs", gpus_html(latest), "gpus"),
         section("Watched processes", processes_html(agent.history, latest), "processes"),
+        section("Inference servers", inference_html(agent.history, latest), "inference"),
         section("Host memory", host_html(agent.history, latest), "host"),
         section("Last benchmark", bench_html(latest, now), "bench"),
         section("Agent", agent_html(agent, latest, now), "agent"),

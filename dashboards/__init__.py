@@ -4,7 +4,7 @@
 This module reads the committed JSON only, so tools that run the panels' queries (the end-to-end
 test against a live Prometheus) need neither the SDK nor Grafana:
 
-    for q in all_panel_queries({"datasource": "prom", "instance": "127.0.0.1:9400", "gpu": "0",
+    for q in all_panel_queries({"datasource": "prom", "instance": "127.0.0.1:9400", "gpu": "0", "endpoint": ".*",
                                 "__rate_interval": "1m", "__interval": "15s", "__range": "1h"}):
         ...  # q.dashboard_uid, q.panel_title, q.ref_id, q.instant, q.expr (PromQL, variables substituted)
 """
@@ -55,7 +55,7 @@ def substitute(expr: str, variables: Mapping[str, str], where: str) -> str:
 
 def all_panel_queries(variables: Mapping[str, str], directory: Path = JSON_DIR) -> list[PanelQuery]:
     """Every panel query of every dashboard, with the template variables ($instance, $gpu,
-    $datasource, $__rate_interval, $__interval, $__range...) replaced by `variables[name]`.
+    $endpoint, $datasource, $__rate_interval, $__interval, $__range...) replaced by `variables[name]`.
     Raises ValueError naming the panel when an expression uses a variable not given."""
     found = []
     for dashboard in load_dashboards(directory):

@@ -1,14 +1,15 @@
 """The host overview: why is this hybrid GPU/CPU inference host slow?
 
-Top to bottom: what the agent and Prometheus find wrong now (with runbook links), each GPU's PCIe
-traffic against what its link carries, link state and errors, GPU memory, host memory pressure
-(swap, major faults, PSI), where the watched processes sit against their GPUs' NUMA nodes, and the
-last benchmark of the links.
+Top to bottom: what the agent and Prometheus find wrong now (with runbook links), per inference
+server the tokens/s, latency and KV cache pressure its users feel (dashboards/inference.py), each
+GPU's PCIe traffic against what its link carries, link state and errors, GPU memory, host memory
+pressure (swap, major faults, PSI), where the watched processes sit against their GPUs' NUMA
+nodes, and the last benchmark of the links.
 """
 from __future__ import annotations
 
 from agent.detectors.base import Thresholds
-from dashboards import gpu_panels
+from dashboards import gpu_panels, inference
 from dashboards.common import (assemble, graph, link, new_dashboard, override_links,
                                override_threshold, override_unit, query, runbook_links, selector,
                                single_stat, value_table)
@@ -139,10 +140,12 @@ def build(t: Thresholds, runbooks: str) -> model.Dashboard:
     dashboard = new_dashboard(
         "hybridmon: host overview", UID,
         "Why a hybrid GPU/CPU inference host is slow: PCIe, GPU and host memory, NUMA placement and "
-        "active findings.", gpu_multi=True,
-        links=[link("Runbooks", runbooks), link("GPU drill-down", GPU_DRILL_DOWN)])
+        "active findings, beside what the inference servers' users feel.", gpu_multi=True,
+        links=[link("Runbooks", runbooks), link("GPU drill-down", GPU_DRILL_DOWN)], inference=True)
     return assemble(dashboard, [
         ("Findings", [*findings(runbooks)]),
+        (inference.ROW, [*inference.load_and_latency(runbooks), *inference.kv_cache(t, runbooks)]),
+        ("Inference scrapes", inference.scrapes(runbooks)),
         ("PCIe per GPU", [gpu_panels.traffic_vs_capacity(t, runbooks, "PCIe traffic vs capacity: GPU $gpu")
                           .repeat("gpu").repeat_direction("h").max_per_row(2),
                           gpu_panels.traffic_share(t, runbooks), gpu_panels.utilization(t, runbooks)]),

@@ -1,7 +1,7 @@
 """Real binaries on loopback for the live alert path: Prometheus (Debian's `prometheus`) scraping
-agents that run as `hybridmon run --replay` subprocesses, and a watch on an agent's /metrics that
-notes when the replay reaches a state. Alertmanager and the webhook receiver are
-tests/alertmanager_helpers.py's.
+agents that run as `hybridmon run --replay` subprocesses, a watch on an agent's /metrics that
+notes when the replay reaches a state, and an inference server whose counters keep moving for the
+live agent to scrape. Alertmanager and the webhook receiver are tests/alertmanager_helpers.py's.
 
 Every process writes its log to a file in the caller's directory (a pipe nobody reads would block
 it once full); the tail goes into the assertion message when a process does not come up.
@@ -23,8 +23,12 @@ import yaml
 from agent import __version__
 from agent.bench.store import save_run
 from tests.agent_helpers import HYBRIDMON, REPO, free_port, subprocess_environment
+from tests.fake_inference_server import FakeInferenceServer
 
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
+INFERENCE_FIXTURES = REPO / "tests" / "fixtures" / "inference"
+# Sample names that only go up: they advance at every scrape; every other sample is a gauge.
+COUNTER_SUFFIXES = ("_total", "_count", "_sum", "_bucket")
 JOB = "hybridmon"
 READY_SECONDS = 20
 
@@ -224,3 +228,38 @@ def first_delivery(deliveries: list[tuple[float, dict]], status: str,
             if alert.get("status") == status and matches(alert):
                 return arrived, alert
     return None
+
+
+class AdvancingInferenceServer(FakeInferenceServer):
+    """A FakeInferenceServer whose /metrics moves on at every GET, from a fixture's two bodies
+    (`<fixture>.1.prom`, `.2.prom`, "5 s apart"): the n-th answer has every counter and histogram
+    bucket at `.1 + n x (.2 - .1)` and the gauges of `.2`. Rates and the recent quantiles the
+    collector computes from consecutive scrapes are then steady and non-zero however long a test
+    runs, each scrape adding what the fixture adds between its two bodies."""
+
+    def __init__(self, fixture: str = "vllm-v1-names") -> None:
+        first, second = ((INFERENCE_FIXTURES / f"{fixture}.{n}.prom").read_text().splitlines() for n in (1, 2))
+        if len(first) != len(second):
+            raise ValueError(f"{fixture}: the two bodies differ in lines")
+        self._lines = list(zip(first, second))
+        super().__init__({"/metrics": ["placeholder"]})
+
+    def current(self, path: str) -> str | None:
+        if path != "/metrics":
+            return None
+        step = len(self.requests)
+        return "".join(advanced(one, two, step) + "\n" for one, two in self._lines)
+
+
+def advanced(first: str, second: str, step: int) -> str:
+    """One exposition line `step` scrapes on: counters advanced, gauges as in `second`."""
+    if first.startswith("#") or not first.strip():
+        return second
+    name_and_labels, first_value = first.rsplit(" ", 1)
+    second_name, second_value = second.rsplit(" ", 1)
+    if second_name != name_and_labels:
+        raise ValueError(f"the two bodies differ: {first!r} vs {second!r}")
+    if not name_and_labels.split("{", 1)[0].endswith(COUNTER_SUFFIXES):
+        return second
+    start, increase = float(first_value), float(second_value) - float(first_value)
+    return f"{name_and_labels} {start + step * increase!r}"

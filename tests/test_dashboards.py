@@ -26,7 +26,7 @@ from rules.promql import number
 from tests.agent_helpers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
-VARIABLES = {"datasource": "prometheus", "instance": "127.0.0.1:9400", "gpu": "0",
+VARIABLES = {"datasource": "prometheus", "instance": "127.0.0.1:9400", "gpu": "0", "endpoint": ".*",
              "__rate_interval": "1m", "__interval": "15s", "__range": "1h"}
 PROMQL_WORDS = {"and", "or", "unless", "bool", "offset", "inf", "nan"}
 
@@ -80,15 +80,49 @@ def test_every_panel_has_a_unit_and_the_datasource_variable():
             assert target["expr"].strip(), where
 
 
-def test_template_variables_datasource_instance_gpu():
+def test_template_variables_datasource_instance_gpu_endpoint():
     for dashboard in dashboards():
+        overview = dashboard["uid"] == "hybridmon-host"
         variables = {v["name"]: v for v in dashboard["templating"]["list"]}
-        assert list(variables) == ["datasource", "instance", "gpu"]
+        assert list(variables) == ["datasource", "instance", "gpu", *(["endpoint"] if overview else [])]
         assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
-        for name in ("instance", "gpu"):
+        for name in set(variables) - {"datasource"}:
             assert variables[name]["datasource"]["uid"] == "${datasource}"
         # the overview shows every GPU chosen, the drill-down exactly one
-        assert variables["gpu"]["multi"] is (dashboard["uid"] == "hybridmon-host")
+        assert variables["gpu"]["multi"] is overview
+    # Every endpoint the agent scrapes, failing ones too (they have no server series); All is .*
+    [host] = [d for d in dashboards() if d["uid"] == "hybridmon-host"]
+    endpoint = next(v for v in host["templating"]["list"] if v["name"] == "endpoint")
+    assert endpoint["query"] == 'label_values(hybridmon_inference_scrape_success{instance="$instance"}, endpoint)'
+    assert endpoint["multi"] and endpoint["includeAll"] and endpoint["allValue"] == ".*"
+
+
+def test_one_inference_row_per_endpoint_with_every_server_signal():
+    """The overview repeats its inference-server row over $endpoint; every panel in it filters by
+    the endpoint, and together they show what the issue asks: tokens/s, requests, TTFT and
+    inter-token latency, KV cache, preemptions, prefix cache, KV offload beside PCIe host -> device
+    traffic and the measured capacity."""
+    [host] = [d for d in dashboards() if d["uid"] == "hybridmon-host"]
+    [row] = [p for p in host["panels"] if p["type"] == "row" and p.get("repeat") == "endpoint"]
+    assert row["title"] == "Inference server: $endpoint" and not row.get("collapsed")
+    after = host["panels"][host["panels"].index(row) + 1:]
+    inside = after[:next(i for i, p in enumerate(after) if p["type"] == "row")]
+    exprs = {panel["title"]: [t["expr"] for t in panel["targets"]] for panel in inside}
+    for title, queries in exprs.items():
+        assert all('endpoint=~"$endpoint"' in q for q in queries if "hybridmon_inference_" in q), title
+    every = "\n".join(q for queries in exprs.values() for q in queries)
+    for metric in ("generated_tokens_total", "prompt_tokens_total", "requests_running", "requests_waiting",
+                   "time_to_first_token_percentile_seconds", "inter_token_latency_percentile_seconds",
+                   "time_to_first_token_observations_total", "inter_token_latency_seconds_total",
+                   "kv_cache_usage_ratio", "preemptions_total", "prefix_cache_hit_tokens_total",
+                   "prefix_cache_hit_ratio", "kv_offload_bytes_total"):
+        assert f"hybridmon_inference_{metric}" in every, metric
+    offload = " ".join(exprs["KV offload vs PCIe host → device"])
+    assert 'hybridmon_gpu_pcie_throughput_bytes_per_second{instance="$instance", gpu=~"$gpu", ' \
+           'direction="host_to_device"}' in offload
+    assert "hybridmon_gpu_pcie_measured_capacity_bytes_per_second" in offload
+    scrapes = [p for p in host["panels"] if p["title"] in ("Inference endpoints: last scrape", "Inference scrape errors")]
+    assert len(scrapes) == 2 and all(p not in inside for p in scrapes)  # one table for every endpoint
 
 
 def test_all_panel_queries_substitutes_every_variable_and_names_a_missing_one():
@@ -210,7 +244,7 @@ def expected_thresholds(t) -> dict[tuple[str, str], list[float]]:
         "PCIe AER errors per hour": [t.pcie_errors.aer_correctable_per_hour],
         "GPU memory used, share of total": [t.gpu_memory_headroom.used_share],
     }
-    swap = t.swap_thrash
+    swap, pressure = t.swap_thrash, t.kv_offload_pressure
     return {
         **{(uid, title): v for title, v in shared.items() for uid in (host, gpu)},
         (host, "Swap in and out"): [swap.swap_in_bytes_per_second],
@@ -219,6 +253,9 @@ def expected_thresholds(t) -> dict[tuple[str, str], list[float]]:
         (host, "Watched processes: memory in swap"): [swap.process_swap_bytes],
         (host, "Watched processes: major faults per second"): [swap.process_major_faults_per_second],
         (host, "Watched processes: share off their GPU's NUMA node"): [t.numa_misplacement.share_off_gpu_node],
+        (host, "KV cache usage"): [pressure.kv_cache_usage_at_least],
+        (host, "Preemptions per second"): [pressure.preemptions_per_second_above],
+        (host, "KV offload loads, share of host → device capacity"): [pressure.offload_load_share_of_capacity],
     }
 
 
@@ -247,6 +284,9 @@ def test_other_thresholds_give_other_lines():
         "swap_thrash": t.swap_thrash.model_copy(update={"swap_out_bytes_per_second": 2097152.0,
                                                         "major_faults_per_second": 20.0}),
         "numa_misplacement": t.numa_misplacement.model_copy(update={"share_off_gpu_node": 0.25}),
+        "kv_offload_pressure": t.kv_offload_pressure.model_copy(update={
+            "kv_cache_usage_at_least": 0.9, "preemptions_per_second_above": 0.5,
+            "offload_load_share_of_capacity": 0.6}),
     })
     documents = [json.loads(text) for text in generate.render(other).values()]
     check_thresholds(documents, other)
@@ -283,7 +323,8 @@ def test_runbook_links_point_at_existing_runbooks():
             [override] = [o for o in table["fieldConfig"]["overrides"] if o["matcher"]["options"] == "alertname"]
             assert override["properties"][0]["value"][0]["url"] == f"{DEFAULT_RUNBOOK_BASE_URL}/${{__value.raw}}"
     assert {"GpuPcieStarvation", "GpuPcieLinkDegraded", "HostSwapThrash", "InferenceProcessNumaMisplaced",
-            "GpuMemoryHeadroomLow", "PcieAerErrors", "GpuPcieReplayErrors", "GpuLost"} <= linked
+            "GpuMemoryHeadroomLow", "PcieAerErrors", "GpuPcieReplayErrors", "GpuLost",
+            "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing"} <= linked
 
 
 def test_runbook_base_url_is_an_option(tmp_path):
@@ -398,3 +439,58 @@ def test_panel_joins_compute_what_they_say(tmp_path):
     assert by(results[("PCIe AER errors per hour", "A")], "gpu", "pci_bus_id", "severity") == pytest.approx({
         ("0", "0000:17:00.0", "correctable"): 240.0, ("0", "0000:17:00.0", "nonfatal"): 0.0,
         ("0", "0000:17:00.0", "fatal"): 0.0})
+
+
+SERVER_LABELS = {"server": "vllm", "model": "m"}
+SERVED_BY_4242, NO_PID = "http://127.0.0.1:18000/metrics", "http://127.0.0.1:8001/metrics"
+OFF_GPU = "http://127.0.0.1:8002/metrics"  # pid 7777 holds no GPU memory
+
+
+def with_inference_servers(scrapes: list[dict]) -> list[dict]:
+    """Three vLLM endpoints added to the fixture host's scrapes: one served by pid 4242 (on GPU0,
+    whose link was measured), one whose pid the agent does not know (label absent, as Prometheus
+    stores an empty label), one served by a pid on no GPU. Per 15 s scrape: 30 GB loaded and 1.5 GB stored, 15,000 tokens
+    generated with 10 requests running, 60 first tokens in 12 s of waiting."""
+    served = []
+    for n, scrape in enumerate(scrapes):
+        added = dict(scrape)
+        for endpoint, pid in ((SERVED_BY_4242, {"pid": "4242"}), (NO_PID, {}), (OFF_GPU, {"pid": "7777"})):
+            labels = {**SERVER_LABELS, "endpoint": endpoint, **pid}
+            key = lambda **extra: tuple(sorted({**labels, **extra}.items()))  # noqa: E731
+            added[("hybridmon_inference_kv_offload_bytes_total", key(direction="load"))] = 30e9 * n
+            added[("hybridmon_inference_kv_offload_bytes_total", key(direction="store"))] = 1.5e9 * n
+            added[("hybridmon_inference_generated_tokens_total", key())] = 15_000.0 * n
+            added[("hybridmon_inference_requests_running", key())] = 10.0
+            added[("hybridmon_inference_time_to_first_token_seconds_total", key())] = 12.0 * n
+            added[("hybridmon_inference_time_to_first_token_observations_total", key())] = 60.0 * n
+        served.append(added)
+    return served
+
+
+def test_inference_panels_compute_what_they_say(tmp_path):
+    from agent.detectors.pcie import LANE_BYTES_PER_SECOND
+
+    scrapes = with_inference_servers(fixture_host_scrapes(9))
+    last = scrapes[-1]
+    wanted = {("KV offload loads, share of host → device capacity", "A"), ("KV offload vs PCIe host → device", "A"),
+              ("Generated tokens/s per running request", "A"), ("Time to first token", "B")}
+    queries = [q for q in all_panel_queries({**VARIABLES, "gpu": "0|1", "__rate_interval": "2m"})
+               if (q.panel_title, q.ref_id) in wanted]
+    assert len(queries) == len(wanted)
+    results = {(q.panel_title, q.ref_id): r for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
+
+    loads = 30e9 / 15
+    theoretical_gpu1 = (LANE_BYTES_PER_SECOND[int(sample(last, "hybridmon_gpu_pcie_link_generation", gpu="1"))]
+                        * sample(last, "hybridmon_gpu_pcie_link_width_lanes", gpu="1"))
+    # pid 4242 holds memory on GPU0 only: its loads cross GPU0's link, at the rate measured there.
+    # Without a pid, or with one on no GPU, the loads are set against every link of the host.
+    every_link = MEASURED_GPU0["host_to_device"] + theoretical_gpu1
+    assert by(results[("KV offload loads, share of host → device capacity", "A")], "endpoint", "pid") == pytest.approx({
+        (SERVED_BY_4242, "4242"): loads / MEASURED_GPU0["host_to_device"],
+        (NO_PID, ""): loads / every_link, (OFF_GPU, "7777"): loads / every_link})
+    endpoints = (SERVED_BY_4242, NO_PID, OFF_GPU)
+    assert by(results[("KV offload vs PCIe host → device", "A")], "endpoint", "direction") == pytest.approx({
+        (endpoint, direction): rate for endpoint in endpoints for direction, rate in (("load", loads), ("store", 1.5e9 / 15))})
+    assert by(results[("Generated tokens/s per running request", "A")], "endpoint") == pytest.approx(
+        {(endpoint,): 100.0 for endpoint in endpoints})
+    assert by(results[("Time to first token", "B")], "endpoint") == pytest.approx({(endpoint,): 0.2 for endpoint in endpoints})

@@ -12,7 +12,9 @@ Prometheus's alerts carry job and instance, the direct ones do not, so the two d
   the rule nor the detector waits on a wall-clock window and the replay can run fast;
 - the healthy host, `healthy_busy_offload` (GPU0's link at 70 %, near the starvation threshold).
 
-The third runs live on the fixture host with a stored benchmark run, for the dashboard queries.
+The third runs live on the fixture host with a stored benchmark run, for the dashboard queries,
+and scrapes two inference endpoints every second: a stand-in vLLM whose counters move at every
+scrape (tests/live_stack.py AdvancingInferenceServer) and a port nothing listens on.
 
 Speed and time: both replays run at SPEED recorded seconds per wall second. The detectors judge
 recorded time, so they evaluate every SPEED recorded seconds (every wall second, as often as
@@ -22,7 +24,9 @@ recorded ones. GpuLost reads a gauge. On the healthy host, the rates and slopes 
 with thresholds (swap traffic, faults, PSI stall, replays, AER errors, a VRAM fill) fire when high,
 so SPEED times the recorded rates only makes silence harder to keep; the memory-growth rule, the
 one that also asks for something flat (CPU load), needs 30 min of history and cannot fire in any
-short window.
+short window. One rule divides a rate by a gauge that SPEED leaves alone, KV offload loads by the
+link's capacity: the busy host's loads read SPEED times too high and the offload_link alert goes
+pending, so the test checks that rule's expression at recorded speed instead.
 
 The healthy window: both replays run side by side until the incident has fired and resolved
 through both doors, at least HEALTHY_WINDOW_SECONDS. A rule with `for: 0s` judges full input
@@ -43,6 +47,7 @@ live it waits group_wait (1 s here, 30 s by Alertmanager's default) on top.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from contextlib import ExitStack
@@ -53,6 +58,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from agent.detectors.base import load_thresholds
 from agent.scenarios import SCENARIOS, START_TIME
 from agent.scenarios.library import GPU1_UUID
 from tests.agent_helpers import FIXTURE_ENVIRONMENT, free_port
@@ -60,8 +66,8 @@ from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
 from tests.bench_helpers import BENCH_FIXTURES
 from tests.fake_nvml import UUID0
 from tests.live_stack import (
-    JOB, AgentProcess, Prometheus, StateWatch, first_delivery, require_binary, sample_value,
-    store_bench_run,
+    JOB, AdvancingInferenceServer, AgentProcess, Prometheus, StateWatch, first_delivery, require_binary,
+    sample_value, store_bench_run,
 )
 
 INCIDENT, HEALTHY = "gpu_lost_and_reset", "healthy_busy_offload"
@@ -81,6 +87,7 @@ class LiveRun:
     incident: AgentProcess
     healthy: AgentProcess
     fixture: AgentProcess               # live on the fixture host, with a stored benchmark run
+    inference_endpoints: list[str]      # what the fixture agent scrapes: the stand-in vLLM, a dead port
     started: float                      # wall time the agents were started
     ready: float                        # wall time all three served /healthz
     states: dict[str, tuple[float, float]]  # "onset", "reset": StateWatch.seen
@@ -126,6 +133,19 @@ def agent_environment(alertmanager: Alertmanager, scenario: str, state_dir: Path
         "HYBRIDMON_DETECTORS__EVALUATION_INTERVAL_SECONDS": str(SPEED),  # 1 s of wall time
         "HYBRIDMON_STATE_DIR": str(state_dir),
     }
+
+
+def fixture_environment(state_dir: Path, inference_endpoints: list[str]) -> dict[str, str]:
+    return {**FIXTURE_ENVIRONMENT, "HYBRIDMON_STATE_DIR": str(state_dir),
+            "HYBRIDMON_INFERENCE__ENDPOINTS": json.dumps(inference_endpoints),
+            "HYBRIDMON_COLLECTORS__INFERENCE__INTERVAL_SECONDS": "1"}
+
+
+def grafana_regex(values: list[str]) -> str:
+    """$endpoint as Grafana writes a multi-value variable into a Prometheus query: each value's
+    regex characters escaped (backslashes doubled for the PromQL string), joined as (a|b)."""
+    escaped = [re.sub(r"[$^*{}\[\]'+?.()|]", lambda m: "\\\\" + m.group(0), value) for value in values]
+    return f"({'|'.join(escaped)})"
 
 
 def store_a_benchmark_run(state_dir: Path) -> None:
@@ -176,12 +196,14 @@ def live(scenarios):
                                 f"127.0.0.1:{alertmanager.port}")
         stack.callback(prometheus.close)
         store_a_benchmark_run(directory / "state-fixture")
+        inference = stack.enter_context(AdvancingInferenceServer())
+        inference_endpoints = [inference.url("/metrics"), f"http://127.0.0.1:{free_port()}/metrics"]
         started = time.time()
         agents = {}
         for name, environment in (
             (INCIDENT, agent_environment(alertmanager, INCIDENT, directory / "state-incident")),
             (HEALTHY, agent_environment(alertmanager, HEALTHY, directory / "state-healthy")),
-            ("fixture", {**FIXTURE_ENVIRONMENT, "HYBRIDMON_STATE_DIR": str(directory / "state-fixture")}),
+            ("fixture", fixture_environment(directory / "state-fixture", inference_endpoints)),
         ):
             agents[name] = AgentProcess(directory, name, ports[name], environment, replay=traces.get(name), speed=SPEED)
             stack.callback(agents[name].close)
@@ -191,7 +213,7 @@ def live(scenarios):
         watch = StateWatch(incident, [("onset", gpu_up_is(0.0)), ("reset", gpu_up_is(1.0))])
         stack.callback(watch.close)
         run = LiveRun(prometheus, alertmanager, receiver, incident, agents[HEALTHY], agents["fixture"],
-                      started, time.time(), watch.seen)
+                      inference_endpoints, started, time.time(), watch.seen)
         wait_for_both_doors(run, deadline=started + SCENARIOS[INCIDENT].duration_seconds / SPEED + 20)
         yield run
 
@@ -270,15 +292,37 @@ def test_a_healthy_host_sends_nothing(live):
     # judged its data ...
     scrapes = live.prometheus.query(f'sum_over_time(up{{instance="{instance}"}}[{int(window)}s])')
     assert scrapes and float(scrapes[0]["value"][1]) >= 0.75 * window
-    # ... and no rule was ever pending or firing for it, no detector raised anything, and the
-    # webhook got nothing from either door.
+    # ... and no rule was ever pending or firing for it but the one SPEED sets off (below), no
+    # detector raised anything, and the webhook got nothing from either door.
     whole_run = int(time.time() - live.started) + 1
     held = live.prometheus.query(f'count_over_time(ALERTS{{instance="{instance}"}}[{whole_run}s])')
-    assert held == []
+    assert [s["metric"] for s in held if not offload_link_at_replay_speed(s["metric"])] == []
+    if held:
+        share = recorded_offload_share(live, instance, whole_run)
+        assert share is not None and share < load_thresholds().kv_offload_pressure.offload_load_share_of_capacity
     assert live.healthy.findings() == []
     from_healthy = [a for _t, body in live.receiver.deliveries for a in body["alerts"]
                     if a["labels"].get("instance") == instance or a["labels"].get("scenario") == HEALTHY]
     assert from_healthy == []
+
+
+def offload_link_at_replay_speed(labels: dict) -> bool:
+    """InferenceKvOffloadPressure reason offload_link divides a rate (KV offload loads) by a gauge
+    (the link's capacity): replayed at SPEED, the rate Prometheus computes is SPEED times the
+    recorded one and the capacity is not, so the busy host's loads (55 % of its link) read as
+    330 %. The detector judges recorded time and stays silent; recorded_offload_share checks the
+    rule's own expression at recorded speed."""
+    return labels.get("alertname") == "InferenceKvOffloadPressure" and labels.get("reason") == "offload_link"
+
+
+def recorded_offload_share(live: LiveRun, instance: str, seconds: int) -> float | None:
+    """The highest KV offload loads' share of the link the rule saw over the run, at recorded
+    speed; None when there were no loads."""
+    from rules.inference import OFFLOAD_LOADS, SERVER_CAPACITY
+
+    share = f'{OFFLOAD_LOADS}{{instance="{instance}"}} / {SERVER_CAPACITY}{{instance="{instance}"}}'
+    found = live.prometheus.query(f"max(max_over_time(({share})[{seconds}s:1s])) / {SPEED}")
+    return float(found[0]["value"][1]) if found else None
 
 
 # --- how long it takes ----------------------------------------------------------------------------
@@ -306,13 +350,16 @@ def test_onset_to_webhook_delivery_times(live):
 
 def test_every_dashboard_query_is_valid_and_returns_data(live):
     """Every panel query of dashboards/json, run against this Prometheus for the fixture-host
-    agent (live, with a stored benchmark run and its host's configuration findings firing):
-    instant queries now, range queries over the run, as Grafana would show the last minute."""
+    agent (live, with a stored benchmark run, its host's configuration findings firing, and two
+    inference endpoints: a stand-in vLLM and a dead port): instant queries now, range queries over
+    the run, as Grafana would show the last minute. $endpoint holds both endpoints, as Grafana
+    sends two chosen values."""
     from dashboards import all_panel_queries
 
     now = time.time()
     window = int(now - live.started)
     variables = {"datasource": "prometheus", "instance": live.fixture.instance, "gpu": "0",
+                 "endpoint": grafana_regex(live.inference_endpoints),
                  # Grafana's $__rate_interval: max(4 x scrape interval, $__interval + scrape interval)
                  "__rate_interval": "4s", "__interval": "1s", "__range": f"{window}s"}
     queries = all_panel_queries(variables)
@@ -331,3 +378,22 @@ def test_every_dashboard_query_is_valid_and_returns_data(live):
         if not result:
             problems.append(f"{where}\n    no data")
     assert problems == [], f"{len(problems)} of {len(queries)} queries:\n" + "\n".join(problems)
+
+
+def test_inference_panels_show_the_server_and_the_dead_endpoint(live):
+    """The inference panels read the stand-in vLLM (tokens/s, ITL p50 from the fixture's buckets)
+    and name the endpoint nothing listens on with its reason."""
+    from dashboards import all_panel_queries
+
+    served, dead = live.inference_endpoints
+    variables = {"datasource": "prometheus", "instance": live.fixture.instance, "gpu": "0",
+                 "endpoint": grafana_regex(live.inference_endpoints),
+                 "__rate_interval": "4s", "__interval": "1s", "__range": "60s"}
+    queries = {(q.panel_title, q.ref_id): q.expr for q in all_panel_queries(variables)}
+    tokens = live.prometheus.query(queries[("Tokens per second", "A")])
+    assert {s["metric"]["endpoint"] for s in tokens} == {served} and float(tokens[0]["value"][1]) > 0
+    latency = live.prometheus.query(queries[("Inter-token latency", "A")])
+    # 9,000 gaps a scrape, p50 in the (0.075, 0.1] bucket (tests/fixtures/inference/README.md)
+    assert {s["metric"]["percentile"]: float(s["value"][1]) for s in latency}["p50"] == pytest.approx(0.078125)
+    errors = live.prometheus.query(queries[("Inference scrape errors", "A")])
+    assert [(s["metric"]["endpoint"], s["metric"]["reason"]) for s in errors] == [(dead, "refused")]

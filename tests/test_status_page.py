@@ -1,5 +1,6 @@
-"""The status page at GET /: findings with runbook links, signals per GPU and process, the last
-benchmark and the agent's health; escaped; and rendered by a real browser at phone width."""
+"""The status page at GET /: findings with runbook links, signals per GPU, process and inference
+server, the last benchmark and the agent's health; escaped; and rendered by a real browser at
+phone width."""
 from __future__ import annotations
 
 import html
@@ -22,13 +23,16 @@ from agent.detectors.pcie import theoretical_capacity
 from agent.findings import runbook_url
 from agent.scenarios import SCENARIOS, START_TIME, history_seconds_for
 from agent.server import create_app
+from agent.status_inference import COUNTERS_READ
 from agent.status_page import render_status_page
 from agent.status_template import SEVERITY_COLOURS
 from exporters import bench, gpu, numa, process
 from exporters.base import Samples
+from exporters.inference_names import BY_FIELD, SCRAPE_ERROR, SCRAPE_SUCCESS
 from tests import fake_nvml
 from tests.agent_helpers import fixture_config, free_port, run_every_collector_once
 from tests.bench_helpers import BENCH_FIXTURES
+from tests.live_stack import AdvancingInferenceServer
 from tests.status_page_helpers import PHONE_WIDTH, PageStructure, chromium, chromium_binary, count_colour
 from tests.test_end_to_end import start_daemon, stop_daemon, wait_for
 
@@ -141,6 +145,48 @@ def test_the_page_shows_the_last_benchmark_and_starvation_uses_its_measured_capa
     assert "No benchmark yet" not in benchmark
 
 
+def test_inference_servers_section_per_endpoint(tmp_path):
+    """The fixture host scraping a stand-in vLLM once a second for a minute (each scrape adds what
+    tests/fixtures/inference/vllm-v1-names.2.prom adds to .1: +9,100 generated and +25,000 prompt
+    tokens, +5 preemptions, 55 GB loaded and 2 GB stored) and a port nothing listens on."""
+    fake_nvml.reset()
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    with AdvancingInferenceServer() as server:
+        agent = Agent(fixture_config(state_dir=str(tmp_path), **{"inference.endpoints": [server.url(), dead]}))
+        try:
+            run_every_collector_once(agent, at=NOW - 60)
+            [scrapes] = [item for item in agent.sampler.scheduled if item.collector.name == "inference"]
+            for seconds_ago in range(59, -1, -1):
+                agent.sampler.run_collector(scrapes, at=NOW - seconds_ago)
+            page = render_status_page(agent)
+            latency = {(name, p): latest_value(agent, f"hybridmon_inference_{name}_percentile_seconds", percentile=p)
+                       for name in ("time_to_first_token", "inter_token_latency") for p in ("p50", "p95")}
+        finally:
+            agent.stop()
+            fake_nvml.reset()
+    section = re.search(r'<section id="inference">(.*?)</section>', page, re.S).group(1)
+    cards = {text.split("Last scrape")[0]: text for text in
+             (PageStructure(card).text for card in re.findall(r'<div class="card ">(.*?)</div>', section))}
+    assert set(cards) == {server.url(), dead}
+    served = cards[server.url()]
+    assert re.match(r"Last scrapeok in \d+ ms", served[len(server.url()):])
+    assert "vLLM · meta-llama/Meta-Llama-3-8B-Instruct" in served
+    assert "Tokens/s9,100 generated · 25,000 prompt" in served
+    assert "Requests14 running · 6 waiting" in served and "KV cache used87 %" in served
+    for name, label in (("time_to_first_token", "Time to first token"), ("inter_token_latency", "Inter-token latency")):
+        p50, p95 = (latency[(name, p)] * 1000 for p in ("p50", "p95"))
+        assert f"{label}p50 {p50:.0f} ms · p95 {p95:.0f} ms" in served
+    assert "Preemptions5.0/s" in served and f"KV offloadloads {human_rate(55e9)} · stores {human_rate(2e9)}" in served
+    assert re.fullmatch(rf"{re.escape(dead)}Last scrapefailed in \d+ ms: refused the connection: nothing "
+                        r"listens there \(refused\)", cards[dead])
+    assert re.search(r'<td class="flag">failed in \d+ ms: refused', page)
+
+
+def test_no_inference_server_says_where_to_name_one(fixture_agent):
+    section = section_text(render_status_page(fixture_agent), "inference")
+    assert "No inference server scraped" in section and "[inference] endpoints" in section
+
+
 @pytest.fixture(scope="module")
 def swap_thrash_agent(scenarios, tmp_path_factory):
     """Incident 3 replayed with the detectors on: critical, warning and info findings firing."""
@@ -172,8 +218,9 @@ def test_replayed_swap_thrash_page_reads_like_the_incident(swap_thrash_agent):
         del agent.history.series
     print(f"status page render on the replayed swap_thrash history: {seconds * 1000:.1f} ms")
     last_sample = START_TIME + SCENARIOS["swap_thrash"].duration_seconds
-    # Cheap: gauges come from the latest samples; only the last minute of three counters is read.
-    assert len(reads) <= 3 and all(since is not None and since >= last_sample - 60 for _name, since in reads), reads
+    # Cheap: gauges come from the latest samples; only the last minute of three counters (and of
+    # four per inference server) is read.
+    assert len(reads) <= 3 + COUNTERS_READ and all(since is not None and since >= last_sample - 60 for _name, since in reads), reads
 
     assert 'class="banner critical"' in page
     thrash = [s for s in agent.engine.firing() if s.finding.alertname == "HostSwapThrash" and s.finding.labels.get("pid")]
@@ -212,6 +259,14 @@ def test_hostile_names_and_command_lines_are_shown_as_text_not_markup(fixture_ag
     samples.add(process.INFO, 1.0, "666", hostile_name, hostile_cmdline, "gpu")
     samples.add(process.RESIDENT, 2**30, "666", hostile_name)
     fixture_agent.history.commit("process", NOW + 1, samples)
+    hostile_endpoint = 'http://127.0.0.1:1/metrics?"><script>alert(7)</script>'
+    hostile_model = "<img src=x onerror=alert(8)>"
+    hostile_reason = "<iframe src=javascript:alert(9)>"
+    server = Samples()
+    server.add(SCRAPE_SUCCESS, 0.0, hostile_endpoint)
+    server.add(SCRAPE_ERROR, 1.0, hostile_endpoint, hostile_reason)
+    server.add(BY_FIELD["requests_running"], 3.0, "<b>vllm</b>", hostile_endpoint, hostile_model, "")
+    fixture_agent.history.commit("inference", NOW + 1, server)
     fixture_agent.engine = Engine([HostileDetector()], fixture_agent.history)
     fixture_agent.engine.evaluate(NOW + 1)
     fixture_agent.runbook_base_url = 'http://host/"><script>alert(6)</script>'
@@ -222,7 +277,8 @@ def test_hostile_names_and_command_lines_are_shown_as_text_not_markup(fixture_ag
     assert not tags & {"script", "img", "iframe", "b"}, tags
     assert not [name for _tag, attrs in parsed.tags for name in attrs if name.startswith("on")]
     for shown in (hostile_name, hostile_cmdline, "swap <b>thrash</b> & <img src=x onerror=alert(2)>",
-                  "</details><script>alert(3)</script>", '1" onmouseover="x'):
+                  "</details><script>alert(3)</script>", '1" onmouseover="x', hostile_endpoint,
+                  f"<b>vllm</b> · {hostile_model}", f"failed: see the agent log ({hostile_reason})"):
         assert shown in parsed.text, shown
     assert 'http://host/"><script>alert(6)</script>/HostSwapThrash' in parsed.links()
 

@@ -1,0 +1,115 @@
+"""The status page's "Inference servers" section (agent/status_page.py): per scraped endpoint, what
+its users feel (tokens/s, queue, time to first token, inter-token latency) and the KV cache
+pressure behind it (usage, preemptions, offload traffic), or why the scrape failed.
+
+Gauges come from the latest samples; the four counter rates (generated and prompt tokens,
+preemptions, offload bytes) read the last minute of their series only, like the other rates of
+the page. Endpoint URLs, model names and reasons are whatever the servers and the configuration
+say: status_template.py escapes them.
+"""
+from __future__ import annotations
+
+from agent.detectors.common import human_bytes, human_rate, percent
+from agent.detectors.inference import SCRAPE_REASONS
+from agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SERVER, human_latency
+from agent.history import History
+from agent.status_signals import LatestValues, counter_rates
+from agent.status_template import Row, card, key_values, paragraph
+from exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, OFFLOAD_SECONDS,
+                                       SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS)
+
+COUNTERS_READ = 4  # generated and prompt tokens, preemptions, offload bytes: one series read each
+
+
+def inference_html(history: History, latest: LatestValues) -> str:
+    success = latest.keyed(SCRAPE_SUCCESS.name, "endpoint")
+    errors: dict[str, list[str]] = {}
+    for labels, _ in latest.all(SCRAPE_ERROR.name):
+        errors.setdefault(labels["endpoint"], []).append(labels["reason"])
+    served: dict[str, list[tuple[str, ...]]] = {}
+    for spec in (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS):  # each server has some of them
+        for labels, _ in latest.all(spec.name):
+            key = tuple(labels[name] for name in SERVER)
+            if key not in served.setdefault(key[1], []):
+                served[key[1]].append(key)
+    endpoints = sorted({e for (e,) in success} | set(errors) | set(served))
+    if not endpoints:
+        return paragraph("No inference server scraped (none configured in [inference] endpoints, and "
+                         "none found beside the watched processes).", "meta")
+    rates = ServerRates(history, latest)
+    duration = latest.keyed(SCRAPE_DURATION.name, "endpoint")
+    cards = []
+    for endpoint in endpoints:
+        rows: list[Row] = []
+        took = duration.get((endpoint,))
+        took_text = f" in {took * 1000:.0f} ms" if took is not None else ""
+        if errors.get(endpoint):
+            reasons = "; ".join(f"{SCRAPE_REASONS.get(reason, ('see the agent log',))[0]} ({reason})"
+                                for reason in sorted(errors[endpoint]))
+            rows.append(("Last scrape", f"failed{took_text}: {reasons}", True))
+        elif success.get((endpoint,)) is not None:
+            rows.append(("Last scrape", f"ok{took_text}", False))
+        body = key_values(rows)
+        for key in sorted(served.get(endpoint, [])):
+            server, _endpoint, model, pid = key
+            heading = " · ".join(part for part in (DISPLAY_NAMES.get(server, server), model,
+                                                   f"pid {pid}" if pid else "") if part)
+            body += paragraph(heading, "sub") + key_values(server_rows(key, latest, rates))
+        cards.append(card(endpoint, body))
+    return f'<div class="grid">{"".join(cards)}</div>'
+
+
+class ServerRates:
+    """The last minute's counter rates of every scraped server, keyed by (server, endpoint, model,
+    pid[, direction])."""
+
+    def __init__(self, history: History, latest: LatestValues) -> None:
+        def rates(metric: str, *extra: str, **wanted: str) -> dict[tuple[str, ...], float]:
+            return counter_rates(history, latest, metric, (*SERVER, *extra), **wanted)
+
+        self.generated = rates(BY_FIELD["generated_tokens"].name)
+        self.prompt = rates(BY_FIELD["prompt_tokens"].name)
+        self.preemptions = rates(BY_FIELD["preemptions"].name)
+        self.offload = rates(OFFLOAD_BYTES.name, "direction")
+
+
+def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates) -> list[Row]:
+    def gauge(field: str) -> float | None:
+        return latest.keyed(BY_FIELD[field].name, *SERVER).get(key)
+
+    def percentile(histogram: str, which: str) -> float | None:
+        spec = HISTOGRAM_SPECS[histogram][0]
+        return latest.keyed(spec.name, *SERVER, "percentile").get((*key, which))
+
+    rows: list[Row] = []
+    tokens = [f"{rate:,.0f} generated" for rate in [rates.generated.get(key)] if rate is not None]
+    tokens += [f"{rate:,.0f} prompt" for rate in [rates.prompt.get(key)] if rate is not None]
+    if tokens:
+        rows.append(("Tokens/s", " · ".join(tokens), False))
+    running, waiting = gauge("requests_running"), gauge("requests_waiting")
+    if running is not None or waiting is not None:
+        rows.append(("Requests", " · ".join(f"{value:.0f} {what}" for value, what in (
+            (running, "running"), (waiting, "waiting")) if value is not None), False))
+    for histogram, label in (("time_to_first_token", "Time to first token"),
+                             ("inter_token_latency", "Inter-token latency")):
+        p50, p95 = percentile(histogram, "p50"), percentile(histogram, "p95")
+        if p50 is not None:
+            rows.append((label, f"p50 {human_latency(p50)}" + (f" · p95 {human_latency(p95)}" if p95 is not None else ""), False))
+    usage = gauge("kv_cache_usage_ratio")
+    if usage is not None:
+        rows.append(("KV cache used", percent(usage), False))
+    preemptions = rates.preemptions.get(key)
+    if preemptions is not None:
+        rows.append(("Preemptions", f"{preemptions:.1f}/s", False))
+    load, store = rates.offload.get((*key, "load")), rates.offload.get((*key, "store"))
+    if load is not None or store is not None:
+        rows.append(("KV offload", " · ".join(f"{what} {human_rate(rate)}" for rate, what in (
+            (load, "loads"), (store, "stores")) if rate is not None), False))
+    host_cache = gauge("kv_offload_host_cache_bytes")
+    if host_cache is not None:
+        rows.append(("KV offload tier", f"{human_bytes(host_cache)} in host memory", False))
+    size, in_host = gauge("model_size_bytes"), gauge("model_host_memory_bytes")
+    if size and in_host is not None:
+        rows.append(("Model in host memory", f"{human_bytes(in_host)} of {human_bytes(size)} ({percent(in_host / size)})", False))
+    return rows or [("Signals", "none yet (rates need two scrapes in a minute)", False)]
+
