@@ -190,7 +190,7 @@ def bench_html(latest: LatestValues, now: float) -> str:
     link_rates = latest.keyed(bench.LINK_CAPACITY.name, "gpu", "uuid")
     contended = latest.keyed(bench.CONTENDED.name, "gpu", "uuid")
     figures = {spec.name: latest.keyed(spec.name, *bench.BANDWIDTH.label_names)
-               for spec in (bench.BANDWIDTH, bench.BANDWIDTH_MIN, bench.BANDWIDTH_MAX, bench.EFFICIENCY)}
+               for spec in (bench.BANDWIDTH, bench.EFFICIENCY)}
     cards = []
     for key in sorted(finished, key=numeric_first):
         results = [labels for labels in figures[bench.BANDWIDTH.name] if labels[:2] == key]
@@ -204,18 +204,16 @@ def bench_html(latest: LatestValues, now: float) -> str:
             f"copies of {human_bytes(largest)}" if largest else "",
             "run forced while the GPU was busy: figures understate the link" if contended.get(key) else "",
         ) if part)
-        body = table(("direction", "host memory", "median (min–max)", "of link"), rows) if rows else ""
+        body = table(("direction", "host memory", "median", "of link"), rows) if rows else ""
         cards.append(card(f"GPU {key[0]}", body, subtitle))
     return f'<div class="grid">{"".join(cards)}</div>'
 
 
 def bench_row(labels: tuple[str, ...], figures: dict[str, dict[tuple[str, ...], float]]) -> tuple[str, ...]:
     _gpu, _uuid, direction, memory, _size, placement = labels
-    low, high = figures[bench.BANDWIDTH_MIN.name].get(labels), figures[bench.BANDWIDTH_MAX.name].get(labels)
-    spread = f" ({human_rate(low)}–{human_rate(high)})" if low is not None and high is not None else ""
     efficiency = figures[bench.EFFICIENCY.name].get(labels)
     return (DIRECTIONS.get(direction, direction), f"{memory}, {placement}",
-            human_rate(figures[bench.BANDWIDTH.name][labels]) + spread,
+            human_rate(figures[bench.BANDWIDTH.name][labels]),
             percent(efficiency) if efficiency is not None else "n/a")
 
 

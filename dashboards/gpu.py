@@ -15,9 +15,7 @@ from rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
 UID = "hybridmon-gpu"
 HOST_OVERVIEW = "/d/hybridmon-host?var-datasource=${datasource}&var-instance=${instance}"
 BENCH_SERIES = {"A": ("hybridmon_bench_bandwidth_bytes_per_second", "median"),
-                "B": ("hybridmon_bench_bandwidth_min_bytes_per_second", "min"),
-                "C": ("hybridmon_bench_bandwidth_max_bytes_per_second", "max"),
-                "D": ("hybridmon_bench_efficiency_ratio", "share of theoretical")}
+                "B": ("hybridmon_bench_efficiency_ratio", "share of theoretical")}
 # The watched processes holding memory on the chosen GPU, value 1, keyed by pid (with process_name).
 ON_THIS_GPU = f"(max without (gpu, uuid) ({selector('hybridmon_gpu_process_memory_used_bytes')}) * 0 + 1)"
 
@@ -32,8 +30,8 @@ def benchmark():
     results = value_table(
         "Last benchmark: bandwidth per transfer size and memory kind", "Bps",
         "Each copy the last `hybridmon bench` run made: direction, host memory kind (pinned or "
-        "pageable), host buffer placement (local: the GPU's NUMA node) and transfer size; median, "
-        "min and max bandwidth and the median's share of the link's theoretical rate.",
+        "pageable), host buffer placement (local: the GPU's NUMA node) and transfer size; median "
+        "bandwidth, and for the largest copies its share of the link's theoretical rate.",
         {ref: (selector(metric), name) for ref, (metric, name) in BENCH_SERIES.items()}, height=10)
     return [
         override_unit(results, "share of theoretical", "percentunit"),

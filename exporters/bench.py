@@ -28,17 +28,13 @@ BANDWIDTH = MetricSpec(
     "hybridmon_bench_bandwidth_bytes_per_second",
     "Median copy bandwidth of the latest `hybridmon bench` run (bytes/s), from "
     "<state_dir>/bench/latest/<pci_bus_id>.json." + _RESULT_WHERE, "gauge", _RESULT_LABELS)
-BANDWIDTH_MIN = MetricSpec(
-    "hybridmon_bench_bandwidth_min_bytes_per_second",
-    "Slowest sample of the same measurement (bytes/s); with the max, the spread between samples.",
-    "gauge", _RESULT_LABELS)
-BANDWIDTH_MAX = MetricSpec(
-    "hybridmon_bench_bandwidth_max_bytes_per_second",
-    "Fastest sample of the same measurement (bytes/s).", "gauge", _RESULT_LABELS)
 EFFICIENCY = MetricSpec(
     "hybridmon_bench_efficiency_ratio",
-    "Median bandwidth over the theoretical rate of the link the run saw (twice the per-direction "
-    "rate for bidirectional); absent when the link state was not known.", "gauge", _RESULT_LABELS)
+    "Median bandwidth of the largest copies over the theoretical rate of the link the run saw "
+    "(twice the per-direction rate for bidirectional), per direction, memory and placement; "
+    "absent when the link state was not known. Smaller copies measure per-copy overhead, not the "
+    "link, and their bandwidth over hybridmon_bench_link_capacity_bytes_per_second gives theirs.",
+    "gauge", _RESULT_LABELS)
 LINK_CAPACITY = MetricSpec(
     "hybridmon_bench_link_capacity_bytes_per_second",
     "Theoretical per-direction rate of the PCIe link during the run (bytes/s): the fastest "
@@ -60,7 +56,7 @@ MEASURED_CAPACITY = MetricSpec(
 class BenchCollector:
     name = "bench"
     default_interval_seconds = 30.0
-    metric_specs = (BANDWIDTH, BANDWIDTH_MIN, BANDWIDTH_MAX, EFFICIENCY, LINK_CAPACITY, TIMESTAMP,
+    metric_specs = (BANDWIDTH, EFFICIENCY, LINK_CAPACITY, TIMESTAMP,
                     CONTENDED, MEASURED_CAPACITY)
 
     def __init__(self, source: RawSource, state_dir: str | os.PathLike[str]) -> None:
@@ -96,13 +92,12 @@ class BenchCollector:
         samples.add(CONTENDED, 1 if run.contended else 0, gpu, run.uuid)
         samples.add(LINK_CAPACITY, link, gpu, run.uuid)
         for placement, report in run.reports.items():
+            largest = max((result.transfer_bytes for result in report.results), default=0)
             for result in report.results:
                 labels = (gpu, run.uuid, result.direction, result.memory, result.transfer_bytes,
                           placement)
                 samples.add(BANDWIDTH, result.median_bytes_per_second, *labels)
-                samples.add(BANDWIDTH_MIN, result.min_bytes_per_second, *labels)
-                samples.add(BANDWIDTH_MAX, result.max_bytes_per_second, *labels)
-                if link:
+                if link and result.transfer_bytes == largest:
                     limit = link * (2 if result.direction == "bidirectional" else 1)
                     samples.add(EFFICIENCY, result.median_bytes_per_second / limit, *labels)
         if run.contended:

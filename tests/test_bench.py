@@ -215,7 +215,6 @@ def test_collector_exports_the_stored_run(tmp_path):
     peak = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="268435456")
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="local") == pytest.approx(26.208e9)
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="remote") == pytest.approx(20.442e9)
-    assert samples.value("hybridmon_bench_bandwidth_min_bytes_per_second", **peak, placement="local") == pytest.approx(25.422e9)
     assert samples.value("hybridmon_bench_efficiency_ratio", **peak, placement="local") == pytest.approx(26.208e9 / GEN4_X16)
     both = dict(peak, direction="bidirectional")
     assert samples.value("hybridmon_bench_efficiency_ratio", **both, placement="local") == pytest.approx(42.117e9 / (2 * GEN4_X16))
@@ -224,6 +223,10 @@ def test_collector_exports_the_stored_run(tmp_path):
     assert samples.value("hybridmon_gpu_pcie_measured_capacity_bytes_per_second", **labels,
                          direction="device_to_host") == pytest.approx(26.402e9)
     assert len(samples.find("hybridmon_bench_bandwidth_bytes_per_second")) == 40
+    # Efficiency only for the largest copies: 5 (direction, memory) pairs per placement.
+    small = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="2097152")
+    assert samples.value("hybridmon_bench_efficiency_ratio", **small, placement="local") is None
+    assert len(samples.find("hybridmon_bench_efficiency_ratio")) == 10
 
 
 def test_collector_leaves_the_capacity_of_a_contended_run_out(tmp_path):
