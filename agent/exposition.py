@@ -1,7 +1,9 @@
 """Prometheus exposition of the latest samples and of the agent's own health.
 
-Both are custom collectors on the agent's own registry. The rendered text is cached until the next
-commit, so a scrape between two ticks costs a lock and a memory copy.
+Both are custom collectors on the agent's own registry. The samples are rendered per collector and
+each collector's text is cached until that collector commits again, so a scrape between two ticks
+costs a lock and a memory copy, and one after a commit renders only what that commit changed (the
+GPU collector's samples every second, not the benchmark's, which change every 30 s).
 """
 from __future__ import annotations
 
@@ -17,17 +19,16 @@ from agent.sampler import Sampler
 from exporters.base import MetricSpec, Samples
 
 
-class LatestSamplesCollector:
-    """Yields every collector's most recent samples, families sorted by name for stable output."""
+class SamplesFamilies:
+    """One collector's samples as a registry-like object for generate_latest, families sorted by
+    name for stable output. Every metric belongs to one collector, so the collectors' texts
+    concatenated (in collector name order) are a valid exposition."""
 
-    def __init__(self, history: History) -> None:
-        self._history = history
+    def __init__(self, samples: Samples) -> None:
+        self._samples = samples
 
     def collect(self) -> Iterator[Metric]:
-        merged = Samples()
-        for _collector, (_at, samples) in sorted(self._history.latest().items()):
-            merged.extend(samples)
-        return families(merged, sort=True)
+        return families(self._samples, sort=True)
 
 
 def families(samples: Samples, sort: bool) -> Iterator[Metric]:
@@ -107,17 +108,18 @@ class AgentHealthCollector:
 
 
 class Exposition:
-    """Renders /metrics; the samples part is re-rendered only after a commit."""
+    """Renders /metrics; each collector's part is re-rendered only after that collector commits."""
 
     def __init__(self, history: History, sampler: Sampler, mode: str) -> None:
-        self.samples_registry = CollectorRegistry(auto_describe=False)
-        self.samples_registry.register(LatestSamplesCollector(history))
+        self._history = history
         self.health_registry = CollectorRegistry(auto_describe=False)
         self.health_registry.register(AgentHealthCollector(sampler, mode))
         # (commit generation, text): a render that races a commit is tagged with the older
         # generation, so it is never served after that commit.
         self._generation = 0
         self._cached: tuple[int, bytes] = (-1, b"")
+        # collector -> (the Samples object rendered, its text); a commit stores a new object.
+        self._parts: dict[str, tuple[Samples, bytes]] = {}
         sampler.on_commit.append(self.invalidate)
 
     def invalidate(self, _at: float | None = None) -> None:
@@ -127,7 +129,13 @@ class Exposition:
         generation = self._generation
         cached_generation, text = self._cached
         if cached_generation != generation:
-            text = generate_latest(self.samples_registry)
+            parts = []
+            for collector, (_at, samples) in sorted(self._history.latest().items()):
+                known = self._parts.get(collector)
+                if known is None or known[0] is not samples:
+                    known = self._parts[collector] = (samples, generate_latest(SamplesFamilies(samples)))
+                parts.append(known[1])
+            text = b"".join(parts)
             self._cached = (generation, text)
         return text
 

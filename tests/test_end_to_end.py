@@ -300,3 +300,23 @@ def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+def test_a_commit_rerenders_only_its_collectors_part(monkeypatch):
+    """After the GPU collector commits, the scrape renders the GPU's families again and serves
+    every other collector's cached text (the exposition's cost after a tick is what changed)."""
+    import agent.exposition as exposition_module
+
+    agent = Agent(fixture_config())
+    run_every_collector_once(agent, 1_700_000_000.0)
+    first = agent.exposition.samples_text()
+    rendered = []
+    real = exposition_module.generate_latest
+    monkeypatch.setattr(exposition_module, "generate_latest",
+                        lambda registry: rendered.append(registry) or real(registry))
+    gpu = next(item for item in agent.sampler.scheduled if item.collector.name == "gpu")
+    agent.sampler.run_collector(gpu, at=1_700_000_001.0)
+    again = agent.exposition.samples_text()
+    assert len(rendered) == 1 and isinstance(rendered[0], exposition_module.SamplesFamilies)
+    assert sorted(again.splitlines()) == sorted(first.splitlines())  # the fake NVML did not move
+    assert agent.exposition.samples_text() is again and len(rendered) == 1  # cached until a commit
