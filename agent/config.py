@@ -99,7 +99,8 @@ class AlertingConfig(_Strict):
     )
     push_interval_seconds: float = Field(default=30.0, ge=1, le=3600)
     runbook_base_url: str | None = Field(
-        default=None, description="None: http://<listen>/runbooks, served by this agent"
+        default=None, description="None: http://<listen>/runbooks, served by this agent (a wildcard "
+        "listen address is replaced by the host's fully qualified name)"
     )
     labels: dict[str, str] = Field(
         default={}, description="added to every pushed alert; 'host' defaults to the hostname"

@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from agent.alertmanager import AlertmanagerPusher
-from agent.config import AgentConfig
+from agent.config import AgentConfig, parse_listen
 from agent.detectors.base import load_thresholds
 from agent.detectors.engine import Engine
 from agent.detectors.registry import all_detectors, lookback_seconds
@@ -64,7 +64,7 @@ class Agent:
         self.engine = Engine(all_detectors(self.thresholds), self.history,
                              lookback_seconds=lookback_seconds(self.thresholds))
         self.exposition.health_registry.register(FindingsCollector(self.engine))
-        self.runbook_base_url = config.alerting.runbook_base_url or f"http://{config.listen}/runbooks"
+        self.runbook_base_url = config.alerting.runbook_base_url or default_runbook_base_url(config.listen)
         self._last_evaluation: float | None = None
         self._evaluation_lock = threading.Lock()
         if config.detectors.enabled:
@@ -157,6 +157,17 @@ class Agent:
     @property
     def recording_error(self) -> str | None:
         return self._recorder.error if self._recorder is not None else None
+
+
+def default_runbook_base_url(listen: str) -> str:
+    """This agent's own /runbooks. A wildcard listen address (0.0.0.0, ::) is no place a reader
+    of an alert can open, so the host's name stands in for it."""
+    host, port = parse_listen(listen)
+    if host in ("0.0.0.0", "::", ""):
+        host = socket.getfqdn() or socket.gethostname()
+    elif ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/runbooks"
 
 
 def _config_from_trace(reader: TraceReader, current: AgentConfig) -> AgentConfig:

@@ -161,3 +161,16 @@ def test_an_unreachable_alertmanager_is_counted_not_fatal():
     engine.evaluate(1.0)
     assert pusher.push_once() == 0
     assert pusher.errors == {"127.0.0.1:9": 1}  # no credentials in what we report
+
+
+def test_default_runbook_links_name_a_host_a_reader_can_open():
+    import socket
+
+    from agent.daemon import default_runbook_base_url
+
+    assert default_runbook_base_url("127.0.0.1:9787") == "http://127.0.0.1:9787/runbooks"
+    assert default_runbook_base_url("[::1]:9787") == "http://[::1]:9787/runbooks"
+    for wildcard in ("0.0.0.0:9787", "[::]:9787"):
+        url = default_runbook_base_url(wildcard)
+        assert url == f"http://{socket.getfqdn() or socket.gethostname()}:9787/runbooks"
+        assert "0.0.0.0" not in url and "[::]" not in url
