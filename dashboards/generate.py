@@ -11,12 +11,11 @@ rules/hybridmon.rules.yml as the data source.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
-from agent.detectors.base import Thresholds, ThresholdsError, load_thresholds
+from agent.detectors.base import Thresholds
 from dashboards import JSON_DIR, gpu, host
 from dashboards.common import DEFAULT_RUNBOOK_BASE_URL
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -46,25 +45,10 @@ def write(output_dir: Path, files: dict[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dashboards.generate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--thresholds", type=Path, default=None,
-                        help="thresholds file (default: agent/detectors/thresholds.toml)")
-    parser.add_argument("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE_URL,
-                        help="runbook links are BASE/<AlertName> (default: %(default)s, the agent "
-                             "chosen in the dashboard serves its runbooks)")
-    parser.add_argument("--output-dir", type=Path, default=JSON_DIR,
-                        help="where the JSON files go (default: %(default)s)")
-    parser.add_argument("--check", action="store_true",
-                        help="generate in memory and exit 1 with a diff if the files on disk differ")
-    args = parser.parse_args(argv)
-    try:
-        thresholds = load_thresholds(args.thresholds)
-    except ThresholdsError as error:
-        print(f"dashboards.generate: {error}", file=sys.stderr)
-        return 2
-    files = render(thresholds, args.runbook_base_url.rstrip("/"))
-    return rules_generate.check_or_write(args.output_dir, files, args.check,
-                                         "python -m dashboards.generate", check, write)
+    return rules_generate.run_generator(
+        argv, "dashboards.generate", __doc__.split("\n\n")[0], JSON_DIR, "the JSON files",
+        "runbook links are BASE/<AlertName>; by default the agent chosen in the dashboard serves "
+        "its runbooks", render, check, write, DEFAULT_RUNBOOK_BASE_URL)
 
 
 if __name__ == "__main__":

@@ -114,25 +114,35 @@ def check_or_write(output_dir: Path, files: dict[str, str], check_only: bool, co
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rules.generate", description=__doc__.split("\n\n")[0])
+def run_generator(argv: list[str] | None, module: str, description: str, output_dir: Path,
+                  outputs: str, runbook_help: str, render_files, checker=None, writer=None,
+                  default_runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> int:
+    """The command line every generator here shares: --thresholds, --runbook-base-url,
+    --output-dir and --check; `render_files(thresholds, runbook_base_url)` gives the files."""
+    parser = argparse.ArgumentParser(prog=f"python -m {module}", description=description)
     parser.add_argument("--thresholds", type=Path, default=None,
                         help="thresholds file (default: agent/detectors/thresholds.toml)")
-    parser.add_argument("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE_URL,
-                        help="runbook_url is BASE/<AlertName> (default: %(default)s, "
-                             "the agent that raised the alert serves its runbooks)")
-    parser.add_argument("--output-dir", type=Path, default=RULES_DIR,
-                        help="where hybridmon.rules.yml and tests/ go (default: %(default)s)")
+    parser.add_argument("--runbook-base-url", default=default_runbook_base_url,
+                        help=f"{runbook_help} (default: %(default)s)")
+    parser.add_argument("--output-dir", type=Path, default=output_dir,
+                        help=f"where {outputs} go (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="generate in memory and exit 1 with a diff if the files on disk differ")
     args = parser.parse_args(argv)
     try:
         thresholds = load_thresholds(args.thresholds)
     except ThresholdsError as error:
-        print(f"rules.generate: {error}", file=sys.stderr)
+        print(f"{module}: {error}", file=sys.stderr)
         return 2
-    files = render(thresholds, args.runbook_base_url.rstrip("/"))
-    return check_or_write(args.output_dir, files, args.check, "python -m rules.generate")
+    files = render_files(thresholds, args.runbook_base_url.rstrip("/"))
+    return check_or_write(args.output_dir, files, args.check, f"python -m {module}", checker, writer)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_generator(argv, "rules.generate", __doc__.split("\n\n")[0], RULES_DIR,
+                         "hybridmon.rules.yml and tests/",
+                         "runbook_url is BASE/<AlertName>; by default the agent that raised the "
+                         "alert serves its runbooks", render)
 
 
 if __name__ == "__main__":

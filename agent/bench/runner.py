@@ -27,6 +27,7 @@ from agent.bench.store import save_run
 from agent.sources import LiveSource
 from exporters.base import CollectorError, NoDataError, ParseError
 from exporters.nvml import GpuLostError, Nvml, normalize_pci_bus_id
+from exporters.procfs import parse_cpu_list
 
 LINK_POLL_SECONDS = 0.2
 # Beyond --max-seconds: one sample may still be running when the limit passes, plus start-up.
@@ -282,17 +283,9 @@ def memory_nodes(sysfs: str) -> list[int]:
     """NUMA nodes that have memory (sysfs has_memory, e.g. "0-1"); [] when unknown."""
     try:
         with open(os.path.join(sysfs, "devices/system/node/has_memory"), encoding="ascii") as handle:
-            text = handle.read().strip()
-    except OSError:
+            return sorted(parse_cpu_list(handle.read()))
+    except (OSError, ParseError):
         return []
-    nodes: list[int] = []
-    for part in filter(None, text.split(",")):
-        low, _, high = part.partition("-")
-        try:
-            nodes.extend(range(int(low), int(high or low) + 1))
-        except ValueError:
-            return []
-    return nodes
 
 
 def node_distances(sysfs: str, node: int) -> dict[int, int]:
