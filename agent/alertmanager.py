@@ -2,36 +2,125 @@
 
 Like Prometheus, the agent re-sends every firing alert on an interval with endsAt a few intervals
 ahead, so Alertmanager resolves it by itself if the agent dies, and sends a resolved alert with its
-real endsAt a few times after it resolves. Failures are logged once per URL and counted; the queue
-is the engine's state, so a long outage loses nothing that is still true.
+real endsAt a few times after it resolves. The queue is the engine's state, so a long outage loses
+nothing that is still true.
+
+Each Alertmanager is its own delivery task on one event loop (thread "alertmanager-push"), so a
+slow, dripping or hostile one cannot delay the others:
+- one deadline bounds a whole request (connect, send, headers and body), not each socket read;
+- at most MAX_RESPONSE_BYTES of an answer are read (Alertmanager answers an empty body);
+- every failure is caught, classified (REASONS) and counted, and retried with capped, jittered
+  exponential backoff; the regular push resumes at the push interval after a success;
+- a delivery task that raises anyway is restarted by its supervisor, and so is the event loop's
+  thread, each restart counted (hybridmon_alertmanager_push_loop_restarts_total).
+An empty alert list is pushed too: Alertmanager accepts it, and it shows a broken Alertmanager
+before the first alert needs it.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import random
+import ssl
 import threading
-import urllib.error
-import urllib.request
-from typing import Callable
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable
 from urllib.parse import urlsplit
+
+import httpx
+from prometheus_client.core import Metric
 
 from agent.detectors.engine import Engine, FindingState
 from agent.findings import finding_labels, iso_time, runbook_url
-from exporters.base import LogOnce
+from exporters.base import MetricSpec, Samples
 
 log = logging.getLogger(__name__)
 # endsAt of a firing alert: this many push intervals ahead (Prometheus uses 4 x its resend delay).
 ENDS_AT_INTERVALS = 4
+# Alertmanager answers a push with an empty body; anything longer than this is not its answer,
+# and reading on would let an endless body fill the agent's memory.
+MAX_RESPONSE_BYTES = 4096
+# Retries after a failure wait 1 s, 2 s, 4 s ... (times a jitter factor in [0.5, 1)), at most one
+# push interval, so an outage is retried promptly without hammering a struggling Alertmanager.
+RETRY_FIRST_SECONDS = 1.0
+# A supervisor that restarts a delivery task waits this long first, so a bug cannot spin a core.
+RESTART_DELAY_SECONDS = 1.0
+
+# Failure reasons, the `reason` label of hybridmon_alertmanager_failures_total.
+REASONS = {
+    "refused": "the connection was refused (nothing listens on that port)",
+    "connect": "the connection could not be made (DNS, no route, TLS handshake)",
+    "timeout": "no complete answer within the request deadline (hung or dripping peer)",
+    "connection": "the connection broke mid-request (reset, closed)",
+    "protocol": "the answer was not valid HTTP or was cut short (garbage, truncated body)",
+    "too_large": f"the answer's body was longer than {MAX_RESPONSE_BYTES} bytes (not an Alertmanager)",
+    "http_4xx": "Alertmanager refused the alerts (HTTP 4xx: bad payload, auth, wrong path)",
+    "http_5xx": "Alertmanager failed (HTTP 5xx)",
+    "http_other": "an unexpected HTTP status (1xx or 3xx redirect)",
+    "unexpected": "an error the agent did not expect (logged with its traceback once)",
+}
+
+
+def _spec(name: str, kind: str, documentation: str, *labels: str) -> MetricSpec:
+    return MetricSpec(name, documentation, kind, labels)
+
+
+ATTEMPTS = _spec("hybridmon_alertmanager_attempts_total", "counter", "Pushes of the current alerts to the Alertmanager (alerting.alertmanager_urls), retries included, since the agent started.", "alertmanager")
+FAILURES = _spec("hybridmon_alertmanager_failures_total", "counter", "Failed pushes to the Alertmanager by reason: refused, connect, timeout, connection, protocol, too_large, http_4xx, http_5xx, http_other, unexpected. A reason appears at its first failure.", "alertmanager", "reason")
+CONSECUTIVE_FAILURES = _spec("hybridmon_alertmanager_consecutive_failures", "gauge", "Pushes to the Alertmanager that failed since its last success; 0 while alerts reach it.", "alertmanager")
+LAST_SUCCESS = _spec("hybridmon_alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last push the Alertmanager accepted; absent until one is.", "alertmanager")
+LOOP_RESTARTS = _spec("hybridmon_alertmanager_push_loop_restarts_total", "counter", "Restarts of the Alertmanager's delivery task after it raised (a bug: the agent log has the traceback).", "alertmanager")
+ALERTMANAGER_METRICS = (ATTEMPTS, FAILURES, CONSECUTIVE_FAILURES, LAST_SUCCESS, LOOP_RESTARTS)
+
+
+class PushFailed(Exception):
+    """One push failed for `reason` (a key of REASONS); the message says what was seen."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+@dataclass
+class DeliveryState:
+    """One Alertmanager's delivery record; read and written under AlertmanagerPusher._lock."""
+
+    attempts: int = 0
+    failures: int = 0
+    failures_by_reason: dict[str, int] = field(default_factory=dict)
+    consecutive_failures: int = 0
+    last_success: float | None = None       # Unix time
+    failing_since: float | None = None      # Unix time of the first failure after the last success
+    last_error: str | None = None
+    last_reason: str | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class DeliveryFailure:
+    """An Alertmanager the alerts are not reaching, for the HybridmonAlertDeliveryFailing detector."""
+
+    alertmanager: str
+    failing_since: float
+    consecutive_failures: int
+    reason: str
+    error: str
 
 
 class AlertmanagerPusher:
+    """Pushes the engine's alerts to each Alertmanager on its own (see the module docstring) and
+    keeps a delivery record per Alertmanager: health() for /healthz, failing() for the
+    HybridmonAlertDeliveryFailing detector, AlertmanagerCollector for /metrics. Times in seconds."""
+
     def __init__(
         self,
         engine: Engine,
         urls: list[str],
         runbook_base_url: str,
         interval_seconds: float = 30.0,
-        timeout_seconds: float = 5.0,
+        timeout_seconds: float = 10.0,
         extra_labels: dict[str, str] | None = None,
         clock: Callable[[], float] | None = None,
     ) -> None:
@@ -39,28 +128,33 @@ class AlertmanagerPusher:
         self.urls = [url.rstrip("/") + "/api/v2/alerts" for url in urls]
         self.runbook_base_url = runbook_base_url
         self.interval_seconds = interval_seconds
-        self.timeout_seconds = timeout_seconds
+        # One deadline for a whole request; never longer than the interval it must fit in.
+        self.timeout_seconds = min(timeout_seconds, interval_seconds)
         self.extra_labels = extra_labels or {}
         self.clock = clock or engine.clock
         self.pushes = 0
-        self.errors: dict[str, int] = {self._name(url): 0 for url in self.urls}
-        self._log_once = LogOnce(log)
+        self._lock = threading.Lock()
+        self._states = {self._name(url): DeliveryState() for url in self.urls}
+        self._unexpected_logged: set[str] = set()
+        self._tls = ssl.create_default_context()
         self._stop = threading.Event()
-        self._wake = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wakes: dict[str, asyncio.Event] = {}
+        self._stopped: asyncio.Event | None = None  # set in the loop's thread to end it
         self._thread: threading.Thread | None = None
-        engine.on_change.append(lambda _state, _change: self._wake.set())
+        self.thread_restarts = 0
+        engine.on_change.append(lambda _state, _change: self._wake_all())
 
     @staticmethod
     def _name(url: str) -> str:
         """host:port only: a URL may carry credentials that must not reach labels or logs."""
         return urlsplit(url).netloc.rsplit("@", 1)[-1]
 
+    # -- what is pushed ------------------------------------------------------------------------
+
     def alerts(self, now: float) -> list[dict]:
         """The v2 payload: every firing finding, and every resolved one still retained."""
-        payload = []
-        for state in self.engine.firing() + self.engine.resolved():
-            payload.append(self._alert(state, now))
-        return payload
+        return [self._alert(state, now) for state in self.engine.firing() + self.engine.resolved()]
 
     def _alert(self, state: FindingState, now: float) -> dict:
         finding = state.finding
@@ -77,39 +171,283 @@ class AlertmanagerPusher:
             "generatorURL": runbook_url(self.runbook_base_url, finding.alertname),
         }
 
+    # -- what is known about delivery ------------------------------------------------------------
+
+    @property
+    def errors(self) -> dict[str, int]:
+        """Failed pushes per Alertmanager (host:port)."""
+        with self._lock:
+            return {name: state.failures for name, state in self._states.items()}
+
+    def health(self) -> dict[str, dict]:
+        """Per Alertmanager (host:port, never credentials): attempts, failures (total and by
+        reason), consecutive failures, last success and the time failures began (ISO 8601 UTC or
+        None), the last error and the delivery task's restarts. For /healthz."""
+        with self._lock:
+            return {name: {
+                "attempts": s.attempts,
+                "failures": s.failures,
+                "failures_by_reason": dict(s.failures_by_reason),
+                "consecutive_failures": s.consecutive_failures,
+                "last_success": iso_time(s.last_success) if s.last_success is not None else None,
+                "failing_since": iso_time(s.failing_since) if s.failing_since is not None else None,
+                "last_error": s.last_error,
+                "restarts": s.restarts,
+            } for name, s in self._states.items()}
+
+    def failing(self) -> list[DeliveryFailure]:
+        """The Alertmanagers whose latest push failed, for the HybridmonAlertDeliveryFailing detector."""
+        with self._lock:
+            return [DeliveryFailure(name, s.failing_since, s.consecutive_failures, s.last_reason or "unexpected",
+                                    s.last_error or "")
+                    for name, s in sorted(self._states.items())
+                    if s.consecutive_failures > 0 and s.failing_since is not None]
+
+    def _record_success(self, name: str) -> None:
+        with self._lock:
+            state = self._states[name]
+            state.attempts += 1
+            recovered_after = state.consecutive_failures
+            state.consecutive_failures = 0
+            state.failing_since = None
+            state.last_success = time.time()
+        if recovered_after:
+            log.warning("alerts reach Alertmanager at %s again, after %d failed pushes", name, recovered_after)
+
+    def _record_failure(self, name: str, failure: PushFailed) -> None:
+        with self._lock:
+            state = self._states[name]
+            state.attempts += 1
+            state.failures += 1
+            state.failures_by_reason[failure.reason] = state.failures_by_reason.get(failure.reason, 0) + 1
+            state.consecutive_failures += 1
+            first_of_outage = state.failing_since is None
+            if first_of_outage:
+                state.failing_since = time.time()
+            state.last_reason = failure.reason
+            state.last_error = f"{failure.reason}: {failure}"
+        # One line per outage, not per retry: a dead Alertmanager must not flood the log.
+        if first_of_outage:
+            log.warning("cannot push alerts to Alertmanager at %s: %s: %s (retrying with backoff up to "
+                        "every %.0f s; further failures are counted in "
+                        "hybridmon_alertmanager_failures_total, not logged)",
+                        name, failure.reason, failure, self.interval_seconds)
+
+    def _record_restart(self, name: str) -> None:
+        with self._lock:
+            self._states[name].restarts += 1
+
+    # -- one push ----------------------------------------------------------------------------------
+
+    @staticmethod
+    async def _exchange(client: httpx.AsyncClient, url: str, body: bytes) -> int:
+        """POST and read at most MAX_RESPONSE_BYTES of the answer; returns the HTTP status."""
+        async with client.stream("POST", url, content=body,
+                                 headers={"Content-Type": "application/json"}) as response:
+            received = 0
+            # Raw bytes: a compressed answer is not inflated, so the bound holds.
+            async for chunk in response.aiter_raw():
+                received += len(chunk)
+                if received > MAX_RESPONSE_BYTES:
+                    raise PushFailed("too_large", f"HTTP {response.status_code} with a body longer "
+                                     f"than {MAX_RESPONSE_BYTES} bytes")
+            return response.status_code
+
+    async def _post(self, client: httpx.AsyncClient, url: str, body: bytes) -> None:
+        """POST the alerts to one Alertmanager within the deadline; raises PushFailed."""
+        try:
+            # wait_for cancels the exchange at the deadline, wherever it is: connecting, sending,
+            # waiting for headers or reading a body that drips.
+            status = await asyncio.wait_for(self._exchange(client, url, body), self.timeout_seconds)
+        except PushFailed:
+            raise
+        except (asyncio.TimeoutError, httpx.TimeoutException):
+            raise PushFailed("timeout", f"no complete answer in {self.timeout_seconds:g} s") from None
+        except httpx.ConnectError as error:
+            refused = _caused_by(error, ConnectionRefusedError)
+            message = "connection refused" if refused else (str(error) or type(error).__name__)
+            raise PushFailed("refused" if refused else "connect", message) from None
+        except (httpx.RemoteProtocolError, httpx.LocalProtocolError, httpx.DecodingError) as error:
+            raise PushFailed("protocol", str(error) or type(error).__name__) from None
+        except (httpx.TransportError, OSError) as error:
+            raise PushFailed("connection", str(error) or type(error).__name__) from None
+        if 200 <= status < 300:
+            return
+        if 400 <= status < 600:
+            raise PushFailed(f"http_{status // 100}xx", f"HTTP {status}")
+        raise PushFailed("http_other", f"HTTP {status}")
+
+    async def _push(self, client: httpx.AsyncClient, url: str, body: bytes) -> bool:
+        """One push to one Alertmanager, recorded; True if it accepted the alerts."""
+        name = self._name(url)
+        try:
+            await self._post(client, url, body)
+        except PushFailed as failure:
+            self._record_failure(name, failure)
+            return False
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - counted and logged; delivery must go on
+            if name not in self._unexpected_logged:  # the traceback once; later ones are counted
+                self._unexpected_logged.add(name)
+                log.exception("unexpected error pushing alerts to Alertmanager at %s", name)
+            self._record_failure(name, PushFailed("unexpected", f"{type(error).__name__}: {error}"))
+            return False
+        self._record_success(name)
+        return True
+
+    def _body(self) -> bytes:
+        return json.dumps(self.alerts(self.clock())).encode()
+
+    def _client(self) -> httpx.AsyncClient:
+        # The deadline in _post bounds the request; these bound each phase inside it. No
+        # redirects: a 3xx is reported, not followed. No proxies from the environment: the agent
+        # talks to the configured address. One TLS context for all: building one costs ~50 ms of
+        # CPU, and the system's trust store holds the operator's own CAs.
+        return httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False, trust_env=False,
+                                 verify=self._tls,
+                                 limits=httpx.Limits(max_connections=2, max_keepalive_connections=1))
+
     def push_once(self) -> int:
-        """Send the current alerts to every URL; returns how many URLs accepted them."""
-        alerts = self.alerts(self.clock())
-        if not alerts:
-            return 0
-        body = json.dumps(alerts).encode()
-        accepted = 0
-        for url in self.urls:
-            request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_seconds) as response:
-                    response.read()
-                accepted += 1
-            except (urllib.error.URLError, OSError, ValueError) as error:
-                name = self._name(url)
-                self.errors[name] = self.errors.get(name, 0) + 1
-                self._log_once(f"push:{name}", "cannot push alerts to Alertmanager at %s: %s (retrying every %.0f s; further failures are counted, not logged)", name, error, self.interval_seconds)
+        """Send the current alerts to every URL at once; returns how many accepted them.
+        For tests and one-off use; the running agent pushes from its own loop (start)."""
+        async def push(url: str, body: bytes) -> bool:
+            async with self._client() as client:  # one client each: no shared connection pool
+                return await self._push(client, url, body)
+
+        async def push_all() -> int:
+            body = self._body()
+            return sum(await asyncio.gather(*(push(url, body) for url in self.urls)))
+
+        accepted = asyncio.run(push_all())
         self.pushes += 1
         return accepted
+
+    # -- the delivery loop -------------------------------------------------------------------------
+
+    def retry_delay(self, consecutive_failures: int) -> float:
+        """Seconds before the next try after `consecutive_failures` failures in a row (>= 1)."""
+        backoff = min(self.interval_seconds, RETRY_FIRST_SECONDS * 2 ** min(consecutive_failures - 1, 30))
+        return backoff * random.uniform(0.5, 1.0)
+
+    async def _deliver_forever(self, url: str, wake: asyncio.Event) -> None:
+        """Push to one Alertmanager every interval, at once on a change, sooner after a failure."""
+        name = self._name(url)
+        async with self._client() as client:
+            while not self._stop.is_set():
+                wake.clear()
+                accepted = await self._push(client, url, self._body())
+                with self._lock:
+                    failures = self._states[name].consecutive_failures
+                delay = self.interval_seconds if accepted else self.retry_delay(failures)
+                try:
+                    await asyncio.wait_for(wake.wait(), delay)
+                except asyncio.TimeoutError:
+                    pass
+
+    async def _supervise(self, url: str, wake: asyncio.Event) -> None:
+        """Runs one Alertmanager's delivery task and restarts it whenever it raises."""
+        name = self._name(url)
+        while not self._stop.is_set():
+            try:
+                await self._deliver_forever(url, wake)
+            except Exception:  # noqa: BLE001 - whatever it was, delivery must resume (not on cancel)
+                self._record_restart(name)
+                if self.health()[name]["restarts"] == 1:  # the traceback once; later ones are counted
+                    log.exception("alert delivery to Alertmanager at %s failed unexpectedly; restarting "
+                                  "it (further restarts are counted in "
+                                  "hybridmon_alertmanager_push_loop_restarts_total)", name)
+                await asyncio.sleep(RESTART_DELAY_SECONDS)
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wakes = {url: asyncio.Event() for url in self.urls}
+        tasks = [asyncio.create_task(self._supervise(url, wake), name=f"alertmanager {self._name(url)}")
+                 for url, wake in self._wakes.items()]
+        self._stopped = asyncio.Event()
+        try:
+            # The event ends it at once; the check every second covers a stop() that came before
+            # the event existed.
+            while not self._stop.is_set():
+                try:
+                    await asyncio.wait_for(self._stopped.wait(), 1.0)
+                except asyncio.TimeoutError:
+                    pass
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _run(self) -> None:
+        """The thread: the event loop, run again (and counted) if it ever ends by an error."""
+        while not self._stop.is_set():
+            try:
+                asyncio.run(self._main())
+            except Exception:  # noqa: BLE001 - the thread must outlive any bug
+                self.thread_restarts += 1
+                for name in self._states:
+                    self._record_restart(name)
+                log.exception("the Alertmanager push loop failed; restarting it")
+                self._stop.wait(RESTART_DELAY_SECONDS)
+
+    def _wake_all(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        for wake in list(self._wakes.values()):
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed meanwhile
+                return
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="alertmanager-push", daemon=True)
         self._thread.start()
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.push_once()
-            # A change (new firing or resolved finding) is pushed at once, the rest on the interval.
-            self._wake.wait(self.interval_seconds)
-            self._wake.clear()
-
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        loop, stopped = self._loop, self._stopped
+        if loop is not None and stopped is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(stopped.set)
+            except RuntimeError:
+                pass
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_seconds + 1)
+
+
+def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:
+    """Whether `kind` is in the chain of causes (httpx wraps anyio's error, which wraps the
+    socket's OSError for each address tried)."""
+    seen: set[int] = set()
+    pending = [error]
+    while pending:
+        current = pending.pop()
+        if current is None or id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, kind):
+            return True
+        pending += [current.__cause__, current.__context__, *getattr(current, "exceptions", ())]
+    return False
+
+
+class AlertmanagerCollector:
+    """hybridmon_alertmanager_* from the pusher's delivery records, for the agent's /metrics."""
+
+    def __init__(self, pusher: AlertmanagerPusher) -> None:
+        self._pusher = pusher
+
+    def collect(self) -> Iterable[Metric]:
+        from agent.exposition import families  # the exposition imports this module's specs
+
+        samples = Samples()
+        with self._pusher._lock:
+            for name, state in sorted(self._pusher._states.items()):
+                samples.add(ATTEMPTS, state.attempts, name)
+                for reason, count in sorted(state.failures_by_reason.items()):
+                    samples.add(FAILURES, count, name, reason)
+                samples.add(CONSECUTIVE_FAILURES, state.consecutive_failures, name)
+                samples.add(LAST_SUCCESS, state.last_success, name)
+                samples.add(LOOP_RESTARTS, state.restarts, name)
+        return families(samples, sort=False)

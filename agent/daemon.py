@@ -13,8 +13,9 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.alertmanager import AlertmanagerPusher
+from agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from agent.config import AgentConfig, parse_listen
+from agent.detectors.alert_delivery import AlertDeliveryDetector
 from agent.detectors.base import load_thresholds
 from agent.detectors.engine import Engine
 from agent.detectors.registry import all_detectors, lookback_seconds
@@ -28,6 +29,8 @@ from agent.wiring import build_collectors
 from exporters.base import LogOnce
 
 log = logging.getLogger(__name__)
+# Longest pause between two trace records that a replay waits out (recorded seconds).
+MAX_REPLAY_GAP_SECONDS = 60.0
 
 
 class Agent:
@@ -74,8 +77,13 @@ class Agent:
             self.pusher = AlertmanagerPusher(
                 self.engine, list(config.alerting.alertmanager_urls), self.runbook_base_url,
                 interval_seconds=config.alerting.push_interval_seconds,
+                timeout_seconds=config.alerting.push_timeout_seconds,
                 extra_labels={"host": socket.gethostname(), **config.alerting.labels},
             )
+            self.exposition.health_registry.register(AlertmanagerCollector(self.pusher))
+            for detector in self.engine.detectors:
+                if isinstance(detector, AlertDeliveryDetector):
+                    detector.watch(self.pusher.failing)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -123,7 +131,14 @@ class Agent:
                     warn_once(record.collector, "trace has readings of collector %r, which this replay does not run", record.collector)
                     continue
                 if speed > 0 and previous_time is not None and record.time > previous_time:
-                    if self._stop.wait((record.time - previous_time) / speed):
+                    gap = record.time - previous_time
+                    if gap > MAX_REPLAY_GAP_SECONDS:
+                        # A recording never pauses that long (collectors run every few seconds):
+                        # a trace that says so would make the replay sleep for years.
+                        warn_once("gap", "trace jumps %.0f s ahead at %.0f; replaying such gaps as %.0f s",
+                                  gap, record.time, MAX_REPLAY_GAP_SECONDS)
+                        gap = MAX_REPLAY_GAP_SECONDS
+                    if self._stop.wait(gap / speed):
                         break
                 previous_time = record.time
                 item.source.load(record.readings)

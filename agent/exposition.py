@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from agent import __version__
+from agent.alertmanager import ALERTMANAGER_METRICS
 from agent.history import History
 from agent.sampler import Sampler
 from exporters.base import MetricSpec, Samples
@@ -71,7 +72,7 @@ BUILD_INFO = _spec("hybridmon_build_info", "gauge", "hybridmon's version and mod
 SELF_METRICS = (
     COLLECTOR_SUCCESS, COLLECTOR_NO_DATA, COLLECTOR_DURATION, COLLECTOR_RUNNING, COLLECTOR_LAST_ERROR,
     COLLECTOR_ERRORS, COLLECTOR_RUNS, LOOP_LAG, LOOP_MAX_LAG, LOOP_TICKS, LOOP_SKIPPED, HISTORY_SERIES,
-    BUILD_INFO,
+    BUILD_INFO, *ALERTMANAGER_METRICS,
 )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from agent.detectors.base import Thresholds, ThresholdsError, load_thresholds
-from rules import bench, host, inference, pcie, process
+from rules import agent, bench, host, inference, pcie, process
 from rules.model import Group
 
 RULES_DIR = Path(__file__).resolve().parent
@@ -54,7 +54,7 @@ def dump(document: dict) -> str:
 
 def rule_groups(thresholds: Thresholds) -> list[Group]:
     return [*pcie.groups(thresholds), *bench.groups(thresholds), *host.groups(thresholds),
-            *process.groups(thresholds), *inference.groups(thresholds)]
+            *process.groups(thresholds), *inference.groups(thresholds), *agent.groups(thresholds)]
 
 
 def render(thresholds: Thresholds, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict[str, str]:

@@ -163,11 +163,11 @@ class Test:
 
 def test_files(thresholds: Thresholds, groups: list[Group], runbook_base_url: str) -> dict[str, dict]:
     """File name (without prefix and suffix) -> promtool test document."""
-    from rules import cases_bench, cases_gpu, cases_host, cases_inference, cases_process
+    from rules import cases_agent, cases_bench, cases_gpu, cases_host, cases_inference, cases_process
 
     catalog = Catalog(groups, runbook_base_url)
     files = {}
-    for module in (cases_gpu, cases_bench, cases_host, cases_process, cases_inference):
+    for module in (cases_gpu, cases_bench, cases_host, cases_process, cases_inference, cases_agent):
         for name, tests in module.files(thresholds, catalog).items():
             files[name] = {
                 "rule_files": ["../hybridmon.rules.yml"],

@@ -14,6 +14,8 @@ ALERTS = {  # the brief's alert table
     "InferenceProcessMemlockLow",
     # issue 6: the inference servers' own view
     "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
+    # issue 11: the agent's own alert delivery
+    "HybridmonAlertDeliveryFailing",
 }
 
 

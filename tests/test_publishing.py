@@ -11,36 +11,14 @@ from fastapi.testclient import TestClient
 
 from agent.alertmanager import AlertmanagerPusher
 from agent.daemon import Agent
-from agent.detectors.base import Finding
 from agent.detectors.engine import Engine
-from agent.exposition import Exposition
 from agent.findings import FindingsCollector
 from agent.history import History
 from agent.runbooks import RunbookLibrary
 from agent.server import create_app
 from tests import fake_nvml
 from tests.agent_helpers import fixture_config, run_every_collector_once
-from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
-
-
-class Switch:
-    """A detector whose single finding is on or off."""
-
-    name = "test"
-    alertnames = ("GpuPcieStarvation",)
-
-    def __init__(self, for_seconds: float = 0.0) -> None:
-        self.on = False
-        self.for_seconds = for_seconds
-
-    def evaluate(self, _history, _now):
-        if not self.on:
-            return []
-        return [Finding(
-            alertname="GpuPcieStarvation", severity="warning", labels={"gpu": "0", "uuid": "GPU-x"},
-            value=29.1e9, threshold=26.8e9, summary="GPU 0 starved", description="link pinned",
-            for_seconds=self.for_seconds, unit="B/s",
-        )]
+from tests.alertmanager_helpers import Alertmanager, Switch, WebhookReceiver, wait_until
 
 
 def test_firing_findings_are_metrics_with_their_entity_labels():
@@ -50,7 +28,7 @@ def test_firing_findings_are_metrics_with_their_entity_labels():
     switch.on = True
     engine.evaluate(100.0)
     samples = {s.name + str(sorted(s.labels.items())): s.value for m in collector.collect() for s in m.samples}
-    labels = "[('alertname', 'GpuPcieStarvation'), ('gpu', '0'), ('severity', 'warning'), ('uuid', 'GPU-x')]"
+    labels = "[('alertname', 'GpuPcieStarvation'), ('gpu', '0'), ('severity', 'warning'), ('uuid', 'GPU-x0')]"
     assert samples["hybridmon_finding_active" + labels] == 1.0
     assert samples["hybridmon_finding_value" + labels] == 29.1e9
     assert samples["hybridmon_finding_threshold" + labels] == 26.8e9
@@ -109,15 +87,6 @@ def parse_time(text: str) -> float:
     return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def wait_until(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result:
-            return result
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
-
 
 def test_push_to_a_real_alertmanager_fires_then_resolves(tmp_path):
     receiver = WebhookReceiver()
@@ -127,13 +96,17 @@ def test_push_to_a_real_alertmanager_fires_then_resolves(tmp_path):
         engine = Engine([switch], History(60))
         pusher = AlertmanagerPusher(engine, [alertmanager.url], "http://agent:9787/runbooks",
                                     interval_seconds=30, extra_labels={"host": "gpu-host-1"})
+        # Nothing firing: the empty list is pushed too, so a broken Alertmanager shows at once.
+        assert pusher.push_once() == 1
+        assert pusher.health()[alertmanager.url.removeprefix("http://")]["last_success"] is not None
+        assert alertmanager.alerts() == []
         switch.on = True
         now = time.time()
         engine.evaluate(now)
         assert pusher.push_once() == 1
         (alert,) = wait_until(alertmanager.alerts, 10, "the alert in Alertmanager")
         assert alert["labels"] == {"alertname": "GpuPcieStarvation", "severity": "warning", "gpu": "0",
-                                   "uuid": "GPU-x", "host": "gpu-host-1"}
+                                   "uuid": "GPU-x0", "host": "gpu-host-1"}
         assert alert["annotations"] == {"summary": "GPU 0 starved", "description": "link pinned",
                                         "runbook_url": "http://agent:9787/runbooks/GpuPcieStarvation"}
         assert abs(parse_time(alert["startsAt"]) - now) < 1

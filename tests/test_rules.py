@@ -32,6 +32,7 @@ ALERTS = {
     "HostTransparentHugepageAlways", "HostNumaBalancingEnabled", "HostNoSwapLowHeadroom",
     "InferenceProcessMemlockLow", "GpuPcieBandwidthLow",
     "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
+    "HybridmonAlertDeliveryFailing",  # issue 11: the agent's own alert delivery
 }
 # Alerts on a state, whose value (0 or 1) says nothing more than the alert itself.
 STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways", "InferenceServerScrapeFailing"}
@@ -103,6 +104,9 @@ for_seconds = 300
 
 [inference_scrape]
 for_seconds = 300
+
+[alert_delivery]
+for_seconds = 240
 """
 
 

@@ -25,6 +25,7 @@ THRESHOLD_SECTION = {
     "GpuPcieBandwidthLow": "pcie_bandwidth_low",
     "InferenceThroughputDecay": "throughput_decay", "InferenceKvOffloadPressure": "kv_offload_pressure",
     "InferenceServerScrapeFailing": "inference_scrape",
+    "HybridmonAlertDeliveryFailing": "alert_delivery",
 }
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 

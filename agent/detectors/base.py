@@ -153,6 +153,10 @@ class InferenceScrape(_Section):
     for_seconds: float
 
 
+class AlertDelivery(_Section):
+    for_seconds: float
+
+
 class HostConfig(_Section):
     max_swappiness_with_swap: int
     max_dirty_ratio: int
@@ -174,6 +178,7 @@ class Thresholds(_Section):
     throughput_decay: ThroughputDecay
     kv_offload_pressure: KvOffloadPressure
     inference_scrape: InferenceScrape
+    alert_delivery: AlertDelivery
 
 
 class ThresholdsError(Exception):

@@ -1,6 +1,7 @@
 """Every detector, built from the thresholds: the one list the agent, `check` and the tests use."""
 from __future__ import annotations
 
+from agent.detectors.alert_delivery import AlertDeliveryDetector
 from agent.detectors.base import Detector, Thresholds
 from agent.detectors.host_config import HostConfigDetector
 from agent.detectors.inference import KvOffloadPressureDetector, ScrapeFailingDetector
@@ -30,6 +31,7 @@ def all_detectors(thresholds: Thresholds) -> list[Detector]:
         ThroughputDecayDetector(thresholds.throughput_decay),
         KvOffloadPressureDetector(thresholds.kv_offload_pressure),
         ScrapeFailingDetector(thresholds.inference_scrape),
+        AlertDeliveryDetector(thresholds.alert_delivery),
     ]
 
 
