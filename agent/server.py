@@ -1,10 +1,13 @@
-"""HTTP API: /metrics for Prometheus and /healthz for liveness checks."""
+"""HTTP API: /metrics for Prometheus and /healthz for liveness checks.
+
+The routes live here; the server under them, and what it does against hostile clients, in
+agent/httpserver.py.
+"""
 from __future__ import annotations
 
 import logging
 import socket
 
-import uvicorn
 from fastapi import FastAPI, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -13,6 +16,7 @@ from agent import __version__
 from agent.bench_api import BenchService, router as bench_router
 from agent.daemon import Agent
 from agent.findings import findings_json, iso_time
+from agent.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
 from agent.runbooks import RunbookLibrary
 
 log = logging.getLogger(__name__)
@@ -36,7 +40,8 @@ def create_app(agent: Agent) -> FastAPI:
             }
             for item in agent.sampler.scheduled
         }
-        return JSONResponse({"status": "ok", "mode": agent.mode, "version": __version__, "collectors": collectors})
+        return JSONResponse({"status": "ok", "mode": agent.mode, "version": __version__, "collectors": collectors,
+                             "alertmanager": _alertmanager_health(agent)})
 
     finding_states = ("pending", "firing", "resolved")
 
@@ -78,6 +83,21 @@ def create_app(agent: Agent) -> FastAPI:
     return app
 
 
+def _alertmanager_health(agent: Agent) -> dict:
+    """Delivery state per Alertmanager (agent/alertmanager.py), {} when pushing is off."""
+    health = getattr(agent.pusher, "health", None) if agent.pusher is not None else None
+    return health() if health is not None else {}
+
+
+def listen_url(host: str, port: int, path: str = "/metrics") -> str:
+    """http://127.0.0.1:9787/metrics; an IPv6 host in brackets, as a URL needs it: http://[::1]:9787/metrics."""
+    return f"http://{_url_host(host)}:{port}{path}"
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
 def bind_socket(host: str, port: int) -> socket.socket:
     """Bind before starting uvicorn, so a taken port is our clear error, not a server traceback."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -90,22 +110,17 @@ def bind_socket(host: str, port: int) -> socket.socket:
         sock.bind((host, port))
     except OSError as error:
         sock.close()
-        raise OSError(error.errno, f"cannot listen on {host}:{port}: {error.strerror}") from None
-    sock.listen(128)
+        raise OSError(error.errno, f"cannot listen on {_url_host(host)}:{port}: {error.strerror}") from None
+    sock.listen(LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
 
-def serve(agent: Agent, sock: socket.socket, log_level: str) -> None:
-    """Serve until SIGTERM/SIGINT (uvicorn handles them and returns)."""
-    config = uvicorn.Config(
-        create_app(agent),
-        log_level=log_level,
-        access_log=False,
-        lifespan="off",
-        # No limit_concurrency: idle connections would count against it and lock scrapes out with
-        # 503s. A scrape serves cached bytes, so many connections cost little.
-        timeout_keep_alive=5,
-        server_header=False,
-    )
-    uvicorn.Server(config).run(sockets=[sock])
+def serve(agent: Agent, sock: socket.socket, log_level: str, limits: ServerLimits = ServerLimits()) -> None:
+    """Serve until SIGTERM/SIGINT (uvicorn handles them and returns within
+    limits.graceful_shutdown_seconds and a little more, whatever the clients do)."""
+    server = build_server(create_app(agent), limits, log_level)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        stop_aggregating(server)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import httpx
+import jsonpatch
 import kubernetes_validate
 import pytest
 import yaml
@@ -32,6 +33,7 @@ from tests.live_stack import require_binary
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "hybridmon.service"
 KUBERNETES = DEPLOY / "kubernetes"
+NO_PTRACE = DEPLOY / "kubernetes-variants" / "no-ptrace"
 ALERTMANAGER_CONFIG = DEPLOY / "alertmanager" / "alertmanager.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
@@ -100,6 +102,17 @@ def test_unit_keeps_what_the_agent_needs_and_nothing_more():
     # Each would hide what the agent reads: /dev/nvidia*, other users' processes, host /proc files.
     assert single.get("PrivateDevices", "no") == "no" and single.get("PrivateUsers", "no") == "no"
     assert single["ProtectProc"] == "default" and single["ProcSubset"] == "all"
+
+
+def test_unit_fd_limit_and_stop_timeout_cover_the_http_servers_bounds():
+    from agent.httpserver import MAX_CONNECTIONS, SHUTDOWN_BACKSTOP_SECONDS, ServerLimits, connection_cap
+
+    single = {key: values[-1] for key, values in unit_settings().items()}
+    # The whole connection cap fits under the unit's fd limit, beside the agent's own files.
+    assert connection_cap(int(single["LimitNOFILE"])) == MAX_CONNECTIONS
+    # SIGTERM: the server's bounded shutdown, then collectors abandoned after a few seconds.
+    stop_seconds = float(single["TimeoutStopSec"].removesuffix("s"))
+    assert stop_seconds >= ServerLimits().graceful_shutdown_seconds + SHUTDOWN_BACKSTOP_SECONDS + 10
 
 
 def test_every_service_setting_is_explained_by_a_comment():
@@ -203,6 +216,121 @@ def test_daemonset_reads_the_host_read_only_with_one_capability():
     assert security["privileged"] is False
     writable = {m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")}
     assert str(config.resolved_state_dir({})) in writable
+
+
+# --- Kubernetes without ptrace -------------------------------------------------------------------
+
+def kustomize_build(directory: Path) -> dict[str, dict]:
+    """kind -> resource of a variant, as `kubectl kustomize` builds it (no kubectl here: the suite
+    needs none). Only what the variants use is supported, and anything else fails: the base
+    directory as the one resource, RFC 6902 patches aimed by kind and name."""
+    kustomization = yaml.safe_load((directory / "kustomization.yaml").read_text())
+    assert kustomization.keys() <= {"apiVersion", "kind", "resources", "patches"}, kustomization.keys()
+    assert [(directory / r).resolve() for r in kustomization["resources"]] == [KUBERNETES.resolve()]
+    resources = {kind: r for kind, r in manifests().items() if kind != "Kustomization"}
+    for patch in kustomization["patches"]:
+        target = patch["target"]
+        assert target.keys() == {"kind", "name"} and resources[target["kind"]]["metadata"]["name"] == target["name"]
+        resources[target["kind"]] = jsonpatch.apply_patch(resources[target["kind"]], yaml.safe_load(patch["patch"]))
+    return resources
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_no_ptrace_variant_validates_strictly(version):
+    resources = kustomize_build(NO_PTRACE)
+    assert resources.keys() == {"DaemonSet", "Service"} | CRD_KINDS
+    for kind in ("DaemonSet", "Service"):
+        kubernetes_validate.validate(resources[kind], version, strict=True)
+
+
+def test_no_ptrace_variant_is_the_daemonset_without_root_or_any_capability():
+    base, variant = manifests()["DaemonSet"], kustomize_build(NO_PTRACE)["DaemonSet"]
+    (container,) = variant["spec"]["template"]["spec"]["containers"]
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] == security["runAsGroup"] > 0
+    assert security["capabilities"] == {"drop": ["ALL"]}  # nothing added back: no SYS_PTRACE
+    assert security["allowPrivilegeEscalation"] is False and security["privileged"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    # Everything else is the default DaemonSet's: host PIDs (NVML reports them), /proc, /sys, probes.
+    variant["spec"]["template"]["spec"]["containers"][0]["securityContext"] = agent_container()["securityContext"]
+    assert variant == base
+
+
+# The agent's process collectors on this host's /proc, watching the pids given, as the user the
+# calling test chose: which series they export, what they log, and which ptrace-gated files of
+# the processes the user could open.
+_COLLECT_AS_USER = """
+import json, logging, os, sys
+from agent.sources import LiveSource
+from exporters.numa import ProcessNumaCollector
+from exporters.process import ProcessCollector
+
+log = []
+handler = logging.Handler()
+handler.emit = lambda record: log.append(record.getMessage())
+logging.getLogger().addHandler(handler)
+pids = [int(pid) for pid in sys.argv[1:]]
+processes = ProcessCollector(LiveSource(), pids=pids)
+placement = ProcessNumaCollector(LiveSource(), watched=processes.watched)
+series = set()
+for _ in range(2):
+    for collector in (processes, placement):
+        series |= {(s.spec.name, s.label_values[0]) for s in collector.collect()}
+opened = []
+for pid in pids:
+    for path in (f"/proc/{pid}/environ", f"/proc/{pid}/numa_maps", f"/proc/{pid}/root/etc"):
+        try:
+            open(path).close() if "root" not in path else os.listdir(path)
+            opened.append(path)
+        except PermissionError:
+            pass
+print(json.dumps({"uid": os.getuid(), "series": sorted(series), "log": log, "opened": opened}))
+"""
+
+
+def collect_as(prefix: list[str], pids: list[int]) -> dict:
+    import json
+
+    environment = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([*prefix, sys.executable, "-c", _COLLECT_AS_USER, *map(str, pids)], cwd=REPO,
+                          env=environment, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_without_ptrace_the_agent_sees_every_process_but_no_numa_placement_and_says_so_once():
+    """The no-ptrace variant's uid with no capability, on the real kernel, against two root
+    processes: the process series stay (stat, status, cmdline, limits are world-readable), NUMA
+    placement is absent (not zero), one log line says why for both, and environ, numa_maps and
+    root are closed to it. As root with every capability (the default DaemonSet's reach) the
+    same run reads them all."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root; this check needs root to switch users")
+        pytest.skip("needs root to run a process as another user")
+    setpriv = require_binary("setpriv", "util-linux")
+    security = kustomize_build(NO_PTRACE)["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    as_variant = [setpriv, f"--reuid={security['runAsUser']}", f"--regid={security['runAsGroup']}",
+                  "--clear-groups", "--no-new-privs", "--inh-caps=-all", "--bounding-set=-all"]
+    targets = [subprocess.Popen(["sleep", "60"]) for _ in range(2)]  # owned by root
+    try:
+        pids = [target.pid for target in targets]
+        unprivileged = collect_as(as_variant, pids)
+        privileged = collect_as([], pids)
+    finally:
+        for target in targets:
+            target.kill()
+            target.wait()
+    assert unprivileged["uid"] == security["runAsUser"] and privileged["uid"] == 0
+    for pid in map(str, pids):
+        for metric in ("hybridmon_process_resident_bytes", "hybridmon_process_major_faults_total",
+                       "hybridmon_process_info", "hybridmon_process_allowed_cpus_on_node"):
+            assert [metric, pid] in unprivileged["series"], metric
+        assert ["hybridmon_process_numa_resident_bytes", pid] in privileged["series"]
+    assert not [s for s in unprivileged["series"] if s[0].startswith("hybridmon_process_numa_")]
+    about_numa_maps = [line for line in unprivileged["log"] if "numa_maps" in line]
+    assert len(about_numa_maps) == 1 and "CAP_SYS_PTRACE" in about_numa_maps[0], unprivileged["log"]
+    assert unprivileged["opened"] == [] and len(privileged["opened"]) == 3 * len(pids)
 
 
 def test_container_image_copies_what_the_package_is_built_from():

@@ -1,0 +1,305 @@
+"""uvicorn, hardened against clients that connect and then do nothing useful.
+
+uvicorn (0.54, h11) alone leaves four holes that one unauthenticated client can use:
+- a connection that never sends a request is never closed: the keep-alive timer starts only
+  after a first response, and any byte received cancels it, so slowly dripped headers never time
+  out either;
+- connections are not capped short of the fd limit. Its `limit_concurrency` answers 503 once the
+  cap is reached, so idle connections would lock scrapes out; and at the fd limit asyncio's accept
+  loop (CPython 3.11 selector_events._accept_connection) keeps calling accept() for the rest of its
+  batch after EMFILE, logging a traceback for each failure, batch after batch;
+- a client that never reads its response parks the request task in a drain forever, and a
+  graceful shutdown waits for it ("Waiting for connections to close") forever;
+- every malformed request logs a warning line.
+
+GuardedProtocol closes those with uvicorn's own h11 protocol underneath, so HTTP parsing and
+ASGI stay uvicorn's: a request deadline from connection (or previous response) until the request
+has fully arrived, a cap on connections that makes room by closing the oldest connection still
+waiting for its request, and a deadline on a stalled write. AgentServer bounds the graceful
+shutdown, answers fd exhaustion by shedding idle connections, and aggregates repeated warnings
+(agent/logs.py). A different server was not needed: each gap is a few lines over uvicorn's hooks.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import socket
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import h11
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from agent.logs import RepeatedMessageFilter, aggregate_repeats, remove_filter
+
+log = logging.getLogger(__name__)
+
+# Loggers a client can make write once per connection or request; their repeats are aggregated.
+CHATTY_LOGGERS = ("uvicorn.error", "asyncio", __name__)
+
+# File descriptors the agent needs besides client connections: about 10 at rest (stdio, the
+# listening socket, the event loop's selector, udev's netlink socket), plus NVML (a few per GPU),
+# /proc reads by up to 8 collector threads at once, bench result files. Generous on purpose.
+RESERVED_FDS = 64
+# A metrics agent has a handful of legitimate clients (Prometheus, a status page, curl); 512 idle
+# connections cost ~5 MB. The cap only matters against floods, where a lower one sheds sooner.
+MAX_CONNECTIONS = 512
+# asyncio accepts up to `backlog` connections per readiness event, before any of them reaches
+# the protocol (and the cap): a small batch keeps that overshoot small.
+ACCEPT_BATCH = 32
+# The kernel's queue of connections not yet accepted; re-set after asyncio set it to the batch
+# size, so that a burst of connects is queued rather than SYN-dropped (a 1 s retransmit for a
+# scrape caught in it).
+LISTEN_BACKLOG = 1024
+# After the graceful deadline has aborted every connection, how long requests still running (a
+# handler stuck in a thread) get before uvicorn cancels them.
+SHUTDOWN_BACKSTOP_SECONDS = 2.0
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Every bound the server keeps, in seconds and connections."""
+
+    # From connection (or from the previous response, on keep-alive) until the whole request,
+    # headers and body, has arrived. A scrape request arrives in one packet.
+    request_timeout_seconds: float = 5.0
+    # A response that the client has not read for this long (the socket buffer stayed full) is
+    # abandoned and the connection aborted.
+    write_stall_timeout_seconds: float = 10.0
+    # SIGTERM: requests in flight get this long to finish; then connections are aborted (and,
+    # SHUTDOWN_BACKSTOP_SECONDS later, handlers still running are cancelled). The unit's
+    # TimeoutStopSec must be well above both (the collectors stop after the server).
+    graceful_shutdown_seconds: float = 3.0
+    # None: derived from RLIMIT_NOFILE (connection_cap).
+    max_connections: int | None = None
+    # Repeated warnings: one line per message per window, with a count.
+    log_window_seconds: float = 60.0
+
+
+def connection_cap(soft_nofile_limit: int) -> int:
+    """Connections served at once under this fd limit: half of what the reserve leaves, so the
+    other half absorbs accept batches (up to 3 x ACCEPT_BATCH in flight before the cap applies)."""
+    return max(8, min(MAX_CONNECTIONS, (soft_nofile_limit - RESERVED_FDS) // 2))
+
+
+class ConnectionGuard:
+    """The open connections, oldest first, and what the server did to keep within its limits."""
+
+    def __init__(self, limits: ServerLimits) -> None:
+        self.limits = limits
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self.max_connections = limits.max_connections or connection_cap(soft)
+        self.open: OrderedDict[GuardedProtocol, None] = OrderedDict()
+        # Counters since start: connections closed because ...
+        self.evicted = 0  # ... the cap was reached and they were still waiting for a request
+        self.refused = 0  # ... the cap was reached and none could be evicted for them
+        self.request_timeouts = 0  # ... their request did not arrive in time
+        self.write_stalls = 0  # ... they did not read their response
+        self.accept_failures = 0  # accept() failed for lack of fds (shed_idle ran)
+
+    def admit(self, connection: GuardedProtocol) -> bool:
+        """Register a new connection; False if it has to be closed at once."""
+        self.open[connection] = None
+        while len(self.open) > self.max_connections:
+            victim = next((c for c in self.open if c is not connection and c.waiting_for_request()), None)
+            if victim is None:
+                self.refused += 1
+                self.open.pop(connection, None)
+                return False
+            self.evicted += 1
+            victim.close_now()
+        return True
+
+    def served(self, connection: GuardedProtocol) -> None:
+        """A response was completed: the connection is now the newest, last in line for eviction."""
+        if connection in self.open:
+            self.open.move_to_end(connection)
+
+    def forget(self, connection: GuardedProtocol) -> None:
+        self.open.pop(connection, None)
+
+    def shed_idle(self, fraction: float = 0.5) -> int:
+        """Close the oldest `fraction` of connections waiting for a request; how many were closed."""
+        idle = [c for c in self.open if c.waiting_for_request()]
+        victims = idle[:max(1, int(len(idle) * fraction))] if idle else []
+        for victim in victims:
+            victim.close_now()
+        self.evicted += len(victims)
+        return len(victims)
+
+
+class GuardedProtocol(H11Protocol):
+    """uvicorn's h11 protocol with a request deadline, a connection cap and a write-stall deadline.
+
+    `guard` is set on a subclass per server (protocol_for), since uvicorn builds protocols itself.
+    """
+
+    guard: ConnectionGuard
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._request_deadline: asyncio.TimerHandle | None = None
+        self._stall_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if not self.guard.admit(self):
+            self.close_now()
+            return
+        self._arm_request_deadline()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.guard.forget(self)
+        self._cancel_timers()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if not self.waiting_for_request():
+            self._cancel(self._request_deadline)
+            self._request_deadline = None
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self.guard.served(self)
+        if not self.transport.is_closing() and self.waiting_for_request():
+            self._arm_request_deadline()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._stall_deadline is None:
+            self._stall_deadline = self.loop.call_later(
+                self.guard.limits.write_stall_timeout_seconds, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._cancel(self._stall_deadline)
+        self._stall_deadline = None
+
+    def waiting_for_request(self) -> bool:
+        """The next request has not fully arrived yet (h11 leaves IDLE at its request line and
+        SEND_BODY at the end of its body); idle keep-alive connections are waiting too."""
+        return self.conn.their_state in (h11.IDLE, h11.SEND_BODY)
+
+    def close_now(self) -> None:
+        """Abort: an idle or hostile peer gets no graceful close, its fd is freed at once."""
+        self.guard.forget(self)
+        self._cancel_timers()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+    def _arm_request_deadline(self) -> None:
+        self._cancel(self._request_deadline)
+        self._request_deadline = self.loop.call_later(
+            self.guard.limits.request_timeout_seconds, self._request_timed_out)
+
+    def _request_timed_out(self) -> None:
+        self._request_deadline = None
+        if self.waiting_for_request():
+            self.guard.request_timeouts += 1
+            self.close_now()
+
+    def _write_stalled(self) -> None:
+        self._stall_deadline = None
+        self.guard.write_stalls += 1
+        log.warning("a client did not read its response for %.0f s: connection closed",
+                    self.guard.limits.write_stall_timeout_seconds)
+        self.close_now()
+
+    def _cancel_timers(self) -> None:
+        self._cancel(self._request_deadline)
+        self._cancel(self._stall_deadline)
+        self._request_deadline = self._stall_deadline = None
+
+    @staticmethod
+    def _cancel(timer: asyncio.TimerHandle | None) -> None:
+        if timer is not None:
+            timer.cancel()
+
+
+def protocol_for(guard: ConnectionGuard) -> type[GuardedProtocol]:
+    return type("GuardedProtocolForServer", (GuardedProtocol,), {"guard": guard})
+
+
+class AgentServer(uvicorn.Server):
+    """uvicorn.Server with a bounded shutdown, fd-exhaustion shedding and aggregated warnings."""
+
+    def __init__(self, config: uvicorn.Config, guard: ConnectionGuard, repeats: RepeatedMessageFilter) -> None:
+        super().__init__(config)
+        self.guard = guard
+        self.repeats = repeats
+        self._last_shed = float("-inf")  # event loop seconds
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().set_exception_handler(self._loop_exception)
+        await super().startup(sockets=sockets)
+        for sock in sockets or []:
+            sock.listen(LISTEN_BACKLOG)
+
+    async def on_tick(self, counter: int) -> bool:
+        if counter % 10 == 0:  # ticks are 0.1 s
+            self.repeats.flush()
+        return await super().on_tick(counter)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # uvicorn waits for connections to finish their responses; a client that reads nothing
+        # never lets its response finish. At the graceful deadline those connections are aborted,
+        # which ends their requests as disconnects (no task cancelled mid-send, no traceback).
+        # uvicorn's own timeout, a little later, stays as the backstop for a stuck handler.
+        deadline = asyncio.get_running_loop().call_later(
+            self.guard.limits.graceful_shutdown_seconds, self._abort_connections)
+        try:
+            await super().shutdown(sockets=sockets)
+        finally:
+            deadline.cancel()
+            self._abort_connections()
+            self.repeats.flush()
+
+    def _abort_connections(self) -> None:
+        for connection in list(self.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if transport is not None and not transport.is_closing():
+                transport.abort()
+
+    def _loop_exception(self, loop: asyncio.AbstractEventLoop, context: dict) -> None:
+        error = context.get("exception")
+        if context.get("message") == "socket.accept() out of system resource":
+            self.guard.accept_failures += 1
+            # asyncio reports each failed accept of a batch and retries after 1 s: shed once per
+            # retry, not once per report, or one batch would close every idle connection.
+            now = loop.time()
+            shed = 0
+            if now - self._last_shed >= 1.0:
+                self._last_shed = now
+                shed = self.guard.shed_idle()
+            log.warning("cannot accept connections (%s): %d open, cap %d; closed %d idle ones",
+                        error, len(self.guard.open), self.guard.max_connections, shed)
+            return
+        loop.default_exception_handler(context)
+
+
+def build_server(app, limits: ServerLimits, log_level: str) -> AgentServer:
+    """The server for `app`; run it with .run(sockets=[sock]) from the main thread."""
+    guard = ConnectionGuard(limits)
+    config = uvicorn.Config(
+        app,
+        http=protocol_for(guard),
+        log_level=log_level,
+        access_log=False,
+        lifespan="off",
+        # No limit_concurrency: it answers 503 to every request past the cap, idle connections
+        # included. The guard caps connections and evicts idle ones instead.
+        timeout_keep_alive=limits.request_timeout_seconds,  # type: ignore[arg-type]
+        timeout_graceful_shutdown=limits.graceful_shutdown_seconds + SHUTDOWN_BACKSTOP_SECONDS,  # type: ignore[arg-type]
+        backlog=ACCEPT_BATCH,
+        server_header=False,
+    )
+    # uvicorn.Config configured its loggers just now: attach the filter after that.
+    repeats = aggregate_repeats(CHATTY_LOGGERS, limits.log_window_seconds)
+    return AgentServer(config, guard, repeats)
+
+
+def stop_aggregating(server: AgentServer) -> None:
+    remove_filter(server.repeats, CHATTY_LOGGERS)
