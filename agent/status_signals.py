@@ -133,6 +133,8 @@ def processes_html(history: History, latest: LatestValues) -> str:
     on_gpus: dict[str, list[tuple[str, float]]] = {}
     for labels, used in latest.all(gpu_metrics.PROCESS_MEMORY_USED.name):
         on_gpus.setdefault(labels["pid"], []).append((labels["gpu"], used))
+    cmdlines = {(labels["pid"], labels["name"]): labels["cmdline"]
+                for labels, _ in latest.all(process.CMDLINE_INFO.name)}
     by_node: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for labels, placed in latest.all(numa.PROCESS_NUMA_RESIDENT.name):
         by_node.setdefault((labels["pid"], labels["name"]), []).append((labels["node"], placed))
@@ -155,9 +157,15 @@ def processes_html(history: History, latest: LatestValues) -> str:
             gpu_nodes_used = sorted({f"{gpu_nodes[(gpu,)]:.0f}" for gpu, _ in gpus if (gpu,) in gpu_nodes})
             where = f" (its GPUs: node {', '.join(gpu_nodes_used)})" if gpu_nodes_used else ""
             rows.append(("Memory by NUMA node", shares + where, False))
+        if key in cmdlines:  # only with process.export_cmdline = true, and redacted
+            rows.append(("Command line", cmdlines[key], False))
         info = watched[key]
-        reason = f"watched: {info['watch_reason']}" if info.get("watch_reason") else ""
-        subtitle = " · ".join(part for part in (info.get("cmdline", ""), reason) if part)
+        executable = info.get("executable", "")
+        subtitle = " · ".join(part for part in (
+            info.get("server", ""), info.get("model", ""),
+            f"runs {executable}" if executable and executable != name else "",
+            f"watched: {info['watch_reason']}" if info.get("watch_reason") else "",
+        ) if part)
         cards.append(card(f"{name} · pid {pid}", key_values(rows), subtitle))
     return f'<div class="grid">{"".join(cards)}</div>'
 

@@ -48,6 +48,7 @@ def build_collectors(config: AgentConfig, source_for: SourceFactory, replay: boo
         cmdline_patterns=config.process.cmdline_patterns,
         gpu_processes=gpu_processes,
         discovery_interval_seconds=config.process.discovery_interval_seconds,
+        export_cmdline=config.process.export_cmdline,
     )
 
     def watched_processes(source: RawSource = sources["process_numa"]) -> dict[int, str]:

@@ -7,6 +7,7 @@ and how many of its pages are on each node (/proc/<pid>/numa_maps).
 """
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import re
@@ -232,7 +233,7 @@ class ProcessNumaCollector:
             try:  # the timer goes through the source so that a replay reports the recorded cost
                 status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
                 started = self._source.call("process_numa.timer", self._timer)
-                maps_text = read_process_file(self._source, self._procfs, pid, "numa_maps", self._log_once)
+                maps_text = self._read_numa_maps(pid)
                 per_node = parse_logged(parse_numa_maps, maps_text, self._path(pid, "numa_maps"),
                                         self._log_once)
                 elapsed = self._source.call("process_numa.timer", self._timer) - started
@@ -248,6 +249,31 @@ class ProcessNumaCollector:
                     samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, name, node)
                 samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, name)
         return samples
+
+    def _read_numa_maps(self, pid: int) -> str | None:
+        """/proc/<pid>/numa_maps, None when unreadable, ProcessGone when the process exited.
+
+        Unlike the process's other files, numa_maps is gated by ptrace read access (proc_mem_open,
+        PTRACE_MODE_READ): the agent needs CAP_SYS_PTRACE or the process's own uid. A denial is
+        then the same for every process, so it is said once for all of them: the deployment
+        without ptrace (deploy/kubernetes-variants/no-ptrace) runs so on purpose.
+        """
+        path = self._path(pid, "numa_maps")
+        try:
+            return self._source.read_text(path)
+        except PermissionError as error:
+            self._log_once("numa_maps denied", "NUMA placement of processes is left out "
+                           "(hybridmon_process_numa_resident_bytes absent): %s is not readable (%s). "
+                           "numa_maps needs ptrace read access to the process: CAP_SYS_PTRACE, or the "
+                           "agent running as the process's user. Expected where the agent runs "
+                           "without it (deploy/kubernetes-variants/no-ptrace); said once for every "
+                           "process", path, error.strerror)
+            return None
+        except OSError as error:
+            if error.errno in (errno.ENOENT, errno.ESRCH):
+                raise ProcessGone(pid) from None
+            self._log_once(f"error:{path}", "cannot read %s: %s; its series are left out", path, error)
+            return None
 
     def _path(self, pid: int, name: str) -> str:
         return os.path.join(self._procfs, str(pid), name)

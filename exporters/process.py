@@ -3,6 +3,9 @@
 Which processes: the configured pids, those whose comm or command line matches the configuration,
 and those the GPU collector sees holding GPU memory. ProcessCollector.watched() hands that list to
 numa.ProcessNumaCollector, which says on which NUMA nodes each one's CPUs and pages are.
+
+Identity comes from the command line, but the line itself is exported only when asked for
+(export_cmdline), redacted: the endpoints are unauthenticated (see process_cmdline.py).
 """
 from __future__ import annotations
 
@@ -11,12 +14,12 @@ import math
 import os
 import re
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
 from agent.sources import RawSource, ReplayedCallError
 from exporters.base import LogOnce, MetricSpec, ParseError, Samples, parse_logged
+from exporters.process_cmdline import arguments_of, cmdline_label, identify
 from exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
@@ -58,16 +61,20 @@ MEMLOCK_LIMIT = MetricSpec("hybridmon_process_memlock_limit_bytes",
                            "buffers for KV offload need it well above the common 8 MiB default.",
                            "gauge", _PROCESS)
 INFO = MetricSpec("hybridmon_process_info",
-                  "Always 1: the command line (/proc/<pid>/cmdline, the value of any option whose "
-                  "name contains key, token, secret, passw, auth, credential or cookie replaced by "
-                  "<redacted>, then cut to 200 characters) and why the process is watched: config "
-                  "(pids, names, cmdline_patterns) or gpu (holds GPU memory).",
-                  "gauge", ("pid", "name", "cmdline", "watch_reason"))
-CMDLINE_LABEL_LIMIT = 200
-REDACTED = "<redacted>"
-# Options whose value may be a secret (vLLM --api-key, --hf-token, ...). Broad on purpose: hiding
-# --max-num-batched-tokens too costs a label detail, a leaked key costs a credential.
-_SECRET_OPTION = re.compile(r"(?i)(key|token|secret|passw|auth|credential|cookie)")
+                  "Always 1: what the process is, from its command line (/proc/<pid>/cmdline) and "
+                  "never the line itself: executable (basename of argv[0]), server (inference "
+                  "server family: vllm, sglang, llamacpp, tgi, ollama; empty when unknown), model "
+                  "(the served model name, else the weights: a path by its last component, a URL "
+                  "without user-info or query), and why the process is watched: config (pids, "
+                  "names, cmdline_patterns) or gpu (holds GPU memory).",
+                  "gauge", ("pid", "name", "executable", "server", "model", "watch_reason"))
+CMDLINE_INFO = MetricSpec("hybridmon_process_cmdline_info",
+                          "Always 1, only with process.export_cmdline = true: the command line "
+                          "(/proc/<pid>/cmdline) with secrets replaced by <redacted> (values of "
+                          "options and env-style assignments named like key, token, secret, pass, "
+                          "pwd, auth, credential or cookie; of -p and -k; URL user-info; bearer "
+                          "tokens; hf_, sk-, ghp_, AKIA... token shapes), cut to 200 characters.",
+                          "gauge", ("pid", "name", "cmdline"))
 _PID_ENTRY = re.compile(r"[0-9]{1,10}")
 _STAT_FIELDS_AFTER_COMM = 20  # state (field 3) .. starttime (field 22)
 
@@ -131,61 +138,22 @@ def format_cmdline(raw: str) -> str:
     return raw.replace("\0", " ").strip()
 
 
-def cmdline_label(raw: str) -> str:
-    """/proc/<pid>/cmdline as the cmdline label: secrets redacted, then cut to 200 characters."""
-    return " ".join(redact_secrets(raw.split("\0")))[:CMDLINE_LABEL_LIMIT]
-
-
-def redact_secrets(arguments: Iterable[str]) -> list[str]:
-    """The words of a command line with the value of each secret-looking option replaced.
-
-    Both `--api-key VALUE` and `--api-key=VALUE` are covered. A value is hidden whole even when it
-    holds spaces; any other argument holding spaces is split into words first, since a process
-    that rewrote its title (setproctitle) shows its whole command line as one argument. The word
-    after a secret option is taken for its value unless it starts with "--".
-    """
-    words: list[str] = []
-    pending = deque(arguments)
-    hide_next = False
-    while pending:
-        argument = pending.popleft()
-        if hide_next and not argument.lstrip().startswith("--"):
-            hide_next = False
-            if argument.strip():
-                words.append(REDACTED)
-            continue
-        hide_next = False
-        option, equals, _ = argument.partition("=")
-        if equals and _is_secret_option(option):
-            words.append(f"{option}={REDACTED}")
-            continue
-        parts = argument.split()
-        if len(parts) > 1:
-            pending.extendleft(reversed(parts))
-        elif parts:
-            words.append(parts[0])
-            hide_next = _is_secret_option(parts[0])
-    return words
-
-
-def _is_secret_option(word: str) -> bool:
-    return (word.startswith("-") and not any(c.isspace() for c in word)
-            and _SECRET_OPTION.search(word) is not None)
-
-
 class ProcessCollector:
-    """Memory, page faults, CPU time and identity of the watched processes."""
+    """Memory, page faults, CPU time and identity of the watched processes.
+
+    export_cmdline: also export each one's redacted command line (hybridmon_process_cmdline_info).
+    """
 
     name = "process"
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
-                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, INFO)
+                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, INFO, CMDLINE_INFO)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
                  gpu_processes: Callable[[], Mapping[int, str]] = lambda: {},
                  discovery_interval_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic,
-                 clock_ticks_per_second: int | None = None) -> None:
+                 clock_ticks_per_second: int | None = None, export_cmdline: bool = False) -> None:
         self._source = source
         self._procfs = procfs
         self._pids = tuple(int(pid) for pid in pids)
@@ -201,6 +169,7 @@ class ProcessCollector:
         self._discovery_interval = discovery_interval_seconds
         self._clock = clock
         self._ticks_per_second = clock_ticks_per_second
+        self._export_cmdline = export_cmdline
         self._boot_time: int | None = None
         self._boot_time_read = False
         self._last_scan: float | None = None
@@ -246,7 +215,11 @@ class ProcessCollector:
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
             samples.add(MEMLOCK_LIMIT, self._memlock_limit(pid), pid, stat.comm)
             if cmdline_text is not None:
-                samples.add(INFO, 1, pid, stat.comm, cmdline_label(cmdline_text), reason)
+                identity = identify(arguments_of(cmdline_text))
+                samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
+                            reason)
+                if self._export_cmdline:
+                    samples.add(CMDLINE_INFO, 1, pid, stat.comm, cmdline_label(cmdline_text))
         self._current = current
         return samples
 

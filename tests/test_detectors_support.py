@@ -134,7 +134,7 @@ def process_rows(pid: str, name: str, *, start_time: float = T0 - 86400, residen
         (process.MAJOR_FAULTS, major_faults, *labels),
         (process.START_TIME, start_time, *labels),
         (process.MEMLOCK_LIMIT, memlock_limit, *labels),
-        (process.INFO, 1, *labels, f"/usr/bin/{name}", "gpu"),
+        (process.INFO, 1, *labels, name, "", "", "gpu"),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import json
 import re
+import shutil
 import time
 
 import httpx
@@ -32,6 +33,7 @@ from exporters.inference_names import BY_FIELD, SCRAPE_ERROR, SCRAPE_SUCCESS
 from tests import fake_nvml
 from tests.agent_helpers import fixture_config, free_port, run_every_collector_once
 from tests.bench_helpers import BENCH_FIXTURES
+from tests.conftest import FIXTURE_HOST
 from tests.live_stack import AdvancingInferenceServer
 from tests.status_page_helpers import PHONE_WIDTH, PageStructure, chromium, chromium_binary, count_colour
 from tests.test_end_to_end import start_daemon, stop_daemon, wait_for
@@ -98,7 +100,8 @@ def test_fixture_host_page_lists_findings_by_severity_with_runbooks_and_the_sign
     swapped = latest_value(fixture_agent, process.SWAP.name, pid="4242")
     node1 = latest_value(fixture_agent, numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="1")
     node0 = latest_value(fixture_agent, numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="0")
-    assert "python3 · pid 4242" in processes and "vllm.entrypoints.openai.api_server" in processes
+    assert "python3 · pid 4242" in processes and "vllm · meta-llama/Meta-Llama-3-8B-Instruct" in processes
+    assert "vllm.entrypoints" not in page  # no command line unless process.export_cmdline is set
     assert f"{human_bytes(on_gpu)} on GPU 0" in processes and human_bytes(swapped) in processes
     assert f"node 1: {node1 / (node0 + node1) * 100:.0f} %" in processes and "its GPUs: node 0" in processes
     assert "0.0/s" in processes  # the fixture's counters stand still between the two samples
@@ -252,11 +255,54 @@ class HostileDetector:
                         description="</details><script>alert(3)</script>")]
 
 
+# A server started with secrets on its command line, as issue 11 found them shown.
+SECRETS = ("s3cret", "hf_abc", "user:pass", "pw-after-p", "key-after-k", "pass-value", "pwd-value")
+SECRET_ARGUMENTS = ("vllm", "serve", "org/served-model", "--api-key", "s3cret", "HF_TOKEN=hf_abc",
+                    "--download-dir", "https://user:pass@mirror.example/models", "-p", "pw-after-p",
+                    "-k", "key-after-k", "--pass", "pass-value", "--pwd=pwd-value", "--port", "8000")
+
+
+def agent_with_a_secret_holding_server(tmp_path, **overrides) -> Agent:
+    """The fixture host plus pid 7777: a copy of 5151 whose command line holds SECRETS."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURE_HOST / "proc", procfs, symlinks=True)
+    shutil.copytree(procfs / "5151", procfs / "7777")
+    (procfs / "7777" / "cmdline").write_text("\0".join(SECRET_ARGUMENTS) + "\0")
+    fake_nvml.reset()
+    agent = Agent(fixture_config(**{"paths.procfs": str(procfs), "state_dir": str(tmp_path / "state"),
+                                    **overrides}))
+    run_every_collector_once(agent, at=NOW)
+    return agent
+
+
+@pytest.mark.parametrize("export_cmdline", [False, True])
+def test_no_secret_of_a_command_line_reaches_metrics_or_the_page(tmp_path, export_cmdline):
+    agent = agent_with_a_secret_holding_server(tmp_path, **{"process.export_cmdline": export_cmdline})
+    try:
+        client = TestClient(create_app(agent))
+        metrics, page = client.get("/metrics").text, client.get("/").text
+    finally:
+        agent.stop()
+        fake_nvml.reset()
+    for secret in SECRETS:
+        assert secret not in metrics and secret not in page, secret
+    info = [line for line in metrics.splitlines() if line.startswith('hybridmon_process_info{') and 'pid="7777"' in line]
+    assert info == ['hybridmon_process_info{executable="vllm",model="org/served-model",name="llama-server",'
+                    'pid="7777",server="vllm",watch_reason="config"} 1.0']
+    processes = section_text(page, "processes")
+    assert "llama-server · pid 7777" in processes and "vllm · org/served-model · runs vllm" in processes
+    shown = "--api-key <redacted> HF_TOKEN=<redacted>"
+    assert (shown in metrics, shown in processes, "--port 8000" in processes) == (export_cmdline,) * 3
+    assert ("hybridmon_process_cmdline_info{" in metrics) is export_cmdline
+
+
 def test_hostile_names_and_command_lines_are_shown_as_text_not_markup(fixture_agent):
     hostile_name = "<script>alert(4)</script>"
     hostile_cmdline = '"><img src=x onerror=alert(5)> --x=\'<iframe>\''
     samples = Samples()
-    samples.add(process.INFO, 1.0, "666", hostile_name, hostile_cmdline, "gpu")
+    hostile_executable = "<b>exe</b>"
+    samples.add(process.INFO, 1.0, "666", hostile_name, hostile_executable, "vllm", "<i>m</i>", "gpu")
+    samples.add(process.CMDLINE_INFO, 1.0, "666", hostile_name, hostile_cmdline)
     samples.add(process.RESIDENT, 2**30, "666", hostile_name)
     fixture_agent.history.commit("process", NOW + 1, samples)
     hostile_endpoint = 'http://127.0.0.1:1/metrics?"><script>alert(7)</script>'
@@ -276,7 +322,8 @@ def test_hostile_names_and_command_lines_are_shown_as_text_not_markup(fixture_ag
     tags = {tag for tag, _attrs in parsed.tags}
     assert not tags & {"script", "img", "iframe", "b"}, tags
     assert not [name for _tag, attrs in parsed.tags for name in attrs if name.startswith("on")]
-    for shown in (hostile_name, hostile_cmdline, "swap <b>thrash</b> & <img src=x onerror=alert(2)>",
+    assert "i" not in tags
+    for shown in (hostile_name, hostile_cmdline, f"vllm · <i>m</i> · runs {hostile_executable}", "swap <b>thrash</b> & <img src=x onerror=alert(2)>",
                   "</details><script>alert(3)</script>", '1" onmouseover="x', hostile_endpoint,
                   f"<b>vllm</b> · {hostile_model}", f"failed: see the agent log ({hostile_reason})"):
         assert shown in parsed.text, shown
