@@ -10,7 +10,6 @@ memory from whatever runs there:
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import os
 import stat
@@ -28,12 +27,16 @@ from agent.bench.runner import BenchError, BenchRunner, GpuActivity, busy_reason
 from agent.config import AgentConfig
 from agent.detectors import common, windows
 from agent.history import History
+from exporters.jsonsafe import loads_bounded
 from exporters.nvml import GpuLostError
 
 log = logging.getLogger(__name__)
 
 MIN_TOKEN_LENGTH = 16
+MAX_TOKEN_FILE_CHARS = 4096
 MAX_BODY_BYTES = 4096
+MAX_BODY_DEPTH = 4
+"""The body is one flat object; a little nesting still gets pydantic's error naming the field."""
 
 
 class BenchRequest(BaseModel):
@@ -49,7 +52,7 @@ def load_token(path: str | None) -> str | None:
     try:
         mode = os.stat(path).st_mode
         with open(path, encoding="utf-8") as handle:
-            token = handle.read().strip()
+            token = handle.read(MAX_TOKEN_FILE_CHARS).strip()  # bounded: the path may be a device
     except (OSError, UnicodeDecodeError) as error:
         log.error("benchmark endpoint off: token file %s cannot be read (%s)", path, error)
         return None
@@ -57,8 +60,11 @@ def load_token(path: str | None) -> str | None:
         log.error("benchmark endpoint off: the token in %s must be at least %d characters without "
                   "spaces (e.g. `openssl rand -hex 32`)", path, MIN_TOKEN_LENGTH)
         return None
-    if mode & (stat.S_IRGRP | stat.S_IROTH):
-        log.warning("token file %s is readable by other users: chmod 600 it", path)
+    if mode & (stat.S_IRGRP | stat.S_IROTH | stat.S_IWGRP | stat.S_IWOTH):
+        # Anyone who can read it can start benchmarks; anyone who can write it can set their own.
+        log.error("benchmark endpoint off: token file %s is open to other users (mode %s); "
+                  "`chmod 600 %s` and restart", path, stat.filemode(mode), path)
+        return None
     return token
 
 
@@ -73,9 +79,16 @@ class BenchService:
         self.status: dict[str, Any] = {"state": "idle"}
 
     def authorized(self, header: str | None) -> bool:
-        if self.token is None or not header or not header.startswith("Bearer "):
+        """An `Authorization: Bearer <token>` header with this agent's token; the scheme name is
+        case-insensitive (RFC 7235 section 2.1), the token is not."""
+        if self.token is None or not header:
             return False
-        return hmac.compare_digest(header[len("Bearer "):].strip().encode(), self.token.encode())
+        scheme, _, credentials = header.strip().partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        # compare_digest on bytes: a str with non-ASCII characters would raise TypeError.
+        return hmac.compare_digest(credentials.strip().encode("utf-8", "surrogateescape"),
+                                   self.token.encode())
 
     def known_gpus(self) -> list[int]:
         """GPUs the agent saw in its last minute of samples."""
@@ -179,7 +192,8 @@ def router(service: BenchService) -> APIRouter:
             if len(body) > MAX_BODY_BYTES:
                 return JSONResponse({"error": f"body over {MAX_BODY_BYTES} bytes"}, status_code=413)
         try:
-            parsed = BenchRequest.model_validate(json.loads(body or b"{}"))
+            parsed = BenchRequest.model_validate(loads_bounded(bytes(body) or b"{}", MAX_BODY_BYTES,
+                                                               MAX_BODY_DEPTH))
         except (ValueError, ValidationError) as error:
             return JSONResponse({"error": f"body must be JSON like {{\"gpu\": 0, \"force\": false}}: "
                                  f"{str(error)[:300]}"}, status_code=400)

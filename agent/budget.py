@@ -18,10 +18,19 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from exporters.jsonsafe import loads_bounded
+
 
 class BudgetError(ValueError):
     """Bad input to the budget (unknown model, unreadable config.json, unparseable size)."""
 
+
+class StoredResultError(BudgetError):
+    """A stored `hybridmon bench` result exists but cannot be read: bad data, not a bad flag."""
+
+
+MAX_CONFIG_JSON_BYTES = 16 * 1024 * 1024
+"""A Hugging Face config.json is a few KB; multimodal ones with vocabularies inside stay well under this."""
 
 # Element size of the KV cache in bits, so that 4-bit quantization stays integer arithmetic.
 DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "q8": 8, "q4": 4}
@@ -110,9 +119,11 @@ def load_config_json(path: str | Path) -> ModelShape:
     except UnicodeDecodeError:
         raise BudgetError(f"{path} is not UTF-8 text; expected a Hugging Face config.json") from None
     try:
-        config = json.loads(text)
+        config = loads_bounded(text, MAX_CONFIG_JSON_BYTES)
     except json.JSONDecodeError as error:
         raise BudgetError(f"{path} is not valid JSON (line {error.lineno}, column {error.colno}: {error.msg})") from None
+    except ValueError as error:  # too large or too deeply nested
+        raise BudgetError(f"{path}: {error}; expected a Hugging Face config.json") from None
     if not isinstance(config, dict):
         raise BudgetError(f"{path}: expected a JSON object, found {type(config).__name__}")
     if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
@@ -201,11 +212,18 @@ def _parse_quantity(text: str, what: str, per_second: bool) -> float:
 def measured_bandwidth(state_dir: str | os.PathLike[str]) -> tuple[float, str] | None:
     """(bytes/s, where it comes from) for reloading KV: the pinned host-to-device capacity of this
     host's latest `hybridmon bench` runs, the slowest GPU's when there are several (a context may
-    land on any of them). None when nothing was measured."""
+    land on any of them). None when nothing was measured. A stored result that cannot be read is
+    a BudgetError naming its file: the slowest GPU may be the one whose result is corrupt, and
+    "nothing measured" would send the operator to re-measure a host that was measured."""
     from agent.bench.store import load_latest, measured_capacity  # keeps `budget` light
 
+    runs, problems = load_latest(state_dir)
+    if problems:
+        raise StoredResultError(
+            "stored benchmark result corrupt or unreadable: " + "; ".join(problems)
+            + ". Remove it and run `hybridmon bench` again, or pass --bandwidth (e.g. 24GB/s)")
     slowest = None
-    for run in load_latest(state_dir)[0]:
+    for run in runs:
         if run.contended:
             continue
         measured = measured_capacity(run).get("host_to_device")

@@ -11,6 +11,7 @@ import pytest
 
 from agent import budget
 from agent.budget import BudgetError
+from agent.cli import EXIT_USAGE
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -259,8 +260,8 @@ def test_cli_config_json(tmp_path):
         (("--config-json", "/nonexistent/config.json", "--context", "10"), "cannot read /nonexistent/config.json"),
     ],
 )
-def test_cli_bad_input_exits_2_with_a_message(args, message):
+def test_cli_bad_input_exits_with_the_usage_code_and_a_message(args, message):
     result = _cli(*args)
-    assert result.returncode == 2
+    assert result.returncode == EXIT_USAGE
     assert message in result.stderr
     assert result.stdout == ""

@@ -182,7 +182,7 @@ def binary_source_hash(binary: Path) -> str:
             [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
         )
         return str(json.loads(proc.stdout)["source_sha256"])
-    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError) as exc:
+    except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError, RecursionError) as exc:
         raise BenchBuildError(f"{binary} is not a runnable offload benchmark: {exc}") from exc
 
 

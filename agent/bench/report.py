@@ -6,13 +6,20 @@ version or a truncated output never turns into a bandwidth figure.
 """
 from __future__ import annotations
 
-import json
+import math
 from dataclasses import dataclass
+
+from exporters.jsonsafe import loads_bounded
 
 SCHEMA_VERSION = 1
 DIRECTIONS = {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional"}
 MEMORY_KINDS = ("pinned", "pageable")
 GIGA = 1e9
+MAX_REPORT_BYTES = 1024 * 1024
+"""Largest report read: the binary prints about 20 KB (a result per size, direction and memory)."""
+MAX_PROGRESS_LINE_BYTES = 4096
+LARGEST_INTEGER = 2**53
+"""Integers beyond this (exact as a float) are in no report; 10**5000 would even fail str()."""
 
 
 class ReportError(ValueError):
@@ -73,7 +80,9 @@ def _field(obj: dict, name: str, kinds: type | tuple[type, ...], where: str):
     if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
         raise ReportError(f"{where}: {name!r} is {value!r}, not a number")
     if not isinstance(value, kinds):
-        raise ReportError(f"{where}: {name!r} is {value!r}, not {_kind_names(kinds)}")
+        raise ReportError(f"{where}: {name!r} is {str(value)[:80]}, not {_kind_names(kinds)}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST_INTEGER:
+        raise ReportError(f"{where}: {name!r} is out of range")
     return value
 
 
@@ -86,9 +95,21 @@ def _node(obj: dict, name: str, where: str) -> int | None:
     return _field(obj, name, (int, type(None)), where)
 
 
-def _load_object(text: str, what: str) -> dict:
+def _finite(obj: dict, name: str, where: str) -> float:
+    """A number that stays finite as a float (JSON allows 1e999 and 10**400; neither is a figure)."""
+    value = _field(obj, name, (int, float), where)
     try:
-        obj = json.loads(text)
+        as_float = float(value)
+    except OverflowError:
+        as_float = math.inf
+    if not math.isfinite(as_float):
+        raise ReportError(f"{where}: {name!r} is not a finite number")
+    return as_float
+
+
+def _load_object(text: str, what: str, max_bytes: int = MAX_REPORT_BYTES) -> dict:
+    try:
+        obj = loads_bounded(text, max_bytes)
     except ValueError as error:
         raise ReportError(f"{what} is not JSON ({error}): {text[:200]!r}") from None
     if not isinstance(obj, dict):
@@ -114,10 +135,9 @@ def parse_report(text: str) -> Report:
             raise ReportError(f"{where}: unknown direction/memory {direction!r}/{memory!r}")
         if _field(item, "verified", bool, where) is not True:
             raise ReportError(f"{where}: copy not verified")
-        bandwidths = [_field(item, name, (int, float), where) for name in
-                      ("median_gbps", "min_gbps", "max_gbps")]
+        bandwidths = [_finite(item, name, where) for name in ("median_gbps", "min_gbps", "max_gbps")]
         median, low, high = bandwidths
-        if not 0 < low <= median <= high:
+        if not (0 < low <= median <= high and math.isfinite(high * GIGA)):
             raise ReportError(f"{where}: bandwidths out of order or not positive: {bandwidths}")
         results.append(CopyResult(
             direction=DIRECTIONS[direction], memory=memory,
@@ -138,7 +158,7 @@ def parse_report(text: str) -> Report:
         device_numa_node=_node(device, "numa_node", "device"),
         free_memory_bytes=_field(device, "free_memory_bytes", int, "device"),
         numa_node=_node(obj, "numa_node", "report"),
-        elapsed_seconds=float(_field(obj, "elapsed_seconds", (int, float), "report")),
+        elapsed_seconds=_finite(obj, "elapsed_seconds", "report"),
         time_limit_reached=_field(obj, "time_limit_reached", bool, "report"),
         results=tuple(results), skipped=tuple(skipped), raw=obj)
 
@@ -160,9 +180,9 @@ def parse_error(text: str) -> BinaryError:
 def parse_progress(line: str) -> Progress | None:
     """One stderr line; None for anything that is not a progress line (e.g. a driver warning)."""
     try:
-        item = json.loads(line)["progress"]
+        item = loads_bounded(line, MAX_PROGRESS_LINE_BYTES)["progress"]
         return Progress(step=int(item["step"]), steps=int(item["steps"]),
                         direction=DIRECTIONS.get(item["direction"], str(item["direction"])),
                         memory=str(item["memory"]), transfer_bytes=int(item["bytes"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, OverflowError):
         return None

@@ -26,10 +26,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.bench.report import Report, ReportError, parse_report
+from agent.bench.report import LARGEST_INTEGER, Report, ReportError, parse_report
+from exporters.jsonsafe import loads_bounded
 
 RECORD_FORMAT = 1
 RUNS_KEPT_PER_GPU = 50
+MAX_STORED_RUN_BYTES = 4 * 1024 * 1024
+"""Largest stored run read: three placements' reports of about 20 KB each, with room to spare."""
+LARGEST_LINK_FIELD = 64
+"""PCIe generations and widths are small (Gen1-7, x1-x32); a larger one is no link."""
+LATEST_FINISHED_AT = 1e10
+"""finished_at is Unix seconds: a later one (year 2286) comes from no clock and breaks gmtime."""
 PLACEMENTS = ("local", "remote", "unbound")
 _SAFE_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
 
@@ -64,17 +71,19 @@ def latest_dir(state_dir: str | os.PathLike[str]) -> Path:
     return bench_dir(state_dir) / "latest"
 
 
-def _optional_int(obj: dict, name: str) -> int | None:
+def _optional_int(obj: dict, name: str, largest: int = LARGEST_INTEGER) -> int | None:
     value = obj.get(name)
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ReportError(f"stored run: {name!r} is {value!r}, not an integer")
+        raise ReportError(f"stored run: {name!r} is {str(value)[:80]}, not an integer")
+    if value is not None and not -1 <= value <= largest:
+        raise ReportError(f"stored run: {name!r} is out of range (-1 to {largest})")
     return value
 
 
 def parse_stored_run(text: str) -> StoredRun:
     """A stored run, checked as strictly as the binary's report; raises ReportError."""
     try:
-        obj = json.loads(text)
+        obj = loads_bounded(text, MAX_STORED_RUN_BYTES)
     except ValueError as error:
         raise ReportError(f"stored run is not JSON: {error}") from None
     if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
@@ -82,8 +91,14 @@ def parse_stored_run(text: str) -> StoredRun:
     gpu, link = obj.get("gpu"), obj.get("link")
     if not isinstance(gpu, dict) or not isinstance(obj.get("placements"), list):
         raise ReportError("stored run lacks 'gpu' or 'placements'")
-    if not isinstance(obj.get("finished_at"), (int, float)):
+    finished_at = obj.get("finished_at")
+    if isinstance(finished_at, bool) or not isinstance(finished_at, (int, float)):
         raise ReportError("stored run lacks 'finished_at'")
+    if not 0 <= finished_at <= LATEST_FINISHED_AT:  # also false for NaN
+        raise ReportError(f"stored run: 'finished_at' {finished_at!r} is not a Unix time")
+    contended = obj.get("contended")
+    if contended is not None and not isinstance(contended, str):
+        raise ReportError("stored run: 'contended' is neither null nor a reason")
     reports = {}
     for entry in obj["placements"]:
         placement = entry.get("placement") if isinstance(entry, dict) else None
@@ -92,18 +107,22 @@ def parse_stored_run(text: str) -> StoredRun:
         reports[placement] = parse_report(json.dumps(entry.get("report")))
     parsed_link = None
     if isinstance(link, dict):
-        generation, width = _optional_int(link, "generation"), _optional_int(link, "width")
+        generation, width = (_optional_int(link, name, LARGEST_LINK_FIELD)
+                             for name in ("generation", "width"))
         if generation and width:
-            parsed_link = Link(generation, width, _optional_int(link, "max_generation"),
-                               _optional_int(link, "max_width"))
-    failures = tuple((str(item.get("placement")), str(item.get("error")))
-                     for item in obj.get("failures") or () if isinstance(item, dict))
+            parsed_link = Link(generation, width, _optional_int(link, "max_generation", LARGEST_LINK_FIELD),
+                               _optional_int(link, "max_width", LARGEST_LINK_FIELD))
+    listed_failures = obj.get("failures")
+    if listed_failures is not None and not isinstance(listed_failures, list):
+        raise ReportError("stored run: 'failures' is neither null nor a list")
+    failures = tuple((str(item.get("placement"))[:200], str(item.get("error"))[:2000])
+                     for item in listed_failures or () if isinstance(item, dict))
     index = _optional_int(gpu, "index")
     return StoredRun(
-        finished_at=float(obj["finished_at"]), gpu_index=-1 if index is None else index,
+        finished_at=float(finished_at), gpu_index=-1 if index is None else index,
         uuid=str(gpu.get("uuid") or ""), name=str(gpu.get("name") or ""),
         pci_bus_id=str(gpu.get("pci_bus_id") or ""), gpu_numa_node=_optional_int(gpu, "numa_node"),
-        link=parsed_link, contended=obj.get("contended") or None, reports=reports,
+        link=parsed_link, contended=contended or None, reports=reports,
         failures=failures)
 
 
@@ -169,10 +188,23 @@ def load_latest(state_dir: str | os.PathLike[str]) -> tuple[list[StoredRun], lis
             continue
         path = directory / name
         try:
-            runs.append(parse_stored_run(path.read_text(encoding="utf-8")))
+            runs.append(parse_stored_run(read_stored_text(path)))
         except (OSError, ReportError) as error:
             problems.append(f"{path}: {error}")
     return runs, problems
+
+
+def read_stored_text(path: Path) -> str:
+    """A stored run's text, reading at most one byte more than MAX_STORED_RUN_BYTES (so a huge
+    file is refused without being read whole); ReportError when it is too large or not UTF-8."""
+    with open(path, "rb") as handle:
+        data = handle.read(MAX_STORED_RUN_BYTES + 1)
+    if len(data) > MAX_STORED_RUN_BYTES:
+        raise ReportError(f"stored run is over {MAX_STORED_RUN_BYTES:,} bytes: not one hybridmon wrote")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ReportError(f"stored run is not UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def preferred_placement(run: StoredRun) -> str | None:

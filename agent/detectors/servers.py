@@ -126,13 +126,12 @@ def summed_average_steps(series: list[SeriesHistory], start: float, end: float
                          ) -> tuple[list[float], list[float]]:
     """avg_over_time(x[1m]) every minute from end back to start, summed over `series`."""
     totals: dict[float, float] = {}
+    steps = windows.step_times(start, end)
     for one in series:
-        at = end
-        while at >= start + windows.AVERAGE_SECONDS:
+        for at in steps:
             value = windows.avg_over_time(one, at)
             if value is not None:
                 totals[at] = totals.get(at, 0.0) + value
-            at -= windows.AVERAGE_SECONDS
     times = sorted(totals)
     return times, [totals[t] for t in times]
 

@@ -29,6 +29,9 @@ INSTANT_LOOKBACK_SECONDS = 60.0
 """A state gauge's current value is its last point at most this old; older means absent."""
 TREND_POINTS = 300
 """Theil-Sen looks at most at this many points (n^2/2 pairwise slopes), picked evenly in time."""
+MAX_STEPS = 1440
+"""Most evaluation times of one subquery: a day of minutes, far more than any detector's window
+(thresholds.toml), so the bound only ever cuts a hostile or broken input."""
 
 
 def window(series: SeriesHistory, now: float, seconds: float) -> tuple[list[float], list[float]]:
@@ -99,21 +102,37 @@ def rate(series: SeriesHistory, now: float, seconds: float = AVERAGE_SECONDS) ->
     return increase * (covered / sampled) / seconds
 
 
+def step_times(start: float, end: float, step: float = AVERAGE_SECONDS,
+               seconds: float = AVERAGE_SECONDS, at_most: int = MAX_STEPS) -> list[float]:
+    """The evaluation times of a `[start, end]` subquery with resolution `step` and a window of
+    `seconds`, oldest first: end, end - step, ... while a whole window fits after start, the
+    newest `at_most` of them. Whatever the input it ends: none for a time or step that is not
+    finite or a step that is not positive, and it stops where subtracting `step` no longer
+    changes the time (above about 1e16 s a float cannot tell 60 s apart)."""
+    if not all(math.isfinite(x) for x in (start, end, step, seconds)) or step <= 0:
+        return []
+    times: list[float] = []
+    at = end
+    while at >= start + seconds and len(times) < at_most:
+        times.append(at)
+        at, previous = at - step, at
+        if at >= previous:
+            break
+    times.reverse()
+    return times
+
+
 def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AVERAGE_SECONDS,
                seconds: float = AVERAGE_SECONDS) -> tuple[list[float], list[float]]:
     """rate(x[seconds]) evaluated every `step` from `end` back to `start`, oldest first, leaving
-    out steps without a rate: PromQL's `rate(x[1m])[w:1m]` subquery."""
+    out steps without a rate: PromQL's `rate(x[1m])[w:1m]` subquery (times from step_times)."""
     times: list[float] = []
     values: list[float] = []
-    at = end
-    while at >= start + seconds:
+    for at in step_times(start, end, step, seconds):
         value = rate(series, at, seconds)
         if value is not None:
             times.append(at)
             values.append(value)
-        at -= step
-    times.reverse()
-    values.reverse()
     return times, values
 
 
