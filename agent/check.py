@@ -3,11 +3,13 @@
 It samples for a short window, then asks every detector that can judge such a window whether its
 condition holds at the end. `for` durations are not waited out: a check reports what it saw.
 Detectors that need more history than the window, or a GPU this host does not have, are listed as
-skipped with the reason.
+skipped with the reason. A check that could not read what every Linux host has (memory, NUMA nodes,
+processes, pressure) says so with exit 3 instead of calling the host healthy.
 """
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -19,12 +21,24 @@ from agent.detectors.base import Finding
 from agent.detectors.engine import EvaluationView
 from agent.findings import SEVERITY_ORDER
 from agent.runbooks import runbooks_directory
+from exporters.base import Samples
+from exporters.host_memory import MEMORY_TOTAL, PAGE_FAULTS
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL, EXIT_COULD_NOT_RUN = 0, 1, 2, 3
 # Detectors that average over a minute judge a shorter window on the points it has.
 AVERAGING_SECONDS = 60.0
-# Without these the check has nothing to judge the host by.
-COLLECTORS_THAT_MUST_WORK = {"host_memory", "pressure"}
+# What every Linux host can be read by; without any one of them a check cannot vouch for the host,
+# so a failure, nothing found to read, or no run at all is exit 3, naming the collector:
+# host_memory (/proc/meminfo, /proc/vmstat: memory and swap), numa (/sys/devices/system/node: every
+# server kernel has CONFIG_NUMA, a one-socket host has node0), process (/proc/<pid>: the inference
+# processes), pressure (/proc/pressure).
+ESSENTIAL_COLLECTORS = ("host_memory", "numa", "process", "pressure")
+# Absences that are a kernel setting, not a broken read: PSI is built but off by default on RHEL 8
+# and its rebuilds (psi=1 turns it on); swap_thrash, its one reader, judges major faults instead.
+MAY_HAVE_NO_DATA = {"pressure"}
+# A collector succeeds on part of its files; these series show the part a check cannot do without
+# was read (MemTotal from /proc/meminfo, pgfault from /proc/vmstat).
+ESSENTIAL_SERIES = {"host_memory": ((MEMORY_TOTAL.name, "meminfo"), (PAGE_FAULTS.name, "vmstat"))}
 GPU_DETECTORS = {"pcie_starvation", "pcie_link_degraded", "pcie_errors", "gpu_lost", "gpu_memory_headroom", "numa_misplacement"}
 # The collectors a detector judges: when the first of them found no source on this host (no GPU,
 # no benchmark run, no inference server), the detector is skipped with that collector's reason.
@@ -49,8 +63,12 @@ class CheckResult:
     collector_failures: dict[str, str]
     duration_seconds: float
     unreadable: dict[str, str]      # collectors that failed or found no source, with the reason
+    # Essential collectors that failed, found nothing or did not run: the check cannot vouch for the host.
+    could_not_read: dict[str, str]
 
     def exit_code(self, strict: bool = False) -> int:
+        if self.could_not_read:
+            return EXIT_COULD_NOT_RUN
         severities = {f.severity for f in self.findings}
         if "critical" in severities:
             return EXIT_CRITICAL
@@ -76,6 +94,8 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
         failures = {name: s.last_error or "failed" for name, s in states.items() if s.last_success is False}
         unreadable = {**{n: s.no_data_reason for n, s in states.items() if s.no_data_reason},
                       **failures, **{n: "never ran" for n, s in states.items() if s.runs == 0}}
+        could_not_read = _essential_unread(config, states, failures, agent.history.latest())
+
         def missing_source(detector: str) -> str | None:
             for collector in REQUIRED_COLLECTORS.get(detector, ()):
                 state = states.get(collector)
@@ -83,6 +103,8 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
                     return f"the {collector} collector is disabled"
                 if state.no_data_reason:
                     return state.no_data_reason
+                if collector in failures:
+                    return f"the {collector} collector failed: {failures[collector]}"
             return None
 
         view = EvaluationView(agent.history)
@@ -97,9 +119,32 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
             else:
                 findings.extend(detector.evaluate(view, now))
         findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.alertname, sorted(f.labels.items())))
-        return CheckResult(findings, skipped, failures, time.monotonic() - started, unreadable)
+        return CheckResult(findings, skipped, failures, time.monotonic() - started, unreadable, could_not_read)
     finally:
         agent.stop()
+
+
+def _essential_unread(config: AgentConfig, states: dict, failures: dict[str, str], latest: dict) -> dict[str, str]:
+    """The essential collectors the check could not read, with the reason (see ESSENTIAL_COLLECTORS).
+    A collector the configuration turns off is the operator's choice, not a failure to read."""
+    problems = {}
+    for name in ESSENTIAL_COLLECTORS:
+        state = states.get(name)
+        if state is None:
+            continue
+        if name in failures:
+            problems[name] = f"failed: {failures[name]}"
+        elif state.runs == 0:
+            problems[name] = "never ran"
+        elif state.no_data_reason and name not in MAY_HAVE_NO_DATA:
+            problems[name] = state.no_data_reason
+        else:
+            samples = latest.get(name, (None, Samples()))[1]
+            unread = [os.path.join(config.paths.procfs, file) for series, file in ESSENTIAL_SERIES.get(name, ())
+                      if not samples.find(series)]
+            if unread:
+                problems[name] = f"read nothing from {' nor '.join(unread)}"
+    return problems
 
 
 def runbook_path(alertname: str) -> str:
@@ -118,6 +163,8 @@ def render_table(result: CheckResult, out: TextIO) -> None:
         out.write("\n")
         for finding in result.findings:
             out.write(f"{finding.alertname}: {finding.summary}\n  runbook: {runbook_path(finding.alertname)}\n")
+    elif result.could_not_read:
+        out.write("No findings, but not healthy either: the check could not read this host.\n")
     else:
         out.write("No findings: nothing wrong was seen in this window.\n")
     by_reason: dict[str, list[str]] = {}
@@ -127,6 +174,9 @@ def render_table(result: CheckResult, out: TextIO) -> None:
         out.write(f"skipped {', '.join(detectors)}: {reason}\n")
     for collector, error in sorted(result.collector_failures.items()):
         out.write(f"collector {collector} failed: {error}\n")
+    for collector, reason in sorted(result.could_not_read.items()):
+        if collector not in result.collector_failures:
+            out.write(f"collector {collector} could not read the host: {reason}\n")
 
 
 def render_json(result: CheckResult, strict: bool) -> str:
@@ -141,7 +191,14 @@ def render_json(result: CheckResult, strict: bool) -> str:
         ],
         "skipped": [{"detector": s.detector, "reason": s.reason} for s in result.skipped],
         "collector_failures": result.collector_failures,
+        "could_not_read": result.could_not_read,
+        "reason": could_not_read_line(result.could_not_read) if result.could_not_read else None,
     }, indent=2)
+
+
+def could_not_read_line(problems: dict[str, str]) -> str:
+    return ("hybridmon check could not read this host, so it cannot call it healthy: "
+            + "; ".join(f"{name}: {reason}" for name, reason in sorted(problems.items())))
 
 
 def _number(value: float, unit: str) -> str:
@@ -162,12 +219,14 @@ def main(config: AgentConfig, duration_seconds: float, as_json: bool, strict: bo
     try:
         result = run_check(config, duration_seconds)
     except Exception as error:  # a check that cannot run says so with its own exit code
-        print(f"hybridmon check could not run: {error}", file=sys.stderr)
+        reason = f"hybridmon check could not run: {error}"
+        print(reason, file=sys.stderr)
+        if as_json:  # a JSON reader gets a document whatever happened
+            print(json.dumps({"exit_code": EXIT_COULD_NOT_RUN, "reason": reason, "findings": [],
+                              "skipped": [], "collector_failures": {}, "could_not_read": {}}, indent=2))
         return EXIT_COULD_NOT_RUN
-    if COLLECTORS_THAT_MUST_WORK <= set(result.unreadable):
-        print("hybridmon check could not read this host: "
-              + "; ".join(f"{k}: {v}" for k, v in sorted(result.unreadable.items())), file=sys.stderr)
-        return EXIT_COULD_NOT_RUN
+    if result.could_not_read:
+        print(could_not_read_line(result.could_not_read), file=sys.stderr)
     if as_json:
         print(render_json(result, strict))
     else:

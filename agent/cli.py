@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
 import threading
+import traceback
 
 from agent import __version__
 from agent.config import ConfigError, load_config, parse_listen
@@ -14,36 +16,140 @@ from agent.trace import TraceError
 
 log = logging.getLogger("hybridmon")
 
-EXIT_OK, EXIT_USAGE, EXIT_RUNTIME = 0, 2, 1
+# Exit codes. `check` keeps 0-3 for what it found (agent/check.py) and `bench` its own 1-6
+# (docs/offload-bench.md); everything that is not a result has a code of its own from BSD's
+# sysexits.h, so a cron job or CI gate tells a broken invocation from a finding.
+EXIT_OK = 0
+EXIT_USAGE = 64        # EX_USAGE: a typo, a missing or bad flag, flags that do not go together
+EXIT_DATA = 65         # EX_DATAERR: an input file given on the command line is not what it must be
+EXIT_SOFTWARE = 70     # EX_SOFTWARE: an internal error (a bug): the traceback is printed
+EXIT_IO = 74           # EX_IOERR: the system refused: a taken port, a file that cannot be written
+EXIT_CONFIG = 78       # EX_CONFIG: the configuration file or HYBRIDMON_* environment is bad or missing
+EXIT_BROKEN_PIPE = 128 + signal.SIGPIPE  # 141: what a shell shows for `cat` killed by SIGPIPE
+EXIT_INTERRUPTED = 128 + signal.SIGINT   # 130: Ctrl-C before the command set its own handler
+
+EXIT_CODES_HELP = """exit codes:
+  0   success (check: healthy)
+  1   check: a warning finding (with --strict, an info finding too)
+  2   check: a critical finding
+  3   check: could not read this host (an essential collector failed or was not run)
+  1-6 bench: the benchmark's own statuses (4: the GPU is in use; docs/offload-bench.md)
+  64  usage error: unknown command or flag, bad flag value
+  65  bad input file (a trace given to --replay, a corrupt stored benchmark result)
+  70  internal error (a bug; please report it with the traceback)
+  74  operating-system error (port taken, file not writable)
+  78  bad or missing configuration (--config file, HYBRIDMON_* variables)
+  141 standard output closed early (`hybridmon ... | head`); nothing is printed about it"""
+
+
+class _UsageExitParser(argparse.ArgumentParser):
+    """argparse exits 2 on a bad invocation, which `check` uses for "critical": exit 64 instead."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def print_help(self, file=None) -> None:
+        # argparse drops write errors here; a closed stdout must end like every other command's.
+        (file or sys.stdout).write(self.format_help())
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        try:
+            code = _main(argv)
+        except SystemExit as stop:  # argparse after --help, --version or a usage error
+            code = stop.code if isinstance(stop.code, int) else EXIT_OK if stop.code is None else EXIT_USAGE
+        # Flushed here, not at interpreter exit, so a closed pipe is seen while it can be handled.
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error of ours. Point stdout at /dev/null so the
+        # interpreter's own flush at exit cannot complain again, and stay quiet.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+# A command's error and its exit code, the first class that matches. The commands raise ValueError
+# for flags that do not go together (--speed without --replay).
+ERROR_EXIT_CODES = ((ConfigError, EXIT_CONFIG), (TraceError, EXIT_DATA), (OSError, EXIT_IO), (ValueError, EXIT_USAGE))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     if not getattr(args, "command", None):
-        parser.print_help()
+        parser.print_help(sys.stderr)
         return EXIT_USAGE
     try:
         config = load_config(args.config, overrides=_overrides(args))
     except ConfigError as error:
         print(f"hybridmon: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_CONFIG
     logging.basicConfig(
         level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
         return args.handler(args, config)
-    except (TraceError, OSError, ValueError) as error:
+    except (BrokenPipeError, KeyboardInterrupt):
+        raise
+    except tuple(kind for kind, _code in ERROR_EXIT_CODES) as error:
         print(f"hybridmon: {error}", file=sys.stderr)
-        return EXIT_RUNTIME
+        return next(code for kind, code in ERROR_EXIT_CODES if isinstance(error, kind))
+    except Exception:
+        print("hybridmon: internal error, please report it with this traceback:", file=sys.stderr)
+        traceback.print_exc()
+        return EXIT_SOFTWARE
+
+
+def _number_between(low: float, high: float, unit: str, zero_allowed: bool = False):
+    """An argparse type: a finite number in [low, high] (or 0, where 0 has a meaning of its own);
+    anything else is a usage error that names the range."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and (low <= value <= high or (zero_allowed and value == 0))):
+            allowed = f"0 or {low:g} to {high:g}" if zero_allowed else f"{low:g} to {high:g}"
+            raise argparse.ArgumentTypeError(f"{text} is outside {allowed} {unit}".rstrip())
+        return value
+    return parse
+
+
+def _whole_number_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{text} is less than {low}")
+        return value
+    return parse
+
+
+# Flag bounds. check samples at least one tick of every 1 s collector and at most an hour (a cron
+# job, not a daemon); record at least one tick and at most 7 days (the trace grows ~1 MB/min).
+# A replay slower than 1/100 of real time turns a 10 min trace into 17 h: surely a typo. The
+# benchmark's limit per placement has the bounds of bench.max_seconds.
+CHECK_DURATION = _number_between(1, 3600, "seconds")
+RECORD_DURATION = _number_between(1, 7 * 86400, "seconds")
+REPLAY_SPEED = _number_between(0.01, 1e6, "(0: as fast as possible)", zero_allowed=True)
+BENCH_MAX_SECONDS = _number_between(1, 3600, "seconds")
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hybridmon", description="Observability agent for hybrid GPU/CPU inference hosts.")
+    parser = _UsageExitParser(prog="hybridmon", description="Observability agent for hybrid GPU/CPU inference hosts.",
+                              epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hybridmon {__version__}")
     commands = parser.add_subparsers(dest="command")
 
-    common = argparse.ArgumentParser(add_help=False)
+    common = _UsageExitParser(add_help=False)
     common.add_argument("--config", metavar="FILE", help="TOML configuration file (optional)")
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     common.add_argument("--procfs", metavar="DIR", help="procfs root (default /proc)")
@@ -52,27 +158,28 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", parents=[common], help="sample the host and serve /metrics")
     run.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:9787")
     run.add_argument("--replay", metavar="TRACE", help="read the host from a recorded trace instead")
-    run.add_argument("--speed", type=float, default=1.0, help="replay speed factor (0: as fast as possible)")
+    run.add_argument("--speed", type=REPLAY_SPEED, default=1.0, help="replay speed factor, 0.01 to 1e6 (0: as fast as possible)")
     run.set_defaults(handler=_run)
 
-    check = commands.add_parser("check", parents=[common], help="one-shot health check with an exit code")
-    check.add_argument("--duration", type=float, default=10.0, metavar="SECONDS", help="sampling window (default 10)")
+    check = commands.add_parser("check", parents=[common], help="one-shot health check with an exit code",
+                                epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    check.add_argument("--duration", type=CHECK_DURATION, default=10.0, metavar="SECONDS", help="sampling window, 1 to 3600 (default 10)")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--strict", action="store_true", help="info findings (configuration risks) exit 1 too")
     check.set_defaults(handler=_check)
 
     record = commands.add_parser("record", parents=[common], help="record what the collectors read into a trace")
-    record.add_argument("--duration", type=float, required=True, metavar="SECONDS")
+    record.add_argument("--duration", type=RECORD_DURATION, required=True, metavar="SECONDS", help="1 to 604800")
     record.add_argument("--output", required=True, metavar="FILE", help="trace file (gzip JSON lines)")
     record.set_defaults(handler=_record)
 
     bench = commands.add_parser("bench", parents=[common], help="measure host<->device copy bandwidth per GPU")
-    bench.add_argument("--gpu", type=int, metavar="N", help="only this GPU (NVML index; default: every GPU)")
+    bench.add_argument("--gpu", type=_whole_number_at_least(0), metavar="N", help="only this GPU (NVML index; default: every GPU)")
     bench.add_argument("--json", action="store_true", help="print the stored runs as JSON")
     bench.add_argument("--force", action="store_true", help="run even while the GPU is in use")
     bench.add_argument("--binary", metavar="PATH", help="a prebuilt offload_bench (default: build with nvcc)")
     bench.add_argument("--no-remote", action="store_true", help="skip the second run on a remote NUMA node")
-    bench.add_argument("--max-seconds", type=float, metavar="S", help="time limit per NUMA placement")
+    bench.add_argument("--max-seconds", type=BENCH_MAX_SECONDS, metavar="S", help="time limit per NUMA placement, 1 to 3600")
     bench.set_defaults(handler=_bench)
 
     budget = commands.add_parser("budget", parents=[common], help="KV cache size and offload reload cost of a context")
@@ -98,24 +205,34 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 class _StopSignals:
-    """SIGTERM and SIGINT set an event; installed before uvicorn so its re-raise lands here."""
+    """SIGTERM and SIGINT set an event; installed before uvicorn so its re-raise lands here.
+
+    SIGHUP is logged and ignored, deliberately not a configuration reload: the listen address, the
+    collectors and their threads are built once from the configuration, and a half-applied reload
+    is worse than an operator told to restart. Python's default for SIGHUP is to die silently
+    (rc 129, no stop, no trace end), which is what a stray `kill -HUP` or a closed terminal did.
+    """
 
     def __init__(self) -> None:
         self.event = threading.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, self._handle)
+        signal.signal(signal.SIGHUP, self._ignore_hangup)
 
     def _handle(self, signum: int, _frame) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
         self.event.set()
 
+    @staticmethod
+    def _ignore_hangup(_signum: int, _frame) -> None:
+        log.warning("received SIGHUP: ignored, hybridmon reads its configuration only at start; "
+                    "restart to apply configuration changes")
+
 
 def _run(args: argparse.Namespace, config) -> int:
     from agent.daemon import Agent
-    from agent.server import bind_socket, serve
+    from agent.server import bind_socket, listen_url, serve
 
-    if args.speed < 0:
-        raise ValueError("--speed must be 0 (as fast as possible) or positive")
     if args.speed != 1.0 and not args.replay:
         raise ValueError("--speed applies to --replay only")
     host, port = parse_listen(config.listen)
@@ -123,7 +240,7 @@ def _run(args: argparse.Namespace, config) -> int:
     agent = Agent(config, replay_from=args.replay)
     sock = bind_socket(host, port)
     agent.start(replay_speed=args.speed)
-    log.info("hybridmon %s (%s) serving http://%s:%d/metrics", __version__, agent.mode, host, port)
+    log.info("hybridmon %s (%s) serving %s", __version__, agent.mode, listen_url(host, port))
     try:
         if not stop.event.is_set():
             serve(agent, sock, config.log_level)
@@ -137,16 +254,12 @@ def _run(args: argparse.Namespace, config) -> int:
 def _check(args: argparse.Namespace, config) -> int:
     from agent import check
 
-    if not 1 <= args.duration <= 3600:
-        raise ValueError("--duration must be between 1 and 3600 seconds")
     return check.main(config, args.duration, args.json, args.strict)
 
 
 def _record(args: argparse.Namespace, config) -> int:
     from agent.daemon import Agent
 
-    if args.duration <= 0:
-        raise ValueError("--duration must be positive")
     stop = _StopSignals()
     agent = Agent(config, record_to=args.output)
     agent.start()
@@ -155,7 +268,7 @@ def _record(args: argparse.Namespace, config) -> int:
     hung = agent.stop()
     if agent.recording_error:
         print(f"hybridmon: {agent.recording_error}", file=sys.stderr)
-        code = EXIT_RUNTIME
+        code = EXIT_IO
     else:
         log.info("trace written to %s", args.output)
         code = EXIT_OK
@@ -166,11 +279,7 @@ def _record(args: argparse.Namespace, config) -> int:
 def _bench(args: argparse.Namespace, config) -> int:
     from agent.bench import command
 
-    if args.gpu is not None and args.gpu < 0:
-        raise ValueError("--gpu must be a GPU index (0, 1, ...)")
     if args.max_seconds is not None:
-        if not 0 < args.max_seconds <= 3600:
-            raise ValueError("--max-seconds must be between 0 and 3600")
         config = config.model_copy(update={"bench": config.bench.model_copy(
             update={"max_seconds": args.max_seconds})})
     return command.main(config, args.gpu, args.json, args.force, args.binary, not args.no_remote)
@@ -184,12 +293,19 @@ def _budget(args: argparse.Namespace, config) -> int:
     try:
         shape = budget.preset(args.model) if args.model else budget.load_config_json(args.config_json)
         vram_free = budget.parse_bytes(args.vram_free, "free VRAM") if args.vram_free is not None else None
-        if args.bandwidth is not None:
-            bandwidth, source = budget.parse_bandwidth(args.bandwidth), "--bandwidth"
-        else:
+        bandwidth, source = (budget.parse_bandwidth(args.bandwidth), "--bandwidth") if args.bandwidth is not None else (None, None)
+    except budget.BudgetError as error:  # a flag's value, or the file a flag names
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if bandwidth is None:
             bandwidth, source = budget.measured_bandwidth(config.resolved_state_dir()) or (None, None)
+    except budget.BudgetError as error:  # the stored benchmark result is corrupt
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_DATA
+    try:
         result = budget.compute(shape, args.context, args.dtype, vram_free, bandwidth, source)
-    except budget.BudgetError as error:
+    except budget.BudgetError as error:  # --context, --dtype
         print(f"hybridmon: {error}", file=sys.stderr)
         return EXIT_USAGE
     if args.json:

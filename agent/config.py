@@ -2,6 +2,13 @@
 
 Every layer is optional; with none at all the agent runs on its defaults. Validation errors name the
 key, the bad value and where it came from.
+
+Why not pydantic-settings for the file + environment overlay (tried, 2.16): it merges the sources
+before validating, so an error can no longer say whether the bad value came from the file, the
+environment or a flag; it silently ignores a HYBRIDMON_* variable that matches no key (a typo such
+as HYBRIDMON_INTERVL_SECONDS would be lost, here it is refused); and `HYBRIDMON_PATHS=x` beside
+`HYBRIDMON_PATHS__PROCFS` ends in its SettingsError "error parsing value for field paths", which
+names neither variable. The overlay below is short and keeps those guarantees.
 """
 from __future__ import annotations
 
@@ -36,6 +43,27 @@ DEFAULT_CMDLINE_PATTERNS = (
 )
 
 
+# Lower bounds of the intervals and timeouts: below these the agent only burns a core (a tick of
+# 1e-9 s is a busy loop) without seeing anything more. Each says what the source can do.
+# A tick reads NVML's PCIe throughput counters, each "querying a byte counter over a 20ms interval",
+# two per GPU, so a GPU costs ~40 ms per tick (docs/nvml-cost.md); /proc and sysfs reads take a few
+# ms more. Under 100 ms a tick cannot finish before the next one is due.
+MIN_TICK_SECONDS = 0.1
+# A discovery pass lists every /proc/<pid> (cmdline, comm) or probes TCP ports on 127.0.0.1; new
+# inference processes and servers appear on a scale of seconds (a model takes longer to load).
+MIN_DISCOVERY_SECONDS = 1.0
+# The detectors judge windows of 1 min and more, sampled at the tick: evaluating them more than once
+# a second finds nothing new.
+MIN_EVALUATION_SECONDS = 1.0
+# Alertmanager groups alerts over group_wait (30 s by default); a push is one HTTP request per URL.
+MIN_PUSH_SECONDS = 1.0
+# A loopback GET of an inference server's /metrics takes a few ms; under 100 ms a busy server's
+# answer (Python, GIL-bound) is cut off every time.
+MIN_HTTP_TIMEOUT_SECONDS = 0.1
+# The benchmark creates a CUDA context (hundreds of ms) and times copies of up to 256 MiB.
+MIN_BENCH_SECONDS = 1.0
+
+
 class ConfigError(Exception):
     """The configuration is not usable; the message says which key and why."""
 
@@ -52,7 +80,7 @@ class PathsConfig(_Strict):
 class CollectorConfig(_Strict):
     enabled: bool = True
     interval_seconds: float | None = Field(
-        default=None, gt=0, le=3600, description="None: the collector's own default"
+        default=None, ge=MIN_TICK_SECONDS, le=3600, description="None: the collector's own default"
     )
 
 
@@ -68,7 +96,12 @@ class ProcessConfig(_Strict):
     names: tuple[str, ...] = ()
     cmdline_patterns: tuple[str, ...] = DEFAULT_CMDLINE_PATTERNS
     auto_detect_gpu_processes: bool = True
-    discovery_interval_seconds: float = Field(default=10.0, gt=0, le=3600)
+    discovery_interval_seconds: float = Field(default=10.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
+    export_cmdline: bool = Field(
+        default=False, description="also export each watched process's command line, secrets "
+        "redacted, on /metrics and the status page (both unauthenticated); off: executable, server "
+        "family and model only"
+    )
 
     @field_validator("cmdline_patterns")
     @classmethod
@@ -90,14 +123,18 @@ class DetectorsConfig(_Strict):
     thresholds_file: str | None = Field(
         default=None, description="None: the thresholds.toml shipped with hybridmon"
     )
-    evaluation_interval_seconds: float = Field(default=10.0, gt=0, le=600)
+    evaluation_interval_seconds: float = Field(default=10.0, ge=MIN_EVALUATION_SECONDS, le=600)
 
 
 class AlertingConfig(_Strict):
     alertmanager_urls: tuple[str, ...] = Field(
         default=(), description="Alertmanager base URLs to push findings to directly (no Prometheus needed)"
     )
-    push_interval_seconds: float = Field(default=30.0, ge=1, le=3600)
+    push_interval_seconds: float = Field(default=30.0, ge=MIN_PUSH_SECONDS, le=3600)
+    push_timeout_seconds: float = Field(
+        default=10.0, ge=0.1, le=300, description="deadline for one whole push to one Alertmanager "
+        "(connect, send, answer); at most push_interval_seconds is used"
+    )
     runbook_base_url: str | None = Field(
         default=None, description="None: http://<listen>/runbooks, served by this agent (a wildcard "
         "listen address is replaced by the host's fully qualified name)"
@@ -123,7 +160,7 @@ class BenchConfig(_Strict):
     binary: str | None = Field(
         default=None, description="a prebuilt offload_bench (hosts with the driver but no CUDA toolkit)"
     )
-    max_seconds: float = Field(default=120.0, gt=0, le=3600, description="time limit per NUMA placement")
+    max_seconds: float = Field(default=120.0, ge=MIN_BENCH_SECONDS, le=3600, description="time limit per NUMA placement")
     repeat: int = Field(default=10, ge=1, le=1000)
     busy_utilization_at_least: float = Field(
         default=0.05, ge=0, le=1,
@@ -159,9 +196,9 @@ class InferenceConfig(_Strict):
     discover: bool = Field(default=True, description="with no endpoints, find servers on the watched "
                            "processes' ports, else on probe_ports of 127.0.0.1")
     probe_ports: tuple[int, ...] = USUAL_PORTS
-    timeout_seconds: float = Field(default=2.0, gt=0, le=10, description="whole GET; keep it under the interval")
+    timeout_seconds: float = Field(default=2.0, ge=MIN_HTTP_TIMEOUT_SECONDS, le=10, description="whole GET; keep it under the interval")
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=4096, le=256 * 1024 * 1024)
-    discovery_interval_seconds: float = Field(default=30.0, gt=0, le=3600)
+    discovery_interval_seconds: float = Field(default=30.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -173,7 +210,7 @@ class InferenceConfig(_Strict):
 
 class AgentConfig(_Strict):
     listen: str = DEFAULT_LISTEN
-    interval_seconds: float = Field(default=1.0, gt=0, le=60)
+    interval_seconds: float = Field(default=1.0, ge=MIN_TICK_SECONDS, le=60)
     history_seconds: float = Field(default=7200.0, ge=60, le=7 * 86400)
     log_level: str = "info"
     state_dir: str | None = Field(
@@ -246,13 +283,18 @@ def load_config(
     environ: Mapping[str, str] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> AgentConfig:
-    """File, then environment, then flags (`overrides`, dotted keys like 'paths.procfs')."""
+    """File, then environment, then flags (`overrides`, dotted keys like 'paths.procfs').
+
+    Every problem is a ConfigError that names the key and where it came from, and the outcome does
+    not depend on the order of the environment.
+    """
     layers: list[tuple[str, dict]] = []
     if path is not None:
         layers.append((str(path), _read_toml(Path(path))))
     environ = os.environ if environ is None else environ
     layers.append(("environment", _from_environment(environ)))
-    layers.append(("command line", _nest({k: v for k, v in (overrides or {}).items() if v is not None})))
+    flags = {key: (key, value) for key, value in (overrides or {}).items() if value is not None}
+    layers.append(("command line", _nest(flags, "command line")))
     merged: dict = {}
     origin: dict[str, str] = {}
     for name, layer in layers:
@@ -261,6 +303,8 @@ def load_config(
         return AgentConfig.model_validate(merged)
     except ValidationError as error:
         raise ConfigError(_describe(error, origin)) from None
+    except RecursionError:
+        raise ConfigError("invalid configuration: a value is nested too deeply") from None
 
 
 def _read_toml(path: Path) -> dict:
@@ -269,36 +313,74 @@ def _read_toml(path: Path) -> dict:
             return tomllib.load(handle)
     except FileNotFoundError:
         raise ConfigError(f"config file {path} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path} is a directory") from None
     except OSError as error:
         raise ConfigError(f"config file {path} cannot be read: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        line = error.object.count(b"\n", 0, error.start) + 1
+        column = error.start - (error.object.rfind(b"\n", 0, error.start) + 1) + 1
+        raise ConfigError(
+            f"config file {path} is not UTF-8 text, which TOML requires: byte 0x{error.object[error.start]:02x} "
+            f"at line {line}, column {column}"
+        ) from None
     except tomllib.TOMLDecodeError as error:
         raise ConfigError(f"config file {path} is not valid TOML: {error}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {path} nests arrays or tables too deeply") from None
 
 
 def _from_environment(environ: Mapping[str, str]) -> dict:
     """HYBRIDMON_PATHS__PROCFS=/host/proc -> {'paths': {'procfs': '/host/proc'}}."""
-    flat = {}
-    for name, raw in environ.items():
+    flat: dict[str, tuple[str, Any]] = {}
+    # Sorted, so that what is reported first does not depend on the order of the environment.
+    for name, raw in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "FAKE_"):
             continue
-        key = name[len(ENV_PREFIX):].lower().replace("__", ".")
+        parts = name[len(ENV_PREFIX):].lower().split("__")
+        if not all(parts):
+            raise ConfigError(f"environment variable {name}: not HYBRIDMON_<KEY>, nested keys joined "
+                              "by a double underscore (HYBRIDMON_PATHS__PROCFS)")
+        key = ".".join(parts)
+        if key in flat:
+            # Names differ in case only: which one wins would depend on the environment's order.
+            raise ConfigError(f"environment variables {flat[key][0]} and {name} both set {key}")
         try:
             # JSON lets lists and numbers through; anything else stays a string.
-            flat[key] = json.loads(raw)
+            value = json.loads(raw)
         except ValueError:
-            flat[key] = raw
-    return _nest(flat)
+            value = raw
+        except RecursionError:
+            raise ConfigError(f"environment variable {name}: its JSON value is nested too deeply") from None
+        flat[key] = (name, value)
+    return _nest(flat, "environment")
 
 
-def _nest(flat: Mapping[str, Any]) -> dict:
+def _nest(flat: Mapping[str, tuple[str, Any]], source: str) -> dict:
+    """{'paths.procfs': (name, value)} -> {'paths': {'procfs': value}}; `name` is what the user
+    wrote (an environment variable, a flag), for the error when a key is both a value and a table."""
     nested: dict = {}
-    for dotted, value in flat.items():
+    table_set_by: dict[str, str] = {}   # dotted table -> the first name that made it a table
+    value_set_by: dict[str, str] = {}   # dotted key -> the name that gave it a plain value
+    for dotted, (name, value) in sorted(flat.items()):
         node = nested
         *parents, leaf = dotted.split(".")
-        for part in parents:
+        for depth, part in enumerate(parents):
+            table = ".".join(parents[: depth + 1])
+            if table in value_set_by:
+                raise _both_value_and_table(source, table, value_set_by[table], name)
+            table_set_by.setdefault(table, name)
             node = node.setdefault(part, {})
+        if dotted in table_set_by:
+            raise _both_value_and_table(source, dotted, name, table_set_by[dotted])
+        value_set_by[dotted] = name
         node[leaf] = value
     return nested
+
+
+def _both_value_and_table(source: str, key: str, value_name: str, table_name: str) -> ConfigError:
+    return ConfigError(f"{source}: {value_name} gives {key} a value while {table_name} sets a key "
+                       f"inside it; {key} is either a value or a table, set one of them")
 
 
 def _merge(into: dict, layer: dict, origin: dict[str, str], source: str, prefix: str = "") -> None:
@@ -321,10 +403,15 @@ def _describe(error: ValidationError, origin: dict[str, str]) -> str:
         if problem["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (from {where})")
         else:
-            lines.append(f"  {key} = {problem.get('input')!r}: {problem['msg']} (from {where})")
+            lines.append(f"  {key} = {_shorten(repr(problem.get('input')))}: {problem['msg']} (from {where})")
     return "\n".join(lines)
 
 
 def _prefixes(dotted: str) -> list[str]:
     parts = dotted.split(".")
     return [".".join(parts[:n]) for n in range(len(parts), 0, -1)]
+
+
+def _shorten(text: str, limit: int = 120) -> str:
+    """A bad value in an error message, cut so a megabyte of input does not flood the log."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

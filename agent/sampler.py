@@ -136,7 +136,12 @@ class Sampler:
                 item.next_due += item.interval_seconds
                 if item.next_due <= now:  # first run, or after a stall: restart the schedule
                     item.next_due = now + item.interval_seconds
-                self._pool.submit(self.run_collector, item)
+                if self._stop.is_set():
+                    return
+                try:
+                    self._pool.submit(self.run_collector, item)
+                except RuntimeError:
+                    return  # stop() shut the pool down between the check and the submit
         self.loop.ticks += 1
 
     def _dependencies_ready(self, item: Scheduled, now: float) -> bool:

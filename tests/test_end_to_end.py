@@ -171,7 +171,7 @@ def test_daemon_refuses_a_taken_port_clearly():
     try:
         wait_for(lambda: scrape(port), 15, "first daemon")
         second = subprocess.run(HYBRIDMON + ["run", "--listen", f"127.0.0.1:{port}"], env=subprocess_environment(FIXTURE_ENVIRONMENT), cwd=REPO, capture_output=True, text=True, timeout=20)
-        assert second.returncode == 1
+        assert second.returncode == 74  # EX_IOERR: the OS refused the port
         assert f"cannot listen on 127.0.0.1:{port}" in second.stderr and "Traceback" not in second.stderr
     finally:
         stop_daemon(first)
@@ -181,7 +181,7 @@ def test_malformed_config_file_is_refused_with_the_key(tmp_path):
     config = tmp_path / "bad.toml"
     config.write_text("[process]\npids = ['many']\n")
     result = subprocess.run(HYBRIDMON + ["run", "--config", str(config)], env=subprocess_environment(), cwd=REPO, capture_output=True, text=True, timeout=20)
-    assert result.returncode == 2
+    assert result.returncode == 78  # EX_CONFIG
     assert "process.pids.0 = 'many'" in result.stderr and "Traceback" not in result.stderr
 
 
