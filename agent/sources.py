@@ -11,6 +11,8 @@ import threading
 from collections import deque
 from typing import Any, Callable, Protocol, TypeVar
 
+from exporters.process_cmdline import redact
+
 T = TypeVar("T")
 
 # A reading is [kind, key, ok, payload]; see docs/trace-format.md.
@@ -74,7 +76,7 @@ class RecordingSource:
         except OSError as error:
             self._keep(["text", path, False, _describe_os_error(error)])
             raise
-        self._keep(["text", path, True, text])
+        self._keep(["text", path, True, _recordable(path, text)])
         return text
 
     def list_dir(self, path: str) -> list[str]:
@@ -154,6 +156,16 @@ class ReplaySource:
         if not ok:
             raise ReplayedCallError(payload.get("type", "Exception"), payload.get("detail"))
         return payload
+
+
+def _recordable(path: str, text: str) -> str:
+    """What a trace keeps of a reading. Traces are handed around (an incident replayed on a laptop),
+    so a command line is kept with its secrets redacted (exporters/process_cmdline.redact): the
+    replay still finds the process and its server, executable and model, never its API key."""
+    if not path.endswith("/cmdline"):
+        return text
+    arguments = [argument for argument in text.split("\0") if argument]
+    return "".join(word + "\0" for word in redact(arguments))
 
 
 def _describe_os_error(error: OSError) -> dict:

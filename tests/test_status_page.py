@@ -3,6 +3,7 @@ server, the last benchmark and the agent's health; escaped; and rendered by a re
 phone width."""
 from __future__ import annotations
 
+import gzip
 import html
 import json
 import re
@@ -363,3 +364,32 @@ def test_status_page_renders_in_headless_chromium_at_phone_width(scenarios, tmp_
         below = (0, 60, PHONE_WIDTH, image.size[1])
         for severity in ("critical", "warning", "info"):  # each card's 6 px left border
             assert count_colour(image, below, SEVERITY_COLOURS[severity]) >= 6 * 40, severity
+
+
+def test_a_recorded_trace_keeps_no_secret_of_a_command_line_and_replays_the_identity(tmp_path):
+    """Traces are handed around (`run --replay` on a laptop): the recording redacts command lines."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURE_HOST / "proc", procfs, symlinks=True)
+    shutil.copytree(procfs / "5151", procfs / "7777")
+    (procfs / "7777" / "cmdline").write_text("\0".join(SECRET_ARGUMENTS) + "\0")
+    fake_nvml.reset()
+    trace_path = tmp_path / "incident.jsonl.gz"
+    config = fixture_config(**{"paths.procfs": str(procfs), "state_dir": str(tmp_path / "state")})
+    recorder = Agent(config, record_to=trace_path)
+    run_every_collector_once(recorder, at=NOW)
+    live_metrics = recorder.exposition.render().decode()
+    recorder.stop()
+    recorded = gzip.open(trace_path, "rt").read()
+    assert "7777/cmdline" in recorded
+    for secret in SECRETS:
+        assert secret not in recorded, secret
+    replaying = Agent(config, replay_from=trace_path)
+    try:
+        replaying.replay(speed=0)
+        replayed_metrics = replaying.exposition.render().decode()
+    finally:
+        replaying.stop()
+        fake_nvml.reset()
+    identity = [line for line in live_metrics.splitlines()
+                if line.startswith("hybridmon_process_info{") and 'pid="7777"' in line]
+    assert identity and identity[0] in replayed_metrics.splitlines()
