@@ -132,7 +132,6 @@ class AlertmanagerPusher:
         self.timeout_seconds = min(timeout_seconds, interval_seconds)
         self.extra_labels = extra_labels or {}
         self.clock = clock or engine.clock
-        self.pushes = 0
         self._lock = threading.Lock()
         self._states = {self._name(url): DeliveryState() for url in self.urls}
         self._unexpected_logged: set[str] = set()
@@ -142,7 +141,6 @@ class AlertmanagerPusher:
         self._wakes: dict[str, asyncio.Event] = {}
         self._stopped: asyncio.Event | None = None  # set in the loop's thread to end it
         self._thread: threading.Thread | None = None
-        self.thread_restarts = 0
         engine.on_change.append(lambda _state, _change: self._wake_all())
 
     @staticmethod
@@ -172,12 +170,6 @@ class AlertmanagerPusher:
         }
 
     # -- what is known about delivery ------------------------------------------------------------
-
-    @property
-    def errors(self) -> dict[str, int]:
-        """Failed pushes per Alertmanager (host:port)."""
-        with self._lock:
-            return {name: state.failures for name, state in self._states.items()}
 
     def health(self) -> dict[str, dict]:
         """Per Alertmanager (host:port, never credentials): attempts, failures (total and by
@@ -233,9 +225,11 @@ class AlertmanagerPusher:
                         "hybridmon_alertmanager_failures_total, not logged)",
                         name, failure.reason, failure, self.interval_seconds)
 
-    def _record_restart(self, name: str) -> None:
+    def _record_restart(self, name: str) -> int:
+        """Count a restart of the Alertmanager's delivery task; returns its restarts so far."""
         with self._lock:
             self._states[name].restarts += 1
+            return self._states[name].restarts
 
     # -- one push ----------------------------------------------------------------------------------
 
@@ -319,9 +313,7 @@ class AlertmanagerPusher:
             body = self._body()
             return sum(await asyncio.gather(*(push(url, body) for url in self.urls)))
 
-        accepted = asyncio.run(push_all())
-        self.pushes += 1
-        return accepted
+        return asyncio.run(push_all())
 
     # -- the delivery loop -------------------------------------------------------------------------
 
@@ -352,8 +344,7 @@ class AlertmanagerPusher:
             try:
                 await self._deliver_forever(url, wake)
             except Exception:  # noqa: BLE001 - whatever it was, delivery must resume (not on cancel)
-                self._record_restart(name)
-                if self.health()[name]["restarts"] == 1:  # the traceback once; later ones are counted
+                if self._record_restart(name) == 1:  # the traceback once; later ones are counted
                     log.exception("alert delivery to Alertmanager at %s failed unexpectedly; restarting "
                                   "it (further restarts are counted in "
                                   "hybridmon_alertmanager_push_loop_restarts_total)", name)
@@ -384,7 +375,6 @@ class AlertmanagerPusher:
             try:
                 asyncio.run(self._main())
             except Exception:  # noqa: BLE001 - the thread must outlive any bug
-                self.thread_restarts += 1
                 for name in self._states:
                     self._record_restart(name)
                 log.exception("the Alertmanager push loop failed; restarting it")

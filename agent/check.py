@@ -62,7 +62,6 @@ class CheckResult:
     skipped: list[Skipped]
     collector_failures: dict[str, str]
     duration_seconds: float
-    unreadable: dict[str, str]      # collectors that failed or found no source, with the reason
     # Essential collectors that failed, found nothing or did not run: the check cannot vouch for the host.
     could_not_read: dict[str, str]
 
@@ -92,8 +91,6 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
         now = time.time()
         states = {item.collector.name: item.state for item in agent.sampler.scheduled}
         failures = {name: s.last_error or "failed" for name, s in states.items() if s.last_success is False}
-        unreadable = {**{n: s.no_data_reason for n, s in states.items() if s.no_data_reason},
-                      **failures, **{n: "never ran" for n, s in states.items() if s.runs == 0}}
         could_not_read = _essential_unread(config, states, failures, agent.history.latest())
 
         def missing_source(detector: str) -> str | None:
@@ -119,7 +116,7 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
             else:
                 findings.extend(detector.evaluate(view, now))
         findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.alertname, sorted(f.labels.items())))
-        return CheckResult(findings, skipped, failures, time.monotonic() - started, unreadable, could_not_read)
+        return CheckResult(findings, skipped, failures, time.monotonic() - started, could_not_read)
     finally:
         agent.stop()
 

@@ -132,7 +132,7 @@ class AlertingConfig(_Strict):
     )
     push_interval_seconds: float = Field(default=30.0, ge=MIN_PUSH_SECONDS, le=3600)
     push_timeout_seconds: float = Field(
-        default=10.0, ge=0.1, le=300, description="deadline for one whole push to one Alertmanager "
+        default=10.0, ge=MIN_HTTP_TIMEOUT_SECONDS, le=300, description="deadline for one whole push to one Alertmanager "
         "(connect, send, answer); at most push_interval_seconds is used"
     )
     runbook_base_url: str | None = Field(

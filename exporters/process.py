@@ -19,7 +19,7 @@ from typing import Callable, Iterable, Mapping
 
 from agent.sources import RawSource, ReplayedCallError
 from exporters.base import LogOnce, MetricSpec, ParseError, Samples, parse_logged
-from exporters.process_cmdline import arguments_of, cmdline_label, identify
+from exporters.process_cmdline import cmdline_label, identity_of
 from exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
@@ -215,7 +215,7 @@ class ProcessCollector:
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
             samples.add(MEMLOCK_LIMIT, self._memlock_limit(pid), pid, stat.comm)
             if cmdline_text is not None:
-                identity = identify(arguments_of(cmdline_text))
+                identity = identity_of(cmdline_text)
                 samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
                             reason)
                 if self._export_cmdline:

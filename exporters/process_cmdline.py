@@ -13,6 +13,7 @@ The flags, as the servers define them: llama.cpp common/arg.cpp (-m/--model, -a/
 """
 from __future__ import annotations
 
+import functools
 import os
 import re
 from collections import deque
@@ -107,6 +108,13 @@ def arguments_of(raw: str) -> list[str]:
     if len(arguments) == 1:
         return arguments[0].split()
     return arguments
+
+
+@functools.lru_cache(maxsize=1024)
+def identity_of(raw: str) -> ProcessIdentity:
+    """identify() of a raw /proc/<pid>/cmdline, remembered: the process collector asks on every
+    tick, and a process's command line rarely changes."""
+    return identify(arguments_of(raw))
 
 
 def identify(arguments: list[str]) -> ProcessIdentity:

@@ -30,6 +30,15 @@ from tests.agent_helpers import REPO
 from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
 from tests.live_stack import require_binary
 
+
+def require_root() -> None:
+    """Switching to another user needs root: CI runs as root, so there a non-root run fails."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI runs as root; this check needs root to switch users")
+        pytest.skip("needs root to run a process as another user")
+
+
 DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "hybridmon.service"
 KUBERNETES = DEPLOY / "kubernetes"
@@ -133,10 +142,7 @@ def test_every_service_setting_is_explained_by_a_comment():
 def test_the_units_capability_is_what_reading_numa_maps_needs():
     """As an unprivileged user another user's numa_maps is unreadable; with the unit's capability
     set (and nothing else) it reads, and the agent's parser finds the process's pages in it."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root; this check needs root to switch users")
-        pytest.skip("needs root to run a process as another user")
+    require_root()
     setpriv = require_binary("setpriv", "util-linux")
     capabilities = ",".join("+" + c.lower().removeprefix("cap_")
                             for c in unit_settings()["AmbientCapabilities"][-1].split())
@@ -304,10 +310,7 @@ def test_without_ptrace_the_agent_sees_every_process_but_no_numa_placement_and_s
     placement is absent (not zero), one log line says why for both, and environ, numa_maps and
     root are closed to it. As root with every capability (the default DaemonSet's reach) the
     same run reads them all."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI") == "true":
-            pytest.fail("CI runs as root; this check needs root to switch users")
-        pytest.skip("needs root to run a process as another user")
+    require_root()
     setpriv = require_binary("setpriv", "util-linux")
     security = kustomize_build(NO_PTRACE)["DaemonSet"]["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     as_variant = [setpriv, f"--reuid={security['runAsUser']}", f"--regid={security['runAsGroup']}",
