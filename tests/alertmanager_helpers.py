@@ -121,7 +121,9 @@ class Alertmanager:
 
 class HostileAlertmanager:
     """A fake Alertmanager on 127.0.0.1 that misbehaves in one way (MODES), one thread per
-    connection. Everything it does is bounded: the endless body stops at ENDLESS_CAP_BYTES, the
+    connection. The modes are the failures issue 11 reproduced against the old pusher (a non-HTTP
+    answer, a body cut short, a peer dripping a byte a second, an endless 200), plus a hang and a
+    500; no real Alertmanager behaves so, which is why the live test pairs them with a real one. Everything it does is bounded: the endless body stops at ENDLESS_CAP_BYTES, the
     drip after DRIP_SECONDS, a hung connection when the fake closes."""
 
     MODES = ("hang", "http_500", "garbage", "truncated", "drip", "endless")
@@ -238,7 +240,9 @@ def refused_url() -> str:
 
 class AcceptingAlertmanager:
     """A well-behaved stand-in for Alertmanager's POST /api/v2/alerts: answers 200 with an empty
-    body at once and keeps (time.monotonic() at arrival, alerts) of every push."""
+    body at once and keeps (time.monotonic() at arrival, alerts) of every push. The empty 200 is
+    what Debian's prometheus-alertmanager 0.25 answers (its api/v2 postAlerts returns no payload);
+    tests/test_alertmanager_live.py runs the same delivery against that real binary."""
 
     def __init__(self) -> None:
         self.pushes: list[tuple[float, list[dict]]] = []
