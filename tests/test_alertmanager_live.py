@@ -102,7 +102,12 @@ def test_alerts_reach_a_real_alertmanager_beside_hostile_ones(tmp_path):
         replacement = Alertmanager(tmp_path / "replacement", receiver.url, port=garbage.port)
         wait_until(lambda: gpus_in(replacement) == {"0", "1"}, 2 * INTERVAL + 1,
                    "the alerts in the Alertmanager that replaced the garbage one")
-        recovered = pusher.health()[f"127.0.0.1:{garbage.port}"]
+        # Alertmanager holds the alerts a moment before the pusher has read its answer and
+        # recorded the success: wait for the record rather than read it at once.
+        replaced = f"127.0.0.1:{garbage.port}"
+        wait_until(lambda: pusher.health()[replaced]["consecutive_failures"] == 0, INTERVAL,
+                   "the pusher to record the replacement's first success")
+        recovered = pusher.health()[replaced]
     finally:
         if pusher is not None:
             pusher.stop()
