@@ -1,3 +1,3 @@
 """hybridmon agent: sampling loop, history, exposition, API and CLI."""
 
-__version__ = "0.1.0"
+from hybridmon import __version__  # noqa: F401 (kept for callers of hybridmon.agent.__version__)

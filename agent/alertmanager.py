@@ -32,9 +32,9 @@ from urllib.parse import urlsplit
 import httpx
 from prometheus_client.core import Metric
 
-from agent.detectors.engine import Engine, FindingState
-from agent.findings import finding_labels, iso_time, runbook_url
-from exporters.base import MetricSpec, Samples
+from hybridmon.agent.detectors.engine import Engine, FindingState
+from hybridmon.agent.findings import finding_labels, iso_time, runbook_url
+from hybridmon.exporters.base import MetricSpec, Samples
 
 log = logging.getLogger(__name__)
 # endsAt of a firing alert: this many push intervals ahead (Prometheus uses 4 x its resend delay).
@@ -429,7 +429,7 @@ class AlertmanagerCollector:
         self._pusher = pusher
 
     def collect(self) -> Iterable[Metric]:
-        from agent.exposition import families  # the exposition imports this module's specs
+        from hybridmon.agent.exposition import families  # the exposition imports this module's specs
 
         samples = Samples()
         with self._pusher._lock:

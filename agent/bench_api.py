@@ -21,14 +21,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agent.bench.build import BenchBuildError, locate_binary
-from agent.bench.report import Progress, ReportError
-from agent.bench.runner import BenchError, BenchRunner, GpuActivity, busy_reason
-from agent.config import AgentConfig
-from agent.detectors import common, windows
-from agent.history import History
-from exporters.jsonsafe import loads_bounded
-from exporters.nvml import GpuLostError
+from hybridmon.agent.bench.build import BenchBuildError, locate_binary
+from hybridmon.agent.bench.report import Progress, ReportError
+from hybridmon.agent.bench.runner import BenchError, BenchRunner, GpuActivity, busy_reason
+from hybridmon.agent.config import AgentConfig
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.history import History
+from hybridmon.exporters.jsonsafe import loads_bounded
+from hybridmon.exporters.nvml import GpuLostError
 
 log = logging.getLogger(__name__)
 

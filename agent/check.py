@@ -15,14 +15,15 @@ import time
 from dataclasses import dataclass
 from typing import TextIO
 
-from agent.config import AgentConfig
-from agent.daemon import Agent
-from agent.detectors.base import Finding
-from agent.detectors.engine import EvaluationView
-from agent.findings import SEVERITY_ORDER
-from agent.runbooks import runbooks_directory
-from exporters.base import Samples
-from exporters.host_memory import MEMORY_TOTAL, PAGE_FAULTS
+from hybridmon.agent.alerts import catalogue
+from hybridmon.agent.config import AgentConfig
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.engine import EvaluationView
+from hybridmon.agent.findings import SEVERITY_ORDER
+from hybridmon.agent.runbooks import runbooks_directory
+from hybridmon.exporters.base import Samples
+from hybridmon.exporters.host_memory import MEMORY_TOTAL, PAGE_FAULTS
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL, EXIT_COULD_NOT_RUN = 0, 1, 2, 3
 # Detectors that average over a minute judge a shorter window on the points it has.
@@ -39,15 +40,6 @@ MAY_HAVE_NO_DATA = {"pressure"}
 # A collector succeeds on part of its files; these series show the part a check cannot do without
 # was read (MemTotal from /proc/meminfo, pgfault from /proc/vmstat).
 ESSENTIAL_SERIES = {"host_memory": ((MEMORY_TOTAL.name, "meminfo"), (PAGE_FAULTS.name, "vmstat"))}
-GPU_DETECTORS = {"pcie_starvation", "pcie_link_degraded", "pcie_errors", "gpu_lost", "gpu_memory_headroom", "numa_misplacement"}
-# The collectors a detector judges: when the first of them found no source on this host (no GPU,
-# no benchmark run, no inference server), the detector is skipped with that collector's reason.
-REQUIRED_COLLECTORS = {
-    **{name: ("gpu",) for name in GPU_DETECTORS},
-    "pcie_bandwidth_low": ("gpu", "bench"),
-    "throughput_decay": ("inference",),
-    "kv_offload_pressure": ("inference",),
-}
 
 
 @dataclass(frozen=True)
@@ -94,7 +86,9 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
         could_not_read = _essential_unread(config, states, failures, agent.history.latest())
 
         def missing_source(detector: str) -> str | None:
-            for collector in REQUIRED_COLLECTORS.get(detector, ()):
+            # The collectors the family judges: when one found no source on this host (no GPU, no
+            # benchmark run, no inference server), the detector is skipped with its reason.
+            for collector in catalogue.family(detector).collectors:
                 state = states.get(collector)
                 if state is None:
                     return f"the {collector} collector is disabled"

@@ -10,9 +10,9 @@ import sys
 import threading
 import traceback
 
-from agent import __version__
-from agent.config import ConfigError, load_config, parse_listen
-from agent.trace import TraceError
+from hybridmon import __version__
+from hybridmon.agent.config import ConfigError, load_config, parse_listen
+from hybridmon.agent.trace import TraceError
 
 log = logging.getLogger("hybridmon")
 
@@ -230,8 +230,8 @@ class _StopSignals:
 
 
 def _run(args: argparse.Namespace, config) -> int:
-    from agent.daemon import Agent
-    from agent.server import bind_socket, listen_url, serve
+    from hybridmon.agent.daemon import Agent
+    from hybridmon.agent.server import bind_socket, listen_url, serve
 
     if args.speed != 1.0 and not args.replay:
         raise ValueError("--speed applies to --replay only")
@@ -252,13 +252,13 @@ def _run(args: argparse.Namespace, config) -> int:
 
 
 def _check(args: argparse.Namespace, config) -> int:
-    from agent import check
+    from hybridmon.agent import check
 
     return check.main(config, args.duration, args.json, args.strict)
 
 
 def _record(args: argparse.Namespace, config) -> int:
-    from agent.daemon import Agent
+    from hybridmon.agent.daemon import Agent
 
     stop = _StopSignals()
     agent = Agent(config, record_to=args.output)
@@ -277,7 +277,7 @@ def _record(args: argparse.Namespace, config) -> int:
 
 
 def _bench(args: argparse.Namespace, config) -> int:
-    from agent.bench import command
+    from hybridmon.agent.bench import command
 
     if args.max_seconds is not None:
         config = config.model_copy(update={"bench": config.bench.model_copy(
@@ -288,7 +288,7 @@ def _bench(args: argparse.Namespace, config) -> int:
 def _budget(args: argparse.Namespace, config) -> int:
     import json
 
-    from agent import budget
+    from hybridmon.agent import budget
 
     try:
         shape = budget.preset(args.model) if args.model else budget.load_config_json(args.config_json)

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from exporters.inference_names import SERVERS as INFERENCE_SERVERS, USUAL_PORTS
+from hybridmon.exporters.inference_names import SERVERS as INFERENCE_SERVERS, USUAL_PORTS
 
 if sys.version_info >= (3, 11):
     import tomllib

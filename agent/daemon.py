@@ -13,20 +13,20 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
-from agent.config import AgentConfig, parse_listen
-from agent.detectors.alert_delivery import AlertDeliveryDetector
-from agent.detectors.base import load_thresholds
-from agent.detectors.engine import Engine
-from agent.detectors.registry import all_detectors, lookback_seconds
-from agent.exposition import Exposition
-from agent.findings import FindingsCollector
-from agent.history import History
-from agent.sampler import Sampler
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from agent.trace import TraceError, TraceReader, TraceWriter
-from agent.wiring import build_collectors
-from exporters.base import LogOnce
+from hybridmon.agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
+from hybridmon.agent.config import AgentConfig, parse_listen
+from hybridmon.agent.detectors.alert_delivery import AlertDeliveryDetector
+from hybridmon.agent.alerts.catalogue import load_thresholds
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.alerts.catalogue import all_detectors, lookback_seconds
+from hybridmon.agent.exposition import Exposition
+from hybridmon.agent.findings import FindingsCollector
+from hybridmon.agent.history import History
+from hybridmon.agent.sampler import Sampler
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
+from hybridmon.agent.wiring import build_collectors
+from hybridmon.exporters.base import LogOnce
 
 log = logging.getLogger(__name__)
 # Longest pause between two trace records that a replay waits out (recorded seconds).

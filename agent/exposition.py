@@ -13,11 +13,11 @@ from typing import Iterable, Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agent import __version__
-from agent.alertmanager import ALERTMANAGER_METRICS
-from agent.history import History
-from agent.sampler import Sampler
-from exporters.base import MetricSpec, Samples
+from hybridmon import __version__
+from hybridmon.agent.alertmanager import ALERTMANAGER_METRICS
+from hybridmon.agent.history import History
+from hybridmon.agent.sampler import Sampler
+from hybridmon.exporters.base import MetricSpec, Samples
 
 
 class SamplesFamilies:

@@ -6,8 +6,8 @@ from typing import Iterable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from agent.detectors.engine import Engine, FindingState
-from exporters.base import MetricSpec
+from hybridmon.agent.detectors.engine import Engine, FindingState
+from hybridmon.exporters.base import MetricSpec
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 

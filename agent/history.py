@@ -12,7 +12,7 @@ from array import array
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from exporters.base import Samples
+from hybridmon.exporters.base import Samples
 
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 

@@ -32,7 +32,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from agent.logs import RepeatedMessageFilter, aggregate_repeats, remove_filter
+from hybridmon.agent.logs import RepeatedMessageFilter, aggregate_repeats, remove_filter
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from agent.history import History
-from agent.trace import TraceWriter
-from exporters.base import Collector, LogOnce, NoDataError, Samples
+from hybridmon.agent.history import History
+from hybridmon.agent.trace import TraceWriter
+from hybridmon.exporters.base import Collector, LogOnce, NoDataError, Samples
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,12 @@ from fastapi import FastAPI, Query
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from agent import __version__
-from agent.bench_api import BenchService, router as bench_router
-from agent.daemon import Agent
-from agent.findings import findings_json, iso_time
-from agent.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
-from agent.runbooks import RunbookLibrary
+from hybridmon import __version__
+from hybridmon.agent.bench_api import BenchService, router as bench_router
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.findings import findings_json, iso_time
+from hybridmon.agent.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
+from hybridmon.agent.runbooks import RunbookLibrary
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def create_app(agent: Agent) -> FastAPI:
             "findings": findings_json(agent.engine, agent.runbook_base_url, wanted),
         })
 
-    from agent.status_page import render_status_page
+    from hybridmon.agent.status_page import render_status_page
 
     @app.get("/", response_class=HTMLResponse)
     def status_page() -> HTMLResponse:

@@ -11,7 +11,7 @@ import threading
 from collections import deque
 from typing import Any, Callable, Protocol, TypeVar
 
-from exporters.process_cmdline import redact
+from hybridmon.exporters.process_cmdline import redact
 
 T = TypeVar("T")
 

@@ -13,18 +13,18 @@ import socket
 import time
 from typing import TYPE_CHECKING
 
-from agent import __version__
-from agent.detectors.common import human_duration
-from agent.detectors.engine import FindingState
-from agent.findings import SEVERITY_ORDER, runbook_url
-from agent.status_inference import inference_html
-from agent.status_signals import LatestValues, bench_html, gpus_html, host_html, processes_html
-from agent.status_template import (
+from hybridmon import __version__
+from hybridmon.agent.detectors.common import human_duration
+from hybridmon.agent.detectors.engine import FindingState
+from hybridmon.agent.findings import SEVERITY_ORDER, runbook_url
+from hybridmon.agent.status_inference import inference_html
+from hybridmon.agent.status_signals import LatestValues, bench_html, gpus_html, host_html, processes_html
+from hybridmon.agent.status_template import (
     Row, card, clock, clock_and_age, esc, key_values, link, page, paragraph, section,
 )
 
 if TYPE_CHECKING:
-    from agent.daemon import Agent
+    from hybridmon.agent.daemon import Agent
 
 SEVERITIES = ("critical", "warning", "info")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from agent import __version__
-from exporters.base import LogOnce
-from exporters.jsonsafe import loads_bounded
+from hybridmon import __version__
+from hybridmon.exporters.base import LogOnce
+from hybridmon.exporters.jsonsafe import loads_bounded
 
 FORMAT_NAME = "hybridmon-trace"
 # Flush the gzip stream this often, so a recorder that is killed loses at most this much.

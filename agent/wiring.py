@@ -3,17 +3,17 @@ from __future__ import annotations
 
 from typing import Callable
 
-from agent.config import COLLECTOR_NAMES, AgentConfig
-from agent.sampler import Scheduled
-from agent.sources import RawSource
-from exporters.bench import BenchCollector
-from exporters.gpu import GpuCollector
-from exporters.host_memory import HostMemoryCollector
-from exporters.inference import inference_collector
-from exporters.numa import NumaCollector, ProcessNumaCollector
-from exporters.pcie import PcieCollector
-from exporters.pressure import PressureCollector
-from exporters.process import ProcessCollector
+from hybridmon.agent.config import COLLECTOR_NAMES, AgentConfig
+from hybridmon.agent.sampler import Scheduled
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.bench import BenchCollector
+from hybridmon.exporters.gpu import GpuCollector
+from hybridmon.exporters.host_memory import HostMemoryCollector
+from hybridmon.exporters.inference import inference_collector
+from hybridmon.exporters.numa import NumaCollector, ProcessNumaCollector
+from hybridmon.exporters.pcie import PcieCollector
+from hybridmon.exporters.pressure import PressureCollector
+from hybridmon.exporters.process import ProcessCollector
 
 SourceFactory = Callable[[str], RawSource]
 # First runs wait for the collectors they take their watch lists from (see Scheduled.after).

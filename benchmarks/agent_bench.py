@@ -3,14 +3,14 @@
 Builds, in a temporary directory, a copy of the fixture host (tests/fixtures/host-2node) scaled to
 8 NVIDIA GPUs (3 more PCI functions on each NUMA node, copied from 0000:17:00.0) and 16 watched
 vLLM processes (proc/4242 copied to pids 4243-4257; proc/5151 is left out so exactly 16 are
-watched), plus a fake NVML layout (tests/fake_nvml.py) with the same 8 GPUs, 2 of the 16
+watched), plus a fake NVML layout (tests/support/fake_nvml.py) with the same 8 GPUs, 2 of the 16
 processes each, and a 20 ms wait per PCIe throughput direction as real NVML has. Then:
 
 1. tick:    an in-process Agent; every 1 s collector run once per tick in the agent's order,
             process CPU time (all threads) and wall time per tick; process_numa (30 s) apart;
             the cost of rendering the samples exposition after a tick.
 2. series:  the series of the samples exposition per GPU, per watched process and host-level.
-3. scrape:  the daemon (`python -m agent.cli run`) and node_exporter as subprocesses on
+3. scrape:  the daemon (`python -m hybridmon.agent.cli run`) and node_exporter as subprocesses on
             127.0.0.1, sequential GETs of /metrics over one keep-alive connection each, back to
             back (mostly served from the render cache) and paced 1.37 s apart (every scrape
             renders after a commit, as with Prometheus); node_exporter also with gzip.
@@ -68,7 +68,7 @@ TEMPLATE_PID = 4242
 PIDS = tuple([TEMPLATE_PID] + list(range(4243, 4258)))  # 16 watched processes
 DROPPED_PIDS = (5151,)  # the fixture's llama-server: not one of the 16
 THROUGHPUT_DELAY_SECONDS = 0.02
-DAEMON_COMMAND = [sys.executable, "-m", "agent.cli", "run"]  # + --listen 127.0.0.1:PORT
+DAEMON_COMMAND = [sys.executable, "-m", "hybridmon.agent.cli", "run"]  # + --listen 127.0.0.1:PORT
 # Paced scrapes are further apart than a tick, so each one renders anew after a commit, as a
 # Prometheus scrape every 15 s does; 1.37 s, not 1 s, so that they fall at every phase of the tick.
 PACE_SECONDS = 1.37
@@ -206,7 +206,7 @@ class ScaledHost:
             "HYBRIDMON_INFERENCE__ENDPOINTS": json.dumps([self.inference_url]),
             "HYBRIDMON_PATHS__PROCFS": self.procfs,
             "HYBRIDMON_PATHS__SYSFS": self.sysfs,
-            "HYBRIDMON_GPU__NVML_MODULE": "tests.fake_nvml",
+            "HYBRIDMON_GPU__NVML_MODULE": "tests.support.fake_nvml",
             "HYBRIDMON_PCIE__UDEV": "false",
             "HYBRIDMON_PROCESS__PIDS": json.dumps(list(self.pids)),
             "HYBRIDMON_LOG_LEVEL": "warning",
@@ -253,7 +253,7 @@ def build_scaled_host(root: Path) -> ScaledHost:
         (target / "status").write_text("".join(status_lines))
 
     # NVML: 8 GPUs in PCI bus order (NVML's), bus ids matching sysfs, 2 processes each.
-    from tests import fake_nvml
+    from tests.support import fake_nvml
 
     sysfs_gpus = sorted([TEMPLATE_GPU, "0000:ca:00.0"] + [a for a, _, _ in NEW_GPUS])
     template_l40s, template_a10 = fake_nvml.default_gpus()
@@ -289,7 +289,7 @@ def build_scaled_host(root: Path) -> ScaledHost:
 def store_bench_runs(state_dir: Path, gpus: list) -> None:
     """One stored benchmark run per GPU, so the bench collector reads 8 files as on a measured host
     (the figures are the hand-written test report's, tests/fixtures/bench)."""
-    from agent.bench.store import save_run
+    from hybridmon.agent.bench.store import save_run
 
     report = json.loads((REPO / "tests/fixtures/bench/report-gen4-local.json").read_text())
     for index, gpu in enumerate(gpus):
@@ -305,13 +305,13 @@ def store_bench_runs(state_dir: Path, gpus: list) -> None:
 
 
 def agent_config(host: ScaledHost):
-    from agent.config import load_config
+    from hybridmon.agent.config import load_config
 
     return load_config(environ=host.environment())
 
 
 def load_fake_nvml(host: ScaledHost, throughput_delay_seconds: float):
-    from tests import fake_nvml
+    from tests.support import fake_nvml
 
     fake_nvml.reset()
     fake_nvml.load_layout(host.layout)
@@ -358,7 +358,7 @@ def check_agent_sees_the_host(agent, host: ScaledHost) -> None:
 # --------------------------------------------------------------------------------------------
 
 def bench_ticks(host: ScaledHost, ticks: int, numa_runs: int) -> tuple[dict, dict]:
-    from agent.daemon import Agent
+    from hybridmon.agent.daemon import Agent
 
     fake = load_fake_nvml(host, THROUGHPUT_DELAY_SECONDS)
     config = agent_config(host)
@@ -630,8 +630,8 @@ def memory_child(host_json: str, ticks: int) -> None:
     """Runs in the subprocess: prints one JSON line with the figures."""
     host = ScaledHost(**json.loads(host_json))
     rss_start = rss_bytes()
-    from agent.daemon import Agent  # imports counted separately from the agent
-    from agent.server import create_app  # the daemon's HTTP stack (FastAPI, uvicorn), as it runs
+    from hybridmon.agent.daemon import Agent  # imports counted separately from the agent
+    from hybridmon.agent.server import create_app  # the daemon's HTTP stack (FastAPI, uvicorn), as it runs
 
     fake = load_fake_nvml(host, 0.0)
     rss_imported = rss_bytes()
@@ -855,7 +855,7 @@ def main() -> int:
         },
         "targets": TARGETS,
     }
-    from tests.fake_inference_server import FakeInferenceServer
+    from tests.support.fake_inference_server import FakeInferenceServer
 
     fixtures = REPO / "tests/fixtures/inference"
     server = FakeInferenceServer({"/metrics": [(fixtures / "vllm-v1-names.1.prom").read_text()]})

@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 
-from agent.sources import LiveSource
-from exporters.numa import parse_numa_maps
+from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.numa import parse_numa_maps
 
 # The child maps `mib` MiB and touches one byte per 4 KiB page, then `mappings` single pages whose
 # protections alternate so the kernel cannot merge neighbours into one mapping.

@@ -1,6 +1,6 @@
 """Soak: the agent scraped 10 times a second for half an hour while hostile clients hammer it.
 
-Starts `python -m agent.cli run` on the fixture host (tests/fixtures/host-2node, fake NVML) on
+Starts `python -m hybridmon.agent.cli run` on the fixture host (tests/fixtures/host-2node, fake NVML) on
 127.0.0.1 and a free port, then for --duration seconds runs, each in its own thread:
 
 - scrapes:    GET /metrics at --scrape-rate per second over one keep-alive connection (as
@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `tests` (the fixture host, the fake NVML) is not installed
 
-from tests.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, free_port, subprocess_environment  # noqa: E402
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, free_port, subprocess_environment  # noqa: E402
 
 MIB = 1024**2
 

@@ -1,5 +1,5 @@
 """Grafana dashboards for hybridmon, built in Python (grafana-foundation-sdk) by
-`python -m dashboards.generate` into dashboards/json/.
+`python -m hybridmon.dashboards.generate` into dashboards/json/.
 
 This module reads the committed JSON only, so tools that run the panels' queries (the end-to-end
 test against a live Prometheus) need neither the SDK nor Grafana:
@@ -33,7 +33,7 @@ class PanelQuery:
 def load_dashboards(directory: Path = JSON_DIR) -> list[dict]:
     paths = sorted(directory.glob("*.json"))
     if not paths:
-        raise FileNotFoundError(f"no dashboards in {directory}: run python -m dashboards.generate")
+        raise FileNotFoundError(f"no dashboards in {directory}: run python -m hybridmon.dashboards.generate")
     return [json.loads(path.read_text()) for path in paths]
 
 

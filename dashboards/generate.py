@@ -1,8 +1,8 @@
 """Generate the Grafana dashboards from Python, with thresholds from the agent's thresholds file.
 
-    python -m dashboards.generate                 # rewrite dashboards/json/*.json
-    python -m dashboards.generate --check         # exit 1 with a diff if the committed JSON differs
-    python -m dashboards.generate --thresholds my.toml --runbook-base-url https://runbooks.example/hybridmon
+    python -m hybridmon.dashboards.generate                 # rewrite dashboards/json/*.json
+    python -m hybridmon.dashboards.generate --check         # exit 1 with a diff if the committed JSON differs
+    python -m hybridmon.dashboards.generate --thresholds my.toml --runbook-base-url https://runbooks.example/hybridmon
 
 The thresholds come from agent/detectors/thresholds.toml through the loader the agent and
 rules.generate use, so a line on a panel is where the alert fires. Import the JSON into Grafana
@@ -15,11 +15,11 @@ import json
 import sys
 from pathlib import Path
 
-from agent.detectors.base import Thresholds
-from dashboards import JSON_DIR, gpu, host
-from dashboards.common import DEFAULT_RUNBOOK_BASE_URL
+from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.dashboards import JSON_DIR, gpu, host
+from hybridmon.dashboards.common import DEFAULT_RUNBOOK_BASE_URL
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
-from rules import generate as rules_generate
+from hybridmon.rules import generate as rules_generate
 
 BUILDERS = {host.UID: host.build, gpu.UID: gpu.build}
 
@@ -46,7 +46,7 @@ def write(output_dir: Path, files: dict[str, str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     return rules_generate.run_generator(
-        argv, "dashboards.generate", __doc__.split("\n\n")[0], JSON_DIR, "the JSON files",
+        argv, "hybridmon.dashboards.generate", __doc__.split("\n\n")[0], JSON_DIR, "the JSON files",
         "runbook links are BASE/<AlertName>; by default the agent chosen in the dashboard serves "
         "its runbooks", render, check, write, DEFAULT_RUNBOOK_BASE_URL)
 

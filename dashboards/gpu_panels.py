@@ -7,11 +7,11 @@ copies of the largest size, else the theoretical rate).
 """
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from dashboards.common import graph, query, runbook_links, selector, single_stat, value_table
+from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.dashboards.common import graph, query, runbook_links, selector, single_stat, value_table
 from grafana_foundation_sdk.models import dashboard as model
-from rules.pcie import CAPACITY, CAPACITY_THEORETICAL, MAX_CAPACITY, MEASURED_CAPACITY, REPLAY_BOUND
-from rules.promql import number
+from hybridmon.rules.pcie import CAPACITY, CAPACITY_THEORETICAL, MAX_CAPACITY, MEASURED_CAPACITY, REPLAY_BOUND
+from hybridmon.rules.promql import number
 
 THROUGHPUT = "hybridmon_gpu_pcie_throughput_bytes_per_second"
 AVERAGE_TRAFFIC = f"avg_over_time({selector(THROUGHPUT)}[$__rate_interval])"

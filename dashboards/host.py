@@ -8,14 +8,14 @@ nodes, and the last benchmark of the links.
 """
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from dashboards import gpu_panels, inference
-from dashboards.common import (assemble, graph, link, new_dashboard, override_links,
+from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.dashboards import gpu_panels, inference
+from hybridmon.dashboards.common import (assemble, graph, link, new_dashboard, override_links,
                                override_threshold, override_unit, query, runbook_links, selector,
                                single_stat, value_table)
 from grafana_foundation_sdk.models import dashboard as model
-from rules.pcie import MEASURED_CAPACITY
-from rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
+from hybridmon.rules.pcie import MEASURED_CAPACITY
+from hybridmon.rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
 
 UID = "hybridmon-host"
 GPU_DRILL_DOWN = "/d/hybridmon-gpu?var-datasource=${datasource}&var-instance=${instance}&${gpu:queryparam}"

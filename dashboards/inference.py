@@ -10,12 +10,12 @@ rate of the histogram's sum over the rate of its count.
 """
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from dashboards.common import graph, override_unit, query, runbook_links, selector, value_table
-from dashboards.gpu_panels import DASHED, THROUGHPUT
+from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.dashboards.common import graph, override_unit, query, runbook_links, selector, value_table
+from hybridmon.dashboards.gpu_panels import DASHED, THROUGHPUT
 from grafana_foundation_sdk.builders import dashboard as grafana
-from rules.inference import SERVER_CAPACITY
-from rules.pcie import MEASURED_CAPACITY
+from hybridmon.rules.inference import SERVER_CAPACITY
+from hybridmon.rules.pcie import MEASURED_CAPACITY
 
 ENDPOINT = 'endpoint=~"$endpoint"'
 TOKENS_PER_SECOND = "suffix: tokens/s"

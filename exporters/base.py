@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, Literal, Protocol, TypeVar
 
 if TYPE_CHECKING:
-    from agent.sources import RawSource
+    from hybridmon.agent.sources import RawSource
 
 MetricKind = Literal["gauge", "counter"]
 T = TypeVar("T")

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import os
 
-from agent.bench.report import ReportError
-from agent.bench.store import StoredRun, latest_dir, measured_capacity, parse_stored_run
-from agent.detectors.pcie import theoretical_capacity
-from agent.sources import RawSource
-from exporters.base import LogOnce, MetricSpec, NoDataError, Samples
+from hybridmon.agent.bench.report import ReportError
+from hybridmon.agent.bench.store import StoredRun, latest_dir, measured_capacity, parse_stored_run
+from hybridmon.agent.detectors.pcie import theoretical_capacity
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.base import LogOnce, MetricSpec, NoDataError, Samples
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from agent.sources import RawSource
-from exporters.base import LogOnce, MetricSpec, NoDataError, Samples
-from exporters.nvml import GpuLostError, GpuProcess, Nvml
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.base import LogOnce, MetricSpec, NoDataError, Samples
+from hybridmon.exporters.nvml import GpuLostError, GpuProcess, Nvml
 
 log = logging.getLogger(__name__)
 

@@ -19,16 +19,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from agent.sources import RawSource, ReplayedCallError
-from exporters import inference_scrape
-from exporters.base import LogOnce, NoDataError, Samples
-from exporters.inference_formats import PERCENTILES, Histogram, ServerStats, interpret, recent_quantile
-from exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
+from hybridmon.agent.sources import RawSource, ReplayedCallError
+from hybridmon.exporters import inference_scrape
+from hybridmon.exporters.base import LogOnce, NoDataError, Samples
+from hybridmon.exporters.inference_formats import PERCENTILES, Histogram, ServerStats, interpret, recent_quantile
+from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
                                          OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS,
                                          USUAL_PORTS)
 
 if TYPE_CHECKING:
-    from agent.config import InferenceConfig
+    from hybridmon.agent.config import InferenceConfig
 
 logger = logging.getLogger(__name__)
 

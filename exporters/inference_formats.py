@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, fields
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporters.base import ParseError
-from exporters.inference_names import EXPECTED, PREFIXES, RULES, Rule
+from hybridmon.exporters.base import ParseError
+from hybridmon.exporters.inference_names import EXPECTED, PREFIXES, RULES, Rule
 
 MODEL_LABELS = ("model_name", "model")
 PERCENTILES = {"p50": 0.5, "p95": 0.95}

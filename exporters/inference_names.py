@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from exporters.base import MetricSpec
+from hybridmon.exporters.base import MetricSpec
 
 SERVERS = ("vllm", "sglang", "llamacpp", "tgi", "lmcache", "ollama")
 # Metric-name prefix of each server that publishes /metrics, in the order a mixed body is read:

@@ -17,9 +17,9 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Iterable
 
-from agent.sources import RawSource
-from exporters.base import ParseError
-from exporters.inference_formats import keep_known_families
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.base import ParseError
+from hybridmon.exporters.inference_formats import keep_known_families
 
 _LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's st column
 _SOCKET_LINK = re.compile(r"socket:\[([0-9]{1,20})\]")

@@ -14,10 +14,10 @@ import re
 import time
 from typing import Callable, Mapping
 
-from agent.sources import RawSource
-from exporters.base import (CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples,
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.base import (CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples,
                             parse_logged, read_parsed)
-from exporters.procfs import ProcessGone, parse_cpu_list, parse_proc_status, read_process_file
+from hybridmon.exporters.procfs import ProcessGone, parse_cpu_list, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
 

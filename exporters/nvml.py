@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from agent.sources import TraceMissError
-from exporters.base import CollectorError, LogOnce, NoDataError, ParseError
+from hybridmon.agent.sources import TraceMissError
+from hybridmon.exporters.base import CollectorError, LogOnce, NoDataError, ParseError
 
 logger = logging.getLogger(__name__)
 

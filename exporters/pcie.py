@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping
 
 import pyudev
 
-from exporters.base import LogOnce, MetricSpec, NoDataError, ParseError, Samples, read_parsed
+from hybridmon.exporters.base import LogOnce, MetricSpec, NoDataError, ParseError, Samples, read_parsed
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from agent.sources import RawSource
-from exporters.base import CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.base import CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples
 
 log = logging.getLogger(__name__)
 

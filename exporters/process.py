@@ -17,10 +17,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from agent.sources import RawSource, ReplayedCallError
-from exporters.base import LogOnce, MetricSpec, ParseError, Samples, parse_logged
-from exporters.process_cmdline import cmdline_label, identity_of
-from exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
+from hybridmon.agent.sources import RawSource, ReplayedCallError
+from hybridmon.exporters.base import LogOnce, MetricSpec, ParseError, Samples, parse_logged
+from hybridmon.exporters.process_cmdline import cmdline_label, identity_of
+from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
 

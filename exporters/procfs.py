@@ -8,8 +8,8 @@ import os
 import re
 from dataclasses import dataclass
 
-from agent.sources import RawSource
-from exporters.base import LogOnce, ParseError
+from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.base import LogOnce, ParseError
 
 logger = logging.getLogger(__name__)
 

@@ -1,1 +1,1 @@
-"""Prometheus rules generated from the agent's thresholds (`python -m rules.generate`)."""
+"""Prometheus rules generated from the agent's thresholds (`python -m hybridmon.rules.generate`)."""

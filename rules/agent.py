@@ -2,9 +2,13 @@
 Alertmanager keep failing (agent/alertmanager.py, agent/detectors/alert_delivery.py)."""
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from rules.model import Alert, Group
-from rules.promql import duration
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
+from hybridmon.rules.model import Alert, Group
+from hybridmon.rules.promql import duration
 
 CONSECUTIVE_FAILURES = "hybridmon_alertmanager_consecutive_failures"
 

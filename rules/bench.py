@@ -2,11 +2,15 @@
 GpuPcieBandwidthLow alert when a measurement is far below the link's theoretical rate."""
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from rules import pcie
-from rules.model import Alert, Group
-from rules.promql import by_generation, query
-from rules.templates import humanize_percentage
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
+from hybridmon.rules import pcie
+from hybridmon.rules.model import Alert, Group
+from hybridmon.rules.promql import by_generation, query
+from hybridmon.rules.templates import humanize_percentage
 
 MEASURED = "hybridmon_gpu_pcie_measured_capacity_bytes_per_second"
 GENERATIONS = range(1, 7)

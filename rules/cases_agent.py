@@ -1,8 +1,12 @@
 """promtool tests for the rules on the agent itself."""
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from rules.scenarios import BEFORE_SAMPLES, ONSET, STEP, Catalog, Test, firing, not_yet
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
+from hybridmon.rules.scenarios import BEFORE_SAMPLES, ONSET, STEP, Catalog, Test, firing, not_yet
 
 FAILURES = "hybridmon_alertmanager_consecutive_failures"
 

@@ -1,9 +1,13 @@
 """promtool tests for the rules that read `hybridmon bench` measurements."""
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from rules.cases_gpu import capacity, link
-from rules.scenarios import GPU0, GPU1, GPU2, GPU3, Catalog, Test, firing, not_yet
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
+from hybridmon.rules.cases_gpu import capacity, link
+from hybridmon.rules.scenarios import GPU0, GPU1, GPU2, GPU3, Catalog, Test, firing, not_yet
 
 MEASURED = "hybridmon_gpu_pcie_measured_capacity_bytes_per_second"
 

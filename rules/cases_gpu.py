@@ -1,12 +1,16 @@
 """promtool tests for the PCIe and GPU memory rules (see rules.scenarios for the timing)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
 import math
 
-from agent.detectors.base import Thresholds
-from rules import pcie
-from rules.promql import lane_bytes_per_second, replay_bound_per_minute
-from rules.scenarios import (BUS0, BUS1, GIB, GPU0, GPU1, GPU2, GPU3, MIB, ONSET, Catalog, Test, above,
+from hybridmon.rules import pcie
+from hybridmon.rules.promql import lane_bytes_per_second, replay_bound_per_minute
+from hybridmon.rules.scenarios import (BUS0, BUS1, GIB, GPU0, GPU1, GPU2, GPU3, MIB, ONSET, Catalog, Test, above,
                              firing, not_yet, num)
 
 

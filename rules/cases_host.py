@@ -1,8 +1,12 @@
 """promtool tests for swap thrash and the host configuration rules (see rules.scenarios)."""
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from rules.scenarios import (BEFORE_SAMPLES, GIB, HOST, MIB, ONSET, STEP, Catalog, Test, above,
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
+from hybridmon.rules.scenarios import (BEFORE_SAMPLES, GIB, HOST, MIB, ONSET, STEP, Catalog, Test, above,
                              firing, not_yet)
 
 HOST2 = "gpu-host-2:9787"

@@ -1,12 +1,16 @@
 """promtool tests for the inference-server rules (see rules.scenarios for the timing)."""
 from __future__ import annotations
 
-from agent.detectors.base import Thresholds
-from rules import inference
-from rules.cases_gpu import capacity, link
-from rules.cases_process import on_gpu
-from rules.cases_host import LLAMA, VLLM
-from rules.scenarios import BEFORE_SAMPLES, GPU0, GPU1, Catalog, Test, above, firing, not_yet
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
+from hybridmon.rules import inference
+from hybridmon.rules.cases_gpu import capacity, link
+from hybridmon.rules.cases_process import on_gpu
+from hybridmon.rules.cases_host import LLAMA, VLLM
+from hybridmon.rules.scenarios import BEFORE_SAMPLES, GPU0, GPU1, Catalog, Test, above, firing, not_yet
 
 VLLM_SERVER = {"server": "vllm", "endpoint": "http://127.0.0.1:8000/metrics", "model": "llama-3-8b"}
 SGLANG_SERVER = {"server": "sglang", "endpoint": "http://127.0.0.1:30000/metrics", "model": "qwen2"}

@@ -5,12 +5,16 @@ measurements are compared as 1 min averages and counters as 1 min rates, as in t
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
 from textwrap import dedent
 
-from agent.detectors.base import Thresholds
-from rules.model import Alert, Group, Recording
-from rules.promql import as_process_name, indent, number, query
-from rules.templates import humanize, humanize1024, humanize_percentage
+from hybridmon.rules.model import Alert, Group, Recording
+from hybridmon.rules.promql import as_process_name, indent, number, query
+from hybridmon.rules.templates import humanize, humanize1024, humanize_percentage
 
 SWAP_IN = "instance:hybridmon_swap_in_bytes:rate1m"
 SWAP_OUT = "instance:hybridmon_swap_out_bytes:rate1m"

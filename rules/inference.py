@@ -6,13 +6,17 @@ endpoint and model but not the pid, which changes on every restart of the server
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
 from textwrap import dedent
 
-from agent.detectors.base import Thresholds
-from rules import pcie
-from rules.model import Alert, Group, Recording
-from rules.promql import duration, number, query
-from rules.templates import humanize, humanize_percentage
+from hybridmon.rules import pcie
+from hybridmon.rules.model import Alert, Group, Recording
+from hybridmon.rules.promql import duration, number, query
+from hybridmon.rules.templates import humanize, humanize_percentage
 
 TOKENS = "hybridmon_inference_generated_tokens_total"
 RUNNING = "hybridmon_inference_requests_running"

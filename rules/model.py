@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rules.promql import duration
-from rules.templates import go_template, markers
+from hybridmon.rules.promql import duration
+from hybridmon.rules.templates import go_template, markers
 
 Query = tuple[str, tuple[str, ...]]  # PromQL with %q placeholders, the alert labels filling them
 

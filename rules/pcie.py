@@ -6,13 +6,17 @@ are now, like the agent reads the latest sample.
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
 from textwrap import dedent
 
-from agent.detectors.base import Thresholds
-from rules.model import Alert, Group, Recording
-from rules.promql import (LANE_BYTES_PER_SECOND, LANE_LINE_RATE_BITS_PER_SECOND, by_generation,
+from hybridmon.rules.model import Alert, Group, Recording
+from hybridmon.rules.promql import (LANE_BYTES_PER_SECOND, LANE_LINE_RATE_BITS_PER_SECOND, by_generation,
                           SLOPE_NOTE, data_spans, duration, number, query, robust_slope)
-from rules.templates import humanize, humanize_percentage
+from hybridmon.rules.templates import humanize, humanize_percentage
 
 CAPACITY_THEORETICAL = "gpu:hybridmon_gpu_pcie_link_capacity_bytes_per_second:theoretical"
 MAX_CAPACITY = "gpu:hybridmon_gpu_pcie_link_max_capacity_bytes_per_second:theoretical"
@@ -59,6 +63,14 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         Recording(REPLAY_BOUND,
                   "# DCGM's PCIe health watch: ceil(bit error rate x line rate x 60 x lanes) per minute\n"
                   + bound),
+    )
+
+
+def memory_recordings(t: Thresholds) -> tuple[Recording, ...]:
+    return (
+        Recording(MEMORY_USED, "avg_over_time(hybridmon_gpu_memory_used_bytes[1m])"),
+        Recording(memory_slope_record(t), SLOPE_NOTE + robust_slope(
+            "hybridmon_gpu_memory_used_bytes", t.gpu_memory_headroom.trend_window_seconds)),
     )
 
 
@@ -275,9 +287,5 @@ def groups(t: Thresholds) -> list[Group]:
     return [
         Group("hybridmon-pcie", (*recordings(t), starvation(t), link_degraded(t), replay_errors(t),
                                  *aer_errors(t), gpu_lost(t))),
-        Group("hybridmon-gpu-memory", (
-            Recording(MEMORY_USED, "avg_over_time(hybridmon_gpu_memory_used_bytes[1m])"),
-            Recording(memory_slope_record(t), SLOPE_NOTE + robust_slope(
-                "hybridmon_gpu_memory_used_bytes", t.gpu_memory_headroom.trend_window_seconds)),
-            *memory_headroom(t))),
+        Group("hybridmon-gpu-memory", (*memory_recordings(t), *memory_headroom(t))),
     ]

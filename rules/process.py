@@ -6,14 +6,18 @@ stand-in for the agent's Theil-Sen slope: both agree on steady growth and ignore
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the schema is built from the families, which import these rules
+    from hybridmon.agent.alerts.catalogue import Thresholds
+
 from dataclasses import dataclass
 
-from agent.detectors.base import Thresholds
-from rules.host import NUMA_NODES
-from rules.model import Alert, Group, Recording
-from rules.promql import (SLOPE_NOTE, as_process_name, data_spans, duration, indent, number, query,
+from hybridmon.rules.host import NUMA_NODES
+from hybridmon.rules.model import Alert, Group, Recording
+from hybridmon.rules.promql import (SLOPE_NOTE, as_process_name, data_spans, duration, indent, number, query,
                           robust_slope)
-from rules.templates import humanize_percentage
+from hybridmon.rules.templates import humanize_percentage
 
 CPU = "process:hybridmon_process_cpu_seconds:rate1m"
 FAULTS = "process:hybridmon_process_faults:rate1m"

@@ -1,31 +1,13 @@
 """PromQL building blocks shared by the rules and their tests: PCIe tables, durations, selectors.
 
-The PCIe tables are the ones the in-agent detectors use (the brief's "semantics shared by the
-detectors and the rules"): bytes per second per lane and direction at each generation's encoding,
-and each generation's raw line rate for DCGM's replay bound.
+The PCIe tables come from hybridmon.pcie_rates, the one module the detectors, rules and tests share.
 """
 from __future__ import annotations
 
-import math
 
-# Generation -> (PromQL literal, why). Bytes/s per lane per direction after line encoding.
-LANE_BYTES_PER_SECOND = {
-    1: ("250e6", "2.5 GT/s, 8b/10b"),
-    2: ("500e6", "5 GT/s, 8b/10b"),
-    3: ("984.6e6", "8 GT/s, 128b/130b"),
-    4: ("1969.2e6", "16 GT/s, 128b/130b"),
-    5: ("3938.5e6", "32 GT/s, 128b/130b"),
-    6: ("7563e6", "64 GT/s, 242B/256B FLIT"),
-}
-# Generation -> raw line rate per lane in bits/s, the rate DCGM's bit-error-rate bound scales with.
-LANE_LINE_RATE_BITS_PER_SECOND = {
-    1: ("2.5e9", "Gen1"),
-    2: ("5e9", "Gen2"),
-    3: ("8e9", "Gen3"),
-    4: ("16e9", "Gen4"),
-    5: ("32e9", "Gen5"),
-    6: ("64e9", "Gen6"),
-}
+from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND_TEXT as LANE_BYTES_PER_SECOND  # noqa: F401 (re-exported for the rules)
+from hybridmon.pcie_rates import LANE_LINE_RATE_BITS_PER_SECOND_TEXT as LANE_LINE_RATE_BITS_PER_SECOND  # noqa: F401 (re-exported for the rules)
+from hybridmon.pcie_rates import replay_bound_per_minute  # noqa: F401 (re-exported for the rules)
 
 TARGET = ("job", "instance")  # the labels every scraped series carries; host-level joins use them
 SLOPE_NOTE = "# bytes/s: median of the local least-squares slopes over the window (robust to one jump)\n"
@@ -48,12 +30,6 @@ def by_generation(generation_metric: str, table: dict[int, tuple[str, str]], ind
 
 def lane_bytes_per_second(generation: int) -> float:
     return float(LANE_BYTES_PER_SECOND[generation][0])
-
-
-def replay_bound_per_minute(bit_error_rate: float, generation: int, lanes: int) -> int:
-    """DCGM's bound, multiplied in the order the PromQL multiplies (same float result)."""
-    line_rate = float(LANE_LINE_RATE_BITS_PER_SECOND[generation][0])
-    return math.ceil(bit_error_rate * 60 * lanes * line_rate)
 
 
 def duration(seconds: float) -> str:

@@ -17,10 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from agent.detectors.base import Thresholds
-from rules.model import Alert, Group
-from rules.promql import duration
-from rules.templates import expected_text
+from hybridmon.rules.model import Alert, Group
+from hybridmon.rules.promql import duration
+from hybridmon.rules.templates import expected_text
 
 JOB = "hybridmon"
 HOST = "gpu-host-1:9787"
@@ -161,14 +160,17 @@ class Test:
         return test
 
 
-def test_files(thresholds: Thresholds, groups: list[Group], runbook_base_url: str) -> dict[str, dict]:
-    """File name (without prefix and suffix) -> promtool test document."""
-    from rules import cases_agent, cases_bench, cases_gpu, cases_host, cases_inference, cases_process
-
+def test_files(thresholds, families, groups: list[Group], runbook_base_url: str,
+               shared_cases=lambda thresholds, catalog: []) -> dict[str, dict]:
+    """File name (without prefix and suffix) -> promtool test document: one per alert family with
+    cases (named like its section), and `recordings` for the cases of the shared recording rules."""
     catalog = Catalog(groups, runbook_base_url)
     files = {}
-    for module in (cases_gpu, cases_bench, cases_host, cases_process, cases_inference, cases_agent):
-        for name, tests in module.files(thresholds, catalog).items():
+    named = [("recordings", shared_cases)]
+    named += [(family.section, family.cases) for family in families]
+    for name, cases in named:
+        tests = cases(thresholds, catalog)
+        if tests:
             files[name] = {
                 "rule_files": ["../hybridmon.rules.yml"],
                 "evaluation_interval": "1m",

@@ -131,12 +131,15 @@ def go_template(text: str, queries: Mapping[str, tuple[str, tuple[str, ...]]]) -
     return MARKER.sub(replace, text)
 
 
-def expected_text(text: str, values: Mapping[str, float | str]) -> str:
-    """`text` with its markers filled from `values`, formatted as Prometheus would."""
+def expected_text(text: str, values: Mapping[str, float | str | None]) -> str:
+    """`text` with its markers filled from `values`, formatted as Prometheus would; None stands for
+    a query that found nothing, which the Go template prints as "unknown"."""
 
     def replace(match: re.Match[str]) -> str:
         name, fmt = match.group(1), match.group(2)
         value = values[name]
+        if value is None:  # a query that returned nothing: the template's {{ else }}
+            return "unknown"
         if fmt:
             return FORMATS[fmt](float(value))
         return go_value(value)

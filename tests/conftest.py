@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.sources import LiveSource
-from tests.scenario_traces import ScenarioTraces
+from hybridmon.agent.sources import LiveSource
+from tests.support.scenario_traces import ScenarioTraces
 
 FIXTURES = Path(__file__).parent / "fixtures"
 # A 2-node NUMA host: GPU0 (0000:17:00.0, node 0, AER-capable, full Gen4 x16 link) and GPU1

@@ -12,15 +12,15 @@ import tracemalloc
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.alertmanager import MAX_RESPONSE_BYTES, AlertmanagerPusher
-from agent.daemon import Agent
-from agent.detectors.alert_delivery import ALERTNAME
-from agent.detectors.engine import Engine
-from agent.history import History
-from agent.server import create_app
-from tests import fake_nvml
-from tests.agent_helpers import fixture_config
-from tests.alertmanager_helpers import AcceptingAlertmanager, HostileAlertmanager, Switch, refused_url, wait_until
+from hybridmon.agent.alertmanager import MAX_RESPONSE_BYTES, AlertmanagerPusher
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.alert_delivery import ALERTNAME
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.history import History
+from hybridmon.agent.server import create_app
+from tests.support import fake_nvml
+from tests.support.agent_helpers import fixture_config
+from tests.support.alertmanager_helpers import AcceptingAlertmanager, HostileAlertmanager, Switch, refused_url, wait_until
 
 
 @pytest.fixture

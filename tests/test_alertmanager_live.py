@@ -9,10 +9,10 @@ from datetime import datetime
 
 import psutil
 
-from agent.alertmanager import AlertmanagerPusher
-from agent.detectors.engine import Engine
-from agent.history import History
-from tests.alertmanager_helpers import Alertmanager, HostileAlertmanager, Switch, WebhookReceiver, refused_url, wait_until
+from hybridmon.agent.alertmanager import AlertmanagerPusher
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.history import History
+from tests.support.alertmanager_helpers import Alertmanager, HostileAlertmanager, Switch, WebhookReceiver, refused_url, wait_until
 
 INTERVAL = 1.0
 # The reason each hostile Alertmanager's failures must be counted under.

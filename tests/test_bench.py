@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from agent import budget
-from agent.bench import report as bench_report
-from agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
-from agent.bench.store import (RUNS_KEPT_PER_GPU, load_latest, measured_capacity,
+from hybridmon.agent import budget
+from hybridmon.agent.bench import report as bench_report
+from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
+from hybridmon.agent.bench.store import (RUNS_KEPT_PER_GPU, load_latest, measured_capacity,
                                parse_stored_run, save_run)
-from agent.detectors.pcie import theoretical_capacity
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import NoDataError
-from exporters.bench import BenchCollector
-from tests.agent_helpers import FIXTURE_ENVIRONMENT, REPO
-from tests.bench_helpers import BENCH_FIXTURES, calls, fake_binary
+from hybridmon.agent.detectors.pcie import theoretical_capacity
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import NoDataError
+from hybridmon.exporters.bench import BenchCollector
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
+from tests.support.bench_helpers import BENCH_FIXTURES, calls, fake_binary
 from tests.conftest import FIXTURE_HOST
-from tests.fake_nvml import GIB, FakeNvml, default_gpus
+from tests.support.fake_nvml import GIB, FakeNvml, default_gpus
 
 SYSFS = str(FIXTURE_HOST / "sys")
 GEN4_X16 = theoretical_capacity(4, 16)
@@ -276,7 +276,7 @@ def test_budget_uses_the_slowest_measured_host_to_device_capacity(tmp_path):
 def hybridmon(*args: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
     environment = {**os.environ, **FIXTURE_ENVIRONMENT, "HYBRIDMON_STATE_DIR": str(state),
                    "PYTHONPATH": str(REPO), **env}
-    return subprocess.run([sys.executable, "-m", "agent.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", *args], capture_output=True, text=True,
                           env=environment, timeout=60, cwd=REPO)
 
 
@@ -319,4 +319,4 @@ def test_cli_rejects_a_binary_built_from_another_source(tmp_path):
     binary = fake_binary(tmp_path)
     binary.write_text(binary.read_text().replace('"source_sha256": ', '"source_sha256": "0" + '))
     result = hybridmon("bench", "--binary", str(binary), state=tmp_path / "state")
-    assert result.returncode == 1 and "rebuild it with `python -m agent.bench.build`" in result.stderr
+    assert result.returncode == 1 and "rebuild it with `python -m hybridmon.agent.bench.build`" in result.stderr

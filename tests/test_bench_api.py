@@ -8,11 +8,11 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.daemon import Agent
-from agent.server import create_app
-from tests import fake_nvml
-from tests.agent_helpers import fixture_config, run_every_collector_once
-from tests.bench_helpers import calls, fake_binary
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.server import create_app
+from tests.support import fake_nvml
+from tests.support.agent_helpers import fixture_config, run_every_collector_once
+from tests.support.bench_helpers import calls, fake_binary
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent import budget
-from agent.budget import BudgetError
-from agent.cli import EXIT_USAGE
+from hybridmon.agent import budget
+from hybridmon.agent.budget import BudgetError
+from hybridmon.agent.cli import EXIT_USAGE
 
 REPO = Path(__file__).resolve().parent.parent
 GiB = 2**30
@@ -209,7 +209,7 @@ def test_missing_config_json_is_a_clear_error(tmp_path):
 def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env = {k: v for k, v in env.items() if not k.startswith("HYBRIDMON_")}
-    return subprocess.run([sys.executable, "-m", "agent.cli", "budget", *args], capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", "budget", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 def test_cli_text_summary():

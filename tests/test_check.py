@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
-from agent import check
-from agent.config import load_config
-from tests.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
+from hybridmon.agent import check
+from hybridmon.agent.config import load_config
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
 from tests.conftest import FIXTURE_HOST
 
 SEVERITY_EXIT = {"critical": 2, "warning": 1}
@@ -29,7 +29,7 @@ def test_check_on_this_machine_lists_gpu_checks_as_skipped_with_the_reason():
     assert result.returncode == report["exit_code"] == expected_exit(report), result.stderr
     assert report["could_not_read"] == {} and report["reason"] is None  # this host's /proc and /sys read
     skipped = {s["detector"]: s["reason"] for s in report["skipped"]}
-    from tests.fake_nvml import real_nvml_library_loads
+    from tests.support.fake_nvml import real_nvml_library_loads
 
     if not real_nvml_library_loads():
         for detector in ("pcie_starvation", "pcie_link_degraded", "gpu_memory_headroom", "numa_misplacement"):

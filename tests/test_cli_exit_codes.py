@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from agent import cli
-from tests.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
+from hybridmon.agent import cli
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
 
 BUDGET = ["budget", "--model", "llama-3-8b", "--context", "12000"]
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config import ConfigError, load_config, parse_listen
-from tests.parser_properties import mutated
+from hybridmon.agent.config import ConfigError, load_config, parse_listen
+from tests.support.parser_properties import mutated
 
 
 def test_no_file_no_environment_gives_defaults():

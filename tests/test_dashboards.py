@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from agent.detectors.base import load_thresholds
-from dashboards import JSON_DIR, all_panel_queries, load_dashboards, panels
-from dashboards import generate
-from dashboards.common import DEFAULT_RUNBOOK_BASE_URL
-from rules.promql import number
-from tests.agent_helpers import free_port
+from hybridmon.agent.alerts.catalogue import load_thresholds
+from hybridmon.dashboards import JSON_DIR, all_panel_queries, load_dashboards, panels
+from hybridmon.dashboards import generate
+from hybridmon.dashboards.common import DEFAULT_RUNBOOK_BASE_URL
+from hybridmon.rules.promql import number
+from tests.support.agent_helpers import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 VARIABLES = {"datasource": "prometheus", "instance": "127.0.0.1:9400", "gpu": "0", "endpoint": ".*",
@@ -358,7 +358,7 @@ def fixture_host_scrapes(count: int) -> list[dict]:
 
 def evaluate(queries, scrapes: list[dict], directory: Path) -> list[list[tuple[dict, float]]]:
     """Each query's result at the last scrape, as promtool computes it with rules/ loaded."""
-    from tests.promtool_replay import input_series, parse_samples, promtool
+    from tests.support.promtool_replay import input_series, parse_samples, promtool
 
     end = f"{(len(scrapes) - 1) * 15}s"
     document = {"rule_files": [str(REPO / "rules/hybridmon.rules.yml")], "evaluation_interval": "15s",
@@ -384,7 +384,7 @@ def sample(scrape: dict, name: str, **labels: str) -> float:
 
 
 def test_panel_joins_compute_what_they_say(tmp_path):
-    from agent.detectors.pcie import LANE_BYTES_PER_SECOND
+    from hybridmon.agent.detectors.pcie import LANE_BYTES_PER_SECOND
 
     scrapes = fixture_host_scrapes(41)
     last = scrapes[-1]
@@ -468,7 +468,7 @@ def with_inference_servers(scrapes: list[dict]) -> list[dict]:
 
 
 def test_inference_panels_compute_what_they_say(tmp_path):
-    from agent.detectors.pcie import LANE_BYTES_PER_SECOND
+    from hybridmon.agent.detectors.pcie import LANE_BYTES_PER_SECOND
 
     scrapes = with_inference_servers(fixture_host_scrapes(9))
     last = scrapes[-1]

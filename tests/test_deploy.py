@@ -22,13 +22,13 @@ import pytest
 import yaml
 from kubernetes_validate.utils import SchemaNotFoundError, ValidationError
 
-from agent import __version__
-from agent.config import AgentConfig, load_config, parse_listen, tomllib
+from hybridmon import __version__
+from hybridmon.agent.config import AgentConfig, load_config, parse_listen, tomllib
 from deploy.kubernetes import generate_prometheusrule
-from exporters.numa import parse_numa_maps
-from tests.agent_helpers import REPO
-from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
-from tests.live_stack import require_binary
+from hybridmon.exporters.numa import parse_numa_maps
+from tests.support.agent_helpers import REPO
+from tests.support.alertmanager_helpers import Alertmanager, WebhookReceiver
+from tests.support.live_stack import require_binary
 
 
 def require_root() -> None:
@@ -114,7 +114,7 @@ def test_unit_keeps_what_the_agent_needs_and_nothing_more():
 
 
 def test_unit_fd_limit_and_stop_timeout_cover_the_http_servers_bounds():
-    from agent.httpserver import MAX_CONNECTIONS, SHUTDOWN_BACKSTOP_SECONDS, ServerLimits, connection_cap
+    from hybridmon.agent.httpserver import MAX_CONNECTIONS, SHUTDOWN_BACKSTOP_SECONDS, ServerLimits, connection_cap
 
     single = {key: values[-1] for key, values in unit_settings().items()}
     # The whole connection cap fits under the unit's fd limit, beside the agent's own files.
@@ -267,9 +267,9 @@ def test_no_ptrace_variant_is_the_daemonset_without_root_or_any_capability():
 # the processes the user could open.
 _COLLECT_AS_USER = """
 import json, logging, os, sys
-from agent.sources import LiveSource
-from exporters.numa import ProcessNumaCollector
-from exporters.process import ProcessCollector
+from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.numa import ProcessNumaCollector
+from hybridmon.exporters.process import ProcessCollector
 
 log = []
 handler = logging.Handler()

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import pytest
 
-from agent.config import load_config
-from agent.daemon import Agent
-from agent.detectors.base import Finding, load_thresholds
-from agent.scenarios import SCENARIOS, START_TIME, history_seconds_for
-from agent.scenarios.library import VLLM_SERVER
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.alerts.catalogue import load_thresholds
+from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from tests.support.scenarios.library import VLLM_SERVER
 
 THRESHOLDS = load_thresholds()
 EVALUATION_SECONDS = 10

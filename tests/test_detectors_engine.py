@@ -3,9 +3,9 @@ import threading
 
 import pytest
 
-from agent.detectors.base import Finding
-from agent.detectors.engine import Engine
-from agent.history import History
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.history import History
 
 
 def finding(alertname="TestAlert", for_seconds=120.0, value=1.0, **labels):
@@ -149,7 +149,7 @@ def test_a_raising_detector_is_isolated_counted_and_logged_once(caplog):
     broken = Broken()
     engine, _ = engine_with(broken, good)
     good.findings = [finding(for_seconds=0)]
-    with caplog.at_level(logging.ERROR, logger="agent.detectors.engine"):
+    with caplog.at_level(logging.ERROR, logger="hybridmon.agent.detectors.engine"):
         engine.evaluate(0)
         engine.evaluate(10)
     assert good.calls == [0, 10]

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from agent.detectors.host_config import HostConfigDetector
+from hybridmon.agent.detectors.host_config import HostConfigDetector
 from tests.test_detectors_support import (GIB, MIB, T0, THRESHOLDS, Trace, alertnames,
                                           host_memory_rows, numa_rows, only, process_rows)
 

@@ -2,10 +2,10 @@
 PCIe, swap and NUMA findings (agent/detectors/impact.py)."""
 import pytest
 
-from agent.detectors import impact
-from agent.detectors.base import Finding
-from agent.detectors.engine import Engine
-from agent.detectors.pcie import PcieStarvationDetector, theoretical_capacity
+from hybridmon.agent.detectors import impact
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.detectors.pcie import PcieStarvationDetector, theoretical_capacity
 from tests.test_detectors_support import (T0, THRESHOLDS, VLLM_ENDPOINT, Trace, gpu_rows,
                                           inference_rows)
 

@@ -2,9 +2,9 @@
 a failing scrape."""
 import pytest
 
-from agent.detectors.inference import KvOffloadPressureDetector, ScrapeFailingDetector
-from agent.detectors.pcie import theoretical_capacity
-from agent.detectors.throughput import ThroughputDecayDetector
+from hybridmon.agent.detectors.inference import KvOffloadPressureDetector, ScrapeFailingDetector
+from hybridmon.agent.detectors.pcie import theoretical_capacity
+from hybridmon.agent.detectors.throughput import ThroughputDecayDetector
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, VLLM_ENDPOINT, Trace, alertnames,
                                           bench_rows, gpu_rows, host_memory_rows, inference_rows,
                                           only, pressure_rows, process_rows, scrape_error_rows)
@@ -92,7 +92,7 @@ def test_throughput_decay_stays_silent_when_small_when_load_fell_or_without_a_ba
 
 
 def test_throughput_decay_window_is_inside_the_lookback():
-    from agent.detectors.registry import lookback_seconds
+    from hybridmon.agent.alerts.catalogue import lookback_seconds
     assert lookback_seconds(THRESHOLDS) >= DECAY.window_seconds + 60
 
 
@@ -165,7 +165,7 @@ def test_a_failing_scrape_is_reported_while_it_is_in_the_latest_scrape():
 
 
 def test_a_healthy_busy_server_on_a_healthy_host_gives_nothing():
-    from agent.detectors.registry import all_detectors
+    from hybridmon.agent.alerts.catalogue import all_detectors
     trace = Trace(retention_seconds=3 * HOUR)
     now = trace.run(T0, T0 + 8000, 20.0, **decaying(fall=0.0), host_memory=lambda t: host_memory_rows(
         swappiness=10, dirty_ratio=15))

@@ -1,8 +1,8 @@
 import pytest
 
-from agent.detectors.engine import Engine
-from agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
-from agent.detectors.memory import MemoryGrowthDetector
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
+from hybridmon.agent.detectors.memory import MemoryGrowthDetector
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
                                           inference_rows, only, process_rows)
 

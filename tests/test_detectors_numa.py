@@ -1,6 +1,6 @@
 import pytest
 
-from agent.detectors.numa import NumaMisplacementDetector
+from hybridmon.agent.detectors.numa import NumaMisplacementDetector
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, Trace, gpu_rows, numa_rows, only,
                                           pcie_rows, process_numa_rows)
 

@@ -1,9 +1,9 @@
 import pytest
 
-from agent.detectors.pcie import (PcieLinkDegradedDetector, PcieStarvationDetector,
+from hybridmon.agent.detectors.pcie import (PcieLinkDegradedDetector, PcieStarvationDetector,
                                   theoretical_capacity)
-from agent.detectors.pcie_bandwidth import PcieBandwidthLowDetector
-from agent.detectors.pcie_errors import (GpuLostDetector, PcieErrorsDetector,
+from hybridmon.agent.detectors.pcie_bandwidth import PcieBandwidthLowDetector
+from hybridmon.agent.detectors.pcie_errors import (GpuLostDetector, PcieErrorsDetector,
                                          replay_bound_per_minute)
 from tests.test_detectors_support import (T0, THRESHOLDS, Trace, bench_rows, gpu_rows, only,
                                           pcie_rows)

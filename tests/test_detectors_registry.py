@@ -1,6 +1,6 @@
-from agent.detectors.base import Thresholds
-from agent.detectors.engine import Engine
-from agent.detectors.registry import all_alertnames, all_detectors
+from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.alerts.catalogue import all_alertnames, all_detectors
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
                                           numa_rows, pcie_rows, pressure_rows, process_numa_rows,
                                           process_rows)
@@ -24,7 +24,7 @@ def test_one_detector_per_thresholds_section_and_every_alert_once():
     assert [d.name for d in detectors] == list(Thresholds.model_fields)
     names = [name for d in detectors for name in d.alertnames]
     assert len(names) == len(set(names))
-    assert set(all_alertnames(detectors)) == ALERTS
+    assert set(all_alertnames()) == ALERTS
 
 
 def test_a_healthy_busy_host_gives_no_findings_from_any_detector():

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Callable, Iterable
 
-from agent.detectors.base import load_thresholds
-from agent.history import History
-from exporters import bench, gpu, host_memory, inference_names, numa, pcie, pressure, process
-from exporters.base import MetricSpec, Samples
+from hybridmon.agent.alerts.catalogue import load_thresholds
+from hybridmon.agent.history import History
+from hybridmon.exporters import bench, gpu, host_memory, inference_names, numa, pcie, pressure, process
+from hybridmon.exporters.base import MetricSpec, Samples
 
 T0 = 1_700_000_000.0
 THRESHOLDS = load_thresholds()

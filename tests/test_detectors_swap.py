@@ -1,6 +1,6 @@
 import pytest
 
-from agent.detectors.swap import SwapThrashDetector
+from hybridmon.agent.detectors.swap import SwapThrashDetector
 from tests.test_detectors_support import (MIB, T0, THRESHOLDS, GIB, Trace, host_memory_rows, only,
                                           pressure_rows, process_rows)
 

@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from agent.detectors import windows
-from agent.history import SeriesHistory
+from hybridmon.agent.detectors import windows
+from hybridmon.agent.history import SeriesHistory
 
 
 def series(times, values, **labels):

@@ -2,16 +2,16 @@
 import re
 from pathlib import Path
 
-from agent import metric_docs
-from agent.config import AgentConfig, tomllib
-from agent.wiring import COLLECTOR_NAMES
+from hybridmon.agent import metric_docs
+from hybridmon.agent.config import AgentConfig, tomllib
+from hybridmon.agent.wiring import COLLECTOR_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def test_metrics_doc_is_current():
     assert (REPO / "docs" / "metrics.md").read_text() == metric_docs.render(), (
-        "run: python -m agent.metric_docs > docs/metrics.md"
+        "run: python -m hybridmon.agent.metric_docs > docs/metrics.md"
     )
 
 

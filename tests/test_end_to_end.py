@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 
-from agent.config import load_config
-from agent.daemon import Agent
-from tests import fake_nvml
-from tests.agent_helpers import (
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from tests.support import fake_nvml
+from tests.support.agent_helpers import (
     FIXTURE_ENVIRONMENT,
     HYBRIDMON,
     REPO,
@@ -293,7 +293,7 @@ def test_sigterm_stops_the_daemon_even_with_a_collector_hung_in_nvml(tmp_path):
 
 
 def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
-    from agent.server import bind_socket
+    from hybridmon.agent.server import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     try:
@@ -305,7 +305,7 @@ def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
 def test_a_commit_rerenders_only_its_collectors_part(monkeypatch):
     """After the GPU collector commits, the scrape renders the GPU's families again and serves
     every other collector's cached text (the exposition's cost after a tick is what changed)."""
-    import agent.exposition as exposition_module
+    import hybridmon.agent.exposition as exposition_module
 
     agent = Agent(fixture_config())
     run_every_collector_once(agent, 1_700_000_000.0)

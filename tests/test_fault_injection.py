@@ -27,11 +27,11 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from agent.config import load_config
-from agent.daemon import Agent
-from agent.detectors.base import DEFAULT_THRESHOLDS_FILE, load_thresholds
-from tests import fault_helpers as fault
-from tests.fault_helpers import MIB
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.alerts.catalogue import DEFAULT_THRESHOLDS_FILE, load_thresholds
+from tests.support import fault_helpers as fault
+from tests.support.fault_helpers import MIB
 
 SWAP_BYTES = 1024 * MIB
 CGROUP_LIMIT_BYTES = 96 * MIB

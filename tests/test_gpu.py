@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import NoDataError
-from exporters.gpu import GpuCollector
-from tests import fake_nvml
-from tests.fake_nvml import (GIB, MIB, UUID0, UUID1, FakeClock, FakeNvml, FakeProcess,
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import NoDataError
+from hybridmon.exporters.gpu import GpuCollector
+from tests.support import fake_nvml
+from tests.support.fake_nvml import (GIB, MIB, UUID0, UUID1, FakeClock, FakeNvml, FakeProcess,
                              real_nvml_library_loads, uniform_gpus)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -279,15 +279,15 @@ def test_record_replay_round_trip_v1_and_missing_library():
 
 def test_module_by_dotted_name_and_layout_from_environment(tmp_path):
     try:
-        collector = GpuCollector(LiveSource(), "tests.fake_nvml")
+        collector = GpuCollector(LiveSource(), "tests.support.fake_nvml")
         assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
         collector.close()
     finally:
         fake_nvml.reset()
     layout = tmp_path / "layout.json"
     FakeNvml(uniform_gpus(8), driver_version="560.35.03").dump_layout(str(layout))
-    script = ("from agent.sources import LiveSource; from exporters.gpu import GpuCollector; "
-              "s = GpuCollector(LiveSource(), 'tests.fake_nvml').collect(); "
+    script = ("from agent.sources import LiveSource; from hybridmon.exporters.gpu import GpuCollector; "
+              "s = GpuCollector(LiveSource(), 'tests.support.fake_nvml').collect(); "
               "print(len(s.find('hybridmon_gpu_up')), s.find('hybridmon_gpu_info')[0].label_values[4])")
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
                             env={**os.environ, "HYBRIDMON_FAKE_NVML_LAYOUT": str(layout)}, timeout=60)

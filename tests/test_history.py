@@ -1,7 +1,7 @@
 import math
 
-from agent.history import History
-from exporters.base import MetricSpec, Samples
+from hybridmon.agent.history import History
+from hybridmon.exporters.base import MetricSpec, Samples
 
 RESIDENT = MetricSpec("hybridmon_test_resident_bytes", "test", "gauge", ("pid",))
 

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import CollectorError, NoDataError, ParseError
-from exporters.host_memory import (
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.host_memory import (
     HostMemoryCollector,
     parse_meminfo,
     parse_selected_mode,
@@ -18,7 +18,7 @@ from exporters.host_memory import (
     reclaim_pages,
 )
 from tests.conftest import FIXTURE_HOST
-from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
+from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 GIB = 1024**3
 KIB = 1024
@@ -292,7 +292,7 @@ def test_counters_do_not_go_backwards_on_this_host() -> None:
 def test_vmstat_missing_leaves_meminfo_series(host_copy: Path, caplog) -> None:
     (host_copy / "proc/vmstat").unlink()
     collector = collector_at(host_copy)
-    with caplog.at_level(logging.WARNING, logger="exporters.host_memory"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.host_memory"):
         samples = collector.collect()
         collector.collect()
     assert samples.find("hybridmon_memory_page_faults_total") == []

@@ -19,11 +19,11 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent.bench_api import MAX_BODY_BYTES
-from agent.daemon import Agent
-from agent.server import create_app
-from tests.agent_helpers import fixture_config, run_every_collector_once
-from tests.bench_helpers import calls, fake_binary
+from hybridmon.agent.bench_api import MAX_BODY_BYTES
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.server import create_app
+from tests.support.agent_helpers import fixture_config, run_every_collector_once
+from tests.support.bench_helpers import calls, fake_binary
 
 TOKEN = "0123456789abcdef0123456789abcdef"
 NESTED_BODY = b"[" * 100_000 + b"]" * 100_000

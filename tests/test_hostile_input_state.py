@@ -15,17 +15,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import budget
-from agent.bench import report as bench_report
-from agent.bench.report import ReportError
-from agent.bench.runner import BenchRunner
-from agent.bench.store import MAX_STORED_RUN_BYTES, load_latest, parse_stored_run
-from agent.sources import LiveSource
-from exporters.bench import BenchCollector
-from tests.agent_helpers import REPO
-from tests.bench_helpers import BENCH_FIXTURES, fake_binary
+from hybridmon.agent import budget
+from hybridmon.agent.bench import report as bench_report
+from hybridmon.agent.bench.report import ReportError
+from hybridmon.agent.bench.runner import BenchRunner
+from hybridmon.agent.bench.store import MAX_STORED_RUN_BYTES, load_latest, parse_stored_run
+from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.bench import BenchCollector
+from tests.support.agent_helpers import REPO
+from tests.support.bench_helpers import BENCH_FIXTURES, fake_binary
 from tests.conftest import FIXTURE_HOST
-from tests.fake_nvml import FakeNvml, default_gpus
+from tests.support.fake_nvml import FakeNvml, default_gpus
 
 NESTED = "[" * 100_000 + "]" * 100_000
 SECOND_GPU = "0000:ca:00.0"
@@ -100,7 +100,7 @@ def test_a_hostile_stored_run_costs_only_its_own_gpu_series(state, name, caplog)
 def budget_cli(state: Path) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMON_")}
     environment.update(PYTHONPATH=str(REPO), HYBRIDMON_STATE_DIR=str(state))
-    return subprocess.run([sys.executable, "-m", "agent.cli", "budget", "--model", "llama-3-8b",
+    return subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", "budget", "--model", "llama-3-8b",
                            "--context", "12000"], capture_output=True, text=True, env=environment,
                           timeout=60, cwd=REPO)
 

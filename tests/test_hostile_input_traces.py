@@ -3,7 +3,7 @@ time, window loops fed times they cannot step through, a gzip bomb line, undecod
 nested lines; and a property test that the reader raises nothing but TraceError on any trace.
 
 The cases the old agent hung or ran out of memory on run in a child interpreter under a deadline
-and an address-space limit (tests/hostile_input_helpers.py), so a regression fails, never hangs."""
+and an address-space limit (tests/support/hostile_input_helpers.py), so a regression fails, never hangs."""
 from __future__ import annotations
 
 import gzip
@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agent import trace
-from agent.detectors.windows import MAX_STEPS, step_times
-from agent.trace import EARLIEST_TIME, LATEST_TIME, MAX_LINE_BYTES, TraceError, TraceReader, TraceWriter
-from tests.agent_helpers import REPO
-from tests.hostile_input_helpers import run_python
+from hybridmon.agent import trace
+from hybridmon.agent.detectors.windows import MAX_STEPS, step_times
+from hybridmon.agent.trace import EARLIEST_TIME, LATEST_TIME, MAX_LINE_BYTES, TraceError, TraceReader, TraceWriter
+from tests.support.agent_helpers import REPO
+from tests.support.hostile_input_helpers import run_python
 
 HEADER = {"kind": "header", "format": "hybridmon-trace", "version": 1, "config": {}}
 
@@ -73,8 +73,8 @@ def test_a_collector_run_older_than_its_previous_one_is_skipped_and_counted(tmp_
 
 REPLAY_WITH_TIME_1E308 = """
     import gzip, json, logging, time
-    from agent.daemon import Agent
-    from tests.agent_helpers import fixture_config, run_every_collector_once
+    from hybridmon.agent.daemon import Agent
+    from tests.support.agent_helpers import fixture_config, run_every_collector_once
     logging.basicConfig(level=logging.ERROR, format="%(message)s")
     trace = {trace!r}
     recorder = Agent(fixture_config(), record_to=trace)
@@ -104,8 +104,8 @@ def test_a_replay_of_a_trace_with_time_1e308_ends_with_a_clear_error(tmp_path):
 WINDOW_LOOPS = """
     import time
     from math import inf, nan
-    from agent.detectors import servers, windows
-    from agent.history import SeriesHistory
+    from hybridmon.agent.detectors import servers, windows
+    from hybridmon.agent.history import SeriesHistory
     series = SeriesHistory("x", {{}}, [0.0, 30.0, 60.0, 1e9, 1e308], [1.0, 2.0, 3.0, 4.0, 5.0])
     for start, end, step in {cases}:
         started = time.monotonic()
@@ -140,7 +140,7 @@ def test_step_times_keep_the_old_evaluation_times_on_ordinary_windows():
 
 GZIP_BOMB = """
     import gzip, json, os, time, tracemalloc
-    from agent.trace import TraceError, TraceReader
+    from hybridmon.agent.trace import TraceError, TraceReader
     path = {path!r}
     header = gzip.compress((json.dumps({header!r}) + "\\n").encode())
     # gzip members concatenate into one stream: 1,024 of 1 MiB of spaces are a 1 GiB line in 1 MB.
@@ -260,8 +260,8 @@ def test_the_reader_raises_only_trace_error_and_yields_only_valid_records(data):
 
 def test_a_replay_waits_out_no_gap_longer_than_a_minute(tmp_path, monkeypatch, caplog):
     """Times 1e3 and then 1e9 are both valid; at speed 1 the old replay slept for 31 years."""
-    from agent import daemon
-    from tests.agent_helpers import fixture_config, run_every_collector_once
+    from hybridmon.agent import daemon
+    from tests.support.agent_helpers import fixture_config, run_every_collector_once
 
     trace_path = tmp_path / "gap.jsonl.gz"
     recorder = daemon.Agent(fixture_config(), record_to=trace_path)

@@ -17,21 +17,21 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.config import AgentConfig, ConfigError, load_config, tomllib
-from agent.daemon import Agent
-from agent.detectors import windows
-from agent.history import History
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import NoDataError, ParseError
-from exporters.inference import InferenceCollector, endpoint_url
-from exporters.inference_formats import (Histogram, ServerStats, interpret, keep_known_families, normalise,
+from hybridmon.agent.config import AgentConfig, ConfigError, load_config, tomllib
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors import windows
+from hybridmon.agent.history import History
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import NoDataError, ParseError
+from hybridmon.exporters.inference import InferenceCollector, endpoint_url
+from hybridmon.exporters.inference_formats import (Histogram, ServerStats, interpret, keep_known_families, normalise,
                                          parse_ollama_ps, parse_prometheus, recent_quantile)
-from exporters.inference_names import METRIC_SPECS
-from exporters.inference_scrape import connect_host, fetch, find_listeners, parse_proc_net_tcp
-from tests.agent_helpers import fixture_config, run_every_collector_once
+from hybridmon.exporters.inference_names import METRIC_SPECS
+from hybridmon.exporters.inference_scrape import connect_host, fetch, find_listeners, parse_proc_net_tcp
+from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.conftest import FIXTURE_HOST, FIXTURES
-from tests.fake_inference_server import FakeInferenceServer
-from tests.parser_properties import only_parse_errors, texts_like
+from tests.support.fake_inference_server import FakeInferenceServer
+from tests.support.parser_properties import only_parse_errors, texts_like
 
 INFERENCE = FIXTURES / "inference"
 LLAMA_3 = "meta-llama/Meta-Llama-3-8B-Instruct"

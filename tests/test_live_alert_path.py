@@ -14,7 +14,7 @@ Prometheus's alerts carry job and instance, the direct ones do not, so the two d
 
 The third runs live on the fixture host with a stored benchmark run, for the dashboard queries,
 and scrapes two inference endpoints every second: a stand-in vLLM whose counters move at every
-scrape (tests/live_stack.py AdvancingInferenceServer) and a port nothing listens on.
+scrape (tests/support/live_stack.py AdvancingInferenceServer) and a port nothing listens on.
 
 Speed and time: both replays run at SPEED recorded seconds per wall second. The detectors judge
 recorded time, so they evaluate every SPEED recorded seconds (every wall second, as often as
@@ -58,14 +58,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from agent.detectors.base import load_thresholds
-from agent.scenarios import SCENARIOS, START_TIME
-from agent.scenarios.library import GPU1_UUID
-from tests.agent_helpers import FIXTURE_ENVIRONMENT, free_port
-from tests.alertmanager_helpers import Alertmanager, WebhookReceiver
-from tests.bench_helpers import BENCH_FIXTURES
-from tests.fake_nvml import UUID0
-from tests.live_stack import (
+from hybridmon.agent.alerts.catalogue import load_thresholds
+from tests.support.scenarios import SCENARIOS, START_TIME
+from tests.support.scenarios.library import GPU1_UUID
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, free_port
+from tests.support.alertmanager_helpers import Alertmanager, WebhookReceiver
+from tests.support.bench_helpers import BENCH_FIXTURES
+from tests.support.fake_nvml import UUID0
+from tests.support.live_stack import (
     JOB, AdvancingInferenceServer, AgentProcess, Prometheus, StateWatch, first_delivery, require_binary,
     sample_value, store_bench_run,
 )
@@ -318,7 +318,7 @@ def offload_link_at_replay_speed(labels: dict) -> bool:
 def recorded_offload_share(live: LiveRun, instance: str, seconds: int) -> float | None:
     """The highest KV offload loads' share of the link the rule saw over the run, at recorded
     speed; None when there were no loads."""
-    from rules.inference import OFFLOAD_LOADS, SERVER_CAPACITY
+    from hybridmon.rules.inference import OFFLOAD_LOADS, SERVER_CAPACITY
 
     share = f'{OFFLOAD_LOADS}{{instance="{instance}"}} / {SERVER_CAPACITY}{{instance="{instance}"}}'
     found = live.prometheus.query(f"max(max_over_time(({share})[{seconds}s:1s])) / {SPEED}")
@@ -354,7 +354,7 @@ def test_every_dashboard_query_is_valid_and_returns_data(live):
     inference endpoints: a stand-in vLLM and a dead port): instant queries now, range queries over
     the run, as Grafana would show the last minute. $endpoint holds both endpoints, as Grafana
     sends two chosen values."""
-    from dashboards import all_panel_queries
+    from hybridmon.dashboards import all_panel_queries
 
     now = time.time()
     window = int(now - live.started)
@@ -383,7 +383,7 @@ def test_every_dashboard_query_is_valid_and_returns_data(live):
 def test_inference_panels_show_the_server_and_the_dead_endpoint(live):
     """The inference panels read the stand-in vLLM (tokens/s, ITL p50 from the fixture's buckets)
     and name the endpoint nothing listens on with its reason."""
-    from dashboards import all_panel_queries
+    from hybridmon.dashboards import all_panel_queries
 
     served, dead = live.inference_endpoints
     variables = {"datasource": "prometheus", "instance": live.fixture.instance, "gpu": "0",

@@ -10,19 +10,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import CollectorError, NoDataError, ParseError
-from exporters.numa import (
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.numa import (
     NumaCollector,
     ProcessNumaCollector,
     parse_node_meminfo,
     parse_numa_maps,
     parse_numastat,
 )
-from exporters.process import ProcessCollector
-from exporters.procfs import parse_cpu_list
+from hybridmon.exporters.process import ProcessCollector
+from hybridmon.exporters.procfs import parse_cpu_list
 from tests.conftest import FIXTURE_HOST
-from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
+from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 KIB = 1024
 REPO = Path(__file__).resolve().parent.parent
@@ -224,7 +224,7 @@ def test_numa_collector_leaves_out_only_the_broken_parts(host_copy, caplog):
     (nodes / "node0/meminfo").write_text("this is not meminfo\n")
     (nodes / "node1/cpulist").unlink()
     collector = NumaCollector(LiveSource(), sysfs=str(host_copy / "sys"))
-    with caplog.at_level(logging.WARNING, logger="exporters.numa"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.numa"):
         samples = collector.collect()
         collector.collect()
     assert samples.find("hybridmon_numa_node_allocations_total", node="1") == []
@@ -315,7 +315,7 @@ class DenyingSource(LiveSource):
 def test_process_numa_without_permission_for_numa_maps(fixture_procfs, fixture_sysfs, caplog):
     collector = ProcessNumaCollector(DenyingSource("4242/numa_maps"), procfs=fixture_procfs,
                                      sysfs=fixture_sysfs, watched=lambda: FIXTURE_WATCHED)
-    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = collector.collect()
         collector.collect()
     assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
@@ -376,10 +376,10 @@ def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs,
 
 
 def test_numa_and_process_modules_do_not_import_each_other(fixture_procfs, fixture_sysfs):
-    loaded = "print(sorted(m for m in sys.modules if m in ('exporters.numa', 'exporters.process')))"
+    loaded = "print(sorted(m for m in sys.modules if m in ('hybridmon.exporters.numa', 'hybridmon.exporters.process')))"
     scripts = {
         "process": f"import sys, exporters.process; {loaded}",
-        "numa": ("import sys; from agent.sources import LiveSource; "
+        "numa": ("import sys; from hybridmon.agent.sources import LiveSource; "
                  "from exporters.numa import ProcessNumaCollector; "
                  f"ProcessNumaCollector(LiveSource(), {fixture_procfs!r}, {fixture_sysfs!r}, "
                  f"watched=lambda: {{4242: 'python3'}}).collect(); {loaded}"),

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sources import (LiveSource, RecordingSource, ReplayedCallError, ReplaySource,
+from hybridmon.agent.sources import (LiveSource, RecordingSource, ReplayedCallError, ReplaySource,
                            TraceMissError)
-from exporters.base import CollectorError, NoDataError, ParseError
-from exporters.nvml import (NVML_VALUE_NOT_AVAILABLE, GpuLostError, GpuProcess, Nvml,
+from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.nvml import (NVML_VALUE_NOT_AVAILABLE, GpuLostError, GpuProcess, Nvml,
                             normalize_pci_bus_id, to_plain)
-from tests import fake_nvml
-from tests.fake_nvml import (GIB, MIB, UUID0, FakeClock, FakeNvml, FakeProcess,
+from tests.support import fake_nvml
+from tests.support.fake_nvml import (GIB, MIB, UUID0, FakeClock, FakeNvml, FakeProcess,
                              real_nvml_library_loads)
-from tests.parser_properties import only_parse_errors, texts_like
+from tests.support.parser_properties import only_parse_errors, texts_like
 
 
 @pytest.fixture
@@ -349,7 +349,7 @@ def test_replay_imports_nothing_and_tolerates_skipped_init_retries(fake, monkeyp
     def no_import(name):
         raise AssertionError(f"replay imported {name}")
 
-    monkeypatch.setattr("exporters.nvml.importlib.import_module", no_import)
+    monkeypatch.setattr("hybridmon.exporters.nvml.importlib.import_module", no_import)
     source = ReplaySource()
     replay = Nvml(source, None)  # real clock: it would not retry on its own schedule
     for outcome, readings in ticks:

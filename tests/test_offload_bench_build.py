@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.bench import build as bench_build
-from agent.bench.build import (
+from hybridmon.agent.bench import build as bench_build
+from hybridmon.agent.bench.build import (
     EXIT_NO_DEVICE,
     EXIT_USAGE,
     BenchBuildError,
@@ -198,7 +198,7 @@ def test_hybridmon_bench_turns_no_device_into_a_clear_message_and_exit_3(built, 
     if Path("/dev/nvidiactl").exists():
         pytest.skip("a GPU host: `hybridmon bench` would run for real (docs/offload-bench.md)")
     env = {**os.environ, "HYBRIDMON_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.run([sys.executable, "-m", "agent.cli", "bench", "--binary", str(built)],
+    proc = subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", "bench", "--binary", str(built)],
                           capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert proc.returncode == EXIT_NO_DEVICE, proc.stderr
     assert "hybridmon: no CUDA device: cuda" in proc.stderr

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters import pcie
-from exporters.base import NoDataError, ParseError
-from exporters.pcie import (
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters import pcie
+from hybridmon.exporters.base import NoDataError, ParseError
+from hybridmon.exporters.pcie import (
     PcieCollector,
     is_nvidia_gpu_properties,
     is_nvidia_pci_id,
@@ -30,7 +30,7 @@ from exporters.pcie import (
     parse_numa_node,
 )
 from tests.conftest import FIXTURE_HOST
-from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
+from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 GPU0, AUDIO0, GPU1, HOST_BRIDGE = "0000:17:00.0", "0000:17:00.1", "0000:ca:00.0", "0000:00:00.0"
 DEVICES = FIXTURE_HOST / "sys" / "bus" / "pci" / "devices"
@@ -253,7 +253,7 @@ def test_collector_on_fixture_tree(fixture_sysfs, live_source):
 
 def test_collector_without_aer_logs_once_at_info(fixture_sysfs, live_source, caplog):
     collector = PcieCollector(live_source, sysfs=fixture_sysfs)
-    with caplog.at_level(logging.INFO, logger="exporters.pcie"):
+    with caplog.at_level(logging.INFO, logger="hybridmon.exporters.pcie"):
         collector.collect()
         collector.collect()
     messages = [r.getMessage() for r in caplog.records if "udev" not in r.getMessage()]
@@ -317,7 +317,7 @@ def test_unreadable_file_is_logged_once_naming_it(tmp_path, live_source, caplog)
     sysfs = fixture_copy(tmp_path)
     (device_dir(sysfs, GPU1) / "max_link_width").write_text("x16\n")
     collector = PcieCollector(live_source, sysfs=str(sysfs))
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):
         collector.collect()
         collector.collect()
     assert [r.getMessage() for r in caplog.records] == [
@@ -335,7 +335,7 @@ def test_gpu_falling_off_the_bus_stays_exported_with_present_0(tmp_path, live_so
     home, gone = device_dir(sysfs, GPU1), tmp_path / "gone"
     shutil.move(home, gone)  # the link in bus/pci/devices now dangles
     clock.now += 1
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):
         samples = collector.collect()
     assert as_dict(samples) == {key: value for key, value in EXPECTED_FIXTURE_SAMPLES.items()
                                 if key[1][0] == GPU0} | {
@@ -543,7 +543,7 @@ def test_refused_netlink_leaves_the_counter_absent_and_says_why_once(
     fake_pyudev.refused = PermissionError(errno.EPERM, "Operation not permitted")
     monkeypatch.setattr(pcie, "list_nvidia_gpus_udev", lambda: [GPU0, GPU1])
     collector = PcieCollector(live_source, sysfs=fixture_sysfs, use_udev=True)
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):
         assert as_dict(collector.collect()) == EXPECTED_FIXTURE_SAMPLES
         assert as_dict(collector.collect()) == EXPECTED_FIXTURE_SAMPLES
     assert caplog.messages == [
@@ -571,7 +571,7 @@ def test_failed_observer_leaves_no_reference_to_the_monitor(fixture_sysfs, live_
     monkeypatch.setattr(pcie.pyudev, "MonitorObserver", RefusingObserver)
     monkeypatch.setattr(pcie, "list_nvidia_gpus_udev", lambda: [GPU0])
     collector = PcieCollector(live_source, sysfs=fixture_sysfs, use_udev=True)
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):  # log records live on
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):  # log records live on
         assert collector.collect().find("hybridmon_pcie_udev_events_total") == []
     gc.collect()
     assert len(started) == 1
@@ -586,7 +586,7 @@ def test_failed_observer_closes_the_real_netlink_socket(fixture_sysfs, live_sour
     gc.collect()
     before = len(os.listdir("/proc/self/fd"))
     collector = PcieCollector(live_source, sysfs=fixture_sysfs, use_udev=True)
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):
         collector.collect()
     gc.collect()
     assert len(os.listdir("/proc/self/fd")) == before
@@ -596,7 +596,7 @@ def test_failed_observer_closes_the_real_netlink_socket(fixture_sysfs, live_sour
 
 def test_udev_off_outside_the_hosts_sysfs_says_so_once(fixture_sysfs, live_source, caplog):
     collector = PcieCollector(live_source, sysfs=fixture_sysfs)
-    with caplog.at_level(logging.INFO, logger="exporters.pcie"):
+    with caplog.at_level(logging.INFO, logger="hybridmon.exporters.pcie"):
         assert collector.collect().find("hybridmon_pcie_udev_events_total") == []
         collector.collect()
     off = [r for r in caplog.records if "uevents are not watched" in r.getMessage()]
@@ -605,7 +605,7 @@ def test_udev_off_outside_the_hosts_sysfs_says_so_once(fixture_sysfs, live_sourc
         off[0].getMessage()
     caplog.clear()
     quiet = PcieCollector(live_source, sysfs=fixture_sysfs, monitor_events=False)
-    with caplog.at_level(logging.INFO, logger="exporters.pcie"):
+    with caplog.at_level(logging.INFO, logger="hybridmon.exporters.pcie"):
         quiet.collect()
     assert "uevents" not in caplog.text  # events not asked for: nothing to explain
 
@@ -616,7 +616,7 @@ def test_dead_observer_thread_drops_the_counter(fixture_sysfs, live_source, fake
     collector = PcieCollector(live_source, sysfs=fixture_sysfs, use_udev=True)
     assert collector.collect().find("hybridmon_pcie_udev_events_total")
     collector._observer.alive = False
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):
         assert not collector.collect().find("hybridmon_pcie_udev_events_total")
     assert "udev observer thread stopped" in caplog.text
 
@@ -712,7 +712,7 @@ def test_failed_rediscovery_keeps_the_known_devices(fixture_sysfs, live_source, 
         raise OSError(errno.EMFILE, "Too many open files")
 
     monkeypatch.setattr(pcie, "list_nvidia_gpus_udev", refuse)
-    with caplog.at_level(logging.WARNING, logger="exporters.pcie"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pcie"):
         for _ in range(2):
             clock.now += 10
             assert as_dict(collector.collect()) == EXPECTED_FIXTURE_SAMPLES

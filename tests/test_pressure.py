@@ -7,11 +7,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import CollectorError, NoDataError, ParseError
-from exporters.pressure import PressureCollector, PressureStall, parse_pressure
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.pressure import PressureCollector, PressureStall, parse_pressure
 from tests.conftest import FIXTURE_HOST
-from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
+from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 RESOURCES = ("memory", "io", "cpu")
 STALLED = "hybridmon_pressure_stalled_seconds_total"
@@ -145,7 +145,7 @@ def test_unreadable_for_another_reason_is_a_collector_error() -> None:
 def test_one_file_missing_leaves_the_others(procfs_copy: Path, caplog) -> None:
     (procfs_copy / "pressure" / "io").unlink()
     collector = PressureCollector(LiveSource(), str(procfs_copy))
-    with caplog.at_level(logging.WARNING, logger="exporters.pressure"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.pressure"):
         samples = collector.collect()
         collector.collect()
     assert {s.label_values[0] for s in samples} == {"memory", "cpu"}

@@ -9,9 +9,9 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from agent.sources import LiveSource, RecordingSource, ReplaySource
-from exporters.base import ParseError
-from exporters.process import (
+from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import ParseError
+from hybridmon.exporters.process import (
     parse_memlock_limit,
     ProcessCollector,
     ProcessStat,
@@ -19,11 +19,11 @@ from exporters.process import (
     parse_boot_time,
     parse_proc_stat,
 )
-from exporters.process_cmdline import (ProcessIdentity, arguments_of, cmdline_label, identify, readable_model,
+from hybridmon.exporters.process_cmdline import (ProcessIdentity, arguments_of, cmdline_label, identify, readable_model,
                                        redact)
-from exporters.procfs import ProcessStatus, parse_proc_status
+from hybridmon.exporters.procfs import ProcessStatus, parse_proc_status
 from tests.conftest import FIXTURE_HOST
-from tests.parser_properties import each_number_made_huge, only_parse_errors, texts_like
+from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 KIB = 1024
 VLLM_STAT = (FIXTURE_HOST / "proc/4242/stat").read_text()
@@ -311,8 +311,8 @@ def test_identity_names_executable_server_and_model_without_the_line(raw, identi
 
 def test_every_default_cmdline_pattern_is_a_known_server_family():
     """What the default patterns find, identify() names: one family each, from SERVERS."""
-    from agent.config import DEFAULT_CMDLINE_PATTERNS
-    from exporters.inference_names import SERVERS
+    from hybridmon.agent.config import DEFAULT_CMDLINE_PATTERNS
+    from hybridmon.exporters.inference_names import SERVERS
 
     examples = ["python3 -m vllm.entrypoints.openai.api_server", "vllm serve m", "/opt/llama-server -m x",
                 "python3 -m sglang.launch_server", "text-generation-launcher", "/usr/bin/ollama runner"]
@@ -357,7 +357,7 @@ def test_start_time_from_btime(procfs_copy):
 def test_without_proc_stat_start_times_are_absent(procfs_copy, caplog):
     (procfs_copy / "stat").unlink()
     collector = fixture_collector(LiveSource(), procfs_copy)
-    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = collector.collect()
         collector.collect()
     assert samples.find(START_TIME) == []
@@ -381,7 +381,7 @@ def test_failing_gpu_process_list_leaves_the_rest(live_source, fixture_procfs, c
 
     collector = ProcessCollector(live_source, procfs=fixture_procfs, pids=[4242], gpu_processes=broken,
                                  clock_ticks_per_second=100)
-    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = collector.collect()
     assert without_start_time(samples) == VLLM_SERIES
     assert any("NVML went away" in r.getMessage() for r in caplog.records)
@@ -439,7 +439,7 @@ def test_unlistable_procfs_keeps_the_processes_found_before(fixture_procfs, capl
     collector = fixture_collector(recording, fixture_procfs, clock=clock)
     replay = ReplaySource()
     replayer = fixture_collector(replay, fixture_procfs)
-    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         for now, refuse in ((0.0, False), (10.0, True), (20.0, True)):
             clock.now, host.refuse = now, refuse
             recorded = as_tuples(collector.collect())
@@ -484,7 +484,7 @@ def test_process_exiting_mid_read_leaves_no_partial_series(fixture_procfs, error
 def test_process_of_another_user_gives_what_is_readable(fixture_procfs, caplog):
     denied = PermissionError(13, "Permission denied")
     collector = fixture_collector(FailingSource("5151/status", denied), fixture_procfs)
-    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = collector.collect()
         collector.collect()
     assert samples.value("hybridmon_process_major_faults_total", pid="5151") == 1201
@@ -507,7 +507,7 @@ def test_reused_pid_is_dropped_until_the_next_scan(procfs_copy):
 
 def test_garbled_stat_skips_only_that_process(procfs_copy, caplog):
     (procfs_copy / "4242/stat").write_text("garbage\n")
-    with caplog.at_level(logging.WARNING, logger="exporters.process"):
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = fixture_collector(LiveSource(), procfs_copy).collect()
     assert {s.label_values[0] for s in samples} == {"5151"}
     assert any("4242/stat" in r.getMessage() for r in caplog.records)
@@ -584,7 +584,7 @@ def test_constructor_reads_nothing(fixture_procfs):
 
 
 def test_pinned_bytes_help_does_not_promise_cuda_pinned_memory():
-    from exporters.process import PINNED
+    from hybridmon.exporters.process import PINNED
 
     assert "mm->pinned_vm" in PINNED.documentation
     assert "CUDA pinned host memory (cudaHostAlloc, cudaHostRegister) is generally counted in " \
@@ -594,8 +594,8 @@ def test_pinned_bytes_help_does_not_promise_cuda_pinned_memory():
 def test_memlock_limit_is_read_from_limits_with_unlimited_as_infinity(fixture_procfs):
     import math
 
-    from agent.sources import LiveSource
-    from exporters.process import ProcessCollector, parse_memlock_limit
+    from hybridmon.agent.sources import LiveSource
+    from hybridmon.exporters.process import ProcessCollector, parse_memlock_limit
 
     collector = ProcessCollector(LiveSource(), procfs=fixture_procfs, pids=(4242, 5151))
     samples = collector.collect()

@@ -9,16 +9,16 @@ from datetime import datetime
 import pytest
 from fastapi.testclient import TestClient
 
-from agent.alertmanager import AlertmanagerPusher
-from agent.daemon import Agent
-from agent.detectors.engine import Engine
-from agent.findings import FindingsCollector
-from agent.history import History
-from agent.runbooks import RunbookLibrary
-from agent.server import create_app
-from tests import fake_nvml
-from tests.agent_helpers import fixture_config, run_every_collector_once
-from tests.alertmanager_helpers import Alertmanager, Switch, WebhookReceiver, wait_until
+from hybridmon.agent.alertmanager import AlertmanagerPusher
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.findings import FindingsCollector
+from hybridmon.agent.history import History
+from hybridmon.agent.runbooks import RunbookLibrary
+from hybridmon.agent.server import create_app
+from tests.support import fake_nvml
+from tests.support.agent_helpers import fixture_config, run_every_collector_once
+from tests.support.alertmanager_helpers import Alertmanager, Switch, WebhookReceiver, wait_until
 
 
 def test_firing_findings_are_metrics_with_their_entity_labels():
@@ -140,7 +140,7 @@ def test_an_unreachable_alertmanager_is_counted_not_fatal():
 def test_default_runbook_links_name_a_host_a_reader_can_open():
     import socket
 
-    from agent.daemon import default_runbook_base_url
+    from hybridmon.agent.daemon import default_runbook_base_url
 
     assert default_runbook_base_url("127.0.0.1:9787") == "http://127.0.0.1:9787/runbooks"
     assert default_runbook_base_url("[::1]:9787") == "http://[::1]:9787/runbooks"

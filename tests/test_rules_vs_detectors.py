@@ -67,11 +67,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.config import load_config
-from agent.daemon import Agent
-from agent.scenarios import SCENARIOS, START_TIME, history_seconds_for
-from agent.scenarios.library import Expectation, Scenario
-from tests.promtool_replay import (
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from tests.support.scenarios.library import Expectation, Scenario
+from tests.support.promtool_replay import (
     INSTANCE, JOB, RuleFiring, Scraper, first_and_last_firing, input_series, parse_samples,
     promtool_test, series_values,
 )

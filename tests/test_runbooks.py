@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.detectors.base import Thresholds
+from hybridmon.agent.alerts.catalogue import Thresholds
 
 REPO = Path(__file__).resolve().parent.parent
 RUNBOOKS = REPO / "runbooks"

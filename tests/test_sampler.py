@@ -8,12 +8,12 @@ import time
 import jsonschema
 import pytest
 
-from agent.exposition import Exposition
-from agent.history import History
-from agent.sampler import Sampler, Scheduled
-from agent.sources import RecordingSource, ReplaySource
-from agent.trace import TraceError, TraceReader, TraceWriter
-from exporters.base import MetricSpec, NoDataError, Samples
+from hybridmon.agent.exposition import Exposition
+from hybridmon.agent.history import History
+from hybridmon.agent.sampler import Sampler, Scheduled
+from hybridmon.agent.sources import RecordingSource, ReplaySource
+from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
+from hybridmon.exporters.base import MetricSpec, NoDataError, Samples
 
 VALUE = MetricSpec("hybridmon_test_value", "A number read from a file.", "gauge", ("file",))
 SCHEMA = json.loads(open(os.path.join(os.path.dirname(__file__), "..", "docs", "trace-format.schema.json")).read())

@@ -17,14 +17,14 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from agent.config import load_config
-from agent.daemon import Agent
-from agent.history import History, SeriesHistory
-from agent.scenarios import SCENARIOS, START_TIME, TraceSummary, history_seconds_for, write_trace
-from agent.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
-from agent.scenarios.library import GPU0_ADDRESS, GPU1_ADDRESS, LLAMA, VLLM
-from tests.agent_helpers import HYBRIDMON, REPO, subprocess_environment
-from tests.scenario_traces import replay
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.history import History, SeriesHistory
+from tests.support.scenarios import SCENARIOS, START_TIME, TraceSummary, history_seconds_for, write_trace
+from tests.support.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
+from tests.support.scenarios.library import GPU0_ADDRESS, GPU1_ADDRESS, LLAMA, VLLM
+from tests.support.agent_helpers import HYBRIDMON, REPO, subprocess_environment
+from tests.support.scenario_traces import replay
 
 SCHEMA = json.loads((REPO / "docs" / "trace-format.schema.json").read_text())
 VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
@@ -474,16 +474,16 @@ def test_healthy_hosts_are_configured_as_recommended(name, scenarios):
 
 def test_command_line_lists_and_writes(tmp_path):
     environment = subprocess_environment()
-    listed = subprocess.run([HYBRIDMON[0], "-m", "agent.scenarios", "list"], capture_output=True, text=True,
+    listed = subprocess.run([HYBRIDMON[0], "-m", "tests.support.scenarios", "list"], capture_output=True, text=True,
                             env=environment, cwd=tmp_path, timeout=60, check=True).stdout
     for name, scenario in SCENARIOS.items():
         assert name in listed
     assert "must stay silent" in listed and 'GpuLost{pci_bus_id="0000:ca:00.0"}' in listed
-    written = subprocess.run([HYBRIDMON[0], "-m", "agent.scenarios", "write", "host_config_risks", "--output",
+    written = subprocess.run([HYBRIDMON[0], "-m", "tests.support.scenarios", "write", "host_config_risks", "--output",
                               str(tmp_path / "t.jsonl.gz")], capture_output=True, text=True, env=environment,
                              cwd=tmp_path, timeout=120, check=True).stdout
     assert "host_config_risks:" in written and "records" in written
     assert replay(tmp_path / "t.jsonl.gz", 7200).failures == {}
-    unknown = subprocess.run([HYBRIDMON[0], "-m", "agent.scenarios", "write", "nope", "-o", str(tmp_path / "x")],
+    unknown = subprocess.run([HYBRIDMON[0], "-m", "tests.support.scenarios", "write", "nope", "-o", str(tmp_path / "x")],
                              capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=60)
     assert unknown.returncode == 2 and "unknown scenario" in unknown.stderr

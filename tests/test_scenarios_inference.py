@@ -1,4 +1,4 @@
-"""The synthetic host's vLLM (agent/scenarios/inference.py): what it serves reads back, through
+"""The synthetic host's vLLM (tests/support/scenarios/inference.py): what it serves reads back, through
 the real collector over loopback HTTP, as the load it was rendered from; and in each scenario's
 trace the server's metrics tell the scenario's story (docs/scenarios.md).
 
@@ -10,16 +10,16 @@ import math
 
 import pytest
 
-from agent.scenarios import SCENARIOS, START_TIME
-from agent.scenarios.inference import (ENDPOINT, ITL_BOUNDS, ITL_SPREAD, MODEL, OUTPUT_TOKENS, PROMPT_TOKENS,
+from tests.support.scenarios import SCENARIOS, START_TIME
+from tests.support.scenarios.inference import (ENDPOINT, ITL_BOUNDS, ITL_SPREAD, MODEL, OUTPUT_TOKENS, PROMPT_TOKENS,
                                        TTFT_BOUNDS, TTFT_SPREAD, InferenceServer, ServerLoad, latency_shares)
-from agent.scenarios.loopback import LoopbackServer
-from agent.scenarios.host import GIB
-from agent.scenarios.library import GEN4_X16, VLLM
-from agent.sources import LiveSource
-from exporters import inference_scrape
-from exporters.inference import InferenceCollector
-from exporters.inference_formats import Histogram, recent_quantile
+from tests.support.scenarios.loopback import LoopbackServer
+from tests.support.scenarios.host import GIB
+from tests.support.scenarios.library import GEN4_X16, VLLM
+from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters import inference_scrape
+from hybridmon.exporters.inference import InferenceCollector
+from hybridmon.exporters.inference_formats import Histogram, recent_quantile
 from tests.test_scenarios import between, one, rate, value_at
 
 SERVER = {"server": "vllm", "endpoint": ENDPOINT, "model": MODEL}

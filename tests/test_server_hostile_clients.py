@@ -18,9 +18,9 @@ import httpx
 import psutil
 import pytest
 
-from agent.httpserver import ServerLimits, connection_cap
-from agent.server import listen_url
-from tests.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, free_port, subprocess_environment
+from hybridmon.agent.httpserver import ServerLimits, connection_cap
+from hybridmon.agent.server import listen_url
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, free_port, subprocess_environment
 
 AGENT_FD_LIMIT = 256  # systemd's default is 1024; the same failure, reached with fewer sockets
 IDLE_CONNECTIONS = 600  # more than the agent may open files

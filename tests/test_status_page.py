@@ -15,28 +15,28 @@ import pytest
 from fastapi.testclient import TestClient
 from PIL import Image
 
-from agent.bench.store import save_run
-from agent.config import load_config
-from agent.daemon import Agent
-from agent.detectors.base import Finding
-from agent.detectors.common import human_bytes, human_rate
-from agent.detectors.engine import Engine
-from agent.detectors.pcie import theoretical_capacity
-from agent.findings import runbook_url
-from agent.scenarios import SCENARIOS, START_TIME, history_seconds_for
-from agent.server import create_app
-from agent.status_inference import COUNTERS_READ
-from agent.status_page import render_status_page
-from agent.status_template import SEVERITY_COLOURS
-from exporters import bench, gpu, numa, process
-from exporters.base import Samples
-from exporters.inference_names import BY_FIELD, SCRAPE_ERROR, SCRAPE_SUCCESS
-from tests import fake_nvml
-from tests.agent_helpers import fixture_config, free_port, run_every_collector_once
-from tests.bench_helpers import BENCH_FIXTURES
+from hybridmon.agent.bench.store import save_run
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.common import human_bytes, human_rate
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.detectors.pcie import theoretical_capacity
+from hybridmon.agent.findings import runbook_url
+from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from hybridmon.agent.server import create_app
+from hybridmon.agent.status_inference import COUNTERS_READ
+from hybridmon.agent.status_page import render_status_page
+from hybridmon.agent.status_template import SEVERITY_COLOURS
+from hybridmon.exporters import bench, gpu, numa, process
+from hybridmon.exporters.base import Samples
+from hybridmon.exporters.inference_names import BY_FIELD, SCRAPE_ERROR, SCRAPE_SUCCESS
+from tests.support import fake_nvml
+from tests.support.agent_helpers import fixture_config, free_port, run_every_collector_once
+from tests.support.bench_helpers import BENCH_FIXTURES
 from tests.conftest import FIXTURE_HOST
-from tests.live_stack import AdvancingInferenceServer
-from tests.status_page_helpers import PHONE_WIDTH, PageStructure, chromium, chromium_binary, count_colour
+from tests.support.live_stack import AdvancingInferenceServer
+from tests.support.status_page_helpers import PHONE_WIDTH, PageStructure, chromium, chromium_binary, count_colour
 from tests.test_end_to_end import start_daemon, stop_daemon, wait_for
 
 NOW = 1_700_000_000.0

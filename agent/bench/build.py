@@ -8,7 +8,7 @@ The CUDA runtime, libstdc++ and libgcc are linked statically: the binary needs o
 driver's libcuda, so it can be built on one host and run on another with the driver but no toolkit
 (see `locate_binary` and docs/offload-bench.md).
 
-`python -m agent.bench.build [--cache-dir DIR]` builds and prints the binary's path.
+`python -m hybridmon.agent.bench.build [--cache-dir DIR]` builds and prints the binary's path.
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def find_nvcc(env: dict[str, str] | None = None) -> Path:
     raise NvccNotFound(
         "no nvcc on PATH or in $CUDA_HOME/bin: install the CUDA toolkit (12.x or newer), or set "
         "CUDA_HOME to it; on a host with only the driver, build the benchmark on another host with "
-        f"`python -m agent.bench.build` and point ${BINARY_ENV} at the copied binary "
+        f"`python -m hybridmon.agent.bench.build` and point ${BINARY_ENV} at the copied binary "
         "(docs/offload-bench.md)"
     )
 
@@ -206,14 +206,14 @@ def locate_binary(
     if got != expected:
         raise BinaryMismatch(
             f"{path} was built from offload_bench.cu {got[:12]}, this package ships {expected[:12]}: "
-            "rebuild it with `python -m agent.bench.build` from this version of hybridmon"
+            "rebuild it with `python -m hybridmon.agent.bench.build` from this version of hybridmon"
         )
     return path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agent.bench.build", description="Build the offload benchmark and print its path."
+        prog="python -m hybridmon.agent.bench.build", description="Build the offload benchmark and print its path."
     )
     parser.add_argument("--cache-dir", help="cache root (default: $XDG_CACHE_HOME/hybridmon/bench)")
     args = parser.parse_args(argv)

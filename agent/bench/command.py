@@ -10,13 +10,13 @@ import json
 import sys
 from typing import TextIO
 
-from agent.bench.build import BenchBuildError, locate_binary
-from agent.bench.report import Progress, ReportError
-from agent.bench.runner import BenchError, BenchRunner, busy_reason
-from agent.bench.store import measured_capacity, parse_stored_run
-from agent.config import AgentConfig
-from agent.detectors.pcie import link_name, theoretical_capacity
-from exporters.nvml import GpuLostError
+from hybridmon.agent.bench.build import BenchBuildError, locate_binary
+from hybridmon.agent.bench.report import Progress, ReportError
+from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason
+from hybridmon.agent.bench.store import measured_capacity, parse_stored_run
+from hybridmon.agent.config import AgentConfig
+from hybridmon.agent.detectors.pcie import link_name, theoretical_capacity
+from hybridmon.exporters.nvml import GpuLostError
 
 
 COLUMNS = {"host_to_device": "host->device", "device_to_host": "device->host",

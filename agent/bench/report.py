@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from exporters.jsonsafe import loads_bounded
+from hybridmon.exporters.jsonsafe import loads_bounded
 
 SCHEMA_VERSION = 1
 DIRECTIONS = {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional"}

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.bench.report import LARGEST_INTEGER, Report, ReportError, parse_report
-from exporters.jsonsafe import loads_bounded
+from hybridmon.agent.bench.report import LARGEST_INTEGER, Report, ReportError, parse_report
+from hybridmon.exporters.jsonsafe import loads_bounded
 
 RECORD_FORMAT = 1
 RUNS_KEPT_PER_GPU = 50

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from agent.detectors import common
-from agent.detectors.base import AlertDelivery, Finding
-from agent.findings import iso_time
-from agent.history import History
+from hybridmon.agent.detectors import common
+from hybridmon.agent.detectors.base import AlertDelivery, Finding
+from hybridmon.agent.findings import iso_time
+from hybridmon.agent.history import History
 
 if TYPE_CHECKING:
-    from agent.alertmanager import DeliveryFailure
+    from hybridmon.agent.alertmanager import DeliveryFailure
 
 ALERTNAME = "HybridmonAlertDeliveryFailing"
 

@@ -14,7 +14,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from agent.history import History
+from hybridmon.agent.history import History
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,6 +39,9 @@ class Finding:
     for_seconds: float = 0.0        # how long the condition must hold before the finding fires
     unit: str = ""                  # unit of value and threshold, for display ("B/s", "ratio", "s")
     details: dict[str, float | str] = field(default_factory=dict)  # extra figures (slope, forecast)
+    # What filled the summary's and description's markers (labels, value, the rule's query names):
+    # the same text rendered by Prometheus from the same values reads the same (agent/alerts).
+    values: dict[str, float | str] = field(default_factory=dict, compare=False)
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:

@@ -2,10 +2,9 @@
 the way an operator reads them."""
 from __future__ import annotations
 
-import math
-
-from agent.detectors import windows
-from agent.history import History, SeriesHistory
+from hybridmon.agent.detectors import windows
+from hybridmon.units import human_bytes, human_duration, human_rate, percent  # noqa: F401 (the detectors' formatting)
+from hybridmon.agent.history import History, SeriesHistory
 
 GPU_LABELS = ("gpu", "uuid")
 PROCESS_LABELS = ("pid", "name")
@@ -89,38 +88,3 @@ def process_restart_time(history: History, pid: str, name: str, now: float) -> f
 def process_order(key: tuple[str, ...]) -> tuple:
     """Sort key for (pid, ...) tuples: numeric pid order."""
     return (len(key[0]), key)
-
-
-def human_bytes(value: float) -> str:
-    """Binary units, as memory sizes are quoted (GiB)."""
-    if not math.isfinite(value):
-        return "unlimited"
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(value) >= size:
-            return f"{value / size:.1f} {unit}"
-    return f"{value:.0f} B"
-
-
-def human_rate(bytes_per_second: float) -> str:
-    """Decimal units, as link bandwidth is quoted (Gen4 x16 = 31.5 GB/s)."""
-    for unit, size in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if abs(bytes_per_second) >= size:
-            return f"{bytes_per_second / size:.1f} {unit}"
-    return f"{bytes_per_second:.0f} B/s"
-
-
-def human_duration(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "never"
-    seconds = max(0.0, seconds)
-    if seconds >= 86400:
-        return f"{seconds / 86400:.1f} d"
-    if seconds >= 3600:
-        return f"{seconds / 3600:.1f} h"
-    if seconds >= 60:
-        return f"{seconds / 60:.0f} min"
-    return f"{seconds:.0f} s"
-
-
-def percent(ratio: float) -> str:
-    return f"{ratio * 100:.0f} %"

@@ -27,9 +27,9 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
-from agent.detectors import impact
-from agent.detectors.base import Detector, Finding
-from agent.history import History, SeriesHistory
+from hybridmon.agent.detectors import impact
+from hybridmon.agent.detectors.base import Detector, Finding
+from hybridmon.agent.history import History, SeriesHistory
 
 log = logging.getLogger(__name__)
 

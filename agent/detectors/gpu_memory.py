@@ -1,10 +1,10 @@
 """GpuMemoryHeadroomLow: a GPU whose memory is nearly full, or will be within the horizon."""
 from __future__ import annotations
 
-from agent.detectors import common, windows
-from agent.detectors.base import Finding, GpuMemoryHeadroom
-from agent.detectors.memory import GPU_MEMORY_TOTAL, GPU_MEMORY_USED, GROWTH_TREND_POINTS
-from agent.history import History
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding, GpuMemoryHeadroom
+from hybridmon.agent.detectors.memory import GPU_MEMORY_TOTAL, GPU_MEMORY_USED, GROWTH_TREND_POINTS
+from hybridmon.agent.history import History
 
 
 class GpuMemoryHeadroomDetector:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import math
 
-from agent.detectors import common, windows
-from agent.detectors.base import Finding, HostConfig
-from agent.history import History
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding, HostConfig
+from hybridmon.agent.history import History
 
 SYSCTL = "hybridmon_sysctl_value"
 SWAP_TOTAL = "hybridmon_swap_total_bytes"

@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from agent.detectors import common, servers, windows
-from agent.detectors.base import Finding
-from agent.detectors.servers import Server
-from agent.history import History
+from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.servers import Server
+from hybridmon.agent.history import History
 
 CORRELATED = frozenset({"GpuPcieStarvation", "GpuPcieLinkDegraded", "HostSwapThrash",
                         "InferenceProcessNumaMisplaced"})

@@ -3,12 +3,12 @@ are preempted, or offload loads filling the PCIe link), and a server whose /metr
 """
 from __future__ import annotations
 
-from agent.detectors import common, servers, windows
-from agent.detectors.base import Finding, InferenceScrape, KvOffloadPressure
-from agent.detectors.pcie import (GENERATION, MEASURED_CAPACITY, WIDTH, PcieStarvationDetector,
+from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.detectors.base import Finding, InferenceScrape, KvOffloadPressure
+from hybridmon.agent.detectors.pcie import (GENERATION, MEASURED_CAPACITY, WIDTH, PcieStarvationDetector,
                                   link_name)
-from agent.detectors.servers import Server
-from agent.history import History
+from hybridmon.agent.detectors.servers import Server
+from hybridmon.agent.history import History
 
 GPU_PROCESS_MEMORY = "hybridmon_gpu_process_memory_used_bytes"
 # Why a scrape failed (exporters/inference_names.py SCRAPE_ERROR), in words, and the first check.

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from agent.detectors import common, servers, windows
-from agent.detectors.base import Finding, MemoryGrowth
-from agent.history import History, SeriesHistory
+from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.detectors.base import Finding, MemoryGrowth
+from hybridmon.agent.history import History, SeriesHistory
 
 RESIDENT = "hybridmon_process_resident_bytes"
 LOCKED = "hybridmon_process_locked_bytes"

@@ -2,10 +2,10 @@
 its GPU (incident 1's NUMA note: cross-socket transfers undo the gain of pinning cores)."""
 from __future__ import annotations
 
-from agent.detectors import common, windows
-from agent.detectors.base import Finding, NumaMisplacement
-from agent.detectors.pcie_errors import gpus_by_bus_id
-from agent.history import History
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding, NumaMisplacement
+from hybridmon.agent.detectors.pcie_errors import gpus_by_bus_id
+from hybridmon.agent.history import History
 
 GPU_NUMA_NODE = "hybridmon_gpu_numa_node"
 DEVICE_NUMA_NODE = "hybridmon_pcie_device_numa_node"

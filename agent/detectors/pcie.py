@@ -6,15 +6,10 @@ Both read NVML's view of the link (hybridmon_gpu_pcie_*), which carries the GPU'
 from __future__ import annotations
 
 import math
-from agent.detectors import common, windows
-from agent.detectors.base import Finding, PcieLinkDegraded, PcieStarvation
-from agent.history import History
-
-# Bytes per second per lane per direction, after line encoding (8b/10b for Gen1-2, 128b/130b for
-# Gen3-5, 242B/256B FLIT for Gen6).
-LANE_BYTES_PER_SECOND = {1: 250e6, 2: 500e6, 3: 984.6e6, 4: 1969.2e6, 5: 3938.5e6, 6: 7563e6}
-# Raw line rate per lane in bits per second, the base of DCGM's replay bound.
-LANE_LINE_RATE_BITS_PER_SECOND = {1: 2.5e9, 2: 5e9, 3: 8e9, 4: 16e9, 5: 32e9, 6: 64e9}
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding, PcieLinkDegraded, PcieStarvation
+from hybridmon.agent.history import History
+from hybridmon.pcie_rates import LANE_LINE_RATE_BITS_PER_SECOND, link_name, theoretical_capacity  # noqa: F401
 
 THROUGHPUT = "hybridmon_gpu_pcie_throughput_bytes_per_second"
 UTILIZATION = "hybridmon_gpu_utilization_ratio"
@@ -24,18 +19,6 @@ WIDTH = "hybridmon_gpu_pcie_link_width_lanes"
 MAX_WIDTH = "hybridmon_gpu_pcie_link_max_width_lanes"
 # Per direction, from the latest `hybridmon bench` run (exporters/bench.py).
 MEASURED_CAPACITY = "hybridmon_gpu_pcie_measured_capacity_bytes_per_second"
-
-
-def theoretical_capacity(generation: float, lanes: float) -> float | None:
-    """Bytes/s per direction of a link at this generation and width; None for an unknown one."""
-    per_lane = LANE_BYTES_PER_SECOND.get(int(round(generation)))
-    if per_lane is None or lanes <= 0:
-        return None
-    return per_lane * lanes
-
-
-def link_name(generation: float, lanes: float) -> str:
-    return f"Gen{int(round(generation))} x{int(round(lanes))}"
 
 
 class PcieStarvationDetector:

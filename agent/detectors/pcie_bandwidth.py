@@ -6,11 +6,11 @@ agent reads the run until a new run replaces it. Runs forced beside a busy GPU a
 """
 from __future__ import annotations
 
-from agent.detectors import common
-from agent.detectors.base import Finding, PcieBandwidthLow
-from agent.detectors.pcie import (MAX_GENERATION, MAX_WIDTH, MEASURED_CAPACITY, link_name,
+from hybridmon.agent.detectors import common
+from hybridmon.agent.detectors.base import Finding, PcieBandwidthLow
+from hybridmon.agent.detectors.pcie import (MAX_GENERATION, MAX_WIDTH, MEASURED_CAPACITY, link_name,
                                   theoretical_capacity)
-from agent.history import History
+from hybridmon.agent.history import History
 
 BENCH_TIMESTAMP = "hybridmon_bench_timestamp_seconds"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from agent.detectors import common, windows
-from agent.detectors.base import Finding, GpuLost, PcieErrors
-from agent.detectors.pcie import GENERATION, LANE_LINE_RATE_BITS_PER_SECOND, WIDTH, link_name
-from agent.history import History
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding, GpuLost, PcieErrors
+from hybridmon.agent.detectors.pcie import GENERATION, LANE_LINE_RATE_BITS_PER_SECOND, WIDTH, link_name
+from hybridmon.agent.history import History
 
 REPLAYS = "hybridmon_gpu_pcie_replays_total"
 AER_ERRORS = "hybridmon_pcie_aer_errors_total"

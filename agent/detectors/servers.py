@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.detectors import windows
-from agent.history import History, SeriesHistory
+from hybridmon.agent.detectors import windows
+from hybridmon.agent.history import History, SeriesHistory
 
 GENERATED_TOKENS = "hybridmon_inference_generated_tokens_total"
 REQUESTS_RUNNING = "hybridmon_inference_requests_running"

@@ -2,9 +2,9 @@
 (incident 3: vm.swappiness=60 evicting the offloaded KV cache to swap)."""
 from __future__ import annotations
 
-from agent.detectors import common, windows
-from agent.detectors.base import Finding, SwapThrash
-from agent.history import History
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding, SwapThrash
+from hybridmon.agent.history import History
 
 SWAP_IN = "hybridmon_swap_in_bytes_total"
 SWAP_OUT = "hybridmon_swap_out_bytes_total"

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent.detectors import common, servers, windows
-from agent.detectors.base import Finding, ThroughputDecay
-from agent.detectors.servers import Server
-from agent.history import History
+from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.detectors.base import Finding, ThroughputDecay
+from hybridmon.agent.detectors.servers import Server
+from hybridmon.agent.history import History
 
 RESIDENT = "hybridmon_process_resident_bytes"
 PROCESS_SWAP = "hybridmon_process_swap_bytes"

@@ -21,7 +21,7 @@ import math
 from bisect import bisect_left, bisect_right
 from typing import Iterable, Sequence
 
-from agent.history import SeriesHistory
+from hybridmon.agent.history import SeriesHistory
 
 AVERAGE_SECONDS = 60.0
 """Gauges are compared as their average over this window, counters as their rate over it."""

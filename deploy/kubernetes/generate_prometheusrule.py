@@ -5,7 +5,7 @@
 
 The PrometheusRule's spec.groups are the rule file's groups, unchanged, so the Prometheus Operator
 loads exactly the rules that `promtool test rules rules/tests/*.yml` tests. The rule file is itself
-generated from agent/detectors/thresholds.toml (`python -m rules.generate`): regenerate that first.
+generated from agent/detectors/thresholds.toml (`python -m hybridmon.rules.generate`): regenerate that first.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from rules.generate import RULES_DIR, RULES_FILE, check_or_write, dump, write
+from hybridmon.rules.generate import RULES_DIR, RULES_FILE, check_or_write, dump, write
 
 KUBERNETES_DIR = Path(__file__).resolve().parent
 OUTPUT_FILE = "prometheusrule.yaml"

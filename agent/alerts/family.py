@@ -1,0 +1,81 @@
+"""What an alert family is: everything about one kind of trouble, in one module.
+
+A family is named like its `[section]` in thresholds.toml, its runbook(s) and its scenario. Its
+module holds, side by side (as a monitoring mixin keeps an alert's rule, test and config together):
+
+- `Settings`: the pydantic model of its thresholds section;
+- its inputs: the exporters' MetricSpec objects it reads (never a metric name typed again);
+- its PromQL alerting rule(s) (`rules.model.Alert`), each with ONE summary and description written
+  with markers (`rules.templates`): Prometheus renders them as Go templates, the agent renders the
+  same text in Python from the finding's values (`finding()` below), so both doors say the same words;
+- its in-agent detector, a pure function of the history (`evaluate(history, now)`);
+- its promtool cases (`rules.scenarios.Test`), inputs just past and just inside each threshold;
+- the collectors it judges (so `hybridmon check` can say why it skipped it) and how much history
+  it reads.
+
+The catalogue (catalogue.py) lists the families once; the agent, `check`, the rule generator and the
+tests iterate it.
+"""
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from hybridmon.agent.detectors.base import Detector, Finding
+from hybridmon.rules.model import Alert
+from hybridmon.rules.templates import expected_text
+
+# Prometheus fills <instance> with the scrape target; the agent, which is the target, with its host
+# name, so a finding pushed straight to Alertmanager names the same machine.
+AGENT_INSTANCE = socket.gethostname()
+
+
+class Section(BaseModel):
+    """One `[section]` of thresholds.toml: unknown keys are an error, values never change."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class AlertFamily:
+    section: str                                    # thresholds.toml section (and module name)
+    settings: type[Section]
+    alertnames: tuple[str, ...]                     # every alertname it raises: one runbook each
+    group: str                                      # the Prometheus rule group its alerts join
+    detector: Callable[[Any], Detector]             # built from its settings
+    alerts: Callable[[Any], tuple[Alert, ...]]      # built from the whole Thresholds
+    cases: Callable[[Any, Any], list] = lambda thresholds, catalog: []   # promtool Tests
+    collectors: tuple[str, ...] = ()                # what it judges; `check` skips it without them
+    lookback_seconds: Callable[[Any], float] = lambda settings: 0.0      # history it reads
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def render(text: str, values: Mapping[str, float | str]) -> str:
+    """An annotation text with its markers filled, exactly as Prometheus fills them."""
+    return expected_text(text, {"instance": AGENT_INSTANCE, **values})
+
+
+def finding(alert: Alert, labels: Mapping[str, str], value: float, threshold: float, *,
+            values: Mapping[str, float | str] | None = None, unit: str = "",
+            details: Mapping[str, float | str] | None = None,
+            for_seconds: float | None = None) -> Finding:
+    """The in-agent finding of `alert` for one entity. `values` fills the text's query markers
+    (the figures the rule's queries fetch); labels and the value fill the rest."""
+    filled: dict[str, float | str] = {**alert.labels, **labels, "value": value, **(values or {})}
+    return Finding(
+        alertname=alert.alert,
+        severity=alert.severity,  # type: ignore[arg-type]
+        labels={**alert.labels, **labels},
+        value=value,
+        threshold=threshold,
+        summary=render(alert.summary, filled),
+        description=render(alert.description, filled),
+        for_seconds=alert.for_seconds if for_seconds is None else for_seconds,
+        unit=unit,
+        details=dict(details or {}),
+        values={"instance": AGENT_INSTANCE, **filled},
+    )

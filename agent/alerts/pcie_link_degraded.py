@@ -1,0 +1,145 @@
+"""GpuPcieLinkDegraded: a busy GPU's PCIe link runs below the generation or width it and its slot
+support. Links drop speed at idle by design, so only a busy GPU is judged; a link that stays
+downtrained under load points at the riser, slot, seating or BIOS. Runbook: GpuPcieLinkDegraded.md.
+"""
+from __future__ import annotations
+
+from textwrap import dedent
+
+from hybridmon.agent.alerts.family import AlertFamily, Section, finding
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.history import History
+from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH,
+                                     PCIE_LINK_WIDTH, UTILIZATION)
+from hybridmon.pcie_rates import theoretical_capacity
+from hybridmon.rules import pcie as recorded
+from hybridmon.rules.cases_gpu import capacity, link
+from hybridmon.rules.model import Alert
+from hybridmon.rules.promql import number, query
+from hybridmon.rules.scenarios import GPU0, GPU1, GPU2, GPU3, Test, above, firing, not_yet
+from hybridmon.rules.templates import humanize_percentage
+
+INPUTS = (UTILIZATION, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH)
+
+
+class Settings(Section):
+    busy_utilization_at_least: float
+    for_seconds: float
+
+
+def _gpu(template: str, metric: str) -> tuple[str, tuple[str, ...]]:
+    return query(template, metric, "gpu")
+
+
+def alert(d: Settings) -> Alert:
+    return Alert(
+        "GpuPcieLinkDegraded",
+        dedent(f"""\
+            # the share of its full capacity the link runs at...
+            {recorded.CAPACITY_THEORETICAL}
+              / {recorded.MAX_CAPACITY}
+            # ...when the generation or the width is below the maximum...
+            and
+            (
+                {PCIE_LINK_GENERATION.name} < {PCIE_LINK_MAX_GENERATION.name}
+              or
+                {PCIE_LINK_WIDTH.name} < {PCIE_LINK_MAX_WIDTH.name}
+            )
+            # ...while the GPU is busy (links slow down at idle on purpose)
+            and
+            {recorded.UTILIZATION} >= {number(d.busy_utilization_at_least)}"""),
+        d.for_seconds, "warning",
+        "GPU <gpu> on <instance>: PCIe link at Gen<gen> x<width> of Gen<max_gen> x<max_width> "
+        "while busy",
+        "GPU <gpu> (<uuid>) runs its PCIe link at Gen<gen> x<width>, below the Gen<max_gen> "
+        "x<max_width> it and its slot support, so the link carries <value|humanizePercentage> of "
+        "its full capacity. The GPU is <util|humanizePercentage> busy (threshold: the link is "
+        f"judged only at or above {humanize_percentage(d.busy_utilization_at_least)} utilization, "
+        "because links drop speed at idle to save power). A link that stays downtrained under load points at a "
+        "poorly seated card or riser, a BIOS lane or speed setting, or signal errors: compare "
+        "LnkSta with LnkCap (lspci -vvv) and look at the replay and AER counters.",
+        queries={
+            "gen": _gpu("{}", PCIE_LINK_GENERATION.name),
+            "width": _gpu("{}", PCIE_LINK_WIDTH.name),
+            "max_gen": _gpu("{}", PCIE_LINK_MAX_GENERATION.name),
+            "max_width": _gpu("{}", PCIE_LINK_MAX_WIDTH.name),
+            "util": _gpu("{}", recorded.UTILIZATION),
+        },
+    )
+
+
+class Detector:
+    """Current generation < max generation or current width < max width (current values, not
+    averages: a link state), while utilization (avg 1m) is at least busy_utilization_at_least."""
+
+    name = "pcie_link_degraded"
+    alertnames = ("GpuPcieLinkDegraded",)
+    min_history_seconds = windows.AVERAGE_SECONDS
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.alert = alert(config)
+
+    def evaluate(self, history: History, now: float) -> list[Finding]:
+        utilization = common.gpu_averages(history, UTILIZATION.name, now)
+        generation = common.gpu_latest(history, PCIE_LINK_GENERATION.name, now)
+        max_generation = common.gpu_latest(history, PCIE_LINK_MAX_GENERATION.name, now)
+        width = common.gpu_latest(history, PCIE_LINK_WIDTH.name, now)
+        max_width = common.gpu_latest(history, PCIE_LINK_MAX_WIDTH.name, now)
+        findings = []
+        for key, busy in sorted(utilization.items()):
+            link_state = (generation.get(key), width.get(key), max_generation.get(key), max_width.get(key))
+            if any(value is None for value in link_state) or busy < self.config.busy_utilization_at_least:
+                continue
+            gen, lanes, best_gen, best_lanes = link_state
+            if gen >= best_gen and lanes >= best_lanes:
+                continue
+            current = theoretical_capacity(gen, lanes)
+            best = theoretical_capacity(best_gen, best_lanes)
+            if not current or not best:
+                continue
+            findings.append(finding(
+                self.alert, common.gpu_entity(key), current / best, 1.0, unit="ratio",
+                values={"gen": gen, "width": lanes, "max_gen": best_gen, "max_width": best_lanes,
+                        "util": busy},
+                details={"capacity_bytes_per_second": current, "max_capacity_bytes_per_second": best,
+                         "link_generation": gen, "link_max_generation": best_gen,
+                         "link_width_lanes": lanes, "link_max_width_lanes": best_lanes,
+                         "gpu_utilization_ratio": busy}))
+        return findings
+
+
+def cases(t, catalog) -> list[Test]:
+    d = t.pcie_link_degraded
+    rule = catalog.find("GpuPcieLinkDegraded")
+    busy = above(d.busy_utilization_at_least)
+    test = Test("PCIe link degraded under load: GPU 0 drops to Gen3, GPU 2 to x8; GPU 1 idles "
+                "at Gen1 and GPU 3 runs Gen1 at idle, Gen4 when busy: both silent",
+                firing(d.for_seconds) + 120, catalog)
+    link(test, GPU0, (4, 3), 16)
+    link(test, GPU1, 1, 16)
+    link(test, GPU2, 4, (16, 8))
+    link(test, GPU3, (1, 4), 16)
+    for gpu, before, after in ((GPU0, busy, busy), (GPU1, 0, 0), (GPU2, busy, busy), (GPU3, 0, busy)):
+        test.gauge(UTILIZATION.name, before, after, **gpu)
+    test.expect(not_yet(d.for_seconds), rule.alert)
+    test.expect(firing(d.for_seconds), rule.alert,
+                test.alert(rule, GPU0, value=capacity(3, 16) / capacity(4, 16), gen=3, width=16,
+                           max_gen=4, max_width=16, util=busy),
+                test.alert(rule, GPU2, value=capacity(4, 8) / capacity(4, 16), gen=4, width=8,
+                           max_gen=4, max_width=16, util=busy))
+    return [test]
+
+
+FAMILY = AlertFamily(
+    section="pcie_link_degraded",
+    settings=Settings,
+    alertnames=Detector.alertnames,
+    group="hybridmon-pcie",
+    detector=Detector,
+    alerts=lambda t: (alert(t.pcie_link_degraded),),
+    cases=cases,
+    collectors=("gpu",),
+    lookback_seconds=lambda settings: settings.for_seconds,
+)

@@ -1,0 +1,61 @@
+"""A stand-in for the offload benchmark binary: prints a fixture report, as the real one would on a
+GPU host, with its progress lines on stderr. It reports the source hash of the .cu in this tree,
+so `locate_binary` accepts it like a binary built from this version."""
+from __future__ import annotations
+
+import json
+import stat
+import sys
+from pathlib import Path
+
+from hybridmon.agent.bench.build import source_hash
+
+BENCH_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "bench"
+
+_SCRIPT = '''#!{python}
+import json, sys
+args = sys.argv[1:]
+if args == ["--version"]:
+    print(json.dumps({{"version": 1, "source_sha256": {sha!r}}}))
+    sys.exit(0)
+numa = args[args.index("--numa-node") + 1] if "--numa-node" in args else "auto"
+with open({calls!r}, "a") as log:
+    log.write(json.dumps(args) + "\\n")
+outputs = {outputs!r}
+status, path = outputs["auto"] if numa == "auto" else outputs.get("*", outputs["auto"])
+text = open(path).read()
+try:  # progress lines for a well-formed report; a garbage one is printed as it is
+    results = json.loads(text)["results"]
+    for step, result in enumerate(results, 1):
+        print(json.dumps({{"progress": {{"step": step, "steps": len(results), "direction": result["direction"],
+                                         "memory": result["memory"], "bytes": result["bytes"]}}}}),
+              file=sys.stderr)
+except (KeyError, TypeError, ValueError):
+    pass
+print("a driver warning that is not progress", file=sys.stderr)
+sys.stdout.write(text)
+sys.exit(status)
+'''
+
+
+def fake_binary(directory: Path, local: str = "report-gen4-local.json",
+                remote: str | None = "report-gen4-remote.json", status: int = 0,
+                remote_status: int = 0) -> Path:
+    """An executable at directory/offload_bench. `local` answers --numa-node auto with exit
+    `status`, `remote` any explicit node with `remote_status`; names are files of
+    tests/fixtures/bench or absolute paths. Each call's arguments
+    are appended to directory/calls.jsonl."""
+    outputs = {"auto": (status, str(BENCH_FIXTURES / local))}  # "*": any explicit node
+    if remote is not None:
+        outputs["*"] = (remote_status, str(BENCH_FIXTURES / remote))
+    script = _SCRIPT.format(python=sys.executable, sha=source_hash(), calls=str(directory / "calls.jsonl"),
+                            outputs=outputs)
+    path = directory / "offload_bench"
+    path.write_text(script)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def calls(directory: Path) -> list[list[str]]:
+    path = directory / "calls.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []

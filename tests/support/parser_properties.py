@@ -1,0 +1,61 @@
+"""Property-test helpers shared by the parser tests: texts to feed a parser, and the check that it
+raises nothing but ParseError on them (the contract of every `parse_*` in exporters/)."""
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterator
+
+from hypothesis import strategies as st
+
+from hybridmon.exporters.base import ParseError
+
+# Python refuses to convert more digits than this to an int (sys.get_int_max_str_digits(), a
+# ValueError), so a parser that hands a digit run to int() unchecked fails beyond it.
+INT_DIGIT_LIMIT = 4300
+_DIGIT_RUN = re.compile(r"[0-9]+")
+
+
+@st.composite
+def mutated(draw: Any, text: str) -> str:
+    """`text` with one to four slices replaced by arbitrary text."""
+    for _ in range(draw(st.integers(1, 4))):
+        start = draw(st.integers(0, len(text)))
+        end = draw(st.integers(start, min(len(text), start + 40)))
+        text = text[:start] + draw(st.text(max_size=20)) + text[end:]
+    return text
+
+
+def huge_digit_run(draw: Any) -> str:
+    return draw(st.sampled_from("123456789")) + "0" * draw(
+        st.integers(INT_DIGIT_LIMIT, INT_DIGIT_LIMIT + 200))
+
+
+@st.composite
+def with_huge_number(draw: Any, text: str) -> str:
+    """`text` with one of its numbers (or, if it has none, one position) made longer than int()
+    accepts, so the rest of the text still reaches the conversion."""
+    runs = [match.span() for match in _DIGIT_RUN.finditer(text)]
+    if runs:
+        start, end = draw(st.sampled_from(runs))
+    else:
+        start = end = draw(st.integers(0, len(text)))
+    return text[:start] + huge_digit_run(draw) + text[end:]
+
+
+def texts_like(sample: str) -> st.SearchStrategy[str]:
+    """Arbitrary text, `sample` mutated, and `sample` with a huge number in it."""
+    return st.one_of(st.text(), mutated(sample), with_huge_number(sample))
+
+
+def each_number_made_huge(sample: str) -> Iterator[str]:
+    """`sample` once per digit run, with that run made longer than int() accepts."""
+    for match in _DIGIT_RUN.finditer(sample):
+        yield sample[:match.start()] + "1" * (INT_DIGIT_LIMIT + 1) + sample[match.end():]
+
+
+def only_parse_errors(parse: Callable[[str], Any], text: str) -> None:
+    """Runs parse(text); any exception but ParseError fails the test."""
+    try:
+        parse(text)
+    except ParseError:
+        pass

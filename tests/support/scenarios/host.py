@@ -1,0 +1,723 @@
+"""A synthetic host: a private copy of the 2-node fixture tree whose files follow a mutable state.
+
+A scenario changes the state (rates, gauges, sysctls, links, processes, GPUs) as simulated time
+passes; `advance(dt)` integrates every counter over the step and `write()` renders the state into the
+procfs/sysfs files the collectors read and into the fake NVML the GPU collector calls. The readings
+the real collectors then make are consistent by construction:
+
+- counters only grow (rates are checked to be >= 0) and are whole numbers in the files;
+- swap traffic is pages (`pswpin`, `pswpout`) of this machine's page size, so the exported bytes are
+  exactly the bytes the scenario asked for; SwapFree follows the net swap traffic;
+- a process's VmRSS is RssAnon + RssFile, its numa_maps pages add up to them, and memory it swaps
+  out leaves RssAnon;
+- a GPU's used memory is its processes' memory plus a fixed context overhead, and its PCIe link is
+  written the same to NVML and to sysfs (current_link_speed, current_link_width);
+- a removed PCI function loses both its bus/pci/devices link and its device directory;
+- vLLM's /metrics (inference.py) follows its own load, served on loopback while a trace is made.
+
+Only the files a scenario can change are rewritten, and only when their text changed.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import os
+import random
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from hybridmon.agent.config import AgentConfig
+from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND
+from tests.support.scenarios.inference import ENDPOINT, InferenceServer
+from tests.support.fake_nvml import FakeGpu, FakeNvml, FakeProcess, default_gpus
+
+REPO = Path(__file__).resolve().parents[3]
+FIXTURE_HOST = REPO / "tests" / "fixtures" / "host-2node"
+
+KIB = 1024
+MIB = 1024**2
+GIB = 1024**3
+
+# PCIe: what sysfs prints per generation, and bytes/s per lane per direction (docs: Gen3 8 GT/s x
+# 128/130 / 8 bits, Gen6 64 GT/s x 242/256 / 8), the capacity the detectors use.
+LINK_SPEED_TEXT = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4: "16.0 GT/s PCIe",
+                   5: "32.0 GT/s PCIe", 6: "64.0 GT/s PCIe"}
+_SPEED_TO_GENERATION = {text.split()[0]: generation for generation, text in LINK_SPEED_TEXT.items()}
+
+PSI_RESOURCES = ("memory", "io", "cpu")
+PSI_WINDOWS_SECONDS = (10.0, 60.0, 300.0)
+SYSCTL_FILES = {"vm.swappiness": "sys/vm/swappiness", "vm.dirty_ratio": "sys/vm/dirty_ratio",
+                "vm.dirty_background_ratio": "sys/vm/dirty_background_ratio",
+                "vm.overcommit_memory": "sys/vm/overcommit_memory",
+                "kernel.numa_balancing": "sys/kernel/numa_balancing"}
+THP_MODES = {"enabled": ("always", "madvise", "never"),
+             "defrag": ("always", "defer", "defer+madvise", "madvise", "never")}
+
+# The kernel's /proc/<pid>/limits rows (fs/proc/base.c lnames): name, unit, default soft and hard.
+_LIMIT_ROWS = (
+    ("Max cpu time", "seconds", None, None), ("Max file size", "bytes", None, None),
+    ("Max data size", "bytes", None, None), ("Max stack size", "bytes", 8388608, None),
+    ("Max core file size", "bytes", 0, None), ("Max resident set", "bytes", None, None),
+    ("Max processes", "processes", 2062919, 2062919), ("Max open files", "files", 1048576, 1048576),
+    ("Max locked memory", "bytes", 8388608, 8388608), ("Max address space", "bytes", None, None),
+    ("Max file locks", "locks", None, None), ("Max pending signals", "signals", 2062919, 2062919),
+    ("Max msgqueue size", "bytes", 819200, 819200), ("Max nice priority", "", 0, 0),
+    ("Max realtime priority", "", 0, 0), ("Max realtime timeout", "us", None, None),
+)
+
+
+def link_capacity_bytes_per_second(generation: int, width: int) -> float:
+    """Theoretical bytes/s per direction of a PCIe link (the detectors' capacity without a benchmark)."""
+    return LANE_BYTES_PER_SECOND[generation] * width
+
+
+def _number_line(line: str, value: int) -> str:
+    """`line` with its last number replaced, right-aligned in the same columns (kernel %8lu style)."""
+    match = re.fullmatch(r"(.*?)(\s+)([0-9]+)(\s*kB)?", line)
+    if match is None:
+        raise ValueError(f"no number at the end of {line!r}")
+    head, spaces, number, unit = match.groups()
+    width = len(spaces) + len(number)
+    text = str(int(value))
+    return f"{head}{' ' * max(1, width - len(text))}{text}{unit or ''}"
+
+
+class _KeyedFile:
+    """A `name value` file (vmstat, meminfo, numastat) that keeps its lines' order and layout."""
+
+    def __init__(self, text: str, pattern: str) -> None:
+        self.lines = text.splitlines()
+        self.index: dict[str, int] = {}
+        self.values: dict[str, float] = {}
+        for number, line in enumerate(self.lines):
+            match = re.match(pattern, line)
+            if match:
+                self.index[match.group(1)] = number
+                self.values[match.group(1)] = float(match.group(2))
+        self._original = dict(self.values)
+
+    def render(self) -> str:
+        lines = list(self.lines)
+        for name, value in self.values.items():
+            if value != self._original[name]:
+                lines[self.index[name]] = _number_line(lines[self.index[name]], math.floor(value))
+        return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Counter:
+    """A monotonic counter and the rate (per second) it grows at until changed."""
+
+    value: float
+    rate: float = 0.0
+
+    def advance(self, dt: float, what: str) -> None:
+        if self.rate < 0:
+            raise ValueError(f"{what}: a counter's rate cannot be negative ({self.rate})")
+        self.value += self.rate * dt
+
+
+@dataclass
+class Stall:
+    """One PSI line: the stalled share of wall time now, its running averages and its total."""
+
+    total_microseconds: float
+    ratio: float = 0.0
+    averages_percent: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+
+    def advance(self, dt: float) -> None:
+        self.total_microseconds += self.ratio * dt * 1e6
+        for window, seconds in enumerate(PSI_WINDOWS_SECONDS):
+            decay = math.exp(-dt / seconds)  # the kernel's exponentially decaying averages
+            self.averages_percent[window] = (self.averages_percent[window] * decay
+                                             + 100.0 * self.ratio * (1.0 - decay))
+
+    def settle(self) -> None:
+        """Averages as if the current ratio had held for a long time (the start of a scenario)."""
+        self.averages_percent = [100.0 * self.ratio] * 3
+
+
+@dataclass
+class ProcessState:
+    """One process as /proc/<pid>/{stat,status,numa_maps,limits} show it."""
+
+    pid: int
+    comm: str
+    stat_fields: list[str]              # the fields after "(comm)", from the fixture
+    status_lines: list[str]
+    rss_anon_bytes: float
+    rss_file_bytes: float
+    swap_bytes: float
+    locked_bytes: float
+    pinned_bytes: float
+    threads: int
+    allowed_cpus: frozenset[int]
+    memory_node_shares: dict[int, float]  # where its resident pages sit, shares adding up to 1
+    cpu_seconds: float
+    minor_faults: Counter
+    major_faults: Counter
+    cpu_rate: float = 0.0               # CPU seconds per second (cores busy)
+    memlock_limit_bytes: int | None = 8388608  # soft = hard RLIMIT_MEMLOCK; None: unlimited
+    peak_rss_bytes: float = 0.0
+    binary_path: str = "/usr/bin/unknown"
+    weights_path: str = "/models/weights.bin"  # the file mapping that holds most of RssFile
+    loaded_placement: tuple | None = None  # memory and placement as the fixture's numa_maps shows them
+    limits_text: str | None = None  # the fixture's /proc/<pid>/limits, whose memlock line is rewritten
+
+    @property
+    def resident_bytes(self) -> float:
+        return self.rss_anon_bytes + self.rss_file_bytes
+
+    def swap_out(self, target_swap_bytes: float) -> None:
+        """Move anonymous memory between RAM and swap so that VmSwap becomes the target."""
+        moved = target_swap_bytes - self.swap_bytes
+        self.swap_bytes = target_swap_bytes
+        self.rss_anon_bytes = max(0.0, self.rss_anon_bytes - moved)
+
+
+@dataclass
+class PciDevice:
+    """One PCI function's sysfs directory: its link files and AER counters."""
+
+    address: str
+    directory: Path
+    link_generation: int | None
+    link_width: int | None
+    aer: dict[str, list[list]] | None   # file name -> [[counter name, count], ...], TOTAL_* last
+    present: bool = True
+
+
+@dataclass
+class GpuState:
+    """One GPU as NVML and its PCI function's sysfs directory both show it."""
+
+    index: int
+    address: str                        # sysfs form, 0000:17:00.0
+    nvml: FakeGpu
+    process_memory: dict[int, float]    # pid -> bytes of GPU memory
+    context_overhead_bytes: float
+    utilization: float                  # ratio 0-1
+    host_to_device_bytes_per_second: float
+    device_to_host_bytes_per_second: float
+    replays: Counter
+    lost: bool = False
+
+    @property
+    def link_generation(self) -> int:
+        return self.nvml.link_generation
+
+    @property
+    def link_width(self) -> int:
+        return self.nvml.link_width_lanes
+
+    def set_link(self, generation: int, width: int) -> None:
+        self.nvml.link_generation, self.nvml.link_width_lanes = generation, width
+
+    @property
+    def capacity_bytes_per_second(self) -> float:
+        return link_capacity_bytes_per_second(self.link_generation, self.link_width)
+
+    @property
+    def memory_used_bytes(self) -> float:
+        return self.context_overhead_bytes + sum(self.process_memory.values())
+
+    def set_memory_used_share(self, share: float, pid: int) -> None:
+        """Give `pid` the GPU memory that makes used/total equal `share`."""
+        others = sum(v for p, v in self.process_memory.items() if p != pid)
+        self.process_memory[pid] = share * self.nvml.memory_total_bytes - self.context_overhead_bytes - others
+
+
+@dataclass
+class NodeState:
+    node: int
+    meminfo: _KeyedFile
+    numastat: _KeyedFile
+    allocation_rates: dict[str, float] = field(default_factory=dict)  # numastat field -> pages/s
+
+
+class SyntheticHost:
+    """The fixture host, copied to `root`, with every value a scenario may change held as state."""
+
+    def __init__(self, root: str | Path, seed: int = 0, page_size: int | None = None,
+                 clock_ticks: int | None = None) -> None:
+        self.root = Path(root)
+        self.procfs = self.root / "proc"
+        self.sysfs = self.root / "sys"
+        self.rng = random.Random(seed)
+        # The collectors convert with this machine's sysconf values (recorded in the trace), so the
+        # files are written in the same units.
+        self.page_size = page_size or os.sysconf("SC_PAGE_SIZE")
+        self.clock_ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
+        self._root_text = str(self.root)
+        self._written: dict[str, str] = {}  # relative path -> text last written there
+        self._load()
+        # vLLM (pid 4242) serves /metrics at ENDPOINT; its noise comes from a generator of its own.
+        self.inference = InferenceServer(seed + 1)
+        self.inference_endpoint = ENDPOINT
+
+    @classmethod
+    def from_fixture(cls, root: str | Path, fixture: str | Path = FIXTURE_HOST, **options) -> "SyntheticHost":
+        """Copy the fixture tree (symlinks kept as symlinks) into the empty or new directory `root`."""
+        root = Path(root)
+        shutil.copytree(fixture, root, symlinks=True, dirs_exist_ok=True)
+        return cls(root, **options)
+
+    # --- loading the fixture's values ------------------------------------------------------
+    def _read(self, relative: str | Path) -> str:
+        return (self.root / relative).read_text()
+
+    def _load(self) -> None:
+        self.vmstat = _KeyedFile(self._read("proc/vmstat"), r"([a-z0-9_]+) ([0-9]+)$")
+        self.vm_rates: dict[str, float] = {}
+        self.meminfo = _KeyedFile(self._read("proc/meminfo"), r"([A-Za-z0-9_()]+):\s+([0-9]+)")
+        self.sysctl = {name: int(self._read(Path("proc") / path).strip())
+                       for name, path in SYSCTL_FILES.items()}
+        self.thp = {setting: re.search(r"\[(\S+)\]", self._read(
+            f"sys/kernel/mm/transparent_hugepage/{setting}")).group(1) for setting in THP_MODES}
+        self.pressure: dict[tuple[str, str], Stall] = {}
+        for resource in PSI_RESOURCES:
+            for line in self._read(f"proc/pressure/{resource}").splitlines():
+                scope, *pairs = line.split()
+                fields = dict(pair.split("=") for pair in pairs)
+                self.pressure[(resource, scope)] = Stall(
+                    float(fields["total"]), averages_percent=[float(fields[k]) for k in ("avg10", "avg60", "avg300")])
+        self.processes = {pid: self._load_process(pid) for pid in self._pids()}
+        for process in self.processes.values():
+            process.loaded_placement = _placement(process)
+        self.nodes = {}
+        node_root = self.sysfs / "devices/system/node"
+        for entry in sorted(node_root.glob("node[0-9]*")):
+            node = int(entry.name[4:])
+            self.nodes[node] = NodeState(
+                node, _KeyedFile((entry / "meminfo").read_text(), r"Node [0-9]+ ([A-Za-z0-9_()]+):\s+([0-9]+)"),
+                _KeyedFile((entry / "numastat").read_text(), r"([a-z_]+) ([0-9]+)$"))
+        self.node_cpus = {node: _cpu_list((node_root / f"node{node}" / "cpulist").read_text())
+                          for node in self.nodes}
+        self.pci = {address: self._load_pci(address)
+                    for address in sorted(os.listdir(self.sysfs / "bus/pci/devices"))}
+        self.gpus = []
+        for index, nvml in enumerate(default_gpus()):
+            domain, bus, rest = nvml.pci_bus_id.split(":")
+            address = f"{int(domain, 16):04x}:{bus.lower()}:{rest.lower()}"
+            device = self.pci[address]
+            # The sysfs link is the truth the fixture gives; NVML reads the same link.
+            nvml.link_generation, nvml.link_width_lanes = device.link_generation, device.link_width
+            context = nvml.memory_used_bytes - sum(p.used_gpu_memory_bytes or 0 for p in nvml.processes)
+            self.gpus.append(GpuState(
+                index, address, nvml, {p.pid: float(p.used_gpu_memory_bytes or 0) for p in nvml.processes},
+                float(context), nvml.utilization_percent / 100.0,
+                nvml.pcie_rx_kilobytes_per_second * 1024.0, nvml.pcie_tx_kilobytes_per_second * 1024.0,
+                Counter(float(nvml.pcie_replays))))
+
+    def _pids(self) -> list[int]:
+        return sorted(int(name) for name in os.listdir(self.procfs) if name.isdigit())
+
+    def _load_process(self, pid: int) -> ProcessState:
+        base = self.procfs / str(pid)
+        stat = (base / "stat").read_text().strip()
+        comm = stat[stat.find("(") + 1:stat.rfind(")")]
+        fields = stat[stat.rfind(")") + 1:].split()
+        status_lines = (base / "status").read_text().splitlines()
+        status = {line.partition(":")[0]: line.partition(":")[2].strip() for line in status_lines}
+
+        def kb(key: str) -> float:
+            return float(status.get(key, "0 kB").split()[0]) * KIB
+
+        limits = (base / "limits").read_text() if (base / "limits").exists() else None
+        memlock = _memlock_limit(limits) if limits else 8388608
+        resident: dict[int, int] = {}
+        files: dict[str, int] = {}
+        for line in (base / "numa_maps").read_text().splitlines():
+            mapped = 0
+            for node, pages in re.findall(r"\bN([0-9]+)=([0-9]+)", line):
+                resident[int(node)] = resident.get(int(node), 0) + int(pages)
+                mapped += int(pages)
+            name = re.search(r"\bfile=(\S+)", line)
+            if name:
+                files[name.group(1)] = files.get(name.group(1), 0) + mapped
+        names = list(files)
+        total = sum(resident.values()) or 1
+        return ProcessState(
+            pid=pid, comm=comm, stat_fields=fields, status_lines=status_lines,
+            rss_anon_bytes=kb("RssAnon"), rss_file_bytes=kb("RssFile"), swap_bytes=kb("VmSwap"),
+            locked_bytes=kb("VmLck"), pinned_bytes=kb("VmPin"), threads=int(status.get("Threads", "1")),
+            allowed_cpus=_cpu_list(status.get("Cpus_allowed_list", "0")),
+            memory_node_shares={node: pages / total for node, pages in resident.items()},
+            cpu_seconds=(int(fields[11]) + int(fields[12])) / self.clock_ticks,
+            minor_faults=Counter(float(fields[7])), major_faults=Counter(float(fields[9])),
+            peak_rss_bytes=kb("VmHWM"), memlock_limit_bytes=memlock, limits_text=limits,
+            binary_path=names[0] if names else f"/usr/bin/{comm}",
+            weights_path=max(names[1:], key=files.get) if len(names) > 1 else f"/models/{comm}.bin")
+
+    def _load_pci(self, address: str) -> PciDevice:
+        link = self.sysfs / "bus/pci/devices" / address
+        directory = (link.parent / os.readlink(link)).resolve() if link.is_symlink() else link
+        generation = width = None
+        if (directory / "current_link_speed").exists():
+            generation = _SPEED_TO_GENERATION[(directory / "current_link_speed").read_text().split()[0]]
+            width = int((directory / "current_link_width").read_text())
+        aer = None
+        if (directory / "aer_dev_correctable").exists():
+            aer = {}
+            for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal"):
+                aer[name] = [[key, int(count)] for key, count in
+                             (line.rsplit(None, 1) for line in (directory / name).read_text().splitlines() if line.strip())]
+        return PciDevice(address, directory, generation, width, aer)
+
+    # --- changing the state ----------------------------------------------------------------
+    def gpu(self, index: int) -> GpuState:
+        return self.gpus[index]
+
+    def process(self, pid: int) -> ProcessState:
+        return self.processes[pid]
+
+    def jitter(self, value: float, relative: float) -> float:
+        """`value` with deterministic uniform noise of +-relative (seeded per scenario)."""
+        return value * (1.0 + self.rng.uniform(-relative, relative))
+
+    def set_vm_rate(self, name: str, per_second: float) -> None:
+        """Rate of a /proc/vmstat counter (events or pages per second)."""
+        if name not in self.vmstat.values:
+            raise KeyError(f"/proc/vmstat has no {name}")
+        self.vm_rates[name] = per_second
+
+    def set_swap_traffic(self, in_bytes_per_second: float, out_bytes_per_second: float) -> None:
+        """Swap-in and swap-out in bytes/s, written as pswpin/pswpout pages of this host's page size."""
+        self.set_vm_rate("pswpin", in_bytes_per_second / self.page_size)
+        self.set_vm_rate("pswpout", out_bytes_per_second / self.page_size)
+
+    def set_pressure(self, resource: str, some: float, full: float | None = None) -> None:
+        """PSI stall shares (0-1) of a resource; cpu's system-wide full line stays at zero."""
+        self.pressure[(resource, "some")].ratio = some
+        if full is not None and resource != "cpu":
+            self.pressure[(resource, "full")].ratio = full
+
+    def settle_pressure(self) -> None:
+        for stall in self.pressure.values():
+            stall.settle()
+
+    def set_meminfo(self, **sizes_bytes: float) -> None:
+        """meminfo fields in bytes (MemAvailable=..., SwapFree=...); written in kB."""
+        for name, value in sizes_bytes.items():
+            if name not in self.meminfo.values:
+                raise KeyError(f"/proc/meminfo has no {name}")
+            self.meminfo.values[name] = value / KIB
+
+    def meminfo_bytes(self, name: str) -> float:
+        return self.meminfo.values[name] * KIB
+
+    def set_swap_used(self, used_bytes: float) -> None:
+        total = self.meminfo_bytes("SwapTotal")
+        self.set_meminfo(SwapFree=min(total, max(0.0, total - used_bytes)))
+
+    def set_thp(self, setting: str, mode: str) -> None:
+        if mode not in THP_MODES[setting]:
+            raise ValueError(f"transparent_hugepage/{setting} has no mode {mode!r}")
+        self.thp[setting] = mode
+
+    def set_link(self, gpu: int, generation: int, width: int) -> None:
+        """The GPU's current PCIe link, in NVML and in its function's sysfs files alike."""
+        state = self.gpus[gpu]
+        state.set_link(generation, width)
+        device = self.pci[state.address]
+        device.link_generation, device.link_width = generation, width
+
+    def set_traffic_share(self, gpu: int, host_to_device: float, device_to_host: float) -> None:
+        """PCIe traffic as shares of the current link's theoretical capacity."""
+        state = self.gpus[gpu]
+        state.host_to_device_bytes_per_second = host_to_device * state.capacity_bytes_per_second
+        state.device_to_host_bytes_per_second = device_to_host * state.capacity_bytes_per_second
+
+    def add_aer_errors(self, address: str, severity: str, counter: str, count: int = 1) -> None:
+        """`count` more AER messages of a named error bit (and its TOTAL_ERR_* line)."""
+        lines = self.pci[address].aer[f"aer_dev_{severity}"]
+        if counter not in {line[0] for line in lines}:
+            raise KeyError(f"aer_dev_{severity} has no {counter}")
+        for line in lines:
+            if line[0] == counter or line[0].startswith("TOTAL_ERR_"):
+                line[1] += count
+
+    def remove_pci_function(self, address: str) -> None:
+        """The function falls off the bus: its bus/pci/devices entry and its directory go."""
+        self.pci[address].present = False
+
+    def lose_gpu(self, gpu: int) -> None:
+        """NVML answers NVML_ERROR_GPU_IS_LOST for every call on this GPU from now on."""
+        self.gpus[gpu].lost = True
+
+    def set_process_placement(self, pid: int, nodes: Iterable[int], memory_node_shares: dict[int, float]) -> None:
+        """Allowed CPUs: every CPU of `nodes`; resident pages split over nodes by the given shares."""
+        process = self.processes[pid]
+        process.allowed_cpus = frozenset().union(*(self.node_cpus[node] for node in nodes))
+        total = sum(memory_node_shares.values())
+        process.memory_node_shares = {node: share / total for node, share in memory_node_shares.items()}
+
+    # --- time ------------------------------------------------------------------------------
+    def advance(self, dt: float) -> None:
+        """Let `dt` seconds pass at the current rates."""
+        for name, rate in self.vm_rates.items():
+            if rate < 0:
+                raise ValueError(f"vmstat {name}: a counter's rate cannot be negative ({rate})")
+            self.vmstat.values[name] += rate * dt
+        swap_net = (self.vm_rates.get("pswpout", 0.0) - self.vm_rates.get("pswpin", 0.0)) * self.page_size * dt
+        if swap_net:
+            total = self.meminfo_bytes("SwapTotal")
+            self.set_meminfo(SwapFree=min(total, max(0.0, self.meminfo_bytes("SwapFree") - swap_net)))
+        for stall in self.pressure.values():
+            stall.advance(dt)
+        for process in self.processes.values():
+            process.minor_faults.advance(dt, f"pid {process.pid} minflt")
+            process.major_faults.advance(dt, f"pid {process.pid} majflt")
+            if process.cpu_rate < 0:
+                raise ValueError(f"pid {process.pid}: negative CPU rate")
+            process.cpu_seconds += process.cpu_rate * dt
+        for gpu in self.gpus:
+            gpu.replays.advance(dt, f"GPU {gpu.index} replays")
+        for node in self.nodes.values():
+            for name, rate in node.allocation_rates.items():
+                node.numastat.values[name] += rate * dt
+        self.inference.advance(dt)
+
+    # --- rendering -------------------------------------------------------------------------
+    def _put(self, relative: str, text: str) -> None:
+        if self._written.get(relative) != text:
+            with open(os.path.join(self._root_text, relative), "w", encoding="utf-8") as handle:
+                handle.write(text)
+            self._written[relative] = text
+
+    def write(self, nvml: FakeNvml | None = None) -> None:
+        """Render the state into the tree, into `nvml` (the fake library the agent calls) and into
+        the inference server's answer."""
+        self._write_memory()
+        for resource in PSI_RESOURCES:
+            lines = []
+            for scope in ("some", "full"):
+                stall = self.pressure.get((resource, scope))
+                if stall is None:
+                    continue
+                a10, a60, a300 = stall.averages_percent
+                lines.append(f"{scope} avg10={a10:.2f} avg60={a60:.2f} avg300={a300:.2f} "
+                             f"total={math.floor(stall.total_microseconds)}")
+            self._put(f"proc/pressure/{resource}", "\n".join(lines) + "\n")
+        for process in self.processes.values():
+            self._write_process(process)
+        for node in self.nodes.values():
+            self._put(f"sys/devices/system/node/node{node.node}/meminfo", node.meminfo.render())
+            self._put(f"sys/devices/system/node/node{node.node}/numastat", node.numastat.render())
+        for gpu in self.gpus:
+            self._render_gpu(gpu)
+        for device in self.pci.values():
+            self._write_pci(device)
+        self.inference.publish()
+        if nvml is not None:
+            nvml.configure(gpus=[gpu.nvml for gpu in self.gpus])
+            nvml.lost = {gpu.index for gpu in self.gpus if gpu.lost}
+
+    def _write_memory(self) -> None:
+        free_kb = self.meminfo.values["MemFree"]
+        self.vmstat.values["nr_free_pages"] = free_kb * KIB / self.page_size
+        self._put("proc/vmstat", self.vmstat.render())
+        self._put("proc/meminfo", self.meminfo.render())
+        # The nodes' free memory adds up to the host's, split in proportion to node size.
+        totals = {node: state.meminfo.values["MemTotal"] for node, state in self.nodes.items()}
+        remaining = free_kb
+        for number, (node, state) in enumerate(sorted(self.nodes.items())):
+            share = free_kb * totals[node] / sum(totals.values())
+            node_free = remaining if number == len(self.nodes) - 1 else math.floor(share)
+            remaining -= node_free
+            state.meminfo.values["MemFree"] = node_free
+            if "MemUsed" in state.meminfo.values:
+                state.meminfo.values["MemUsed"] = totals[node] - node_free
+        for name, path in SYSCTL_FILES.items():
+            self._put(f"proc/{path}", f"{self.sysctl[name]}\n")
+        for setting, modes in THP_MODES.items():
+            self._put(f"sys/kernel/mm/transparent_hugepage/{setting}",
+                      " ".join(f"[{mode}]" if mode == self.thp[setting] else mode for mode in modes) + "\n")
+
+    def _write_process(self, process: ProcessState) -> None:
+        base = f"proc/{process.pid}"
+        ticks = process.cpu_seconds * self.clock_ticks
+        fields = list(process.stat_fields)
+        fields[7] = str(math.floor(process.minor_faults.value))
+        fields[9] = str(math.floor(process.major_faults.value))
+        # utime and stime: 95 % of the CPU time in user mode.
+        system = math.floor(ticks * 0.05)
+        fields[11], fields[12] = str(math.floor(ticks) - system), str(system)
+        fields[17] = str(process.threads)
+        fields[21] = str(math.floor(process.resident_bytes / self.page_size))
+        self._put(f"{base}/stat", f"{process.pid} ({process.comm}) {' '.join(fields)}\n")
+
+        process.peak_rss_bytes = max(process.peak_rss_bytes, process.resident_bytes)
+        anon_kb, file_kb = math.floor(process.rss_anon_bytes / KIB), math.floor(process.rss_file_bytes / KIB)
+        anon_kb -= anon_kb % 4  # whole 4 KiB pages, so numa_maps can add up to them exactly
+        file_kb -= file_kb % 4
+        sizes = {"VmRSS": anon_kb + file_kb, "RssAnon": anon_kb, "RssFile": file_kb,
+                 "VmSwap": process.swap_bytes / KIB, "VmLck": process.locked_bytes / KIB,
+                 "VmPin": process.pinned_bytes / KIB, "VmHWM": max(process.peak_rss_bytes / KIB, anon_kb + file_kb)}
+        cpus = process.allowed_cpus
+        mask = sum(1 << cpu for cpu in cpus)
+        cpu_count = sum(len(c) for c in self.node_cpus.values())
+        lines = []
+        for line in process.status_lines:
+            key = line.partition(":")[0]
+            if key in sizes:
+                line = f"{key}:\t{math.floor(sizes[key]):8d} kB"
+            elif key == "Threads":
+                line = f"Threads:\t{process.threads}"
+            elif key == "Cpus_allowed":
+                line = f"Cpus_allowed:\t{mask:0{max(1, (cpu_count + 3) // 4)}x}"
+            elif key == "Cpus_allowed_list":
+                line = f"Cpus_allowed_list:\t{_format_cpu_list(cpus)}"
+            lines.append(line)
+        self._put(f"{base}/status", "\n".join(lines) + "\n")
+        # The fixture's own numa_maps stays until the process's memory or placement changes.
+        if _placement(process) != process.loaded_placement:
+            self._put(f"{base}/numa_maps", self._numa_maps(process, anon_kb // 4, file_kb // 4))
+        self._put(f"{base}/limits", _limits_text(process.memlock_limit_bytes, process.limits_text))
+
+    def _numa_maps(self, process: ProcessState, anon_pages: int, file_pages: int) -> str:
+        """Mappings shaped like the fixture's: binary, heap, one large anonymous region (model
+        buffers, KV blocks), a file mapping (weights) and the stack; every page 4 KiB."""
+        home = min(self.node_cpus, key=lambda node: -len(process.allowed_cpus & self.node_cpus[node]))
+        binary_pages = min(915, file_pages)
+        stack_pages = min(34, anon_pages)
+        heap_pages = min(262144, max(0, anon_pages - stack_pages) // 8)
+        big_pages = anon_pages - stack_pages - heap_pages
+        weights_pages = file_pages - binary_pages
+        shares = process.memory_node_shares
+
+        def split(pages: int) -> str:
+            nodes = sorted(shares)
+            placed, parts = 0, []
+            for number, node in enumerate(nodes):
+                count = pages - placed if number == len(nodes) - 1 else round(pages * shares[node])
+                placed += count
+                if count:
+                    parts.append(f"N{node}={count}")
+            return " ".join(parts)
+
+        lines = [f"55d0c0a00000 default file={process.binary_path} mapped={binary_pages} mapmax=3 N{home}={binary_pages} kernelpagesize_kB=4"
+                 if binary_pages else "55d0c0a00000 default"]
+        lines.append(f"55d0c2000000 default heap anon={heap_pages} dirty={heap_pages} {split(heap_pages)} kernelpagesize_kB=4"
+                     if heap_pages else "55d0c2000000 default heap")
+        lines.append(f"7f1d00000000 default anon={big_pages} dirty={big_pages} {split(big_pages)} kernelpagesize_kB=4"
+                     if big_pages else "7f1d00000000 default")
+        lines.append("7f22c0000000 default")
+        lines.append(f"7f2300000000 default file={process.weights_path} mapped={weights_pages} mapmax=1 "
+                     f"{split(weights_pages)} kernelpagesize_kB=4" if weights_pages else "7f2300000000 default")
+        lines.append(f"7ffd4c000000 default stack anon={stack_pages} dirty={stack_pages} N{home}={stack_pages} kernelpagesize_kB=4"
+                     if stack_pages else "7ffd4c000000 default stack")
+        return "\n".join(lines) + "\n"
+
+    def _render_gpu(self, gpu: GpuState) -> None:
+        nvml = gpu.nvml
+        names = {pid: self.processes[pid].comm if pid in self.processes else str(pid) for pid in gpu.process_memory}
+        nvml.processes = [FakeProcess(pid, names[pid], math.floor(used)) for pid, used in sorted(gpu.process_memory.items())]
+        nvml.memory_used_bytes = math.floor(gpu.memory_used_bytes)
+        if nvml.memory_used_bytes + nvml.memory_reserved_bytes > nvml.memory_total_bytes:
+            raise ValueError(f"GPU {gpu.index}: more memory used than installed")
+        nvml.utilization_percent = max(0, min(100, round(gpu.utilization * 100)))
+        capacity = gpu.capacity_bytes_per_second
+        for attribute, value in (("pcie_rx_kilobytes_per_second", gpu.host_to_device_bytes_per_second),
+                                 ("pcie_tx_kilobytes_per_second", gpu.device_to_host_bytes_per_second)):
+            setattr(nvml, attribute, math.floor(max(0.0, min(value, capacity)) / 1024))
+        nvml.pcie_replays = math.floor(gpu.replays.value)
+
+    def _write_pci(self, device: PciDevice) -> None:
+        link = self.sysfs / "bus/pci/devices" / device.address
+        if not device.present:
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            if device.directory.exists():
+                shutil.rmtree(device.directory)
+                gone = str(device.directory.relative_to(self.root)) + "/"
+                self._written = {p: t for p, t in self._written.items() if not p.startswith(gone)}
+            return
+        relative = str(device.directory.relative_to(self.root))
+        if device.link_generation is not None:
+            self._put(f"{relative}/current_link_speed", LINK_SPEED_TEXT[device.link_generation] + "\n")
+            self._put(f"{relative}/current_link_width", f"{device.link_width}\n")
+        if device.aer is not None:
+            for name, lines in device.aer.items():
+                self._put(f"{relative}/{name}", "".join(f"{key} {count}\n" for key, count in lines))
+
+    # --- the agent's view ------------------------------------------------------------------
+    def agent_config(self, interval_seconds: float = 1.0, history_seconds: float = 7200.0,
+                     detectors: bool = False) -> AgentConfig:
+        """The configuration an agent on this host runs with: its roots, the fake NVML, no udev
+        (udev describes only the machine's own /sys), vLLM's endpoint (so no discovery). The
+        detectors are off by default: recording needs none, and a replay takes its detector
+        settings from the replaying agent."""
+        settings = {
+            "interval_seconds": interval_seconds,
+            "history_seconds": history_seconds,
+            "paths": {"procfs": str(self.procfs), "sysfs": str(self.sysfs)},
+            "state_dir": str(self.root / "state"),  # no benchmark run unless a scenario stores one
+            "gpu": {"nvml_module": "tests.support.fake_nvml"},
+            "pcie": {"udev": False},
+            "inference": {"endpoints": [{"url": self.inference_endpoint, "server": "vllm"}]},
+            # vLLM is asked every 10 s (30 s on the long scenarios' 10 s ticks), not every 5 s as
+            # by default: reading a body costs ~3 ms, paid at generation and again by every replay.
+            "collectors": {"inference": {"interval_seconds": max(10.0, 3 * interval_seconds)}},
+        }
+        if "detectors" in AgentConfig.model_fields:
+            settings["detectors"] = {"enabled": detectors}
+        return AgentConfig.model_validate(settings)
+
+
+def _placement(process: ProcessState) -> tuple:
+    return (math.floor(process.rss_anon_bytes / KIB) // 4, math.floor(process.rss_file_bytes / KIB) // 4,
+            tuple(sorted(process.memory_node_shares.items())), tuple(sorted(process.allowed_cpus)))
+
+
+def _cpu_list(text: str) -> frozenset[int]:
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.update(range(int(first), int(last or first) + 1))
+    return frozenset(cpus)
+
+
+def _format_cpu_list(cpus: Iterable[int]) -> str:
+    ordered = sorted(cpus)
+    ranges, start = [], None
+    for position, cpu in enumerate(ordered):
+        if start is None:
+            start = cpu
+        if position + 1 == len(ordered) or ordered[position + 1] != cpu + 1:
+            ranges.append(f"{start}" if start == cpu else f"{start}-{cpu}")
+            start = None
+    return ",".join(ranges)
+
+
+def _limit_row(name: str, unit: str, soft: int | None, hard: int | None) -> str:
+    """One row as fs/proc/base.c proc_pid_limits prints it ("%-25s %-20s %-20s %-10s")."""
+    soft_text = "unlimited" if soft is None else str(soft)
+    hard_text = "unlimited" if hard is None else str(hard)
+    return f"{name:<25} {soft_text:<20} {hard_text:<20} " + (f"{unit:<10}" if unit else "")
+
+
+@functools.lru_cache(maxsize=16)
+def _limits_text(memlock_bytes: int | None, template: str | None = None) -> str:
+    """/proc/<pid>/limits with the given RLIMIT_MEMLOCK (soft = hard; None: unlimited): the
+    template (the fixture's file) with its memlock row rewritten, or the kernel's defaults."""
+    memlock = _limit_row("Max locked memory", "bytes", memlock_bytes, memlock_bytes)
+    if template is not None:
+        return "".join(memlock + "\n" if line.startswith("Max locked memory") else line + "\n"
+                       for line in template.splitlines())
+    lines = [f"{'Limit':<25} {'Soft Limit':<20} {'Hard Limit':<20} {'Units':<10}"]
+    for name, unit, soft, hard in _LIMIT_ROWS:
+        lines.append(memlock if name == "Max locked memory" else _limit_row(name, unit, soft, hard))
+    return "\n".join(lines) + "\n"
+
+
+def _memlock_limit(limits_text: str) -> int | None:
+    for line in limits_text.splitlines():
+        if line.startswith("Max locked memory"):
+            soft = line[len("Max locked memory"):].split()[0]
+            return None if soft == "unlimited" else int(soft)
+    return 8388608

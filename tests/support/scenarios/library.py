@@ -1,0 +1,538 @@
+"""The scenarios: a timeline of host states for each incident, and healthy hosts that must stay silent.
+
+Every scenario starts from the same healthy host (`healthy_host`): recommended sysctls, swap
+configured and idle, each inference process pinned to its GPU's NUMA node, both links at Gen4 x16,
+GPU0 busy with vLLM (pid 4242, serving /metrics at inference.ENDPOINT: 55 running requests, 1,450
+tokens/s) and GPU1 moderately busy with llama-server (pid 5151). An incident
+then changes only what its story needs, from its onset, so the alerts it should raise are exactly
+those in `expected` (plus those in `allowed`, which may accompany them). docs/scenarios.md describes
+each one with its numbers and timeline.
+
+A scenario is written as `build(host) -> step`: `build` sets the state before the first tick and
+`step(t)` sets the state at `t` seconds after the start (gauges, and the rates counters grow at
+over the tick that ends at `t`). Noise is deterministic (seeded by the scenario's name).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tests.support.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
+from tests.support.scenarios.inference import ENDPOINT, MODEL, ServerLoad
+
+VLLM, LLAMA = 4242, 5151            # the fixture's inference processes (comm python3, llama-server)
+VLLM_NAME, LLAMA_NAME = "python3", "llama-server"
+GPU0_UUID = "GPU-0a1b2c3d-0000-4000-8000-000000000000"
+GPU1_UUID = "GPU-1a1b2c3d-0000-4000-8000-000000000001"
+GPU0_ADDRESS, GPU1_ADDRESS = "0000:17:00.0", "0000:ca:00.0"
+GEN4_X16 = link_capacity_bytes_per_second(4, 16)  # 31.5 GB/s per direction
+VLLM_SERVER = {"server": "vllm", "endpoint": ENDPOINT, "model": MODEL}  # its findings' labels
+
+Expectation = tuple[str, dict[str, str]]  # (alertname, a subset of the finding's labels)
+Step = Callable[[float], None]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    tick_seconds: float          # simulated time between two runs of the 1 s collectors
+    duration_seconds: float      # last tick's time; ticks run at 0, tick, 2 tick, ... duration
+    onset_seconds: float | None  # when the incident starts; None on a healthy host
+    expected: list[Expectation]  # alerts that must fire; empty: must stay silent
+    build: Callable[[SyntheticHost], Step] = field(repr=False)
+    # Alerts that may fire too (a second reason for the same entity, a host-level twin of a
+    # per-process finding), so that a test of "nothing unexpected" can tell them from noise.
+    allowed: list[Expectation] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return not self.expected
+
+    @property
+    def ticks(self) -> int:
+        return int(round(self.duration_seconds / self.tick_seconds)) + 1
+
+
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(name: str, tick_seconds: float, duration_seconds: float, onset_seconds: float | None,
+             expected: list[Expectation], allowed: list[Expectation] | None = None):
+    """Register `build` (whose docstring is the scenario's description) under `name`."""
+    def register(build: Callable[[SyntheticHost], Step]) -> Callable[[SyntheticHost], Step]:
+        description = " ".join((build.__doc__ or "").split())
+        SCENARIOS[name] = Scenario(name, description, tick_seconds, duration_seconds, onset_seconds,
+                                   expected, build, allowed or [])
+        return build
+    return register
+
+
+# --- the healthy host every scenario starts from --------------------------------------------------
+
+@dataclass
+class GpuLoad:
+    utilization: float                 # 0-1
+    host_to_device: float              # share of the current link's capacity
+    device_to_host: float
+    replays_per_minute: float = 0.0
+
+
+@dataclass
+class ProcessLoad:
+    cpu_cores: float
+    minor_faults_per_second: float
+    major_faults_per_second: float = 0.0
+
+
+@dataclass
+class Load:
+    """The rates of one moment; `apply` writes them to the host with a little noise."""
+
+    gpus: dict[int, GpuLoad]
+    processes: dict[int, ProcessLoad]
+    other_page_faults_per_second: float = 15_000.0   # everything but the watched processes
+    other_major_faults_per_second: float = 0.2
+    swap_in_bytes_per_second: float = 0.0
+    swap_out_bytes_per_second: float = 0.0
+    reclaim_pages_per_second: dict[str, float] = field(default_factory=dict)  # kswapd/direct scanned
+    pressure: dict[str, tuple[float, float]] = field(default_factory=lambda: {
+        "memory": (0.002, 0.001), "io": (0.02, 0.008), "cpu": (0.04, 0.0)})
+    server: ServerLoad = field(default_factory=ServerLoad)  # vLLM on GPU0 (pid 4242)
+    noise: float = 1.0               # 0: exact values
+
+
+def healthy_load() -> Load:
+    return Load(
+        gpus={0: GpuLoad(0.88, 0.40, 0.12), 1: GpuLoad(0.35, 0.10, 0.03)},
+        processes={VLLM: ProcessLoad(1.5, 2000.0, 0.1), LLAMA: ProcessLoad(6.0, 500.0), 1: ProcessLoad(0.01, 5.0)},
+    )
+
+
+def apply(host: SyntheticHost, load: Load) -> None:
+    """Set the host's rates and GPU gauges from `load`; host-wide faults include the processes'."""
+    noise = load.noise
+    for index, gpu_load in load.gpus.items():
+        gpu = host.gpu(index)
+        gpu.utilization = min(1.0, max(0.0, gpu_load.utilization + noise * host.rng.uniform(-0.02, 0.02)))
+        host.set_traffic_share(index, host.jitter(gpu_load.host_to_device, 0.01 * noise),
+                               host.jitter(gpu_load.device_to_host, 0.02 * noise))
+        gpu.replays.rate = host.jitter(gpu_load.replays_per_minute, 0.2 * noise) / 60.0
+    minor = major = 0.0
+    for pid, process_load in load.processes.items():
+        process = host.process(pid)
+        process.cpu_rate = host.jitter(process_load.cpu_cores, 0.02 * noise)
+        process.minor_faults.rate = host.jitter(process_load.minor_faults_per_second, 0.05 * noise)
+        process.major_faults.rate = host.jitter(process_load.major_faults_per_second, 0.05 * noise)
+        minor += process.minor_faults.rate
+        major += process.major_faults.rate
+    other_major = host.jitter(load.other_major_faults_per_second, 0.1 * noise)
+    host.set_vm_rate("pgmajfault", major + other_major)
+    host.set_vm_rate("pgfault", minor + major + other_major + host.jitter(load.other_page_faults_per_second, 0.05 * noise))
+    host.set_swap_traffic(host.jitter(load.swap_in_bytes_per_second, 0.03 * noise),
+                          host.jitter(load.swap_out_bytes_per_second, 0.03 * noise))
+    for reclaimer in ("kswapd", "direct"):
+        scanned = host.jitter(load.reclaim_pages_per_second.get(reclaimer, 0.0), 0.05 * noise)
+        host.set_vm_rate(f"pgscan_{reclaimer}", scanned)
+        host.set_vm_rate(f"pgsteal_{reclaimer}", scanned * 0.7)
+    for resource, (some, full) in load.pressure.items():
+        host.set_pressure(resource, some * host.jitter(1.0, 0.05 * noise), full * host.jitter(1.0, 0.05 * noise))
+    host.inference.set_load(load.server, noise)
+
+
+def healthy_host(host: SyntheticHost) -> None:
+    """Recommended settings, swap idle, placement local to each GPU, full links, memlock unlimited."""
+    host.sysctl.update({"vm.swappiness": 10, "vm.dirty_ratio": 15, "vm.dirty_background_ratio": 5,
+                        "vm.overcommit_memory": 0, "kernel.numa_balancing": 0})
+    host.set_thp("enabled", "madvise")
+    host.set_thp("defrag", "madvise")
+    host.set_meminfo(MemFree=150 * GIB, MemAvailable=260 * GIB, SwapCached=0, Dirty=64 * MIB)
+    host.set_swap_used(0)
+    vllm, llama = host.process(VLLM), host.process(LLAMA)
+    vllm.swap_bytes = llama.swap_bytes = 0.0
+    vllm.rss_anon_bytes, vllm.rss_file_bytes = 24 * GIB, 4 * GIB
+    host.set_process_placement(VLLM, [0], {0: 0.98, 1: 0.02})   # GPU0 is on node 0
+    host.set_process_placement(LLAMA, [1], {1: 1.0})            # GPU1 is on node 1
+    vllm.memlock_limit_bytes = llama.memlock_limit_bytes = None  # unlimited: pinned buffers fit
+    host.set_link(0, 4, 16)
+    host.set_link(1, 4, 16)  # the fixture's GPU1 is downtrained; a healthy host's is not
+    for node in host.nodes.values():
+        node.allocation_rates = {"numa_hit": 20_000.0, "local_node": 20_000.0}
+    host.set_vm_rate("numa_hit", 40_000.0)
+    host.set_vm_rate("numa_local", 40_000.0)
+    apply(host, healthy_load())
+    host.settle_pressure()
+    host.inference.advance(6 * 3600)  # vLLM has served for 6 h: its counters do not start at zero
+
+
+def ramp(t: float, start: float, end: float, first: float, last: float) -> float:
+    """`first` until `start`, `last` from `end`, a straight line between."""
+    if t <= start:
+        return first
+    if t >= end:
+        return last
+    return first + (last - first) * (t - start) / (end - start)
+
+
+# --- incidents ------------------------------------------------------------------------------------
+
+@scenario("pcie_starvation", tick_seconds=1, duration_seconds=780, onset_seconds=60,
+          expected=[("GpuPcieStarvation", {"gpu": "0", "uuid": GPU0_UUID})])
+def pcie_starvation(host: SyntheticHost) -> Step:
+    """Incident 1. GPU0 (Gen4 x16) runs vLLM at ~88 % utilization with host-to-device traffic at
+    40 % of the link. From onset, KV-cache offload saturates the link: host-to-device traffic pinned
+    at 96 % of 31.5 GB/s while GPU0's utilization falls from ~90 % to ~20 % over 20 s; after 10 min
+    (onset + 600 s) the offload stops and both return to normal. vLLM feels it over the same 20 s:
+    KV offload loads rise from 4 to 11 GB/s (the rest of the link is weights streamed from host
+    memory, which vLLM counts nowhere), its inter-token latency p50 from 38 ms to 210 ms with the
+    same 55 running requests (1,450 -> 260 tokens/s), time to first token p50 from 0.15 s to 0.9 s
+    and the queue from 2 to 25 requests."""
+    healthy_host(host)
+    onset, end = 60, 660
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        if onset <= t < end:
+            load.gpus[0] = GpuLoad(ramp(t, onset, onset + 20, 0.90, 0.20), 0.96, 0.30)
+            load.processes[VLLM].cpu_cores = 3.0   # the copy threads are busy, the decode is not
+            server = load.server
+            server.inter_token_latency_seconds = ramp(t, onset, onset + 20, 0.038, 0.210)
+            server.time_to_first_token_seconds = ramp(t, onset, onset + 20, 0.15, 0.9)
+            server.waiting = ramp(t, onset, onset + 20, 2, 25)
+            server.kv_offload_load_bytes_per_second = ramp(t, onset, onset + 20, 4e9, 11e9)
+            server.kv_offload_store_bytes_per_second = ramp(t, onset, onset + 20, 2e9, 5e9)
+            server.kv_cache_usage = 0.8
+        apply(host, load)
+        if onset <= t < end:  # pinned: a saturated link shows almost no noise
+            host.set_traffic_share(0, host.jitter(0.96, 0.003), host.jitter(0.30, 0.02))
+    return step
+
+
+@scenario("pcie_link_degraded", tick_seconds=1, duration_seconds=540, onset_seconds=60,
+          expected=[("GpuPcieLinkDegraded", {"gpu": "1", "uuid": GPU1_UUID})])
+def pcie_link_degraded(host: SyntheticHost) -> Step:
+    """GPU1's link trained down to Gen3 x8 (its maximum is Gen4 x16), in NVML and sysfs alike. It
+    sits idle until onset, where a downshifted link is normal; at onset llama-server starts using it
+    and it runs at ~80 % utilization with traffic at 45 % of the degraded link's 7.9 GB/s."""
+    healthy_host(host)
+    host.set_link(1, 3, 8)
+    onset = 60
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.gpus[1] = GpuLoad(ramp(t, onset, onset + 10, 0.0, 0.80), ramp(t, onset, onset + 10, 0.001, 0.45),
+                               ramp(t, onset, onset + 10, 0.0005, 0.15))
+        load.processes[LLAMA].cpu_cores = ramp(t, onset, onset + 10, 0.2, 6.0)
+        apply(host, load)
+    return step
+
+
+@scenario("pcie_errors", tick_seconds=1, duration_seconds=480, onset_seconds=60,
+          expected=[("GpuPcieReplayErrors", {"gpu": "0", "uuid": GPU0_UUID}),
+                    ("PcieAerErrors", {"pci_bus_id": GPU0_ADDRESS, "aer_severity": "nonfatal"}),
+                    ("PcieAerErrors", {"pci_bus_id": GPU0_ADDRESS, "aer_severity": "correctable"})])
+def pcie_errors(host: SyntheticHost) -> Step:
+    """GPU0's link turns marginal at onset: its PCIe replay counter rises ~100/min (DCGM's bound
+    for Gen4 x16 is 16/min), correctable AER errors (BadTLP, BadDLLP) arrive ~2/min (120/h against
+    60/h), and at onset + 30 s the device reports one nonfatal AER error (a completion timeout).
+    The link stays at Gen4 x16 and the GPU keeps working."""
+    healthy_host(host)
+    onset = 60
+    sent = {"correctable": 0, "nonfatal": 0}
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        if t >= onset:
+            load.gpus[0].replays_per_minute = 100.0
+        apply(host, load)
+        # One correctable error every 30 s from onset, alternating BadTLP and BadDLLP.
+        while t >= onset and sent["correctable"] <= (t - onset) // 30:
+            host.add_aer_errors(GPU0_ADDRESS, "correctable", ("BadTLP", "BadDLLP")[sent["correctable"] % 2])
+            sent["correctable"] += 1
+        if t >= onset + 30 and not sent["nonfatal"]:
+            host.add_aer_errors(GPU0_ADDRESS, "nonfatal", "CmpltTO")
+            sent["nonfatal"] = 1
+    return step
+
+
+@scenario("gpu_lost", tick_seconds=1, duration_seconds=180, onset_seconds=60,
+          expected=[("GpuLost", {"gpu": "1", "uuid": GPU1_UUID}),
+                    ("GpuLost", {"pci_bus_id": GPU1_ADDRESS})])
+def gpu_lost(host: SyntheticHost) -> Step:
+    """GPU1 falls off the bus: from onset NVML answers NVML_ERROR_GPU_IS_LOST for every call on it,
+    and 2 s later its PCI function 0000:ca:00.0 disappears from sysfs (device directory and
+    bus/pci/devices entry removed). llama-server, its user, keeps running but idles."""
+    healthy_host(host)
+    onset = 60
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        if t >= onset:
+            load.gpus[1] = GpuLoad(0.0, 0.0, 0.0)
+            load.processes[LLAMA].cpu_cores = 0.05
+        apply(host, load)
+        if t >= onset:
+            host.lose_gpu(1)
+        if t >= onset + 2:
+            host.remove_pci_function(GPU1_ADDRESS)
+    return step
+
+
+@scenario("gpu_lost_and_reset", tick_seconds=1, duration_seconds=180, onset_seconds=60,
+          expected=[("GpuLost", {"gpu": "1", "uuid": GPU1_UUID})])
+def gpu_lost_and_reset(host: SyntheticHost) -> Step:
+    """GPU1 stops answering and is reset: from onset NVML answers NVML_ERROR_GPU_IS_LOST for every
+    call on it while its PCI function stays on the bus, and llama-server, its user, idles. At
+    onset + 60 s a GPU reset (`nvidia-smi -r` after stopping llama-server) brings it back: NVML
+    answers again and the restarted llama-server works as before to the end, so the alert resolves
+    and the trace ends on a healthy host (the end-to-end alert tests need one that resolves)."""
+    healthy_host(host)
+    onset, reset = 60, 120
+    gpu = host.gpu(1)
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        lost = onset <= t < reset
+        if lost:
+            load.gpus[1] = GpuLoad(0.0, 0.0, 0.0)
+            load.processes[LLAMA].cpu_cores = 0.05
+        apply(host, load)
+        gpu.lost = lost
+    return step
+
+
+@scenario("swap_thrash", tick_seconds=1, duration_seconds=600, onset_seconds=60,
+          expected=[("HostSwapThrash", {"pid": str(VLLM), "process_name": VLLM_NAME}),
+                    ("HostSwappinessHigh", {}), ("HostDirtyRatioHigh", {})],
+          allowed=[("HostSwapThrash", {})])
+def swap_thrash(host: SyntheticHost) -> Step:
+    """Incident 3, the swappiness half. The host keeps the kernel defaults vm.swappiness=60 and
+    vm.dirty_ratio=20 (static findings from the start) with 64 GiB of swap, 4 GiB of it used by
+    other processes. From onset the page cache pressure makes the kernel swap: swap-in ~8 MiB/s
+    (7.5) and swap-out ~8 MiB/s (8.5), ~400 major faults/s, PSI memory some ~30 % (full ~12 %),
+    reclaim by kswapd and direct reclaim, MemAvailable down to ~1.5 GiB. vLLM (pid 4242) is hit:
+    its VmSwap rises from 0 to 2 GiB over 7 min (leaving its RssAnon) and it major-faults
+    ~150/s; its time to first token p50 rises from 0.15 s to 1.2 s over the first minute (prompts
+    wait on faulted-in pages) and its inter-token latency p50 from 38 ms to 52 ms. The thrash lasts
+    to the end."""
+    healthy_host(host)
+    host.sysctl.update({"vm.swappiness": 60, "vm.dirty_ratio": 20, "vm.dirty_background_ratio": 10})
+    host.set_swap_used(4 * GIB)
+    host.set_meminfo(MemFree=3 * GIB, MemAvailable=12 * GIB)
+    onset = 60
+    vllm = host.process(VLLM)
+    resident_anon = vllm.rss_anon_bytes
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        if t >= onset:
+            load.swap_in_bytes_per_second = 7.5 * MIB
+            load.swap_out_bytes_per_second = 8.5 * MIB
+            load.other_major_faults_per_second = 250.0
+            load.processes[VLLM].major_faults_per_second = 150.0
+            load.reclaim_pages_per_second = {"kswapd": 40_000.0, "direct": 6_000.0}
+            load.pressure = {"memory": (0.30, 0.12), "io": (0.25, 0.15), "cpu": (0.06, 0.0)}
+            load.gpus[0].utilization = 0.55  # decode steps wait on faults
+            load.server.time_to_first_token_seconds = ramp(t, onset, onset + 60, 0.15, 1.2)
+            load.server.inter_token_latency_seconds = ramp(t, onset, onset + 60, 0.038, 0.052)
+        apply(host, load)
+        vllm.swap_out(ramp(t, onset, onset + 420, 0.0, 2 * GIB))
+        vllm.rss_anon_bytes = resident_anon - vllm.swap_bytes
+        host.set_meminfo(MemAvailable=ramp(t, onset, onset + 60, 12 * GIB, 1.5 * GIB),
+                         MemFree=ramp(t, onset, onset + 60, 3 * GIB, 600 * MIB),
+                         SwapCached=ramp(t, onset, onset + 420, 0, 512 * MIB))
+    return step
+
+
+@scenario("memory_growth", tick_seconds=10, duration_seconds=8400, onset_seconds=600,
+          expected=[("InferenceProcessMemoryGrowth", {"pid": str(VLLM), "process_name": VLLM_NAME, "resource": "gpu_memory"}),
+                    ("InferenceProcessMemoryGrowth", {"pid": str(VLLM), "process_name": VLLM_NAME, "resource": "resident"})])
+def memory_growth(host: SyntheticHost) -> Step:
+    """Incident 3, the stale-pointer half. vLLM (pid 4242) holds 16 GiB of GPU0 memory and 16 GiB
+    resident (14 GiB anonymous). From onset both grow steadily at 1.5 GB/h (about 8 %/h of their
+    size) for the rest of the scenario (2 h 10 min), while its load stays flat: CPU time at 1.5
+    cores, GPU0 utilization ~85 %, the same traffic, and a flat page-fault rate (the growth's own
+    ~100 faults/s included from onset), and vLLM's own load flat too: 55 running requests at 38 ms
+    per token, 1,450 tokens/s from start to end. Host memory available falls by what it takes.
+    Sysctls are the recommended ones, so nothing else fires."""
+    healthy_host(host)
+    onset = 600
+    per_second = 1.5e9 / 3600
+    vllm, gpu = host.process(VLLM), host.gpu(0)
+    gpu.process_memory[VLLM] = 16 * GIB
+    vllm.rss_anon_bytes, vllm.rss_file_bytes = 14 * GIB, 2 * GIB
+    available, free = host.meminfo_bytes("MemAvailable"), host.meminfo_bytes("MemFree")
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.gpus[0].utilization = 0.85
+        grown = max(0.0, t - onset) * per_second
+        if t >= onset:
+            load.processes[VLLM].minor_faults_per_second += per_second / 4096
+        apply(host, load)
+        gpu.process_memory[VLLM] = 16 * GIB + grown
+        vllm.rss_anon_bytes = 14 * GIB + grown
+        host.set_meminfo(MemAvailable=available - grown, MemFree=free - grown)
+    return step
+
+
+@scenario("numa_misplacement", tick_seconds=1, duration_seconds=720, onset_seconds=60,
+          expected=[("InferenceProcessNumaMisplaced", {"pid": str(VLLM), "process_name": VLLM_NAME, "gpu": "0", "reason": "cpus"}),
+                    ("InferenceProcessNumaMisplaced", {"pid": str(VLLM), "process_name": VLLM_NAME, "gpu": "0", "reason": "memory"})])
+def numa_misplacement(host: SyntheticHost) -> Step:
+    """Incident 1's NUMA note. vLLM (pid 4242) uses GPU0, on NUMA node 0, and starts local to it.
+    At onset it is re-pinned to node 1's CPUs (8-15, as a `taskset -c 8-15` on the wrong socket
+    does) and its resident memory migrates to node 1 over the next 2 min (98 % on node 0 before,
+    95 % on node 1 after). The process_numa collector reads it every 30 s. vLLM slows as its memory
+    moves away from the GPU: inter-token latency p50 38 ms -> 46 ms, time to first token p50
+    0.15 s -> 0.2 s over the same 2 min."""
+    healthy_host(host)
+    onset = 60
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.server.inter_token_latency_seconds = ramp(t, onset, onset + 120, 0.038, 0.046)
+        load.server.time_to_first_token_seconds = ramp(t, onset, onset + 120, 0.15, 0.2)
+        apply(host, load)
+        if t >= onset:
+            on_node1 = ramp(t, onset, onset + 120, 0.02, 0.95)
+            host.set_process_placement(VLLM, [1], {0: 1.0 - on_node1, 1: on_node1})
+    return step
+
+
+@scenario("gpu_memory_headroom", tick_seconds=1, duration_seconds=840, onset_seconds=60,
+          expected=[("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "used"})],
+          allowed=[("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "forecast"})])
+def gpu_memory_headroom(host: SyntheticHost) -> Step:
+    """GPU0 (48 GiB) starts 85 % used, nearly all by vLLM (pid 4242). From onset its KV cache grows
+    and GPU0's used memory climbs linearly to 97 % over 5 min (crossing 95 % at onset + 250 s),
+    then stays there. The forecast reason may fire too while it climbs. vLLM's KV-cache usage climbs
+    with it, from 55 % to 90 %."""
+    healthy_host(host)
+    onset = 60
+    gpu = host.gpu(0)
+    gpu.set_memory_used_share(0.85, VLLM)
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.server.kv_cache_usage = ramp(t, onset, onset + 300, 0.55, 0.90)
+        apply(host, load)
+        gpu.set_memory_used_share(ramp(t, onset, onset + 300, 0.85, 0.97), VLLM)
+    return step
+
+
+@scenario("host_config_risks", tick_seconds=1, duration_seconds=120, onset_seconds=0,
+          expected=[("HostSwappinessHigh", {}), ("HostDirtyRatioHigh", {}),
+                    ("HostTransparentHugepageAlways", {}), ("HostNumaBalancingEnabled", {}),
+                    ("InferenceProcessMemlockLow", {"pid": str(VLLM), "process_name": VLLM_NAME})])
+def host_config_risks(host: SyntheticHost) -> Step:
+    """Static risks from the first tick, on an otherwise quiet host: vm.swappiness=60 with 64 GiB of
+    swap, vm.dirty_ratio=20, transparent huge pages `always`, kernel.numa_balancing=1 on this
+    2-node host, and vLLM (pid 4242) running with the default 8 MiB RLIMIT_MEMLOCK (its
+    /proc/4242/limits), too low for pinned offload buffers."""
+    healthy_host(host)
+    host.sysctl.update({"vm.swappiness": 60, "vm.dirty_ratio": 20, "vm.dirty_background_ratio": 10,
+                        "kernel.numa_balancing": 1})
+    host.set_thp("enabled", "always")
+    host.process(VLLM).memlock_limit_bytes = 8 * MIB
+    return lambda t: apply(host, healthy_load())
+
+
+@scenario("host_no_swap_low_headroom", tick_seconds=1, duration_seconds=120, onset_seconds=0,
+          expected=[("HostNoSwapLowHeadroom", {})])
+def host_no_swap_low_headroom(host: SyntheticHost) -> Step:
+    """Static risk from the first tick: no swap configured (SwapTotal 0) and only 4 % of MemTotal
+    available (~20 GiB of 503.5 GiB), so a spike goes straight to the OOM killer. Other settings
+    are the recommended ones."""
+    healthy_host(host)
+    host.set_meminfo(SwapTotal=0, SwapFree=0,
+                     MemAvailable=0.04 * host.meminfo_bytes("MemTotal"), MemFree=8 * GIB)
+    return lambda t: apply(host, healthy_load())
+
+
+# --- healthy hosts: must stay silent --------------------------------------------------------------
+
+@scenario("healthy_idle_downshifted", tick_seconds=1, duration_seconds=600, onset_seconds=None, expected=[])
+def healthy_idle_downshifted(host: SyntheticHost) -> Step:
+    """Both GPUs idle (0 % utilization, a few MB/s of traffic) with their links downshifted to
+    Gen1 x16 to save power, as NVIDIA GPUs do at idle (maximum Gen4 x16): no link-degraded finding.
+    The servers keep their models loaded and barely use CPU; vLLM has no request running or waiting,
+    an empty KV cache and no offload traffic, so its counters and histograms stand still."""
+    healthy_host(host)
+    host.set_link(0, 1, 16)
+    host.set_link(1, 1, 16)
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.gpus = {0: GpuLoad(0.0, 0.001, 0.0005), 1: GpuLoad(0.0, 0.001, 0.0005)}
+        load.processes[VLLM].cpu_cores = 0.05
+        load.processes[LLAMA].cpu_cores = 0.05
+        load.server = ServerLoad(running=0, waiting=0, kv_cache_usage=0.0, kv_offload_load_bytes_per_second=0.0,
+                                 kv_offload_store_bytes_per_second=0.0)
+        apply(host, load)
+        for gpu in host.gpus:
+            gpu.utilization = 0.0
+    return step
+
+
+@scenario("healthy_busy_offload", tick_seconds=1, duration_seconds=600, onset_seconds=None, expected=[])
+def healthy_busy_offload(host: SyntheticHost) -> Step:
+    """A busy KV-offload host that is fine: GPU0 host-to-device traffic at ~70 % of its Gen4 x16
+    link (near, not at, capacity; device-to-host ~25 %) with utilization ~85 %, GPU1 at 60 %
+    utilization and 50 % of its link. Placement local, swap idle. vLLM's KV offload loads run at
+    17 GB/s (55 % of the link; stores 5 GB/s) with 60 requests running at 40 ms per token
+    (1,500 tokens/s) and the KV cache 85 % full, without preemptions."""
+    healthy_host(host)
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.gpus = {0: GpuLoad(0.85, 0.70, 0.25), 1: GpuLoad(0.60, 0.50, 0.15)}
+        load.processes[VLLM].cpu_cores = 3.0
+        load.server = ServerLoad(running=60, inter_token_latency_seconds=0.040, kv_cache_usage=0.85,
+                                 kv_offload_load_bytes_per_second=0.55 * GEN4_X16,
+                                 kv_offload_store_bytes_per_second=5e9)
+        apply(host, load)
+    return step
+
+
+@scenario("healthy_swap_unused", tick_seconds=1, duration_seconds=600, onset_seconds=None, expected=[])
+def healthy_swap_unused(host: SyntheticHost) -> Step:
+    """64 GiB of swap configured and unused: SwapFree = SwapTotal, no swap-in or swap-out, major
+    faults ~0.3/s (file reads), PSI memory ~0.2 %, vm.swappiness=10."""
+    healthy_host(host)
+    return lambda t: apply(host, healthy_load())
+
+
+@scenario("healthy_growth_with_load", tick_seconds=10, duration_seconds=8400, onset_seconds=None, expected=[])
+def healthy_growth_with_load(host: SyntheticHost) -> Step:
+    """vLLM's memory grows with its load, not against it: from t = 600 s its CPU load rises from
+    0.8 to 2.4 cores over 2 h 10 min (traffic and GPU0 utilization rising with it, 40 % to 85 %),
+    and its GPU memory and resident memory grow in proportion, 1.5 GB/h each, like the memory
+    growth incident. Its page-fault rate is flat apart from the growth's own faults. The server
+    says why: running requests rise from 14 to 55 (tokens/s from 440 to 1,450, inter-token latency
+    p50 32 ms -> 38 ms as the batch grows), KV-cache usage from 20 % to 60 %."""
+    healthy_host(host)
+    start, end = 600, 8400
+    per_second = 1.5e9 / 3600
+    vllm, gpu = host.process(VLLM), host.gpu(0)
+    gpu.process_memory[VLLM] = 16 * GIB
+    vllm.rss_anon_bytes, vllm.rss_file_bytes = 14 * GIB, 2 * GIB
+    available, free = host.meminfo_bytes("MemAvailable"), host.meminfo_bytes("MemFree")
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        progress = ramp(t, start, end, 0.0, 1.0)
+        load.processes[VLLM].cpu_cores = 0.8 + 1.6 * progress
+        load.gpus[0] = GpuLoad(0.40 + 0.45 * progress, 0.15 + 0.35 * progress, 0.05 + 0.10 * progress)
+        load.server = ServerLoad(running=14 + 41 * progress, inter_token_latency_seconds=0.032 + 0.006 * progress,
+                                 kv_cache_usage=0.20 + 0.40 * progress,
+                                 kv_offload_load_bytes_per_second=1e9 + 3e9 * progress,
+                                 kv_offload_store_bytes_per_second=0.5e9 + 1.5e9 * progress)
+        if t >= start:
+            load.processes[VLLM].minor_faults_per_second += per_second / 4096
+        apply(host, load)
+        grown = progress * (end - start) * per_second
+        gpu.process_memory[VLLM] = 16 * GIB + grown
+        vllm.rss_anon_bytes = 14 * GIB + grown
+        host.set_meminfo(MemAvailable=available - grown, MemFree=free - grown)
+    return step
