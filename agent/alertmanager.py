@@ -221,9 +221,8 @@ class AlertmanagerPusher:
         # One line per outage, not per retry: a dead Alertmanager must not flood the log.
         if first_of_outage:
             log.warning("cannot push alerts to Alertmanager at %s: %s: %s (retrying with backoff up to "
-                        "every %.0f s; further failures are counted in "
-                        "hybridmon_alertmanager_failures_total, not logged)",
-                        name, failure.reason, failure, self.interval_seconds)
+                        "every %.0f s; further failures are counted in %s, not logged)",
+                        name, failure.reason, failure, self.interval_seconds, FAILURES.name)
 
     def _record_restart(self, name: str) -> int:
         """Count a restart of the Alertmanager's delivery task; returns its restarts so far."""
@@ -346,8 +345,7 @@ class AlertmanagerPusher:
             except Exception:  # noqa: BLE001 - whatever it was, delivery must resume (not on cancel)
                 if self._record_restart(name) == 1:  # the traceback once; later ones are counted
                     log.exception("alert delivery to Alertmanager at %s failed unexpectedly; restarting "
-                                  "it (further restarts are counted in "
-                                  "hybridmon_alertmanager_push_loop_restarts_total)", name)
+                                  "it (further restarts are counted in %s)", name, LOOP_RESTARTS.name)
                 await asyncio.sleep(RESTART_DELAY_SECONDS)
 
     async def _main(self) -> None:

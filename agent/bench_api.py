@@ -22,11 +22,12 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridmon.agent.bench.build import BenchBuildError, locate_binary
-from hybridmon.agent.bench.report import Progress, ReportError
 from hybridmon.agent.bench.runner import BenchError, BenchRunner, GpuActivity, busy_reason
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.history import History
+from hybridmon.exporters.bench_report import Progress, ReportError
+from hybridmon.exporters.gpu import GPU_INFO, PROCESS_MEMORY_USED, UTILIZATION
 from hybridmon.exporters.jsonsafe import loads_bounded
 from hybridmon.exporters.nvml import GpuLostError
 
@@ -93,19 +94,19 @@ class BenchService:
     def known_gpus(self) -> list[int]:
         """GPUs the agent saw in its last minute of samples."""
         now = time.time()
-        seen = common.gpu_latest(self.history, "hybridmon_gpu_info", now)
+        seen = common.gpu_latest(self.history, GPU_INFO.name, now)
         return sorted(int(gpu) for gpu, _uuid in seen if gpu.isdigit())
 
     def activity(self, gpu: int) -> GpuActivity:
         """What the agent saw on the GPU: its processes now, its utilization over the last minute."""
         now, wanted = time.time(), str(gpu)
         processes = []
-        for series in self.history.series("hybridmon_gpu_process_memory_used_bytes", gpu=wanted):
+        for series in self.history.series(PROCESS_MEMORY_USED.name, gpu=wanted):
             used = windows.latest(series, now)
             if used is not None:
                 processes.append((int(series.labels["pid"]), series.labels["process_name"], int(used)))
         utilization = next((value for (index, _uuid), value in common.gpu_averages(
-            self.history, "hybridmon_gpu_utilization_ratio", now).items() if index == wanted), None)
+            self.history, UTILIZATION.name, now).items() if index == wanted), None)
         return GpuActivity(tuple(sorted(processes)), utilization)
 
     def start(self, request: BenchRequest) -> tuple[int, dict]:

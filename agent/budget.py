@@ -215,7 +215,7 @@ def measured_bandwidth(state_dir: str | os.PathLike[str]) -> tuple[float, str] |
     land on any of them). None when nothing was measured. A stored result that cannot be read is
     a BudgetError naming its file: the slowest GPU may be the one whose result is corrupt, and
     "nothing measured" would send the operator to re-measure a host that was measured."""
-    from hybridmon.agent.bench.store import load_latest, measured_capacity  # keeps `budget` light
+    from hybridmon.exporters.bench_runs import load_latest, measured_capacity  # keeps `budget` light
 
     runs, problems = load_latest(state_dir)
     if problems:

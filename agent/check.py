@@ -23,23 +23,23 @@ from hybridmon.agent.detectors.engine import EvaluationView
 from hybridmon.agent.findings import SEVERITY_ORDER
 from hybridmon.agent.runbooks import runbooks_directory
 from hybridmon.exporters.base import Samples
-from hybridmon.exporters.host_memory import MEMORY_TOTAL, PAGE_FAULTS
+from hybridmon.exporters.registry import COLLECTORS
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL, EXIT_COULD_NOT_RUN = 0, 1, 2, 3
 # Detectors that average over a minute judge a shorter window on the points it has.
 AVERAGING_SECONDS = 60.0
-# What every Linux host can be read by; without any one of them a check cannot vouch for the host,
-# so a failure, nothing found to read, or no run at all is exit 3, naming the collector:
-# host_memory (/proc/meminfo, /proc/vmstat: memory and swap), numa (/sys/devices/system/node: every
-# server kernel has CONFIG_NUMA, a one-socket host has node0), process (/proc/<pid>: the inference
-# processes), pressure (/proc/pressure).
-ESSENTIAL_COLLECTORS = ("host_memory", "numa", "process", "pressure")
-# Absences that are a kernel setting, not a broken read: PSI is built but off by default on RHEL 8
-# and its rebuilds (psi=1 turns it on); swap_thrash, its one reader, judges major faults instead.
-MAY_HAVE_NO_DATA = {"pressure"}
+# What every Linux host can be read by (each registration says why it is essential); without any
+# one of them a check cannot vouch for the host, so a failure, nothing found to read, or no run at
+# all is exit 3, naming the collector.
+ESSENTIAL_COLLECTORS = tuple(sorted(registration.name for registration in COLLECTORS if registration.essential))
+# Absences that are a kernel setting, not a broken read (PSI off by default on RHEL 8).
+MAY_HAVE_NO_DATA = frozenset(registration.name for registration in COLLECTORS if registration.may_have_no_data)
 # A collector succeeds on part of its files; these series show the part a check cannot do without
-# was read (MemTotal from /proc/meminfo, pgfault from /proc/vmstat).
-ESSENTIAL_SERIES = {"host_memory": ((MEMORY_TOTAL.name, "meminfo"), (PAGE_FAULTS.name, "vmstat"))}
+# was read: collector -> ((series name, file under procfs), ...).
+ESSENTIAL_SERIES = {
+    registration.name: tuple((spec.name, file) for spec, file in registration.essential_series)
+    for registration in COLLECTORS if registration.essential_series
+}
 
 
 @dataclass(frozen=True)

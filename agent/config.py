@@ -21,7 +21,12 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hybridmon.exporters.inference_names import SERVERS as INFERENCE_SERVERS, USUAL_PORTS
+from hybridmon.exporters.base import MIN_HTTP_TIMEOUT_SECONDS, CollectorSettings
+from hybridmon.exporters.gpu import GpuSettings
+from hybridmon.exporters.inference import InferenceSettings
+from hybridmon.exporters.pcie import PcieSettings
+from hybridmon.exporters.process import ProcessSettings
+from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES, registration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -29,37 +34,20 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "HYBRIDMON_"
-COLLECTOR_NAMES = ("gpu", "host_memory", "pressure", "numa", "pcie", "process", "process_numa", "bench",
-                   "inference")
 DEFAULT_LISTEN = "127.0.0.1:9787"
 
-# Command lines of the inference servers we look for when nothing else is configured.
-DEFAULT_CMDLINE_PATTERNS = (
-    r"vllm\.entrypoints|\bvllm serve\b",
-    r"(^|/)llama-server\b",
-    r"sglang\.launch_server",
-    r"text-generation-launcher|text-generation-router",
-    r"(^|/)ollama (serve|runner)",
-)
-
-
 # Lower bounds of the intervals and timeouts: below these the agent only burns a core (a tick of
-# 1e-9 s is a busy loop) without seeing anything more. Each says what the source can do.
+# 1e-9 s is a busy loop) without seeing anything more. Each says what the source can do. The bounds
+# of the collectors' own settings (discovery, scrape timeout) are in exporters/base.py.
 # A tick reads NVML's PCIe throughput counters, each "querying a byte counter over a 20ms interval",
 # two per GPU, so a GPU costs ~40 ms per tick (docs/nvml-cost.md); /proc and sysfs reads take a few
 # ms more. Under 100 ms a tick cannot finish before the next one is due.
 MIN_TICK_SECONDS = 0.1
-# A discovery pass lists every /proc/<pid> (cmdline, comm) or probes TCP ports on 127.0.0.1; new
-# inference processes and servers appear on a scale of seconds (a model takes longer to load).
-MIN_DISCOVERY_SECONDS = 1.0
 # The detectors judge windows of 1 min and more, sampled at the tick: evaluating them more than once
 # a second finds nothing new.
 MIN_EVALUATION_SECONDS = 1.0
 # Alertmanager groups alerts over group_wait (30 s by default); a push is one HTTP request per URL.
 MIN_PUSH_SECONDS = 1.0
-# A loopback GET of an inference server's /metrics takes a few ms; under 100 ms a busy server's
-# answer (Python, GIL-bound) is cut off every time.
-MIN_HTTP_TIMEOUT_SECONDS = 0.1
 # The benchmark creates a CUDA context (hundreds of ms) and times copies of up to 256 MiB.
 MIN_BENCH_SECONDS = 1.0
 
@@ -82,40 +70,6 @@ class CollectorConfig(_Strict):
     interval_seconds: float | None = Field(
         default=None, ge=MIN_TICK_SECONDS, le=3600, description="None: the collector's own default"
     )
-
-
-class GpuConfig(_Strict):
-    nvml_module: str = Field(
-        default="pynvml", description="Python module providing NVML; tests point it at a fake"
-    )
-    max_workers: int = Field(default=8, ge=1, le=64)
-
-
-class ProcessConfig(_Strict):
-    pids: tuple[int, ...] = ()
-    names: tuple[str, ...] = ()
-    cmdline_patterns: tuple[str, ...] = DEFAULT_CMDLINE_PATTERNS
-    auto_detect_gpu_processes: bool = True
-    discovery_interval_seconds: float = Field(default=10.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
-    export_cmdline: bool = Field(
-        default=False, description="also export each watched process's command line, secrets "
-        "redacted, on /metrics and the status page (both unauthenticated); off: executable, server "
-        "family and model only"
-    )
-
-    @field_validator("cmdline_patterns")
-    @classmethod
-    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
-        for pattern in patterns:
-            try:
-                re.compile(pattern)
-            except re.error as error:
-                raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
-        return patterns
-
-
-class PcieConfig(_Strict):
-    udev: bool = Field(default=True, description="discover devices and watch events through udev")
 
 
 class DetectorsConfig(_Strict):
@@ -168,46 +122,6 @@ class BenchConfig(_Strict):
     )
 
 
-class InferenceEndpoint(_Strict):
-    url: str = Field(description="http(s)://HOST:PORT[/PATH]; no path: /metrics (/api/ps for Ollama)")
-    server: str | None = Field(default=None, description="None: detected from the metric names")
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, url: str) -> str:
-        if not re.fullmatch(r"https?://[^/\s?#]+(/\S*)?", url):
-            raise ValueError(f"{url!r} is not an http(s) URL")
-        if "@" in url.split("/")[2]:
-            raise ValueError("a URL with credentials would show them in the endpoint label; not supported")
-        return url
-
-    @field_validator("server")
-    @classmethod
-    def _known_server(cls, server: str | None) -> str | None:
-        if server is not None and server not in INFERENCE_SERVERS:
-            raise ValueError(f"unknown server {server!r}; known: {', '.join(INFERENCE_SERVERS)}")
-        return server
-
-
-class InferenceConfig(_Strict):
-    endpoints: tuple[InferenceEndpoint, ...] = Field(
-        default=(), description="URLs, or tables {url, server}; none: look beside the watched processes"
-    )
-    discover: bool = Field(default=True, description="with no endpoints, find servers on the watched "
-                           "processes' ports, else on probe_ports of 127.0.0.1")
-    probe_ports: tuple[int, ...] = USUAL_PORTS
-    timeout_seconds: float = Field(default=2.0, ge=MIN_HTTP_TIMEOUT_SECONDS, le=10, description="whole GET; keep it under the interval")
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=4096, le=256 * 1024 * 1024)
-    discovery_interval_seconds: float = Field(default=30.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
-
-    @field_validator("endpoints", mode="before")
-    @classmethod
-    def _urls_as_tables(cls, endpoints: Any) -> Any:
-        if isinstance(endpoints, (list, tuple)):
-            return [{"url": e} if isinstance(e, str) else e for e in endpoints]
-        return endpoints
-
-
 class AgentConfig(_Strict):
     listen: str = DEFAULT_LISTEN
     interval_seconds: float = Field(default=1.0, ge=MIN_TICK_SECONDS, le=60)
@@ -219,14 +133,17 @@ class AgentConfig(_Strict):
         "/var/lib/hybridmon as root, else $XDG_STATE_HOME/hybridmon or ~/.local/state/hybridmon",
     )
     paths: PathsConfig = PathsConfig()
-    gpu: GpuConfig = GpuConfig()
-    process: ProcessConfig = ProcessConfig()
-    pcie: PcieConfig = PcieConfig()
+    # gpu, process, pcie and inference: each collector's own settings, in the table named like it,
+    # modelled beside the collector (its registration's settings, exporters/registry.py);
+    # [collectors.<name>] turns a collector on or off and sets its interval.
+    gpu: GpuSettings = GpuSettings()
+    process: ProcessSettings = ProcessSettings()
+    pcie: PcieSettings = PcieSettings()
     collectors: dict[str, CollectorConfig] = {}
     detectors: DetectorsConfig = DetectorsConfig()
     alerting: AlertingConfig = AlertingConfig()
-    bench: BenchConfig = BenchConfig()
-    inference: InferenceConfig = InferenceConfig()
+    bench: BenchConfig = BenchConfig()  # the benchmark's; the bench collector has no settings
+    inference: InferenceSettings = InferenceSettings()
 
     @field_validator("listen")
     @classmethod
@@ -250,7 +167,12 @@ class AgentConfig(_Strict):
         return collectors
 
     def collector(self, name: str) -> CollectorConfig:
+        """[collectors.<name>]: whether collector `name` runs, and how often."""
         return self.collectors.get(name, CollectorConfig())
+
+    def collector_settings(self, name: str) -> CollectorSettings | None:
+        """Collector `name`'s own settings ([gpu] for gpu), None for a collector that has none."""
+        return getattr(self, name) if registration(name).settings is not None else None
 
     def resolved_state_dir(self, environ: Mapping[str, str] | None = None) -> Path:
         """The state directory this agent uses (it may not exist yet)."""

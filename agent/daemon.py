@@ -15,7 +15,7 @@ from pydantic import ValidationError
 
 from hybridmon.agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from hybridmon.agent.config import AgentConfig, parse_listen
-from hybridmon.agent.detectors.alert_delivery import AlertDeliveryDetector
+from hybridmon.agent.alerts import alert_delivery
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.alerts.catalogue import all_detectors, lookback_seconds
@@ -23,7 +23,7 @@ from hybridmon.agent.exposition import Exposition
 from hybridmon.agent.findings import FindingsCollector
 from hybridmon.agent.history import History
 from hybridmon.agent.sampler import Sampler
-from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
 from hybridmon.agent.wiring import build_collectors
 from hybridmon.exporters.base import LogOnce
@@ -82,7 +82,7 @@ class Agent:
             )
             self.exposition.health_registry.register(AlertmanagerCollector(self.pusher))
             for detector in self.engine.detectors:
-                if isinstance(detector, AlertDeliveryDetector):
+                if isinstance(detector, alert_delivery.Detector):
                     detector.watch(self.pusher.failing)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

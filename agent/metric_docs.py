@@ -4,19 +4,14 @@
 """
 from __future__ import annotations
 
-import inspect
-
 from hybridmon.agent.exposition import SELF_METRICS
-from hybridmon.agent.findings import FINDING_METRICS
-from hybridmon.exporters import bench, gpu, host_memory, inference, numa, pcie, pressure, process
+from hybridmon.agent.findings import FINDING_ACTIVE, FINDING_METRICS, FINDING_THRESHOLD, FINDING_VALUE
+from hybridmon.exporters.registry import COLLECTORS
 
-COLLECTOR_MODULES = (gpu, host_memory, pressure, numa, pcie, process, bench, inference)
 
-def collector_classes():
-    for module in COLLECTOR_MODULES:
-        for _name, value in inspect.getmembers(module, inspect.isclass):
-            if value.__module__ == module.__name__ and hasattr(value, "metric_specs") and hasattr(value, "collect"):
-                yield value
+def collector_classes() -> list[type]:
+    """Every collector the agent can run (exporters/registry.py), in the registry's order."""
+    return [registration.collector for registration in COLLECTORS]
 
 
 def render() -> str:
@@ -28,15 +23,17 @@ def render() -> str:
         "or kernel does not support is absent, never 0.",
         "",
     ]
-    for collector in sorted(collector_classes(), key=lambda c: c.name):
-        interval = getattr(collector, "default_interval_seconds", None)
+    for collector in sorted(COLLECTORS, key=lambda registration: registration.name):
+        interval = collector.default_interval_seconds
         lines += [f"## `{collector.name}` (every {interval:g} s by default)", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
         for spec in collector.metric_specs:
             lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names)} | {_cell(spec.documentation)} |")
         lines.append("")
     lines += ["## Findings (detectors, every 10 s by default)", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
+    # A finding's series carry the labels of its alert, which differ from one alert to the next.
+    per_alert = {FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD}
     for spec in FINDING_METRICS:
-        lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names) or ('per alert' if spec.name.startswith('hybridmon_finding') else '')} | {_cell(spec.documentation)} |")
+        lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names) or ('per alert' if spec in per_alert else '')} | {_cell(spec.documentation)} |")
     lines += ["", "## The agent itself", "", "| metric | type | labels | meaning |", "|---|---|---|---|"]
     for spec in SELF_METRICS:
         lines.append(f"| `{spec.name}` | {spec.kind} | {', '.join(spec.label_names)} | {_cell(spec.documentation)} |")

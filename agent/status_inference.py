@@ -9,14 +9,14 @@ say: status_template.py escapes them.
 """
 from __future__ import annotations
 
-from hybridmon.agent.detectors.common import human_bytes, human_rate, percent
-from hybridmon.agent.detectors.inference import SCRAPE_REASONS
+from hybridmon.agent.alerts.inference_scrape import SCRAPE_REASONS
 from hybridmon.agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SERVER, human_latency
 from hybridmon.agent.history import History
 from hybridmon.agent.status_signals import LatestValues, counter_rates
 from hybridmon.agent.status_template import Row, card, key_values, paragraph
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, OFFLOAD_SECONDS,
-                                       SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS)
+                                                 SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS)
+from hybridmon.units import human_bytes, human_rate, percent
 
 COUNTERS_READ = 4  # generated and prompt tokens, preemptions, offload bytes: one series read each
 

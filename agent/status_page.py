@@ -14,7 +14,6 @@ import time
 from typing import TYPE_CHECKING
 
 from hybridmon import __version__
-from hybridmon.agent.detectors.common import human_duration
 from hybridmon.agent.detectors.engine import FindingState
 from hybridmon.agent.findings import SEVERITY_ORDER, runbook_url
 from hybridmon.agent.status_inference import inference_html
@@ -22,6 +21,7 @@ from hybridmon.agent.status_signals import LatestValues, bench_html, gpus_html, 
 from hybridmon.agent.status_template import (
     Row, card, clock, clock_and_age, esc, key_values, link, page, paragraph, section,
 )
+from hybridmon.units import human_duration
 
 if TYPE_CHECKING:
     from hybridmon.agent.daemon import Agent

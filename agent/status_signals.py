@@ -8,13 +8,13 @@ each process's major faults) read the last minute of their series only.
 from __future__ import annotations
 
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.detectors.common import human_bytes, human_rate, percent
-from hybridmon.agent.detectors.pcie import link_name, theoretical_capacity
 from hybridmon.agent.history import History
 from hybridmon.agent.status_template import Row, card, clock_and_age, key_values, paragraph, table
 from hybridmon.exporters import bench, host_memory, numa, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
+from hybridmon.pcie_rates import link_name, theoretical_capacity
+from hybridmon.units import human_bytes, human_rate, percent
 
 DIRECTIONS = {"host_to_device": "host → device", "device_to_host": "device → host", "bidirectional": "both ways"}
 

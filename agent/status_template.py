@@ -12,7 +12,8 @@ import html
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
-from hybridmon.agent.detectors.common import human_duration
+from hybridmon.units import human_duration
+
 
 # One colour per banner state (the worst severity firing; ok: none; off: detectors not running),
 # shared by the banner and the findings' left borders. The headless browser test looks for them.

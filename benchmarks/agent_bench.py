@@ -1,10 +1,9 @@
 """What the agent costs on a scaled host: tick CPU, scrape latency, history memory, series counts.
 
-Builds, in a temporary directory, a copy of the fixture host (tests/fixtures/host-2node) scaled to
-8 NVIDIA GPUs (3 more PCI functions on each NUMA node, copied from 0000:17:00.0) and 16 watched
-vLLM processes (proc/4242 copied to pids 4243-4257; proc/5151 is left out so exactly 16 are
-watched), plus a fake NVML layout (tests/support/fake_nvml.py) with the same 8 GPUs, 2 of the 16
-processes each, and a 20 ms wait per PCIe throughput direction as real NVML has. Then:
+Builds, in a temporary directory, the fixture host scaled to 8 NVIDIA GPUs and 16 watched vLLM
+processes, with a fake NVML layout of the same 8 GPUs that waits 20 ms per PCIe throughput
+direction as real NVML does (tests/support/scaled_host.py), and serves a fake vLLM /metrics on
+loopback. Then:
 
 1. tick:    an in-process Agent; every 1 s collector run once per tick in the agent's order,
             process CPU time (all threads) and wall time per tick; process_numa (30 s) apart;
@@ -41,33 +40,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `tests` (the fake NVML, the fixture host) is not installed
 
-FIXTURE_HOST = REPO / "tests" / "fixtures" / "host-2node"
-NODE_EXPORTER = "prometheus-node-exporter"
-GIB = 1024**3
-MIB = 1024**2
+from hybridmon.exporters.gpu import MEMORY_USED  # noqa: E402
+from tests.support.scaled_host import (PIDS, THROUGHPUT_DELAY_SECONDS, ScaledHost, build_scaled_host,  # noqa: E402
+                                       check_agent_sees_the_host, exposition_needles, load_fake_nvml,
+                                       vary_fake_values)
+from tests.support.scenarios.host import MIB  # noqa: E402
 
-# The scaled host. Existing GPUs: 0000:17:00.0 (node 0, Gen4 x16, AER) and 0000:ca:00.0 (node 1,
-# downtrained Gen3 x8). Six more, copied from 0000:17:00.0: (address, root port, NUMA node).
-NEW_GPUS = (
-    ("0000:27:00.0", "0000:26:01.0", 0),
-    ("0000:38:00.0", "0000:37:01.0", 0),
-    ("0000:4a:00.0", "0000:49:01.0", 0),
-    ("0000:98:00.0", "0000:97:01.0", 1),
-    ("0000:b1:00.0", "0000:b0:01.0", 1),
-    ("0000:da:00.0", "0000:d9:01.0", 1),
-)
-TEMPLATE_GPU = "0000:17:00.0"
-TEMPLATE_PID = 4242
-PIDS = tuple([TEMPLATE_PID] + list(range(4243, 4258)))  # 16 watched processes
-DROPPED_PIDS = (5151,)  # the fixture's llama-server: not one of the 16
-THROUGHPUT_DELAY_SECONDS = 0.02
+NODE_EXPORTER = "prometheus-node-exporter"
 DAEMON_COMMAND = [sys.executable, "-m", "hybridmon.agent.cli", "run"]  # + --listen 127.0.0.1:PORT
 # Paced scrapes are further apart than a tick, so each one renders anew after a commit, as a
 # Prometheus scrape every 15 s does; 1.37 s, not 1 s, so that they fall at every phase of the tick.
@@ -185,175 +171,6 @@ def cpu_model() -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# 1. the scaled host
-# --------------------------------------------------------------------------------------------
-
-@dataclass
-class ScaledHost:
-    root: str
-    procfs: str
-    sysfs: str
-    layout: str  # fake NVML layout JSON
-    pids: tuple[int, ...]
-    gpu_bus_ids: tuple[str, ...]  # sysfs form, in NVML index order
-    state_dir: str = ""           # a stored `hybridmon bench` run per GPU (hand-written figures)
-    inference_url: str = ""       # a fake vLLM /metrics on loopback, scraped every 5 s
-
-    def environment(self) -> dict[str, str]:
-        """HYBRIDMON_* variables configuring the agent for this host (no FAKE_ layout)."""
-        return {
-            "HYBRIDMON_STATE_DIR": self.state_dir,
-            "HYBRIDMON_INFERENCE__ENDPOINTS": json.dumps([self.inference_url]),
-            "HYBRIDMON_PATHS__PROCFS": self.procfs,
-            "HYBRIDMON_PATHS__SYSFS": self.sysfs,
-            "HYBRIDMON_GPU__NVML_MODULE": "tests.support.fake_nvml",
-            "HYBRIDMON_PCIE__UDEV": "false",
-            "HYBRIDMON_PROCESS__PIDS": json.dumps(list(self.pids)),
-            "HYBRIDMON_LOG_LEVEL": "warning",
-        }
-
-
-def _device_dir(sysfs: Path, address: str) -> Path:
-    return (sysfs / "bus" / "pci" / "devices" / address).resolve()
-
-
-def build_scaled_host(root: Path) -> ScaledHost:
-    host = root / "host"
-    shutil.copytree(FIXTURE_HOST, host, symlinks=True)
-    procfs, sysfs = host / "proc", host / "sys"
-
-    # GPUs: copy the device directory under a new root port and link it from bus/pci/devices.
-    template = _device_dir(sysfs, TEMPLATE_GPU)
-    devices = sysfs / "bus" / "pci" / "devices"
-    for address, root_port, node in NEW_GPUS:
-        domain_bus = "pci" + root_port[:7]  # "pci0000:26"
-        target = sysfs / "devices" / domain_bus / root_port / address
-        shutil.copytree(template, target)
-        (target / "numa_node").write_text(f"{node}\n")
-        os.symlink(os.path.join("..", "..", "..", "devices", domain_bus, root_port, address),
-                   devices / address)
-        assert _device_dir(sysfs, address) == target.resolve()
-
-    # Processes: copy /proc/4242, with the pid changed where the files carry it.
-    for pid in DROPPED_PIDS:
-        shutil.rmtree(procfs / str(pid))
-    source = procfs / str(TEMPLATE_PID)
-    for pid in PIDS[1:]:
-        target = procfs / str(pid)
-        shutil.copytree(source, target, symlinks=True)  # fd/ holds socket:[inode] links
-        stat = (target / "stat").read_text()
-        assert stat.startswith(f"{TEMPLATE_PID} (")
-        (target / "stat").write_text(f"{pid}{stat[len(str(TEMPLATE_PID)):]}")
-        status_lines = []
-        for line in (target / "status").read_text().splitlines(keepends=True):
-            key, colon, value = line.partition(":")
-            if colon and key in ("Tgid", "Pid", "NStgid", "NSpid") and value.strip() == str(TEMPLATE_PID):
-                line = f"{key}:\t{pid}\n"
-            status_lines.append(line)
-        (target / "status").write_text("".join(status_lines))
-
-    # NVML: 8 GPUs in PCI bus order (NVML's), bus ids matching sysfs, 2 processes each.
-    from tests.support import fake_nvml
-
-    sysfs_gpus = sorted([TEMPLATE_GPU, "0000:ca:00.0"] + [a for a, _, _ in NEW_GPUS])
-    template_l40s, template_a10 = fake_nvml.default_gpus()
-    gpus = []
-    for index, address in enumerate(sysfs_gpus):
-        base = template_a10 if address == "0000:ca:00.0" else template_l40s
-        node = int((_device_dir(sysfs, address) / "numa_node").read_text())
-        processes = [fake_nvml.FakeProcess(pid, "python3", 9 * GIB + (pid % 7) * 256 * MIB)
-                     for pid in PIDS[2 * index:2 * index + 2]]
-        gpu = fake_nvml.FakeGpu(**{
-            **asdict(base),
-            "uuid": f"GPU-{index:08x}-b3c4-4d5e-8f60-{0x17a0 + index:012x}",
-            "pci_bus_id": "0000" + address.upper(),  # NVML's form: 00000000:17:00.0
-            "numa_node": node,
-            "memory_used_bytes": sum(p.used_gpu_memory_bytes for p in processes) + 512 * MIB,
-            "processes": [],
-        })
-        gpu.processes = processes
-        gpus.append(gpu)
-    layout = {
-        "driver_version": "550.54.15",
-        "gpus": [asdict(gpu) for gpu in gpus],
-        "throughput_delay_seconds": THROUGHPUT_DELAY_SECONDS,
-    }
-    layout_path = root / "fake-nvml-layout.json"
-    layout_path.write_text(json.dumps(layout, indent=2))
-    state_dir = root / "state"
-    store_bench_runs(state_dir, gpus)
-    return ScaledHost(str(host), str(procfs), str(sysfs), str(layout_path), PIDS, tuple(sysfs_gpus),
-                      str(state_dir))
-
-
-def store_bench_runs(state_dir: Path, gpus: list) -> None:
-    """One stored benchmark run per GPU, so the bench collector reads 8 files as on a measured host
-    (the figures are the hand-written test report's, tests/fixtures/bench)."""
-    from hybridmon.agent.bench.store import save_run
-
-    report = json.loads((REPO / "tests/fixtures/bench/report-gen4-local.json").read_text())
-    for index, gpu in enumerate(gpus):
-        bus_id = gpu.pci_bus_id[4:].lower()
-        placed = {**report, "device": {**report["device"], "index": index, "pci_bus_id": bus_id}}
-        save_run(state_dir, {"format": 1, "finished_at": time.time(), "hybridmon_version": "bench",
-                             "gpu": {"index": index, "uuid": gpu.uuid, "name": gpu.name,
-                                     "pci_bus_id": bus_id, "numa_node": gpu.numa_node},
-                             "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16},
-                             "contended": None, "failures": [],
-                             "placements": [{"placement": "local", "numa_node": gpu.numa_node,
-                                             "report": placed}]})
-
-
-def agent_config(host: ScaledHost):
-    from hybridmon.agent.config import load_config
-
-    return load_config(environ=host.environment())
-
-
-def load_fake_nvml(host: ScaledHost, throughput_delay_seconds: float):
-    from tests.support import fake_nvml
-
-    fake_nvml.reset()
-    fake_nvml.load_layout(host.layout)
-    fake_nvml.configure(throughput_delay_seconds=throughput_delay_seconds)
-    return fake_nvml.DEFAULT
-
-
-def vary_fake_values(fake, tick: int) -> None:
-    """Changes what NVML answers, so every tick commits new values."""
-    for index, gpu in enumerate(fake.gpus):
-        phase = tick * 7 + index * 131
-        gpu.pcie_rx_kilobytes_per_second = 200_000 + (phase * 7919) % 20_000_000
-        gpu.pcie_tx_kilobytes_per_second = 50_000 + (phase * 104_729) % 5_000_000
-        gpu.utilization_percent = (tick + index * 13) % 101
-        for number, process in enumerate(gpu.processes):
-            process.used_gpu_memory_bytes = 9 * GIB + ((phase + number * 17) % 2048) * MIB
-        gpu.memory_used_bytes = sum(p.used_gpu_memory_bytes for p in gpu.processes) + 512 * MIB
-
-
-def check_agent_sees_the_host(agent, host: ScaledHost) -> None:
-    problems = []
-    for item in agent.sampler.scheduled:
-        state = item.state
-        if state.runs and (not state.last_success or state.no_data_reason):
-            problems.append(f"{item.collector.name}: {state.last_error or state.no_data_reason}")
-    text = agent.exposition.samples_text().decode()
-    for index, address in enumerate(host.gpu_bus_ids):
-        if f'hybridmon_gpu_up{{gpu="{index}"' not in text:
-            problems.append(f"no GPU {index} in the exposition")
-        if f'hybridmon_pcie_device_present{{pci_bus_id="{address}"}} 1.0' not in text:
-            problems.append(f"no PCI device {address} in the exposition")
-    for pid in host.pids:
-        if f'hybridmon_process_resident_bytes{{name="python3",pid="{pid}"}}' not in text:
-            problems.append(f"process {pid} not watched")
-    process = next(i.collector for i in agent.sampler.scheduled if i.collector.name == "process")
-    if sorted(process.watched()) != sorted(host.pids):
-        problems.append(f"watched pids {sorted(process.watched())}, expected {sorted(host.pids)}")
-    if problems:
-        raise RuntimeError("the agent does not see the scaled host as built:\n  " + "\n  ".join(problems))
-
-
-# --------------------------------------------------------------------------------------------
 # 2. tick CPU time, render cost, process_numa; 5. series counts
 # --------------------------------------------------------------------------------------------
 
@@ -361,7 +178,7 @@ def bench_ticks(host: ScaledHost, ticks: int, numa_runs: int) -> tuple[dict, dic
     from hybridmon.agent.daemon import Agent
 
     fake = load_fake_nvml(host, THROUGHPUT_DELAY_SECONDS)
-    config = agent_config(host)
+    config = host.agent_config()
     agent = Agent(config)
     try:
         scheduled = agent.sampler.scheduled
@@ -567,9 +384,7 @@ def bench_scrapes(host: ScaledHost, workdir: Path, options: dict) -> dict:
     with managed_process(command, log_path, env) as daemon, \
             httpx.Client(timeout=10.0, headers=identity) as client:
         started = time.monotonic()
-        needles = (f'hybridmon_gpu_up{{gpu="{len(host.gpu_bus_ids) - 1}"',
-                   f'hybridmon_process_resident_bytes{{name="python3",pid="{host.pids[-1]}"}}')
-        wait_for_metrics(client, url, needles, daemon, 60.0, log_path)
+        wait_for_metrics(client, url, exposition_needles(host), daemon, 60.0, log_path)
         ready_seconds = time.monotonic() - started
         idle_rss = rss_bytes(daemon.pid)
         # The daemon on its own (1 s ticks, no scrapes): CPU per second of wall time.
@@ -635,7 +450,7 @@ def memory_child(host_json: str, ticks: int) -> None:
 
     fake = load_fake_nvml(host, 0.0)
     rss_imported = rss_bytes()
-    config = agent_config(host)
+    config = host.agent_config()
     agent = Agent(config)
     app = create_app(agent)  # noqa: F841 (kept alive, as in the daemon)
     rss_built = rss_bytes()
@@ -668,7 +483,7 @@ def memory_child(host_json: str, ticks: int) -> None:
     rss_rendered = rss_bytes()
     gc.collect()
     rss_gc = rss_bytes()
-    points = agent.history.series("hybridmon_gpu_memory_used_bytes", gpu="0")
+    points = agent.history.series(MEMORY_USED.name, gpu="0")
     values = points[0].values if points else []
     changed = sum(1 for a, b in zip(values, values[1:]) if a != b)
     capacities = dict(agent.history.capacities())

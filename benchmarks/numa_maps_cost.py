@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 
-from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.sources import LiveSource
 from hybridmon.exporters.numa import parse_numa_maps
 
 # The child maps `mib` MiB and touches one byte per 4 KiB page, then `mappings` single pages whose

@@ -16,6 +16,10 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
+from hybridmon.agent.exposition import BUILD_INFO
+from hybridmon.exporters.gpu import GPU_INFO
+from hybridmon.exporters.inference_names import SCRAPE_SUCCESS
+
 # The rules' own default (rules/generate.py): the agent that raised an alert serves its runbook.
 DEFAULT_RUNBOOK_BASE_URL = "http://${instance}/runbooks"
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -41,17 +45,17 @@ def variables(gpu_multi: bool, inference: bool = False) -> list[cog.Builder[mode
     $endpoint: the inference servers the agent scrapes, failing ones included."""
     datasource = grafana.DatasourceVariable("datasource").label("Data source").type("prometheus")
     instance = (grafana.QueryVariable("instance").label("Agent").datasource(DATASOURCE)
-                .query("label_values(hybridmon_build_info, instance)")
+                .query(f"label_values({BUILD_INFO.name}, instance)")
                 .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC))
     gpu = (grafana.QueryVariable("gpu").label("GPU").datasource(DATASOURCE)
-           .query('label_values(hybridmon_gpu_info{instance="$instance"}, gpu)')
+           .query(f'label_values({GPU_INFO.name}{{instance="$instance"}}, gpu)')
            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.NATURAL_ASC)
            .multi(gpu_multi).include_all(gpu_multi))
     if not inference:
         return [datasource, instance, gpu]
     # "All" is sent as .* (every endpoint of the agent) rather than a list Grafana would build.
     endpoint = (grafana.QueryVariable("endpoint").label("Inference endpoint").datasource(DATASOURCE)
-                .query('label_values(hybridmon_inference_scrape_success{instance="$instance"}, endpoint)')
+                .query(f'label_values({SCRAPE_SUCCESS.name}{{instance="$instance"}}, endpoint)')
                 .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
                 .multi(True).include_all(True).all_value(".*"))
     return [datasource, instance, gpu, endpoint]

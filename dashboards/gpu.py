@@ -4,20 +4,22 @@ watched processes on it.
 """
 from __future__ import annotations
 
+from grafana_foundation_sdk.models import dashboard as model
+
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards import gpu_panels
 from hybridmon.dashboards.common import (assemble, graph, link, new_dashboard, override_unit, query, runbook_links,
-                               selector, single_stat, value_table)
-from grafana_foundation_sdk.models import dashboard as model
+                                         selector, single_stat, value_table)
+from hybridmon.exporters import bench, gpu, process
 from hybridmon.rules.pcie import MEASURED_CAPACITY
 from hybridmon.rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
 
 UID = "hybridmon-gpu"
 HOST_OVERVIEW = "/d/hybridmon-host?var-datasource=${datasource}&var-instance=${instance}"
-BENCH_SERIES = {"A": ("hybridmon_bench_bandwidth_bytes_per_second", "median"),
-                "B": ("hybridmon_bench_efficiency_ratio", "share of theoretical")}
+BENCH_SERIES = {"A": (bench.BANDWIDTH.name, "median"),
+                "B": (bench.EFFICIENCY.name, "share of theoretical")}
 # The watched processes holding memory on the chosen GPU, value 1, keyed by pid (with process_name).
-ON_THIS_GPU = f"(max without (gpu, uuid) ({selector('hybridmon_gpu_process_memory_used_bytes')}) * 0 + 1)"
+ON_THIS_GPU = f"(max without (gpu, uuid) ({selector(gpu.PROCESS_MEMORY_USED.name)}) * 0 + 1)"
 
 
 def per_process(expr: str) -> str:
@@ -36,10 +38,10 @@ def benchmark():
     return [
         override_unit(results, "share of theoretical", "percentunit"),
         single_stat("Time since the last benchmark", "s", "When the last `hybridmon bench` run on this GPU finished.",
-                    query(f"time() - {selector('hybridmon_bench_timestamp_seconds')}", "GPU {{gpu}}"), width=8),
+                    query(f"time() - {selector(bench.TIMESTAMP.name)}", "GPU {{gpu}}"), width=8),
         single_stat("Link capacity during the benchmark", "Bps",
                     "Theoretical per-direction rate of the link the run saw, and what it measured.",
-                    query(selector("hybridmon_bench_link_capacity_bytes_per_second"), "theoretical", "A"),
+                    query(selector(bench.LINK_CAPACITY.name), "theoretical", "A"),
                     query(selector(MEASURED_CAPACITY), "measured {{direction}}", "B"), width=16),
     ]
 
@@ -47,9 +49,9 @@ def benchmark():
 def processes(runbooks: str):
     columns = {"A": "GPU memory", "B": "resident memory", "C": "swapped out",
                "D": "allowed CPUs off the GPU's node", "E": "resident memory off the GPU's node"}
-    exprs = {"A": f"max by (pid, process_name) ({selector('hybridmon_gpu_process_memory_used_bytes')})",
-             "B": per_process(selector("hybridmon_process_resident_bytes", gpu=False)),
-             "C": per_process(selector("hybridmon_process_swap_bytes", gpu=False)),
+    exprs = {"A": f"max by (pid, process_name) ({selector(gpu.PROCESS_MEMORY_USED.name)})",
+             "B": per_process(selector(process.RESIDENT.name, gpu=False)),
+             "C": per_process(selector(process.SWAP.name, gpu=False)),
              "D": per_process(selector(CPUS_OFF_NODE)),
              "E": per_process(selector(MEMORY_OFF_NODE))}
     panel = value_table(
@@ -64,10 +66,10 @@ def processes(runbooks: str):
 
 
 def link_over_time(runbooks: str):
-    metrics = {"A": ("hybridmon_gpu_pcie_link_generation", "generation"),
-               "B": ("hybridmon_gpu_pcie_link_max_generation", "max generation"),
-               "C": ("hybridmon_gpu_pcie_link_width_lanes", "lanes"),
-               "D": ("hybridmon_gpu_pcie_link_max_width_lanes", "max lanes")}
+    metrics = {"A": (gpu.PCIE_LINK_GENERATION.name, "generation"),
+               "B": (gpu.PCIE_LINK_MAX_GENERATION.name, "max generation"),
+               "C": (gpu.PCIE_LINK_WIDTH.name, "lanes"),
+               "D": (gpu.PCIE_LINK_MAX_WIDTH.name, "max lanes")}
     return graph("PCIe link generation and width over time", "short",
                  "Current and maximum generation and width (NVML); the link drops speed at idle on purpose.",
                  *(query(selector(metric), name, ref) for ref, (metric, name) in metrics.items()),

@@ -7,13 +7,15 @@ copies of the largest size, else the theoretical rate).
 """
 from __future__ import annotations
 
+from grafana_foundation_sdk.models import dashboard as model
+
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards.common import graph, query, runbook_links, selector, single_stat, value_table
-from grafana_foundation_sdk.models import dashboard as model
+from hybridmon.exporters import gpu, pcie
 from hybridmon.rules.pcie import CAPACITY, CAPACITY_THEORETICAL, MAX_CAPACITY, MEASURED_CAPACITY, REPLAY_BOUND
 from hybridmon.rules.promql import number
 
-THROUGHPUT = "hybridmon_gpu_pcie_throughput_bytes_per_second"
+THROUGHPUT = gpu.PCIE_THROUGHPUT.name
 AVERAGE_TRAFFIC = f"avg_over_time({selector(THROUGHPUT)}[$__rate_interval])"
 # As GpuPcieStarvation judges it: per direction, traffic over the effective capacity; the direction
 # nearest its capacity counts.
@@ -22,7 +24,7 @@ TRAFFIC_SHARE = f"max without (direction) (\n  {AVERAGE_TRAFFIC}\n/\n  {selector
 THEORETICAL_BOTH_WAYS = (f'label_replace({selector(CAPACITY_THEORETICAL)}, '
                          '"direction", "each direction", "direction", "")')
 # PCIe functions (sysfs) are keyed by PCI address; this gives them the GPU index of hybridmon_gpu_info.
-GPU_BY_PCI_ADDRESS = f"max without (uuid, name, driver_version) ({selector('hybridmon_gpu_info')})"
+GPU_BY_PCI_ADDRESS = f"max without (uuid, name, driver_version) ({selector(gpu.GPU_INFO.name)})"
 DASHED = model.DynamicConfigValue(id_val="custom.lineStyle", value={"fill": "dash", "dash": [10, 10]})
 
 
@@ -61,15 +63,15 @@ def utilization(t: Thresholds, runbooks: str, width: int = 12):
         "Share of time a kernel ran (NVML). Lines: gpu_utilization_at_most of [pcie_starvation] "
         "(starved when the link is full and utilization is at or below it) and "
         "busy_utilization_at_least of [pcie_link_degraded] (links are judged only above it).",
-        query(selector("hybridmon_gpu_utilization_ratio"), "GPU {{gpu}}"),
+        query(selector(gpu.UTILIZATION.name), "GPU {{gpu}}"),
         threshold=[t.pcie_link_degraded.busy_utilization_at_least, t.pcie_starvation.gpu_utilization_at_most],
         width=width, links=runbook_links(runbooks, "GpuPcieStarvation", "GpuPcieLinkDegraded")).max(1)
 
 
 def link_now(runbooks: str, width: int = 12):
     names = {"A": "generation", "B": "max generation", "C": "lanes", "D": "max lanes"}
-    metrics = ("hybridmon_gpu_pcie_link_generation", "hybridmon_gpu_pcie_link_max_generation",
-               "hybridmon_gpu_pcie_link_width_lanes", "hybridmon_gpu_pcie_link_max_width_lanes")
+    metrics = (gpu.PCIE_LINK_GENERATION.name, gpu.PCIE_LINK_MAX_GENERATION.name,
+               gpu.PCIE_LINK_WIDTH.name, gpu.PCIE_LINK_MAX_WIDTH.name)
     return value_table(
         "PCIe link now: generation and width vs maximum", "short",
         "Current and maximum PCIe generation and width (NVML). Links drop speed at idle on purpose; "
@@ -92,14 +94,14 @@ def replays(runbooks: str, width: int = 12):
         "PCIe replays per minute vs DCGM's bound", "short",
         "Packets the GPU resent (NVML replay counter) per minute, against DCGM's health-watch bound "
         "for the link (recording rule from bit_error_rate of [pcie_errors]).",
-        query(f"rate({selector('hybridmon_gpu_pcie_replays_total')}[$__rate_interval]) * 60",
+        query(f"rate({selector(gpu.PCIE_REPLAYS.name)}[$__rate_interval]) * 60",
               "GPU {{gpu}} replays per minute", "A"),
         query(selector(REPLAY_BOUND), "GPU {{gpu}} bound", "B"),
         width=width, links=runbook_links(runbooks, "GpuPcieReplayErrors")).override_by_query("B", [DASHED])
 
 
 def aer_expr(window: str, per_hour: bool) -> str:
-    counter = selector("hybridmon_pcie_aer_errors_total", gpu=False)
+    counter = selector(pcie.AER_ERRORS.name, gpu=False)
     rate = f"rate({counter}[{window}]) * 3600" if per_hour else f"increase({counter}[{window}])"
     return f"{rate}\n* on (job, instance, pci_bus_id) group_left (gpu)\n{GPU_BY_PCI_ADDRESS}"
 
@@ -118,7 +120,7 @@ def errors_in_range(runbooks: str, width: int = 6):
     return single_stat(
         "PCIe errors in the time range", "short",
         "Replays and AER errors counted over the dashboard's time range.",
-        query(f"increase({selector('hybridmon_gpu_pcie_replays_total')}[$__range])", "GPU {{gpu}} replays", "A"),
+        query(f"increase({selector(gpu.PCIE_REPLAYS.name)}[$__range])", "GPU {{gpu}} replays", "A"),
         query(aer_expr("$__range", per_hour=False), "GPU {{gpu}} AER {{severity}}", "B"),
         width=width, height=6, links=runbook_links(runbooks, "GpuPcieReplayErrors", "PcieAerErrors"))
 
@@ -128,7 +130,7 @@ def memory_share(t: Thresholds, runbooks: str, width: int = 12):
         "GPU memory used, share of total", "percentunit",
         "Memory allocated on the GPU over its total (NVML). The line is used_share of "
         "[gpu_memory_headroom], where offloading should start.",
-        query(f"{selector('hybridmon_gpu_memory_used_bytes')} / {selector('hybridmon_gpu_memory_total_bytes')}",
+        query(f"{selector(gpu.MEMORY_USED.name)} / {selector(gpu.MEMORY_TOTAL.name)}",
               "GPU {{gpu}}"),
         threshold=t.gpu_memory_headroom.used_share, width=width,
         links=runbook_links(runbooks, "GpuMemoryHeadroomLow")).max(1)
@@ -137,9 +139,9 @@ def memory_share(t: Thresholds, runbooks: str, width: int = 12):
 def memory_bytes(runbooks: str, width: int = 12):
     return graph(
         "GPU memory", "bytes", "Used, reserved by the driver, and total memory of each GPU (NVML).",
-        query(selector("hybridmon_gpu_memory_used_bytes"), "GPU {{gpu}} used", "A"),
-        query(selector("hybridmon_gpu_memory_reserved_bytes"), "GPU {{gpu}} reserved", "B"),
-        query(selector("hybridmon_gpu_memory_total_bytes"), "GPU {{gpu}} total", "C"),
+        query(selector(gpu.MEMORY_USED.name), "GPU {{gpu}} used", "A"),
+        query(selector(gpu.MEMORY_RESERVED.name), "GPU {{gpu}} reserved", "B"),
+        query(selector(gpu.MEMORY_TOTAL.name), "GPU {{gpu}} total", "C"),
         width=width, links=runbook_links(runbooks, "GpuMemoryHeadroomLow")).override_by_query("C", [DASHED])
 
 
@@ -147,7 +149,7 @@ def process_memory(runbooks: str, width: int = 12):
     return graph(
         "GPU memory per process", "bytes",
         "GPU memory each compute process uses on each GPU (NVML); absent where NVML cannot tell.",
-        query(selector("hybridmon_gpu_process_memory_used_bytes"), "{{process_name}} ({{pid}}) on GPU {{gpu}}"),
+        query(selector(gpu.PROCESS_MEMORY_USED.name), "{{process_name}} ({{pid}}) on GPU {{gpu}}"),
         width=width, links=runbook_links(runbooks, "InferenceProcessMemoryGrowth", "GpuMemoryHeadroomLow"))
 
 
@@ -155,5 +157,5 @@ def gpu_up(runbooks: str, width: int = 6):
     up, lost = model.ValueMappingResult(text="up", color="green"), model.ValueMappingResult(text="lost", color="red")
     return single_stat(
         "GPUs up", "short", "1 while NVML answers for the GPU; 0 when it reports the GPU lost.",
-        query(selector("hybridmon_gpu_up"), "GPU {{gpu}}"), width=width, height=6,
+        query(selector(gpu.GPU_UP.name), "GPU {{gpu}}"), width=width, height=6,
         links=runbook_links(runbooks, "GpuLost")).mappings([model.ValueMap(options={"1": up, "0": lost})])

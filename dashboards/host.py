@@ -8,18 +8,23 @@ nodes, and the last benchmark of the links.
 """
 from __future__ import annotations
 
+from grafana_foundation_sdk.models import dashboard as model
+
 from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.agent.findings import FINDING_ACTIVE, FINDING_THRESHOLD, FINDING_VALUE
 from hybridmon.dashboards import gpu_panels, inference
 from hybridmon.dashboards.common import (assemble, graph, link, new_dashboard, override_links,
-                               override_threshold, override_unit, query, runbook_links, selector,
-                               single_stat, value_table)
-from grafana_foundation_sdk.models import dashboard as model
+                                         override_threshold, override_unit, query, runbook_links, selector,
+                                         single_stat, value_table)
+from hybridmon.exporters import bench, numa, pressure, process
+from hybridmon.exporters.host_memory import (MAJOR_PAGE_FAULTS, MEMORY_AVAILABLE, MEMORY_TOTAL, SWAP_FREE,
+                                             SWAP_IN_BYTES, SWAP_OUT_BYTES, SWAP_TOTAL)
 from hybridmon.rules.pcie import MEASURED_CAPACITY
 from hybridmon.rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
 
 UID = "hybridmon-host"
 GPU_DRILL_DOWN = "/d/hybridmon-gpu?var-datasource=${datasource}&var-instance=${instance}&${gpu:queryparam}"
-PINNED_LOCAL_EFFICIENCY = selector("hybridmon_bench_efficiency_ratio", 'memory="pinned"', 'placement="local"')
+PINNED_LOCAL_EFFICIENCY = selector(bench.EFFICIENCY.name, 'memory="pinned"', 'placement="local"')
 
 
 def _host(metric: str, *matchers: str) -> str:
@@ -34,10 +39,10 @@ def findings(runbooks: str):
     """The agent's own findings, with value and threshold, each alertname linking to its runbook."""
     agent = value_table(
         "Active findings (agent)", "short",
-        "Findings the agent's detectors raise now (hybridmon_finding_active), with the measured value "
+        f"Findings the agent's detectors raise now ({FINDING_ACTIVE.name}), with the measured value "
         "and the threshold it crossed, in the threshold's unit. Click an alert name for its runbook.",
-        {"A": (_host("hybridmon_finding_active"), None), "B": (_host("hybridmon_finding_value"), "value"),
-         "C": (_host("hybridmon_finding_threshold"), "threshold")}, width=12, height=8)
+        {"A": (_host(FINDING_ACTIVE.name), None), "B": (_host(FINDING_VALUE.name), "value"),
+         "C": (_host(FINDING_THRESHOLD.name), "threshold")}, width=12, height=8)
     alerts = value_table(
         "Alerts from Prometheus rules", "short",
         "ALERTS for this agent from rules/hybridmon.rules.yml, pending and firing. Click an alert "
@@ -54,8 +59,8 @@ def host_memory(t: Thresholds, runbooks: str):
         "Memory read back from swap and written to it (/proc/vmstat). Lines: swap_in_bytes_per_second "
         "and swap_out_bytes_per_second of [swap_thrash]; both at once, with major faults and memory "
         "pressure, is thrashing.",
-        query(_rate("hybridmon_swap_in_bytes_total"), "swap in", "A"),
-        query(_rate("hybridmon_swap_out_bytes_total"), "swap out", "B"),
+        query(_rate(SWAP_IN_BYTES.name), "swap in", "A"),
+        query(_rate(SWAP_OUT_BYTES.name), "swap out", "B"),
         threshold=swap.swap_in_bytes_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
         "B", swap.swap_out_bytes_per_second)
     return [
@@ -63,29 +68,29 @@ def host_memory(t: Thresholds, runbooks: str):
         graph("Major page faults per second", "short",
               "Faults that waited for disk or swap (/proc/vmstat pgmajfault). The line is "
               "major_faults_per_second of [swap_thrash].",
-              query(_rate("hybridmon_memory_major_page_faults_total"), "major faults"),
+              query(_rate(MAJOR_PAGE_FAULTS.name), "major faults"),
               threshold=swap.major_faults_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
         graph("Pressure stall (PSI)", "percentunit",
               "Share of wall time tasks stalled on memory or I/O (/proc/pressure). The line is "
               "memory_pressure_some_ratio of [swap_thrash], for memory some.",
-              query(_rate("hybridmon_pressure_stalled_seconds_total", 'resource=~"memory|io"'),
+              query(_rate(pressure.STALLED_SECONDS.name, 'resource=~"memory|io"'),
                     "{{resource}} {{scope}}"),
               threshold=swap.memory_pressure_some_ratio, links=runbook_links(runbooks, "HostSwapThrash")),
         graph("Host memory and swap", "bytes",
               "MemAvailable against MemTotal, and swap free against swap total (/proc/meminfo).",
-              query(_host("hybridmon_memory_available_bytes"), "available", "A"),
-              query(_host("hybridmon_memory_total_bytes"), "total", "B"),
-              query(_host("hybridmon_swap_free_bytes"), "swap free", "C"),
-              query(_host("hybridmon_swap_total_bytes"), "swap total", "D"),
+              query(_host(MEMORY_AVAILABLE.name), "available", "A"),
+              query(_host(MEMORY_TOTAL.name), "total", "B"),
+              query(_host(SWAP_FREE.name), "swap free", "C"),
+              query(_host(SWAP_TOTAL.name), "swap total", "D"),
               links=runbook_links(runbooks, "HostNoSwapLowHeadroom")),
         graph("Watched processes: memory in swap", "bytes",
               "VmSwap of each watched process. The line is process_swap_bytes of [swap_thrash].",
-              query(_host("hybridmon_process_swap_bytes"), "{{name}} ({{pid}})"),
+              query(_host(process.SWAP.name), "{{name}} ({{pid}})"),
               threshold=swap.process_swap_bytes, links=runbook_links(runbooks, "HostSwapThrash")),
         graph("Watched processes: major faults per second", "short",
               "Major faults of each watched process (/proc/<pid>/stat). The line is "
               "process_major_faults_per_second of [swap_thrash].",
-              query(_rate("hybridmon_process_major_faults_total"), "{{name}} ({{pid}})"),
+              query(_rate(process.MAJOR_FAULTS.name), "{{name}} ({{pid}})"),
               threshold=swap.process_major_faults_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
     ]
 
@@ -102,8 +107,8 @@ def numa_placement(t: Thresholds, runbooks: str):
     by_node = value_table(
         "Watched processes by NUMA node", "bytes",
         "Resident memory (numa_maps) and allowed CPUs of each watched process on each NUMA node.",
-        {"A": (_host("hybridmon_process_numa_resident_bytes"), "resident memory"),
-         "B": (_host("hybridmon_process_allowed_cpus_on_node"), "allowed CPUs")}, width=12, height=8)
+        {"A": (_host(numa.PROCESS_NUMA_RESIDENT.name), "resident memory"),
+         "B": (_host(numa.PROCESS_ALLOWED_CPUS_ON_NODE.name), "allowed CPUs")}, width=12, height=8)
     return [
         placement,
         override_unit(by_node, "allowed CPUs", "short"),
@@ -124,7 +129,7 @@ def last_benchmark():
                     "Pinned, local, largest copies of the last `hybridmon bench` run per direction, "
                     "and the theoretical rate of the link the run saw.",
                     query(selector(MEASURED_CAPACITY), "GPU {{gpu}} {{direction}}", "A"),
-                    query(selector("hybridmon_bench_link_capacity_bytes_per_second"),
+                    query(selector(bench.LINK_CAPACITY.name),
                           "GPU {{gpu}} link, theoretical", "B"),
                     width=10),
         single_stat("Benchmark efficiency, pinned local copies", "percentunit",
@@ -132,7 +137,7 @@ def last_benchmark():
                     query(f"max without (transfer_bytes) ({PINNED_LOCAL_EFFICIENCY})", "GPU {{gpu}} {{direction}}"),
                     width=8),
         single_stat("Time since the last benchmark", "s", "When each GPU's last `hybridmon bench` run finished.",
-                    query(f"time() - {selector('hybridmon_bench_timestamp_seconds')}", "GPU {{gpu}}"), width=6),
+                    query(f"time() - {selector(bench.TIMESTAMP.name)}", "GPU {{gpu}}"), width=6),
     ]
 
 

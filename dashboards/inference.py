@@ -10,10 +10,13 @@ rate of the histogram's sum over the rate of its count.
 """
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import dashboard as grafana
+
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards.common import graph, override_unit, query, runbook_links, selector, value_table
 from hybridmon.dashboards.gpu_panels import DASHED, THROUGHPUT
-from grafana_foundation_sdk.builders import dashboard as grafana
+from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, SCRAPE_DURATION,
+                                                 SCRAPE_ERROR, SCRAPE_SUCCESS)
 from hybridmon.rules.inference import SERVER_CAPACITY
 from hybridmon.rules.pcie import MEASURED_CAPACITY
 
@@ -31,9 +34,19 @@ def _rate(metric: str, *matchers: str) -> str:
     return f"rate({_server(metric, *matchers)}[$__rate_interval])"
 
 
+def _field(name: str) -> str:
+    """The series of one ServerStats field (exporters/inference_names.py BY_FIELD)."""
+    return BY_FIELD[name].name
+
+
+def _percentiles(histogram: str) -> str:
+    percentile, _total, _observations = HISTOGRAM_SPECS[histogram]
+    return _server(percentile.name)
+
+
 def _mean(histogram: str) -> str:
-    return (f"{_rate(f'hybridmon_inference_{histogram}_seconds_total')}\n/\n"
-            f"{_rate(f'hybridmon_inference_{histogram}_observations_total')}")
+    _percentile, total, observations = HISTOGRAM_SPECS[histogram]
+    return f"{_rate(total.name)}\n/\n{_rate(observations.name)}"
 
 
 HOST_TO_DEVICE = 'direction="host_to_device"'
@@ -41,7 +54,7 @@ HOST_TO_DEVICE = 'direction="host_to_device"'
 # InferenceKvOffloadPressure divides by (a recording rule of rules/inference.py): the links of the
 # GPUs the server's process holds memory on, else every link of the host; measured by
 # `hybridmon bench` where it has run, else theoretical.
-OFFLOAD_LOADS = _rate("hybridmon_inference_kv_offload_bytes_total", 'direction="load"')
+OFFLOAD_LOADS = _rate(OFFLOAD_BYTES.name, 'direction="load"')
 OFFLOAD_SHARE = f"sum without (direction) ({OFFLOAD_LOADS})\n/\n{_server(SERVER_CAPACITY)}"
 
 
@@ -50,34 +63,32 @@ def load_and_latency(runbooks: str):
         graph("Tokens per second", TOKENS_PER_SECOND,
               "Generated (output) and prompt (prefill) tokens per second: rates of the server's "
               "token counters, whatever server publishes them.",
-              query(_rate("hybridmon_inference_generated_tokens_total"), "{{model}} generated", "A"),
-              query(_rate("hybridmon_inference_prompt_tokens_total"), "{{model}} prompt", "B"),
+              query(_rate(_field("generated_tokens")), "{{model}} generated", "A"),
+              query(_rate(_field("prompt_tokens")), "{{model}} prompt", "B"),
               width=8, links=runbook_links(runbooks, DECAY)),
         graph("Requests running and waiting", "short",
               "Requests the server is working on, and those queued for a free slot or KV cache.",
-              query(_server("hybridmon_inference_requests_running"), "{{model}} running", "A"),
-              query(_server("hybridmon_inference_requests_waiting"), "{{model}} waiting", "B"),
+              query(_server(_field("requests_running")), "{{model}} running", "A"),
+              query(_server(_field("requests_waiting")), "{{model}} waiting", "B"),
               width=8),
         graph("Generated tokens/s per running request", TOKENS_PER_SECOND,
               "What each request gets: generated tokens per second over the requests running. "
               "InferenceThroughputDecay fires when it falls against this host's own baseline while "
               "the load does not.",
-              query(f"{_rate('hybridmon_inference_generated_tokens_total')}\n/\n"
-                    f"(avg_over_time({_server('hybridmon_inference_requests_running')}[$__rate_interval]) > 0)",
+              query(f"{_rate(_field('generated_tokens'))}\n/\n"
+                    f"(avg_over_time({_server(_field('requests_running'))}[$__rate_interval]) > 0)",
                     "{{model}}"),
               width=8, links=runbook_links(runbooks, DECAY)),
         graph("Time to first token", "s",
               "p50 and p95 of the requests that got their first token between two scrapes (from the "
               "server's histogram buckets), and the mean over the rate interval.",
-              query(_server("hybridmon_inference_time_to_first_token_percentile_seconds"),
-                    "{{model}} {{percentile}}", "A"),
+              query(_percentiles("time_to_first_token"), "{{model}} {{percentile}}", "A"),
               query(_mean("time_to_first_token"), "{{model}} mean", "B"),
               links=runbook_links(runbooks, DECAY)),
         graph("Inter-token latency", "s",
               "p50 and p95 of the gaps between generated tokens observed between two scrapes, and "
               "the mean over the rate interval (llama.cpp gives only the mean).",
-              query(_server("hybridmon_inference_inter_token_latency_percentile_seconds"),
-                    "{{model}} {{percentile}}", "A"),
+              query(_percentiles("inter_token_latency"), "{{model}} {{percentile}}", "A"),
               query(_mean("inter_token_latency"), "{{model}} mean", "B"),
               links=runbook_links(runbooks, DECAY)),
     ]
@@ -91,7 +102,7 @@ def kv_cache(t: Thresholds, runbooks: str):
         "each chosen GPU's PCIe host → device traffic (NVML) and what `hybridmon bench` measured "
         "for its link (pinned, local copies). Loads near the measured rate mean the link, not the "
         "GPU, sets the pace.",
-        query(_rate("hybridmon_inference_kv_offload_bytes_total"), "{{model}} KV offload {{direction}}", "A"),
+        query(_rate(OFFLOAD_BYTES.name), "{{model}} KV offload {{direction}}", "A"),
         query(selector(THROUGHPUT, HOST_TO_DEVICE), "GPU {{gpu}} PCIe host → device", "B"),
         query(selector(MEASURED_CAPACITY, HOST_TO_DEVICE), "GPU {{gpu}} measured capacity", "C"),
         width=16, links=runbook_links(runbooks, PRESSURE, "GpuPcieStarvation"))
@@ -100,20 +111,20 @@ def kv_cache(t: Thresholds, runbooks: str):
               "Share of the GPU KV cache in use (the fullest engine). The line is "
               "kv_cache_usage_at_least of [kv_offload_pressure]: at or above it (1 min average) with "
               "preemptions rising, InferenceKvOffloadPressure fires with reason kv_cache_full.",
-              query(_server("hybridmon_inference_kv_cache_usage_ratio"), "{{model}}"),
+              query(_server(_field("kv_cache_usage_ratio")), "{{model}}"),
               threshold=pressure.kv_cache_usage_at_least, width=8, links=runbook_links(runbooks, PRESSURE)).max(1),
         graph("Preemptions per second", "short",
               "Requests preempted for lack of KV cache, to be recomputed or reloaded. The line is "
               "preemptions_per_second_above of [kv_offload_pressure]: above it with the KV cache "
               "full is reason kv_cache_full.",
-              query(_rate("hybridmon_inference_preemptions_total"), "{{model}}"),
+              query(_rate(_field("preemptions")), "{{model}}"),
               threshold=pressure.preemptions_per_second_above, width=8, links=runbook_links(runbooks, PRESSURE)),
         graph("Prefix cache hit ratio", "percentunit",
               "Prompt tokens found in the prefix cache over those looked up, over the rate interval; "
               "for servers that publish only a ratio (vLLM V0, SGLang, LMCache), their ratio.",
-              query(f"(\n{_rate('hybridmon_inference_prefix_cache_hit_tokens_total')}\n/\n"
-                    f"{_rate('hybridmon_inference_prefix_cache_queried_tokens_total')}\n)\nor\n"
-                    f"max without () ({_server('hybridmon_inference_prefix_cache_hit_ratio')})",
+              query(f"(\n{_rate(_field('prefix_cache_hit_tokens'))}\n/\n"
+                    f"{_rate(_field('prefix_cache_queried_tokens'))}\n)\nor\n"
+                    f"max without () ({_server(_field('prefix_cache_hit_ratio'))})",
                     "{{server}} {{model}}"),
               width=8).max(1),
         traffic.override_by_query("C", [DASHED]),
@@ -133,14 +144,14 @@ def scrapes(runbooks: str):
         "Inference endpoints: last scrape", "short",
         "Each endpoint the agent scrapes (configured, or found beside a watched process): 1 when "
         "its last answer gave the expected server's metrics, and how long the GET took.",
-        {"A": (selector("hybridmon_inference_scrape_success", ENDPOINT, gpu=False), "scraped ok"),
-         "B": (selector("hybridmon_inference_scrape_duration_seconds", ENDPOINT, gpu=False), "seconds")},
+        {"A": (selector(SCRAPE_SUCCESS.name, ENDPOINT, gpu=False), "scraped ok"),
+         "B": (selector(SCRAPE_DURATION.name, ENDPOINT, gpu=False), "seconds")},
         width=12, height=6, links=runbook_links(runbooks, SCRAPE))
     errors = value_table(
         "Inference scrape errors", "short",
         "Endpoints whose last scrape failed, and why: timeout, refused, connection, http_status, "
         "too_large, not_prometheus / not_json (an HTML page), unknown_server, missing_families "
         "(the server renamed its metrics). InferenceServerScrapeFailing fires after 2 minutes.",
-        {"A": (selector("hybridmon_inference_scrape_error", ENDPOINT, gpu=False), None)},
+        {"A": (selector(SCRAPE_ERROR.name, ENDPOINT, gpu=False), None)},
         width=12, height=6, links=runbook_links(runbooks, SCRAPE))
     return [override_unit(health, "seconds", "s"), errors]

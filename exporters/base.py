@@ -2,7 +2,7 @@
 
 A collector turns raw readings (file contents, NVML answers, udev events) into samples. It never
 touches the host directly: every read goes through the RawSource it was given, so the same parsing
-code runs live, while recording a trace, and while replaying one (agent/sources.py).
+code runs live, while recording a trace, and while replaying one (exporters/sources.py).
 
 Rules for collectors:
 - The constructor stores its arguments and reads nothing. One-time discovery happens on the first
@@ -15,16 +15,20 @@ Rules for collectors:
   rest of the batch stands. An unsupported value is absent, never 0 or NaN.
 - Values are in base units: bytes, seconds, ratios 0-1, transfers per second.
 - read_parsed reads and parses one file, leaving its series out with the reason logged once.
+- Its module declares it once, as a CollectorRegistration beside it (REGISTRATION), listed in
+  exporters/registry.py: that is how the agent knows it exists, builds it and configures it.
 """
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, Literal, Protocol, TypeVar
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from hybridmon.agent.sources import RawSource
+    from hybridmon.exporters.sources import RawSource
 
 MetricKind = Literal["gauge", "counter"]
 T = TypeVar("T")
@@ -125,6 +129,102 @@ class Collector(Protocol):
     def collect(self) -> Samples: ...
 
     def close(self) -> None: ...
+
+
+# A discovery pass lists every /proc/<pid> (cmdline, comm) or probes TCP ports on 127.0.0.1; new
+# inference processes and servers appear on a scale of seconds (a model takes longer to load).
+MIN_DISCOVERY_SECONDS = 1.0
+# A loopback GET of an inference server's /metrics takes a few ms; under 100 ms a busy server's
+# answer (Python, GIL-bound) is cut off every time.
+MIN_HTTP_TIMEOUT_SECONDS = 0.1
+
+
+class CollectorSettings(BaseModel):
+    """A collector's own settings: the configuration's top-level table named like the collector
+    ([gpu], [process], ...), beside the agent's [collectors.<name>] enabled/interval_seconds.
+    Unknown keys are refused, so a typo is an error instead of a silently ignored setting."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class CollectorContext:
+    """What the agent hands a collector's factory: the things the agent owns, nothing more."""
+
+    source: "RawSource"
+    """The raw source this collector reads through (live, recording or replaying)."""
+    settings: Any
+    """This collector's CollectorSettings as configured; None for a collector without settings."""
+    procfs: str = "/proc"
+    sysfs: str = "/sys"
+    state_dir: str = ""
+    """Where `hybridmon bench` keeps its results (AgentConfig.resolved_state_dir())."""
+    replay: bool = False
+    """A trace answers every read: load no library (NVML), the recording has its answers."""
+    earlier: Mapping[str, Collector] = field(default_factory=dict)
+    """The enabled collectors built before this one, by name; a disabled one is absent."""
+
+    def gpu_processes(self) -> Callable[[], dict[int, str]]:
+        """pid -> name of the compute processes on the GPUs at the gpu collector's last run, read
+        through this collector's source; always empty while the gpu collector is disabled."""
+        gpu = self.earlier.get("gpu")
+        if gpu is None:
+            return dict
+        return lambda: self._recorded_processes("agent.gpu_processes", gpu.gpu_processes)
+
+    def watched_processes(self) -> Callable[[], dict[int, str]]:
+        """pid -> name of the processes the process collector read on its last run, read through
+        this collector's source; empty while the process collector is disabled."""
+        process = self.earlier.get("process")
+        read = process.watched if process is not None else dict
+        return lambda: self._recorded_processes("agent.watched_processes", read)
+
+    def _recorded_processes(self, key: str, read: Callable[[], Mapping[int, str]]) -> dict[int, str]:
+        # Through this collector's own source, so that a replay sees exactly what the recording saw
+        # (JSON keys are strings).
+        recorded = self.source.call(key, lambda: {str(pid): name for pid, name in read().items()})
+        return {int(pid): name for pid, name in recorded.items()}
+
+
+@dataclass(frozen=True)
+class CollectorRegistration:
+    """One collector, declared once beside its code (node_exporter's registerCollector): how the
+    agent builds it, configures it, orders its first run and judges it in `hybridmon check`.
+    exporters/registry.py lists them all; the configuration, the wiring, the metrics reference and
+    the check derive from that list."""
+
+    collector: type
+    """The collector class: its name, default_interval_seconds and metric_specs are the registration's."""
+    factory: Callable[[CollectorContext], Collector]
+    settings: type[CollectorSettings] | None = None
+    """Its own settings, read from the configuration's top-level table named like the collector."""
+    runs_after: tuple[str, ...] = ()
+    """Collectors whose first run this one waits for: the ones it takes a watch list from. They
+    come before it in the registry, so its factory finds them built (CollectorContext.earlier)."""
+    essential: bool = False
+    """Every Linux host can be read by it: when it fails, finds nothing or never runs, `hybridmon
+    check` cannot vouch for the host and exits 3 naming it."""
+    may_have_no_data: bool = False
+    """An essential collector whose source may be absent by a kernel setting, not a broken read."""
+    essential_series: tuple[tuple[MetricSpec, str], ...] = ()
+    """(series, file under procfs): a check needs each series, else it names the file it could not read."""
+
+    def __post_init__(self) -> None:
+        if (self.may_have_no_data or self.essential_series) and not self.essential:
+            raise ValueError(f"collector {self.name!r}: may_have_no_data and essential_series are about "
+                             "an essential collector; set essential=True")
+
+    @property
+    def name(self) -> str:
+        return self.collector.name
+
+    @property
+    def default_interval_seconds(self) -> float:
+        return self.collector.default_interval_seconds
+
+    @property
+    def metric_specs(self) -> tuple[MetricSpec, ...]:
+        return self.collector.metric_specs
 
 
 class LogOnce:

@@ -1,6 +1,6 @@
 """The latest offload benchmark run per GPU (`hybridmon bench`), read from the state directory.
 
-Reads <state_dir>/bench/latest/*.json (agent/bench/store.py), so a run made by the CLI, the HTTP
+Reads <state_dir>/bench/latest/*.json (format: bench_runs.py), so a run made by the CLI, the HTTP
 endpoint or another host's copy of the file shows up on the next collection, and the agent has
 its last measurement again after a restart. The values are measurements of the past: each series
 carries the run's labels and `hybridmon_bench_timestamp_seconds` says when it was taken.
@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 import os
 
-from hybridmon.agent.bench.report import ReportError
-from hybridmon.agent.bench.store import StoredRun, latest_dir, measured_capacity, parse_stored_run
-from hybridmon.agent.detectors.pcie import theoretical_capacity
-from hybridmon.agent.sources import RawSource
-from hybridmon.exporters.base import LogOnce, MetricSpec, NoDataError, Samples
+from hybridmon.exporters.base import CollectorRegistration, LogOnce, MetricSpec, NoDataError, Samples
+from hybridmon.exporters.bench_report import ReportError
+from hybridmon.exporters.bench_runs import StoredRun, latest_dir, measured_capacity, parse_stored_run
+from hybridmon.exporters.sources import RawSource
+from hybridmon.pcie_rates import theoretical_capacity
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +107,9 @@ class BenchCollector:
 
     def close(self) -> None:
         pass
+
+
+# No settings of its own: [bench] configures the benchmark (`hybridmon bench`, POST /api/v1/bench);
+# this collector only reads the results it leaves in the state directory.
+REGISTRATION = CollectorRegistration(
+    BenchCollector, lambda context: BenchCollector(context.source, state_dir=context.state_dir))

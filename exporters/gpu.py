@@ -13,8 +13,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from hybridmon.agent.sources import RawSource
-from hybridmon.exporters.base import LogOnce, MetricSpec, NoDataError, Samples
+from pydantic import Field
+
+from hybridmon.exporters.sources import RawSource
+from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, CollectorSettings, LogOnce,
+                                      MetricSpec, NoDataError, Samples)
 from hybridmon.exporters.nvml import GpuLostError, GpuProcess, Nvml
 
 log = logging.getLogger(__name__)
@@ -212,3 +215,22 @@ class GpuCollector:
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
         self._nvml.close()
+
+
+class GpuSettings(CollectorSettings):
+    """[gpu]: which NVML binding to load and how many GPUs to read at once."""
+
+    nvml_module: str = Field(
+        default="pynvml", description="Python module providing NVML; tests point it at a fake"
+    )
+    max_workers: int = Field(default=8, ge=1, le=64)
+
+
+def _gpu_collector(context: CollectorContext) -> GpuCollector:
+    settings: GpuSettings = context.settings
+    # In a replay NVML is not loaded: the trace answers.
+    return GpuCollector(context.source, nvml_module=None if context.replay else settings.nvml_module,
+                        max_workers=settings.max_workers)
+
+
+REGISTRATION = CollectorRegistration(GpuCollector, _gpu_collector, settings=GpuSettings)

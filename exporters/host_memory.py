@@ -11,9 +11,9 @@ import logging
 import os
 import re
 
-from hybridmon.agent.sources import RawSource
-from hybridmon.exporters.base import (CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples,
-                            read_parsed)
+from hybridmon.exporters.sources import RawSource
+from hybridmon.exporters.base import (CollectorError, CollectorRegistration, LogOnce, MetricSpec, NoDataError,
+                                      ParseError, Samples, read_parsed)
 
 log = logging.getLogger(__name__)
 
@@ -317,3 +317,13 @@ class HostMemoryCollector:
 
 def _reason(error: Exception) -> str:
     return getattr(error, "strerror", None) or str(error)
+
+
+# Essential: every Linux host has /proc/meminfo and /proc/vmstat (memory and swap); a check needs
+# MemTotal and pgfault from them, as the collector succeeds on part of its files.
+REGISTRATION = CollectorRegistration(
+    HostMemoryCollector,
+    lambda context: HostMemoryCollector(context.source, procfs=context.procfs, sysfs=context.sysfs),
+    essential=True,
+    essential_series=((MEMORY_TOTAL, "meminfo"), (PAGE_FAULTS, "vmstat")),
+)

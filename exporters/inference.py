@@ -13,22 +13,23 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 from urllib.parse import urlsplit, urlunsplit
 
-from hybridmon.agent.sources import RawSource, ReplayedCallError
+from pydantic import Field, field_validator
+
+from hybridmon.exporters.sources import RawSource, ReplayedCallError
 from hybridmon.exporters import inference_scrape
-from hybridmon.exporters.base import LogOnce, NoDataError, Samples
+from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, MIN_HTTP_TIMEOUT_SECONDS, CollectorContext,
+                                      CollectorRegistration, CollectorSettings, LogOnce, NoDataError, Samples)
 from hybridmon.exporters.inference_formats import PERCENTILES, Histogram, ServerStats, interpret, recent_quantile
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
                                          OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS,
-                                         USUAL_PORTS)
-
-if TYPE_CHECKING:
-    from hybridmon.agent.config import InferenceConfig
+                                         SERVERS, USUAL_PORTS)
 
 logger = logging.getLogger(__name__)
 
@@ -250,11 +251,59 @@ def _reaches(host: str, address: str) -> bool:
     return local_name and (ip.is_unspecified or ip.is_loopback)
 
 
-def inference_collector(config: "InferenceConfig", source: RawSource, procfs: str,
-                        watched: Callable[[], Mapping[int, str]]) -> InferenceCollector:
-    """The collector as the [inference] section of the configuration describes it."""
+class InferenceEndpoint(CollectorSettings):
+    """One configured server: where its metrics are, and which kind it is when known."""
+
+    url: str = Field(description="http(s)://HOST:PORT[/PATH]; no path: /metrics (/api/ps for Ollama)")
+    server: str | None = Field(default=None, description="None: detected from the metric names")
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s?#]+(/\S*)?", url):
+            raise ValueError(f"{url!r} is not an http(s) URL")
+        if "@" in url.split("/")[2]:
+            raise ValueError("a URL with credentials would show them in the endpoint label; not supported")
+        return url
+
+    @field_validator("server")
+    @classmethod
+    def _known_server(cls, server: str | None) -> str | None:
+        if server is not None and server not in SERVERS:
+            raise ValueError(f"unknown server {server!r}; known: {', '.join(SERVERS)}")
+        return server
+
+
+class InferenceSettings(CollectorSettings):
+    """[inference]: which servers to scrape (or how to find them) and how long a scrape may take."""
+
+    endpoints: tuple[InferenceEndpoint, ...] = Field(
+        default=(), description="URLs, or tables {url, server}; none: look beside the watched processes"
+    )
+    discover: bool = Field(default=True, description="with no endpoints, find servers on the watched "
+                           "processes' ports, else on probe_ports of 127.0.0.1")
+    probe_ports: tuple[int, ...] = USUAL_PORTS
+    timeout_seconds: float = Field(default=2.0, ge=MIN_HTTP_TIMEOUT_SECONDS, le=10, description="whole GET; keep it under the interval")
+    max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=4096, le=256 * 1024 * 1024)
+    discovery_interval_seconds: float = Field(default=30.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
+
+    @field_validator("endpoints", mode="before")
+    @classmethod
+    def _urls_as_tables(cls, endpoints: Any) -> Any:
+        if isinstance(endpoints, (list, tuple)):
+            return [{"url": e} if isinstance(e, str) else e for e in endpoints]
+        return endpoints
+
+
+def _inference_collector(context: CollectorContext) -> InferenceCollector:
+    settings: InferenceSettings = context.settings
     return InferenceCollector(
-        source, procfs=procfs, endpoints=[(e.url, e.server) for e in config.endpoints],
-        discover=config.discover, probe_ports=config.probe_ports, watched=watched,
-        timeout_seconds=config.timeout_seconds, max_body_bytes=config.max_body_bytes,
-        discovery_interval_seconds=config.discovery_interval_seconds)
+        context.source, procfs=context.procfs, endpoints=[(e.url, e.server) for e in settings.endpoints],
+        discover=settings.discover, probe_ports=settings.probe_ports, watched=context.watched_processes(),
+        timeout_seconds=settings.timeout_seconds, max_body_bytes=settings.max_body_bytes,
+        discovery_interval_seconds=settings.discovery_interval_seconds)
+
+
+# It looks for servers on the ports of the process collector's watch list, so it runs after it.
+REGISTRATION = CollectorRegistration(InferenceCollector, _inference_collector, settings=InferenceSettings,
+                                     runs_after=("process",))

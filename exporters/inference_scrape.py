@@ -17,7 +17,7 @@ import urllib.parse
 from dataclasses import dataclass
 from typing import Iterable
 
-from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.sources import RawSource
 from hybridmon.exporters.base import ParseError
 from hybridmon.exporters.inference_formats import keep_known_families
 

@@ -14,9 +14,9 @@ import re
 import time
 from typing import Callable, Mapping
 
-from hybridmon.agent.sources import RawSource
-from hybridmon.exporters.base import (CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples,
-                            parse_logged, read_parsed)
+from hybridmon.exporters.sources import RawSource
+from hybridmon.exporters.base import (CollectorContext, CollectorError, CollectorRegistration, LogOnce, MetricSpec,
+                                      NoDataError, ParseError, Samples, parse_logged, read_parsed)
 from hybridmon.exporters.procfs import ProcessGone, parse_cpu_list, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
@@ -263,11 +263,11 @@ class ProcessNumaCollector:
             return self._source.read_text(path)
         except PermissionError as error:
             self._log_once("numa_maps denied", "NUMA placement of processes is left out "
-                           "(hybridmon_process_numa_resident_bytes absent): %s is not readable (%s). "
+                           "(%s absent): %s is not readable (%s). "
                            "numa_maps needs ptrace read access to the process: CAP_SYS_PTRACE, or the "
                            "agent running as the process's user. Expected where the agent runs "
                            "without it (deploy/kubernetes-variants/no-ptrace); said once for every "
-                           "process", path, error.strerror)
+                           "process", PROCESS_NUMA_RESIDENT.name, path, error.strerror)
             return None
         except OSError as error:
             if error.errno in (errno.ENOENT, errno.ESRCH):
@@ -280,3 +280,17 @@ class ProcessNumaCollector:
 
     def close(self) -> None:
         pass
+
+
+def _process_numa_collector(context: CollectorContext) -> ProcessNumaCollector:
+    return ProcessNumaCollector(context.source, procfs=context.procfs, sysfs=context.sysfs,
+                                watched=context.watched_processes())
+
+
+# Essential: /sys/devices/system/node is on every server (the kernels have CONFIG_NUMA; a one-socket
+# host has node0).
+REGISTRATION = CollectorRegistration(
+    NumaCollector, lambda context: NumaCollector(context.source, sysfs=context.sysfs), essential=True)
+# It reads the process collector's watch list, so it runs after it.
+PROCESS_NUMA_REGISTRATION = CollectorRegistration(ProcessNumaCollector, _process_numa_collector,
+                                                  runs_after=("process",))

@@ -6,7 +6,7 @@ handle) and a fetch that calls the module and turns the answer into plain JSON d
 are looked up inside the fetch, so a replay (module=None) imports nothing and runs no fetch.
 
 Errors are classified by class name, so real pynvml errors, the test fake's and replayed ones
-(agent.sources.ReplayedCallError carries `type_name`) behave alike:
+(exporters.sources.ReplayedCallError carries `type_name`) behave alike:
 - NotSupported, FunctionNotFound (driver too old): the value is unsupported (None), logged once;
 - LibraryNotFound, DriverNotLoaded at init: NoDataError telling the operator to install the driver;
 - GpuIsLost (and Unknown right after it on the same GPU): GpuLostError for that GPU;
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
-from hybridmon.agent.sources import TraceMissError
+from hybridmon.exporters.sources import TraceMissError
 from hybridmon.exporters.base import CollectorError, LogOnce, NoDataError, ParseError
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,10 @@ from typing import Any, Callable, Mapping
 
 import pyudev
 
-from hybridmon.exporters.base import LogOnce, MetricSpec, NoDataError, ParseError, Samples, read_parsed
+from pydantic import Field
+
+from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, CollectorSettings, LogOnce,
+                                      MetricSpec, NoDataError, ParseError, Samples, read_parsed)
 
 log = logging.getLogger(__name__)
 
@@ -334,8 +337,8 @@ class PcieCollector:
             why = ("udev is off for this collector" if self._on_host_sysfs else
                    f"sysfs is {self._sysfs}, and udev only describes the host's own /sys")
             self._log_once("udev_off", "pcie: kernel uevents are not watched (%s): "
-                           "hybridmon_pcie_udev_events_total is absent, and GPUs that appear or "
-                           "vanish are found by walking %s every %g s", why, self._devices_dir,
+                           "%s is absent, and GPUs that appear or "
+                           "vanish are found by walking %s every %g s", why, UDEV_EVENTS.name, self._devices_dir,
                            REDISCOVERY_SECONDS, level=logging.INFO)
             return None
         try:
@@ -352,7 +355,7 @@ class PcieCollector:
             return None
         if not self._observer.is_alive():
             self._log_once("observer_died", "pcie: the udev observer thread stopped; "
-                           "hybridmon_pcie_udev_events_total is absent from now on")
+                           "%s is absent from now on", UDEV_EVENTS.name)
             return None
         with self._events_lock:
             return dict(self._event_counts)
@@ -380,8 +383,8 @@ class PcieCollector:
             reason = f"{type(error).__name__}: {error}"
             self._log_once("monitor", "pcie: cannot receive kernel uevents over netlink (%s), "
                            "so PCI hotplug events are not counted and "
-                           "hybridmon_pcie_udev_events_total stays absent; in a container, run the "
-                           "agent in the host network namespace", reason)
+                           "%s stays absent; in a container, run the "
+                           "agent in the host network namespace", reason, UDEV_EVENTS.name)
             return
         self._observer = observer
 
@@ -400,3 +403,18 @@ class PcieCollector:
             return
         with self._events_lock:
             self._event_counts[action] = self._event_counts.get(action, 0) + 1
+
+
+class PcieSettings(CollectorSettings):
+    """[pcie]: whether udev finds the GPUs' PCI functions and reports their add/remove events."""
+
+    udev: bool = Field(default=True, description="discover devices and watch events through udev")
+
+
+def _pcie_collector(context: CollectorContext) -> PcieCollector:
+    settings: PcieSettings = context.settings
+    return PcieCollector(context.source, sysfs=context.sysfs, use_udev=None if settings.udev else False,
+                         monitor_events=settings.udev)
+
+
+REGISTRATION = CollectorRegistration(PcieCollector, _pcie_collector, settings=PcieSettings)

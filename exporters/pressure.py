@@ -11,8 +11,9 @@ import os
 import re
 from dataclasses import dataclass
 
-from hybridmon.agent.sources import RawSource
-from hybridmon.exporters.base import CollectorError, LogOnce, MetricSpec, NoDataError, ParseError, Samples
+from hybridmon.exporters.sources import RawSource
+from hybridmon.exporters.base import (CollectorError, CollectorRegistration, LogOnce, MetricSpec, NoDataError,
+                                      ParseError, Samples)
 
 log = logging.getLogger(__name__)
 
@@ -134,3 +135,14 @@ class PressureCollector:
 
     def close(self) -> None:
         pass
+
+
+# Essential (/proc/pressure), but its absence is a kernel setting, not a broken read: PSI is built
+# but off by default on RHEL 8 and its rebuilds (psi=1 turns it on); swap_thrash, its one reader,
+# judges major faults instead.
+REGISTRATION = CollectorRegistration(
+    PressureCollector,
+    lambda context: PressureCollector(context.source, procfs=context.procfs),
+    essential=True,
+    may_have_no_data=True,
+)

@@ -17,8 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from hybridmon.agent.sources import RawSource, ReplayedCallError
-from hybridmon.exporters.base import LogOnce, MetricSpec, ParseError, Samples, parse_logged
+from hybridmon.exporters.sources import RawSource, ReplayedCallError
+from pydantic import Field, field_validator
+
+from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, CollectorContext, CollectorRegistration,
+                                      CollectorSettings, LogOnce, MetricSpec, ParseError, Samples, parse_logged)
 from hybridmon.exporters.process_cmdline import cmdline_label, identity_of
 from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
@@ -308,3 +311,58 @@ class ProcessCollector:
 
     def close(self) -> None:
         pass
+
+
+# Command lines of the inference servers we look for when nothing else is configured.
+DEFAULT_CMDLINE_PATTERNS = (
+    r"vllm\.entrypoints|\bvllm serve\b",
+    r"(^|/)llama-server\b",
+    r"sglang\.launch_server",
+    r"text-generation-launcher|text-generation-router",
+    r"(^|/)ollama (serve|runner)",
+)
+
+
+class ProcessSettings(CollectorSettings):
+    """[process]: which processes to watch besides those holding GPU memory, and what to export."""
+
+    pids: tuple[int, ...] = ()
+    names: tuple[str, ...] = ()
+    cmdline_patterns: tuple[str, ...] = DEFAULT_CMDLINE_PATTERNS
+    auto_detect_gpu_processes: bool = True
+    discovery_interval_seconds: float = Field(default=10.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
+    export_cmdline: bool = Field(
+        default=False, description="also export each watched process's command line, secrets "
+        "redacted, on /metrics and the status page (both unauthenticated); off: executable, server "
+        "family and model only"
+    )
+
+    @field_validator("cmdline_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as error:
+                raise ValueError(f"{pattern!r} is not a regular expression: {error}") from None
+        return patterns
+
+
+def _process_collector(context: CollectorContext) -> ProcessCollector:
+    settings: ProcessSettings = context.settings
+    return ProcessCollector(
+        context.source,
+        procfs=context.procfs,
+        pids=settings.pids,
+        names=settings.names,
+        cmdline_patterns=settings.cmdline_patterns,
+        gpu_processes=context.gpu_processes() if settings.auto_detect_gpu_processes else dict,
+        discovery_interval_seconds=settings.discovery_interval_seconds,
+        export_cmdline=settings.export_cmdline,
+    )
+
+
+# Essential: /proc/<pid> of the inference processes is on every Linux host. It takes the GPU
+# collector's compute processes as part of its watch list, so it runs after it.
+REGISTRATION = CollectorRegistration(ProcessCollector, _process_collector, settings=ProcessSettings,
+                                     runs_after=("gpu",), essential=True)

@@ -56,7 +56,7 @@ _TOKEN_SHAPES = re.compile(
 )
 
 # Server family (the names of exporters/inference_names.SERVERS) by what its command line holds;
-# agent/config.py's DEFAULT_CMDLINE_PATTERNS find the same processes. VLLM:: and sglang:: are the
+# exporters/process.py's DEFAULT_CMDLINE_PATTERNS find the same processes. VLLM:: and sglang:: are the
 # titles their worker subprocesses give themselves (setproctitle), which hold the GPU memory.
 _SERVER_FAMILIES = (
     ("vllm", re.compile(r"vllm\.entrypoints|(^|[\s/])vllm serve\b|^VLLM::")),

@@ -8,7 +8,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from hybridmon.agent.sources import RawSource
+from hybridmon.exporters.sources import RawSource
 from hybridmon.exporters.base import LogOnce, ParseError
 
 logger = logging.getLogger(__name__)

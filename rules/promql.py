@@ -5,9 +5,7 @@ The PCIe tables come from hybridmon.pcie_rates, the one module the detectors, ru
 from __future__ import annotations
 
 
-from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND_TEXT as LANE_BYTES_PER_SECOND  # noqa: F401 (re-exported for the rules)
-from hybridmon.pcie_rates import LANE_LINE_RATE_BITS_PER_SECOND_TEXT as LANE_LINE_RATE_BITS_PER_SECOND  # noqa: F401 (re-exported for the rules)
-from hybridmon.pcie_rates import replay_bound_per_minute  # noqa: F401 (re-exported for the rules)
+from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND_TEXT
 
 TARGET = ("job", "instance")  # the labels every scraped series carries; host-level joins use them
 SLOPE_NOTE = "# bytes/s: median of the local least-squares slopes over the window (robust to one jump)\n"
@@ -28,8 +26,14 @@ def by_generation(generation_metric: str, table: dict[int, tuple[str, str]], ind
     return "\n".join(lines)
 
 
+def rate_name(counter: str) -> str:
+    """A counter's name inside the name of a recording rule of its rate (level:metric:operation):
+    without `_total`, as Prometheus's naming convention has it."""
+    return counter.removesuffix("_total")
+
+
 def lane_bytes_per_second(generation: int) -> float:
-    return float(LANE_BYTES_PER_SECOND[generation][0])
+    return float(LANE_BYTES_PER_SECOND_TEXT[generation][0])
 
 
 def duration(seconds: float) -> str:
@@ -94,3 +98,8 @@ def data_spans(series: str, window_seconds: float, at_least_seconds: float) -> s
     """True where `series` has a sample at least `at_least_seconds` old within the window."""
     span = duration(max(window_seconds - at_least_seconds, 60))
     return f"present_over_time({series}[{span}] offset {duration(at_least_seconds)})"
+
+
+def gpu_query(template: str, metric: str) -> tuple[str, tuple[str, ...]]:
+    """query() for the GPU of the alert (label gpu)."""
+    return query(template, metric, "gpu")

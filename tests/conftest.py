@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.sources import LiveSource
 from tests.support.scenario_traces import ScenarioTraces
 
 FIXTURES = Path(__file__).parent / "fixtures"

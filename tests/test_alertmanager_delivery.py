@@ -14,7 +14,8 @@ from fastapi.testclient import TestClient
 
 from hybridmon.agent.alertmanager import MAX_RESPONSE_BYTES, AlertmanagerPusher
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.detectors.alert_delivery import ALERTNAME
+from hybridmon.agent.alerts.alert_delivery import ALERTNAME
+from hybridmon.agent.alerts.family import AGENT_INSTANCE
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.history import History
 from hybridmon.agent.server import create_app
@@ -202,7 +203,7 @@ def test_delivery_is_exported_as_metrics_health_and_a_finding(agent_with_alertma
     findings = TestClient(create_app(agent)).get("/api/v1/findings").json()["findings"]
     [finding] = [f for f in findings if f["alertname"] == ALERTNAME]
     assert finding["labels"]["alertmanager"] == failing_name
-    assert finding["summary"].startswith(f"Alerts are not reaching Alertmanager {failing_name} since ")
-    assert finding["summary"].endswith(": http_5xx")
+    assert finding["summary"] == f"Alerts from {AGENT_INSTANCE} are not reaching Alertmanager {failing_name}"
+    assert finding["details"]["reason"] == "http_5xx" and finding["details"]["last_error"] == "http_5xx: HTTP 500"
     assert finding["runbook_url"].endswith(f"/runbooks/{ALERTNAME}")
     assert not [f for f in findings if f["alertname"] == ALERTNAME and f["labels"]["alertmanager"] == good_name]

@@ -13,14 +13,14 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybridmon.agent import budget
-from hybridmon.agent.bench import report as bench_report
 from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
-from hybridmon.agent.bench.store import (RUNS_KEPT_PER_GPU, load_latest, measured_capacity,
-                               parse_stored_run, save_run)
-from hybridmon.agent.detectors.pcie import theoretical_capacity
-from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
+from hybridmon.exporters import bench_report
 from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.bench import BenchCollector
+from hybridmon.exporters.bench_runs import load_latest, measured_capacity, parse_stored_run
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.pcie_rates import theoretical_capacity
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
 from tests.support.bench_helpers import BENCH_FIXTURES, calls, fake_binary
 from tests.conftest import FIXTURE_HOST

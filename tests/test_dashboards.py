@@ -384,7 +384,7 @@ def sample(scrape: dict, name: str, **labels: str) -> float:
 
 
 def test_panel_joins_compute_what_they_say(tmp_path):
-    from hybridmon.agent.detectors.pcie import LANE_BYTES_PER_SECOND
+    from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND
 
     scrapes = fixture_host_scrapes(41)
     last = scrapes[-1]
@@ -468,7 +468,7 @@ def with_inference_servers(scrapes: list[dict]) -> list[dict]:
 
 
 def test_inference_panels_compute_what_they_say(tmp_path):
-    from hybridmon.agent.detectors.pcie import LANE_BYTES_PER_SECOND
+    from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND
 
     scrapes = with_inference_servers(fixture_host_scrapes(9))
     last = scrapes[-1]

@@ -267,7 +267,7 @@ def test_no_ptrace_variant_is_the_daemonset_without_root_or_any_capability():
 # the processes the user could open.
 _COLLECT_AS_USER = """
 import json, logging, os, sys
-from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.sources import LiveSource
 from hybridmon.exporters.numa import ProcessNumaCollector
 from hybridmon.exporters.process import ProcessCollector
 
@@ -341,7 +341,7 @@ def test_container_image_copies_what_the_package_is_built_from():
     copied = {source for line in dockerfile.splitlines() if line.startswith("COPY ")
               for source in line.split()[1:-1]}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
-    packages = {name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = set(project["tool"]["setuptools"]["package-dir"].values())  # hybridmon, agent, rules...
     assert copied == {"pyproject.toml", project["project"]["readme"]} | packages
     assert all((REPO / source).exists() for source in copied)
 

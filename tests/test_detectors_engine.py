@@ -1,7 +1,6 @@
 import logging
 import threading
 
-import pytest
 
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import Engine

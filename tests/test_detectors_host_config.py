@@ -2,13 +2,13 @@ import math
 
 import pytest
 
-from hybridmon.agent.detectors.host_config import HostConfigDetector
+from hybridmon.agent.alerts.host_config import Detector
 from tests.test_detectors_support import (GIB, MIB, T0, THRESHOLDS, Trace, alertnames,
                                           host_memory_rows, numa_rows, only, process_rows)
 
 
 def detector():
-    return HostConfigDetector(THRESHOLDS.host_config)
+    return Detector(THRESHOLDS.host_config)
 
 
 def judge(nodes=2, memlock=math.inf, **memory):
@@ -34,13 +34,13 @@ def test_an_untuned_host_gives_every_risk_once():
     assert {f.severity for f in findings} == {"info"}
     swappiness = only(findings, "HostSwappinessHigh")
     assert (swappiness.value, swappiness.threshold, swappiness.labels) == (60, 10, {})
-    assert "vm.swappiness is 60" in swappiness.summary
+    assert "vm.swappiness=60" in swappiness.summary and "vm.swappiness is 60" in swappiness.description
     dirty = only(findings, "HostDirtyRatioHigh")
     assert (dirty.value, dirty.threshold) == (20, 15)
     memlock = only(findings, "InferenceProcessMemlockLow")
     assert memlock.labels == {"pid": "4242", "process_name": "vllm"}
     assert memlock.value == 8 * MIB and memlock.threshold == GIB
-    assert "8.0 MiB" in memlock.summary and "/proc/4242/limits" in memlock.description
+    assert "may lock only 8MiB" in memlock.summary and "/proc/4242/limits" in memlock.description
 
 
 def test_swappiness_matters_only_with_swap():
@@ -58,6 +58,7 @@ def test_no_swap_and_little_available_memory():
     (finding,) = judge(swap_total=0, memory_available=4 * GIB, memory_total=64 * GIB)
     assert finding.alertname == "HostNoSwapLowHeadroom"
     assert finding.value == pytest.approx(4 / 64) and finding.threshold == 0.10
+    assert "(4GiB of 64GiB, 1 min average" in finding.description
     assert judge(swap_total=0, memory_available=16 * GIB) == []
     assert judge(swap_total=8 * GIB, memory_available=4 * GIB) == []
 

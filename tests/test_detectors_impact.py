@@ -2,10 +2,11 @@
 PCIe, swap and NUMA findings (agent/detectors/impact.py)."""
 import pytest
 
+from hybridmon.agent.alerts import pcie_starvation
 from hybridmon.agent.detectors import impact
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.detectors.pcie import PcieStarvationDetector, theoretical_capacity
+from hybridmon.pcie_rates import theoretical_capacity
 from tests.test_detectors_support import (T0, THRESHOLDS, VLLM_ENDPOINT, Trace, gpu_rows,
                                           inference_rows)
 
@@ -50,7 +51,7 @@ def first_firing(collectors, detector, end=ONSET + 300):
 
 
 def test_pcie_starvation_carries_the_servers_latency_tokens_and_offload_loads():
-    finding = first_firing(starving_host(), PcieStarvationDetector(THRESHOLDS.pcie_starvation))
+    finding = first_firing(starving_host(), pcie_starvation.Detector(THRESHOLDS.pcie_starvation))
     details = finding.details
     assert details["server_inter_token_latency_p50_seconds_before"] == pytest.approx(0.038)
     assert details["server_inter_token_latency_p50_seconds_after"] == pytest.approx(0.210)
@@ -70,7 +71,7 @@ def test_pcie_starvation_carries_the_servers_latency_tokens_and_offload_loads():
 
 
 def test_without_a_server_the_finding_is_unchanged():
-    finding = first_firing(starving_host(with_server=False), PcieStarvationDetector(THRESHOLDS.pcie_starvation))
+    finding = first_firing(starving_host(with_server=False), pcie_starvation.Detector(THRESHOLDS.pcie_starvation))
     assert not any(key.startswith("server") for key in finding.details)
     assert "Server side" not in finding.description
 
@@ -119,7 +120,7 @@ def test_a_correlation_that_raises_leaves_the_finding_as_the_detector_gave_it():
         raise RuntimeError("boom")
     trace = Trace()
     collectors = starving_host()
-    engine = Engine([PcieStarvationDetector(THRESHOLDS.pcie_starvation)], trace.history, correlate=broken)
+    engine = Engine([pcie_starvation.Detector(THRESHOLDS.pcie_starvation)], trace.history, correlate=broken)
     t = T0
     while t <= ONSET + 300:
         for name, rows in collectors.items():

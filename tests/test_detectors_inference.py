@@ -2,9 +2,10 @@
 a failing scrape."""
 import pytest
 
-from hybridmon.agent.detectors.inference import KvOffloadPressureDetector, ScrapeFailingDetector
-from hybridmon.agent.detectors.pcie import theoretical_capacity
-from hybridmon.agent.detectors.throughput import ThroughputDecayDetector
+from hybridmon.agent.alerts.inference_scrape import Detector as ScrapeFailingDetector
+from hybridmon.agent.alerts.kv_offload_pressure import Detector as KvOffloadPressureDetector
+from hybridmon.agent.alerts.throughput_decay import Detector as ThroughputDecayDetector
+from hybridmon.pcie_rates import theoretical_capacity
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, VLLM_ENDPOINT, Trace, alertnames,
                                           bench_rows, gpu_rows, host_memory_rows, inference_rows,
                                           only, pressure_rows, process_rows, scrape_error_rows)
@@ -73,7 +74,11 @@ def test_throughput_decay_fires_against_the_earliest_part_of_the_window_and_name
     assert not any(key.startswith("host_gpu") for key in finding.details)
     assert "python3 (pid 4242) resident memory rose from" in finding.description
     assert "its swap rose from 256.0 MiB to 1.9 GiB" in finding.description
-    assert "vLLM (model llama-3-8b at http://127.0.0.1:8000/metrics)" in finding.summary
+    # The rule's text, with the agent's figures; then what only the agent can say.
+    assert finding.summary.startswith(f"vllm (model llama-3-8b) at {VLLM_ENDPOINT} on ")
+    assert f"fell {finding.value * 100:.4g}% (" in finding.summary
+    assert finding.description.index("the agent's own finding names the ones that moved.") < \
+        finding.description.index("Over the same two windows on the host, ")
 
 
 def test_throughput_decay_stays_silent_when_small_when_load_fell_or_without_a_baseline():
@@ -134,7 +139,8 @@ def test_offload_loads_are_judged_against_the_link_of_the_servers_gpus():
     finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="offload_link")
     assert finding.value == pytest.approx(share + 0.05, rel=0.01)
     assert finding.details["capacity_bytes_per_second"] == pytest.approx(GEN4_X16)
-    assert "theoretical Gen4 x16" in finding.description
+    assert finding.details["capacity_sources"] == "GPU 0 31.5 GB/s (theoretical Gen4 x16)"
+    assert "of the 31.51GB/s host-to-device capacity" in finding.description
     trace, now = kv_trace(loads_per_second=(share - 0.05) * GEN4_X16)
     assert alertnames(detector.evaluate(trace.history, now)) == []
     # What `hybridmon bench` measured is the capacity when there is a measurement.
@@ -159,6 +165,7 @@ def test_a_failing_scrape_is_reported_while_it_is_in_the_latest_scrape():
     assert finding.labels == {"endpoint": VLLM_ENDPOINT, "reason": "not_prometheus"}
     assert finding.for_seconds == THRESHOLDS.inference_scrape.for_seconds
     assert "HTML" in finding.description and VLLM_ENDPOINT in finding.summary
+    assert finding.summary.endswith("cannot be read: not_prometheus")
     # The next scrape succeeds: the error is gone at once, as Prometheus marks it stale.
     now = trace.run(now + 5, now + 5, 5.0, inference=lambda t: inference_rows())
     assert detector.evaluate(trace.history, now) == []

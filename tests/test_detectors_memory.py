@@ -1,17 +1,17 @@
 import pytest
 
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.detectors.gpu_memory import GpuMemoryHeadroomDetector
-from hybridmon.agent.detectors.memory import MemoryGrowthDetector
+from hybridmon.agent.alerts import gpu_memory_headroom
+from hybridmon.agent.alerts import memory_growth
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
-                                          inference_rows, only, process_rows)
+                                          inference_rows, process_rows)
 
 HOUR = 3600.0
 STEP = 10.0  # samples every 10 s keep an hour of trace quick to build
 
 
 def growth():
-    return MemoryGrowthDetector(THRESHOLDS.memory_growth)
+    return memory_growth.Detector(THRESHOLDS.memory_growth)
 
 
 def leaking(t, *, pid="4242", start=T0 - 86400, base=8 * GIB, per_hour=GIB, since=T0,
@@ -39,7 +39,8 @@ def test_steady_growth_under_flat_load_fires_with_slope_and_forecast():
     assert finding.value == pytest.approx(slope) and finding.unit == "B/s"
     assert finding.threshold == pytest.approx(current * 0.05 / HOUR)
     assert finding.details["growth_share_per_hour"] == pytest.approx(GIB / current)
-    assert "1.0 GiB/h" in finding.summary and "2.3 d" in finding.description
+    assert "resident memory grows 1GiB per hour" in finding.summary
+    assert "reaches the host's MemTotal in 2d 7h" in finding.description
 
 
 def test_memory_growing_with_load_is_silent():
@@ -159,8 +160,7 @@ def test_growth_under_the_servers_flat_load_fires_and_says_so():
     assert finding.details["load_generation_tokens_per_second"] == pytest.approx(1200, rel=0.01)
     assert finding.details["load_requests_running"] == pytest.approx(8)
     assert "load_cpu_seconds_per_second" not in finding.details
-    assert "while the load of its vLLM server stays flat (1,200 tokens/s, 8.0 running requests)" \
-        in finding.description
+    assert "1.2k generation tokens/s with 8 running requests" in finding.description
 
 
 def test_growth_with_the_servers_load_is_silent_though_the_cpu_is_flat():
@@ -185,7 +185,7 @@ def test_a_server_on_another_pid_does_not_stand_for_the_process_load():
 # --- GpuMemoryHeadroomLow ------------------------------------------------------------------
 
 def headroom():
-    return GpuMemoryHeadroomDetector(THRESHOLDS.gpu_memory_headroom)
+    return gpu_memory_headroom.Detector(THRESHOLDS.gpu_memory_headroom)
 
 
 def test_vram_over_95_percent_is_low_headroom():
@@ -195,7 +195,7 @@ def test_vram_over_95_percent_is_low_headroom():
     assert finding.labels == {"gpu": "0", "uuid": "GPU-0000", "reason": "used"}
     assert finding.value == pytest.approx(23 / 24) and finding.threshold == 0.95
     assert finding.for_seconds == 300
-    assert "96 %" in finding.summary
+    assert "95.83% of its memory in use (23GiB of 24GiB)" in finding.summary
 
 
 def test_vram_with_room_and_no_trend_is_silent():

@@ -1,12 +1,12 @@
 import pytest
 
-from hybridmon.agent.detectors.numa import NumaMisplacementDetector
+from hybridmon.agent.alerts import numa_misplacement
 from tests.test_detectors_support import (GIB, T0, THRESHOLDS, Trace, gpu_rows, numa_rows, only,
                                           pcie_rows, process_numa_rows)
 
 
 def detector():
-    return NumaMisplacementDetector(THRESHOLDS.numa_misplacement)
+    return numa_misplacement.Detector(THRESHOLDS.numa_misplacement)
 
 
 def run(nodes=2, gpu_node=0, sysfs_node=None, cpus=None, resident=None, uses_gpu=True):

@@ -1,10 +1,9 @@
 import pytest
 
-from hybridmon.agent.detectors.pcie import (PcieLinkDegradedDetector, PcieStarvationDetector,
-                                  theoretical_capacity)
-from hybridmon.agent.detectors.pcie_bandwidth import PcieBandwidthLowDetector
-from hybridmon.agent.detectors.pcie_errors import (GpuLostDetector, PcieErrorsDetector,
-                                         replay_bound_per_minute)
+from hybridmon.agent.alerts import pcie_bandwidth_low, pcie_starvation
+from hybridmon.agent.alerts import pcie_link_degraded
+from hybridmon.pcie_rates import theoretical_capacity
+from hybridmon.agent.alerts import gpu_lost, pcie_errors
 from tests.test_detectors_support import (T0, THRESHOLDS, Trace, bench_rows, gpu_rows, only,
                                           pcie_rows)
 
@@ -13,16 +12,17 @@ GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
 
 
 def starvation():
-    return PcieStarvationDetector(THRESHOLDS.pcie_starvation)
+    return pcie_starvation.Detector(THRESHOLDS.pcie_starvation)
 
 
 def test_capacity_and_replay_bound_tables():
     assert theoretical_capacity(4, 16) == pytest.approx(31.5e9, rel=1e-3)
     assert theoretical_capacity(6, 16) == 16 * 7563e6
     assert theoretical_capacity(7, 16) is None
-    assert replay_bound_per_minute(1e-12, 4, 16) == 16
-    assert replay_bound_per_minute(1e-12, 5, 16) == 31
-    assert replay_bound_per_minute(1e-12, 1, 1) == 1
+    assert pcie_errors.link_replay_bound(1e-12, 4, 16) == 16
+    assert pcie_errors.link_replay_bound(1e-12, 5, 16) == 31
+    assert pcie_errors.link_replay_bound(1e-12, 1, 1) == 1
+    assert pcie_errors.link_replay_bound(1e-12, 7, 16) is None
 
 
 # --- GpuPcieStarvation ---------------------------------------------------------------------
@@ -39,8 +39,9 @@ def test_starvation_fires_when_the_link_is_full_and_the_gpu_waits():
     assert finding.for_seconds == 120
     assert finding.details["direction"] == "host_to_device"
     assert finding.details["capacity_source"] == "theoretical"
-    assert "GPU 0" in finding.summary and "28.0 GB/s" in finding.summary
-    assert "20 %" in finding.description and "26.8 GB/s" in finding.description
+    assert finding.summary.startswith("GPU 0 on ") and "link 88.87% full, GPU 20% busy" in finding.summary
+    assert "moved 28GB/s over PCIe" in finding.description and "Gen4 x16 link" in finding.description
+    assert "utilization was 20% (threshold: at most 50%)" in finding.description
 
 
 def test_starvation_silent_near_but_below_capacity():
@@ -67,7 +68,7 @@ def test_starvation_uses_the_measured_capacity_when_there_is_one():
     assert finding.value == pytest.approx(24 / 26)
     assert finding.details["threshold_bytes_per_second"] == pytest.approx(0.85 * 26e9)
     assert finding.details["capacity_source"] == "measured"
-    assert "measured Gen4 x16 capacity" in finding.summary
+    assert "capacity up to 26GB/s: what hybridmon bench measured" in finding.description
 
 
 def test_starvation_judges_each_direction_against_its_own_capacity():
@@ -81,7 +82,7 @@ def test_starvation_judges_each_direction_against_its_own_capacity():
 
 
 def test_bandwidth_low_fires_on_a_measurement_far_below_the_link():
-    detector = PcieBandwidthLowDetector(THRESHOLDS.pcie_bandwidth_low)
+    detector = pcie_bandwidth_low.Detector(THRESHOLDS.pcie_bandwidth_low)
     trace = Trace()
     # Gen4 x16: the floor is 76 % of 31.5 GB/s = 23.9 GB/s; host->device measured 13.6 GB/s.
     now = trace.run(T0, T0 + 10, gpu=lambda t: gpu_rows(generation=3, width=16),
@@ -92,12 +93,13 @@ def test_bandwidth_low_fires_on_a_measurement_far_below_the_link():
     assert finding.threshold == 0.76 and finding.for_seconds == 0
     assert finding.details["direction"] == "host_to_device"
     assert finding.details["floor_bytes_per_second"] == pytest.approx(0.76 * GEN4_X16)
-    assert "13.6 GB/s host to device" in finding.summary and "Gen4 x16" in finding.summary
+    assert "measured 13.6GB/s over PCIe, 43.16% of its Gen4 x16 link" in finding.summary
+    assert "of the 31.51GB/s its best link, Gen4 x16, carries" in finding.description
     assert finding.details["measured_at"] == T0 - 3600
 
 
 def test_bandwidth_low_silent_on_a_healthy_measurement_or_without_one():
-    detector = PcieBandwidthLowDetector(THRESHOLDS.pcie_bandwidth_low)
+    detector = pcie_bandwidth_low.Detector(THRESHOLDS.pcie_bandwidth_low)
     healthy = Trace()
     now = healthy.run(T0, T0 + 10, gpu=lambda t: gpu_rows(), bench=lambda t: bench_rows(h2d=24.5e9))
     assert detector.evaluate(healthy.history, now) == []
@@ -143,7 +145,7 @@ def test_starvation_silent_when_the_series_stopped():
 # --- GpuPcieLinkDegraded -------------------------------------------------------------------
 
 def degraded():
-    return PcieLinkDegradedDetector(THRESHOLDS.pcie_link_degraded)
+    return pcie_link_degraded.Detector(THRESHOLDS.pcie_link_degraded)
 
 
 def test_link_degraded_fires_under_load():
@@ -153,7 +155,7 @@ def test_link_degraded_fires_under_load():
     assert finding.labels == GPU0 and finding.for_seconds == 300
     assert finding.value == pytest.approx(8 * 984.6e6 / GEN4_X16) and finding.threshold == 1
     assert finding.details["capacity_bytes_per_second"] == pytest.approx(8 * 984.6e6)
-    assert "Gen3 x8 instead of Gen4 x16" in finding.summary
+    assert "PCIe link at Gen3 x8 of Gen4 x16" in finding.summary
     assert finding.details["link_width_lanes"] == 8
 
 
@@ -185,7 +187,7 @@ def test_link_degraded_silent_at_full_speed_and_without_link_figures():
 # --- GpuPcieReplayErrors -------------------------------------------------------------------
 
 def errors():
-    return PcieErrorsDetector(THRESHOLDS.pcie_errors)
+    return pcie_errors.Detector(THRESHOLDS.pcie_errors)
 
 
 def test_replays_above_the_dcgm_bound_fire():
@@ -196,7 +198,7 @@ def test_replays_above_the_dcgm_bound_fire():
     assert finding.labels == GPU0
     assert finding.value == pytest.approx(20.0)
     assert finding.threshold == 16
-    assert "Gen4 x16" in finding.summary
+    assert "20 PCIe replays per minute, above DCGM's bound of 16 for its Gen4 x16 link" in finding.summary
 
 
 def test_replays_below_the_bound_are_silent():
@@ -241,8 +243,8 @@ def test_a_new_fatal_aer_error_is_critical():
     assert finding.alertname == "PcieAerErrors" and finding.severity == "critical"
     assert finding.labels == {"pci_bus_id": "0000:17:00.0", "aer_severity": "fatal"}
     assert finding.value == 1 and finding.threshold == 0
-    assert finding.details["gpu"] == "0"
-    assert "GPU 0" in finding.summary
+    assert finding.details["gpu"] == "0"  # the rule's text cannot name the GPU behind a bus id
+    assert "PCIe device 0000:17:00.0 on " in finding.summary and "1 new fatal AER errors" in finding.summary
 
 
 def test_old_aer_counts_since_boot_are_silent():
@@ -269,7 +271,7 @@ def test_correctable_aer_errors_warn_above_the_hourly_rate():
 # --- GpuLost ---------------------------------------------------------------------------------
 
 def lost():
-    return GpuLostDetector(THRESHOLDS.gpu_lost)
+    return gpu_lost.Detector(THRESHOLDS.gpu_lost)
 
 
 def test_gpu_lost_by_nvml_and_by_the_bus():

@@ -8,11 +8,10 @@ from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.history import History
 from hybridmon.exporters import bench, gpu, host_memory, inference_names, numa, pcie, pressure, process
 from hybridmon.exporters.base import MetricSpec, Samples
+from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES
 
 T0 = 1_700_000_000.0
 THRESHOLDS = load_thresholds()
-COLLECTORS = ("gpu", "host_memory", "pressure", "process", "process_numa", "numa", "pcie", "bench",
-              "inference")
 VLLM_ENDPOINT = "http://127.0.0.1:8000/metrics"
 GIB = 2**30
 MIB = 2**20
@@ -25,7 +24,7 @@ class Trace:
 
     def __init__(self, retention_seconds: float = 7200.0, interval_seconds: float = 1.0) -> None:
         self.history = History(retention_seconds)
-        for name in COLLECTORS:
+        for name in COLLECTOR_NAMES:
             self.history.add_collector(name, interval_seconds)
 
     def commit(self, collector: str, time: float, rows: Iterable[Row]) -> None:

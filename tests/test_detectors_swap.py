@@ -1,12 +1,12 @@
 import pytest
 
-from hybridmon.agent.detectors.swap import SwapThrashDetector
+from hybridmon.agent.alerts.swap_thrash import Detector
 from tests.test_detectors_support import (MIB, T0, THRESHOLDS, GIB, Trace, host_memory_rows, only,
                                           pressure_rows, process_rows)
 
 
 def detector():
-    return SwapThrashDetector(THRESHOLDS.swap_thrash)
+    return Detector(THRESHOLDS.swap_thrash)
 
 
 def thrashing_host(t, *, swap_in=2 * MIB, swap_out=3 * MIB, major=100.0, psi=0.2):
@@ -37,6 +37,8 @@ def test_thrash_with_a_swapping_inference_process_is_critical():
     assert host.details["pid"] == "4242"
     assert host.details["process_swap_bytes"] == pytest.approx(250 * MIB)
     assert "vm.swappiness=60" in host.description and "vm.dirty_ratio=20" in host.description
+    # the rule's text, filled by the detector: the largest VmSwap of a watched process
+    assert "with the most in swap holds 250MiB" in host.description
 
     process = only(findings, "HostSwapThrash", pid="4242")
     assert process.severity == "critical"
@@ -92,6 +94,8 @@ def test_a_major_faulting_process_is_critical_without_swap_growth():
     process = only(detector().evaluate(trace.history, now), "HostSwapThrash", pid="4242")
     assert process.value == pytest.approx(15) and process.threshold == 10
     assert process.unit == "faults/s"
+    # the value judged is the fault rate, but the text quotes the VmSwap, as the rule's $value does
+    assert "0B in swap" in process.summary and "takes 15 major page faults/s" in process.description
 
 
 def test_host_counter_reset_does_not_fake_thrash():

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.gpu import GpuCollector
 from tests.support import fake_nvml
@@ -286,7 +286,7 @@ def test_module_by_dotted_name_and_layout_from_environment(tmp_path):
         fake_nvml.reset()
     layout = tmp_path / "layout.json"
     FakeNvml(uniform_gpus(8), driver_version="560.35.03").dump_layout(str(layout))
-    script = ("from agent.sources import LiveSource; from hybridmon.exporters.gpu import GpuCollector; "
+    script = ("from hybridmon.exporters.sources import LiveSource; from hybridmon.exporters.gpu import GpuCollector; "
               "s = GpuCollector(LiveSource(), 'tests.support.fake_nvml').collect(); "
               "print(len(s.find('hybridmon_gpu_up')), s.find('hybridmon_gpu_info')[0].label_values[4])")
     result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.host_memory import (
     HostMemoryCollector,
@@ -18,7 +18,6 @@ from hybridmon.exporters.host_memory import (
     reclaim_pages,
 )
 from tests.conftest import FIXTURE_HOST
-from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 GIB = 1024**3
 KIB = 1024
@@ -384,31 +383,7 @@ def test_page_size_is_read_once_and_replayed_as_recorded(fixture_procfs, fixture
         assert recorded.value("hybridmon_swap_in_bytes_total") == 48213376 * 65536
 
 
-# Property tests: garbage in, ParseError (and nothing else) out.
-
-
-PARSERS_AND_SAMPLES = [
-    (parse_vmstat, read_fixture("proc/vmstat")),
-    (parse_vmstat, OLD_KERNEL_VMSTAT),
-    (parse_meminfo, read_fixture("proc/meminfo")),
-    (parse_selected_mode, read_fixture("sys/kernel/mm/transparent_hugepage/defrag")),
-    (parse_sysctl_int, read_fixture("proc/sys/vm/swappiness")),
-]
-
-
-@pytest.mark.parametrize("parser,sample", PARSERS_AND_SAMPLES)
-@given(data=st.data())
-def test_parsers_raise_only_parse_error(parser, sample: str, data) -> None:
-    only_parse_errors(parser, data.draw(texts_like(sample)))
-
-
-@pytest.mark.parametrize("parser,sample", PARSERS_AND_SAMPLES)
-def test_parsers_refuse_numbers_longer_than_int_accepts(parser, sample: str) -> None:
-    for text in each_number_made_huge(sample):
-        only_parse_errors(parser, text)
-    for garbage in ("pgfault " + "9" * 5000 + "\n", "MemTotal: " + "9" * 5000 + " kB\n",
-                    "9" * 5000 + "\n"):
-        only_parse_errors(parser, garbage)
+# Property tests (that any text raises only ParseError: tests/test_parsers_robustness.py).
 
 
 names = st.text("abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=30)

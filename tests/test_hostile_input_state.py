@@ -16,11 +16,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridmon.agent import budget
-from hybridmon.agent.bench import report as bench_report
-from hybridmon.agent.bench.report import ReportError
 from hybridmon.agent.bench.runner import BenchRunner
-from hybridmon.agent.bench.store import MAX_STORED_RUN_BYTES, load_latest, parse_stored_run
-from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters import bench_report
+from hybridmon.exporters.bench_report import ReportError
+from hybridmon.exporters.bench_runs import MAX_STORED_RUN_BYTES, load_latest, parse_stored_run
+from hybridmon.exporters.sources import LiveSource
 from hybridmon.exporters.bench import BenchCollector
 from tests.support.agent_helpers import REPO
 from tests.support.bench_helpers import BENCH_FIXTURES, fake_binary

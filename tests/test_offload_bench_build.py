@@ -188,7 +188,7 @@ def test_source_is_shipped_as_package_data():
     else:
         import tomli as tomllib
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    assert "*.cu" in config["tool"]["setuptools"]["package-data"]["agent.bench"]
+    assert "*.cu" in config["tool"]["setuptools"]["package-data"]["hybridmon.agent.bench"]
     assert bench_build.SOURCE.is_file()
 
 

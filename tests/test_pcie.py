@@ -11,10 +11,8 @@ from pathlib import Path
 
 import pyudev
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from hybridmon.agent.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters import pcie
 from hybridmon.exporters.base import NoDataError, ParseError
 from hybridmon.exporters.pcie import (
@@ -29,8 +27,8 @@ from hybridmon.exporters.pcie import (
     parse_link_width,
     parse_numa_node,
 )
+from tests.support.aer_texts import OLD_KERNEL_AER, UNNAMED_BIT_AER
 from tests.conftest import FIXTURE_HOST
-from tests.support.parser_properties import each_number_made_huge, only_parse_errors, texts_like
 
 GPU0, AUDIO0, GPU1, HOST_BRIDGE = "0000:17:00.0", "0000:17:00.1", "0000:ca:00.0", "0000:00:00.0"
 DEVICES = FIXTURE_HOST / "sys" / "bus" / "pci" / "devices"
@@ -57,20 +55,6 @@ EXPECTED_FIXTURE_SAMPLES = {
     ("hybridmon_pcie_device_present", (GPU1,)): 1,
 }
 
-# aer_dev_correctable of a 4.19 kernel, whose names had spaces, and a 6.x file with a counted
-# bit the kernel has no name for.
-OLD_KERNEL_AER = """\
-Receiver Error 2
-Bad TLP 0
-Bad DLLP 0
-RELAY_NUM Rollover 0
-Replay Timer Timeout 0
-Advisory Non-Fatal 0
-Corrected Internal Error 0
-Header Log Overflow 0
-TOTAL_ERR_COR 2
-"""
-UNNAMED_BIT_AER = "Undefined 0\nDLP 0\ndev_fatal_errs_bit[27] 1\nTOTAL_ERR_FATAL 1\n"
 
 
 class FakeClock:
@@ -213,28 +197,6 @@ def test_nvidia_matching_on_udev_properties():
     assert not is_nvidia_gpu_properties({"PCI_ID": "10DE:22BA", "PCI_CLASS": "40300"})  # audio
     assert not is_nvidia_gpu_properties({"PCI_ID": "8086:09A2", "PCI_CLASS": "60000"})
     assert not is_nvidia_gpu_properties({"PCI_ID": "10DE:26B9"})
-
-
-PARSERS = (parse_link_speed, parse_link_width, parse_hex_id, parse_numa_node, parse_aer_counters)
-FIXTURE_TEXTS = [(DEVICES / address / name).read_text()
-                 for address in (GPU0, GPU1) for name in (
-                     "current_link_speed", "max_link_width", "vendor", "class", "numa_node")]
-FIXTURE_TEXTS += [(DEVICES / GPU0 / name).read_text()
-                  for name in ("aer_dev_correctable", "aer_dev_nonfatal", "aer_dev_fatal")]
-FIXTURE_TEXTS += [OLD_KERNEL_AER, UNNAMED_BIT_AER]
-
-
-@pytest.mark.parametrize("parse", PARSERS)
-@given(data=st.data())
-def test_parsers_raise_only_parse_error(parse, data):
-    only_parse_errors(parse, data.draw(texts_like(data.draw(st.sampled_from(FIXTURE_TEXTS)))))
-
-
-@pytest.mark.parametrize("parse", PARSERS)
-def test_parsers_refuse_numbers_longer_than_int_accepts(parse):
-    for sample in FIXTURE_TEXTS:
-        for text in each_number_made_huge(sample):
-            only_parse_errors(parse, text)
 
 
 # -- collector on the fixture tree -----------------------------------------------------------------

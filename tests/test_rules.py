@@ -19,7 +19,7 @@ from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.exposition import SELF_METRICS
 from hybridmon.agent.alerts import catalogue
 from hybridmon.rules import generate
-from hybridmon.rules.promql import replay_bound_per_minute
+from hybridmon.pcie_rates import replay_bound_per_minute
 from hybridmon.rules.templates import humanize, humanize1024, humanize_duration, humanize_percentage
 
 REPO = Path(__file__).resolve().parent.parent

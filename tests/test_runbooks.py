@@ -7,26 +7,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.agent.alerts.catalogue import FAMILIES, Thresholds
 
 REPO = Path(__file__).resolve().parent.parent
 RUNBOOKS = REPO / "runbooks"
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
-# The thresholds section each alert reads (the brief's alert table).
-THRESHOLD_SECTION = {
-    "GpuPcieStarvation": "pcie_starvation", "GpuPcieLinkDegraded": "pcie_link_degraded",
-    "GpuPcieReplayErrors": "pcie_errors", "PcieAerErrors": "pcie_errors", "GpuLost": "gpu_lost",
-    "HostSwapThrash": "swap_thrash", "InferenceProcessMemoryGrowth": "memory_growth",
-    "InferenceProcessNumaMisplaced": "numa_misplacement", "GpuMemoryHeadroomLow": "gpu_memory_headroom",
-    "HostSwappinessHigh": "host_config", "HostDirtyRatioHigh": "host_config",
-    "HostTransparentHugepageAlways": "host_config", "HostNumaBalancingEnabled": "host_config",
-    "HostNoSwapLowHeadroom": "host_config", "InferenceProcessMemlockLow": "host_config",
-    "GpuPcieBandwidthLow": "pcie_bandwidth_low",
-    "InferenceThroughputDecay": "throughput_decay", "InferenceKvOffloadPressure": "kv_offload_pressure",
-    "InferenceServerScrapeFailing": "inference_scrape",
-    "HybridmonAlertDeliveryFailing": "alert_delivery",
-}
+# The thresholds section each alert reads, from the catalogue.
+THRESHOLD_SECTION = {name: family.section for family in FAMILIES for name in family.alertnames}
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 
 

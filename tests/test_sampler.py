@@ -11,7 +11,7 @@ import pytest
 from hybridmon.agent.exposition import Exposition
 from hybridmon.agent.history import History
 from hybridmon.agent.sampler import Sampler, Scheduled
-from hybridmon.agent.sources import RecordingSource, ReplaySource
+from hybridmon.exporters.sources import RecordingSource, ReplaySource
 from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
 from hybridmon.exporters.base import MetricSpec, NoDataError, Samples
 

@@ -11,16 +11,12 @@ import json
 import math
 import os
 import subprocess
-from dataclasses import dataclass
-from pathlib import Path
 
 import jsonschema
 import pytest
 
-from hybridmon.agent.config import load_config
-from hybridmon.agent.daemon import Agent
 from hybridmon.agent.history import History, SeriesHistory
-from tests.support.scenarios import SCENARIOS, START_TIME, TraceSummary, history_seconds_for, write_trace
+from tests.support.scenarios import SCENARIOS, START_TIME, write_trace
 from tests.support.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
 from tests.support.scenarios.library import GPU0_ADDRESS, GPU1_ADDRESS, LLAMA, VLLM
 from tests.support.agent_helpers import HYBRIDMON, REPO, subprocess_environment

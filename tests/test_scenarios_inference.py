@@ -16,7 +16,7 @@ from tests.support.scenarios.inference import (ENDPOINT, ITL_BOUNDS, ITL_SPREAD,
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support.scenarios.host import GIB
 from tests.support.scenarios.library import GEN4_X16, VLLM
-from hybridmon.agent.sources import LiveSource
+from hybridmon.exporters.sources import LiveSource
 from hybridmon.exporters import inference_scrape
 from hybridmon.exporters.inference import InferenceCollector
 from hybridmon.exporters.inference_formats import Histogram, recent_quantile

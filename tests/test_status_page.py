@@ -19,9 +19,9 @@ from hybridmon.agent.bench.store import save_run
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.detectors.common import human_bytes, human_rate
+from hybridmon.units import human_bytes, human_rate
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.detectors.pcie import theoretical_capacity
+from hybridmon.pcie_rates import theoretical_capacity
 from hybridmon.agent.findings import runbook_url
 from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
 from hybridmon.agent.server import create_app

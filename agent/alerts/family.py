@@ -79,3 +79,4 @@ def finding(alert: Alert, labels: Mapping[str, str], value: float, threshold: fl
         details=dict(details or {}),
         values={"instance": AGENT_INSTANCE, **filled},
     )
+

@@ -1,19 +1,307 @@
-"""The `host_config` alert family (ADAPTER: to be moved into this module, see family.py)."""
+"""Static host configuration risks, six info alerts: HostSwappinessHigh, HostDirtyRatioHigh,
+HostTransparentHugepageAlways, HostNumaBalancingEnabled, HostNoSwapLowHeadroom and
+InferenceProcessMemlockLow (runbooks named like them). `hybridmon check` reports them too.
+
+A setting is a state, not a measurement: each check reads current values, so one sample of the
+host is enough to judge it (no `for`). Only the no-swap headroom compares 1 min averages.
+"""
 from __future__ import annotations
 
-from hybridmon.agent.alerts.family import AlertFamily
-from hybridmon.agent.detectors.base import HostConfig as Settings
-from hybridmon.agent.detectors.host_config import HostConfigDetector
-from hybridmon.rules import cases_host, host
+import math
+
+from hybridmon.agent.alerts.family import AlertFamily, Section, finding
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.history import History
+from hybridmon.exporters.host_memory import (MEMORY_AVAILABLE, MEMORY_TOTAL, SWAP_TOTAL, SYSCTL_VALUE,
+                                             TRANSPARENT_HUGEPAGE_MODE)
+from hybridmon.exporters.numa import NODE_MEMORY_TOTAL
+from hybridmon.exporters.process import MEMLOCK_LIMIT
+from hybridmon.rules.case_inputs import HOST2, HOST3, LLAMA, VLLM, process_label
+from hybridmon.rules.model import Alert
+from hybridmon.rules.promql import as_process_name, number, query
+from hybridmon.rules.scenarios import GIB, HOST, Test, above, firing, not_yet
+from hybridmon.rules.templates import humanize1024, humanize_percentage
+
+INPUTS = (SYSCTL_VALUE, SWAP_TOTAL, MEMORY_TOTAL, MEMORY_AVAILABLE, TRANSPARENT_HUGEPAGE_MODE,
+          NODE_MEMORY_TOTAL, MEMLOCK_LIMIT)
+NUMA_NODES = f"count without (node) ({NODE_MEMORY_TOTAL.name})"
+
+
+class Settings(Section):
+    max_swappiness_with_swap: int
+    max_dirty_ratio: int
+    min_memlock_bytes: float
+    min_available_share_without_swap: float
+
+
+def _bytes(value: float) -> str:
+    return f"{humanize1024(value)}B"
+
+
+def _sysctl(name: str) -> str:
+    """PromQL: one sysctl's value, without the sysctl label so it joins the host's series."""
+    return f'max without (sysctl) ({SYSCTL_VALUE.name}{{sysctl="{name}"}})'
+
+
+def swappiness_alert(c: Settings) -> Alert:
+    return Alert(
+        "HostSwappinessHigh",
+        f"{_sysctl('vm.swappiness')} > {c.max_swappiness_with_swap}\n"
+        f"and on (job, instance)\n{SWAP_TOTAL.name} > 0",
+        0, "info",
+        "<instance> has vm.swappiness=<value|humanize> with swap configured",
+        f"vm.swappiness is <value|humanize> (threshold {c.max_swappiness_with_swap}) on a host "
+        "with <swap|humanize1024>B of swap. At the default 60 the kernel swaps out anonymous "
+        "memory, including an inference server's host KV tier, to keep page cache; this is how "
+        "incident 3's tokens/s decayed. Set vm.swappiness=10 in /etc/sysctl.d and apply it "
+        "with sysctl --system.",
+        queries={"swap": query("{}", SWAP_TOTAL.name)},
+    )
+
+
+def dirty_ratio_alert(c: Settings) -> Alert:
+    return Alert(
+        "HostDirtyRatioHigh", f"{_sysctl('vm.dirty_ratio')} > {c.max_dirty_ratio}", 0, "info",
+        "<instance> has vm.dirty_ratio=<value|humanize>",
+        f"vm.dirty_ratio is <value|humanize> (threshold {c.max_dirty_ratio}): up to that "
+        "percentage of memory may hold dirty page cache before writers are throttled, and "
+        "flushing a large backlog stalls the host, the inference server included, and competes "
+        "with swap and model loads for I/O. Set vm.dirty_ratio=15 in /etc/sysctl.d and apply it "
+        "with sysctl --system.",
+    )
+
+
+def transparent_hugepage_alert(c: Settings) -> Alert:
+    thp = (f"max without (setting, mode) "
+           f'({TRANSPARENT_HUGEPAGE_MODE.name}{{setting="enabled", mode="always"}})')
+    return Alert(
+        "HostTransparentHugepageAlways", f"{thp} == 1", 0, "info",
+        "<instance> has transparent huge pages set to always",
+        f"/sys/kernel/mm/transparent_hugepage/enabled is [always] ({TRANSPARENT_HUGEPAGE_MODE.name} "
+        "<value>; threshold: the mode always): every anonymous mapping may "
+        "be backed by huge pages, so khugepaged compaction and page-fault latency spikes hit "
+        "the inference server, and memory use grows by rounding to 2 MiB. Prefer madvise "
+        "(echo madvise > /sys/kernel/mm/transparent_hugepage/enabled), so only programs that ask "
+        "get huge pages.",
+    )
+
+
+def numa_balancing_alert(c: Settings) -> Alert:
+    balancing = _sysctl("kernel.numa_balancing")
+    return Alert(
+        "HostNumaBalancingEnabled",
+        # 1 is balancing, 3 balancing with memory tiering (2, tiering alone, moves no pages
+        # between CPU nodes): the detector judges the same values.
+        f"({balancing} == 1 or {balancing} == 3)\nand on (job, instance)\n{NUMA_NODES} >= 2",
+        0, "info",
+        "<instance> has automatic NUMA balancing on across <nodes|humanize> NUMA nodes",
+        "kernel.numa_balancing is <value> (threshold: 1 or 3, on) on a host with <nodes|humanize> "
+        "NUMA nodes: the kernel "
+        "unmaps pages to sample accesses and migrates them between nodes, which adds "
+        "page-fault latency and can move the server's host memory away from its GPU's node. On a "
+        "host where the inference server is bound to its GPU's node, turn it off "
+        "(kernel.numa_balancing=0 in /etc/sysctl.d).",
+        queries={"nodes": query("count without (node) ({})", NODE_MEMORY_TOTAL.name)},
+    )
+
+
+def no_swap_headroom_alert(c: Settings) -> Alert:
+    return Alert(
+        "HostNoSwapLowHeadroom",
+        f"avg_over_time({MEMORY_AVAILABLE.name}[1m]) / {MEMORY_TOTAL.name}\n"
+        f"  < {number(c.min_available_share_without_swap)}\n"
+        f"and on (job, instance)\n{SWAP_TOTAL.name} == 0",
+        0, "info",
+        "<instance> has no swap and <value|humanizePercentage> of its memory available",
+        "The host has no swap and only <value|humanizePercentage> of MemTotal available "
+        "(<available|humanize1024>B of <total|humanize1024>B, 1 min average; threshold "
+        f"{humanize_percentage(c.min_available_share_without_swap)}). Without swap there is "
+        "no buffer for a spike: the next large allocation, such as a host KV tier filling up, "
+        "goes straight to the OOM killer. Shrink the host KV tier or co-located jobs, or add "
+        "a modest swap device with vm.swappiness=10.",
+        queries={"available": query("avg_over_time({}[1m])", MEMORY_AVAILABLE.name),
+                 "total": query("{}", MEMORY_TOTAL.name)},
+    )
+
+
+def memlock_alert(c: Settings) -> Alert:
+    return Alert(
+        "InferenceProcessMemlockLow",
+        as_process_name(f"{MEMLOCK_LIMIT.name} < {number(c.min_memlock_bytes)}"),
+        0, "info",
+        "<process_name> (pid <pid>) on <instance> may lock only <value|humanize1024>B",
+        "Watched process <process_name> (pid <pid>) has a soft RLIMIT_MEMLOCK of "
+        f"<value|humanize1024>B (threshold {_bytes(c.min_memlock_bytes)}; see Max locked memory "
+        "in /proc/<pid>/limits). Pinned host buffers "
+        "for KV offload need page-locked memory; with a low limit their allocation fails or "
+        "the server falls back to slower pageable copies. Raise the limit for the service "
+        "(LimitMEMLOCK=infinity in its systemd unit, docker run --ulimit memlock=-1, or "
+        "ulimit -l unlimited) and restart it.",
+    )
+
+
+def alerts(c: Settings) -> list[Alert]:
+    return [swappiness_alert(c), dirty_ratio_alert(c), transparent_hugepage_alert(c),
+            numa_balancing_alert(c), no_swap_headroom_alert(c), memlock_alert(c)]
+
+
+class Detector:
+    """Six info checks on current values:
+
+    - HostSwappinessHigh: vm.swappiness > max_swappiness_with_swap while SwapTotal > 0.
+    - HostDirtyRatioHigh: vm.dirty_ratio > max_dirty_ratio.
+    - HostTransparentHugepageAlways: THP `enabled` mode is `always`.
+    - HostNumaBalancingEnabled: kernel.numa_balancing is 1 or 3 (bit 0, NUMA_BALANCING_NORMAL,
+      set; 2 alone is memory tiering, which does not migrate tasks between nodes) on a host with
+      at least two NUMA nodes.
+    - HostNoSwapLowHeadroom: SwapTotal == 0 and MemAvailable / MemTotal (avg 1m each) below
+      min_available_share_without_swap.
+    - InferenceProcessMemlockLow (pid, process_name): the soft RLIMIT_MEMLOCK of a watched
+      process below min_memlock_bytes (unlimited is +Inf, never low).
+    """
+
+    name = "host_config"
+    alertnames = ("HostSwappinessHigh", "HostDirtyRatioHigh", "HostTransparentHugepageAlways",
+                  "HostNumaBalancingEnabled", "HostNoSwapLowHeadroom", "InferenceProcessMemlockLow")
+    min_history_seconds = 0.0
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.alerts = {alert.alert: alert for alert in alerts(config)}
+
+    def evaluate(self, history: History, now: float) -> list[Finding]:
+        config = self.config
+        sysctl = {name: common.host_latest(history, SYSCTL_VALUE.name, now, sysctl=name)
+                  for name in ("vm.swappiness", "vm.dirty_ratio", "kernel.numa_balancing")}
+        swap_total = common.host_latest(history, SWAP_TOTAL.name, now)
+        findings = []
+
+        swappiness = sysctl["vm.swappiness"]
+        if (swappiness is not None and swap_total is not None and swap_total > 0
+                and swappiness > config.max_swappiness_with_swap):
+            findings.append(self._info("HostSwappinessHigh", swappiness, config.max_swappiness_with_swap,
+                                       values={"swap": swap_total},
+                                       details={"swap_total_bytes": swap_total}))
+
+        dirty = sysctl["vm.dirty_ratio"]
+        if dirty is not None and dirty > config.max_dirty_ratio:
+            findings.append(self._info("HostDirtyRatioHigh", dirty, config.max_dirty_ratio, unit="%"))
+
+        for series in history.series(TRANSPARENT_HUGEPAGE_MODE.name, setting="enabled", mode="always"):
+            if windows.latest(series, now) == 1:
+                findings.append(self._info("HostTransparentHugepageAlways", 1.0, 0.0))
+                break
+
+        balancing = sysctl["kernel.numa_balancing"]
+        nodes = common.numa_node_count(history, now)
+        if balancing is not None and int(balancing) & 1 and nodes >= 2:
+            findings.append(self._info("HostNumaBalancingEnabled", balancing, 0.0,
+                                       values={"nodes": nodes}, details={"numa_nodes": float(nodes)}))
+
+        self._no_swap_headroom(history, now, swap_total, findings)
+        self._memlock(history, now, findings)
+        return findings
+
+    def _info(self, alertname: str, value: float, threshold: float, *, unit: str = "",
+              values: dict | None = None, details: dict | None = None,
+              labels: dict[str, str] | None = None) -> Finding:
+        return finding(self.alerts[alertname], labels or {}, float(value), float(threshold),
+                       values=values, unit=unit, details=details)
+
+    def _no_swap_headroom(self, history: History, now: float, swap_total: float | None,
+                          findings: list[Finding]) -> None:
+        if swap_total is None or swap_total != 0:
+            return
+        total = common.host_series(history, MEMORY_TOTAL.name)
+        available = common.host_series(history, MEMORY_AVAILABLE.name)
+        total_value = windows.avg_over_time(total, now) if total else None
+        available_value = windows.avg_over_time(available, now) if available else None
+        if not total_value or available_value is None:
+            return
+        share = available_value / total_value
+        limit = self.config.min_available_share_without_swap
+        if share >= limit:
+            return
+        findings.append(self._info(
+            "HostNoSwapLowHeadroom", share, limit, unit="ratio",
+            values={"available": available_value, "total": total_value},
+            details={"memory_available_bytes": available_value, "memory_total_bytes": total_value}))
+
+    def _memlock(self, history: History, now: float, findings: list[Finding]) -> None:
+        limit = self.config.min_memlock_bytes
+        processes = windows.by_labels(history.series(MEMLOCK_LIMIT.name), *common.PROCESS_LABELS)
+        for (pid, name), series in sorted(processes.items(),
+                                          key=lambda item: common.process_order(item[0])):
+            value = windows.latest(series, now)
+            if value is None or math.isinf(value) or value >= limit:
+                continue
+            findings.append(self._info("InferenceProcessMemlockLow", value, limit, unit="bytes",
+                                       labels={"pid": pid, "process_name": name}))
+
+
+def cases(t, catalog) -> list[Test]:
+    """gpu-host-1 drifts into every risky setting at the onset; gpu-host-2 and -3 show the guards."""
+    c = t.host_config
+    test = Test("host configuration: gpu-host-1 changes to risky settings at the onset; gpu-host-2 "
+                "(no swap, one NUMA node) and gpu-host-3 (no swap, memory running out) show the "
+                "conditions that keep each alert silent or raise it", firing(0) + 120, catalog)
+    swappiness, dirty_ratio = c.max_swappiness_with_swap + 50, c.max_dirty_ratio + 5
+    memlock = c.min_memlock_bytes / 128
+    low = c.min_available_share_without_swap / 2
+    ample = max(0.5, above(c.min_available_share_without_swap))
+    total = 64 * GIB
+    sysctl, thp = SYSCTL_VALUE.name, TRANSPARENT_HUGEPAGE_MODE.name
+    # gpu-host-1: swap configured, two NUMA nodes; settings change after the onset
+    test.gauge(sysctl, c.max_swappiness_with_swap, swappiness, sysctl="vm.swappiness")
+    test.gauge(sysctl, c.max_dirty_ratio, dirty_ratio, sysctl="vm.dirty_ratio")
+    test.gauge(sysctl, 0, 1, sysctl="kernel.numa_balancing")
+    test.gauge(thp, 1, None, setting="enabled", mode="madvise")
+    test.gauge(thp, None, 1, setting="enabled", mode="always")
+    test.constant(SWAP_TOTAL.name, 8 * GIB)
+    test.constant(MEMORY_TOTAL.name, total)
+    test.constant(MEMORY_AVAILABLE.name, low * total)
+    for node in ("0", "1"):
+        test.constant(NODE_MEMORY_TOTAL.name, total / 2, node=node)
+    test.gauge(MEMLOCK_LIMIT.name, None, memlock, **VLLM)
+    test.constant(MEMLOCK_LIMIT.name, float("inf"), **LLAMA)
+    # gpu-host-2: high swappiness but no swap, balancing on but one node, plenty available
+    test.constant(sysctl, swappiness, HOST2, sysctl="vm.swappiness")
+    test.constant(sysctl, c.max_dirty_ratio, HOST2, sysctl="vm.dirty_ratio")
+    test.constant(sysctl, 1, HOST2, sysctl="kernel.numa_balancing")
+    test.constant(thp, 1, HOST2, setting="enabled", mode="madvise")
+    test.constant(SWAP_TOTAL.name, 0, HOST2)
+    test.constant(MEMORY_TOTAL.name, total, HOST2)
+    test.constant(MEMORY_AVAILABLE.name, ample * total, HOST2)
+    test.constant(NODE_MEMORY_TOTAL.name, total, HOST2, node="0")
+    # gpu-host-3: no swap, available memory falls below the share at the onset
+    test.constant(SWAP_TOTAL.name, 0, HOST3)
+    test.constant(MEMORY_TOTAL.name, total, HOST3)
+    test.gauge(MEMORY_AVAILABLE.name, ample * total, low * total, HOST3)
+
+    at = firing(0)
+    for alertname, entity, instance, values in (
+        ("HostSwappinessHigh", {}, HOST, {"value": swappiness, "swap": 8 * GIB}),
+        ("HostDirtyRatioHigh", {}, HOST, {"value": dirty_ratio}),
+        ("HostTransparentHugepageAlways", {}, HOST, {"value": 1}),
+        ("HostNumaBalancingEnabled", {}, HOST, {"value": 1, "nodes": 2}),
+        ("HostNoSwapLowHeadroom", {}, HOST3, {"value": low, "available": low * total, "total": total}),
+        ("InferenceProcessMemlockLow", process_label(VLLM), HOST, {"value": memlock}),
+    ):
+        rule = catalog.find(alertname)
+        test.expect(not_yet(0), alertname)
+        test.expect(at, alertname, test.alert(rule, entity, instance, **values))
+    return [test]
+
 
 FAMILY = AlertFamily(
     section="host_config",
     settings=Settings,
-    alertnames=HostConfigDetector.alertnames,
+    alertnames=Detector.alertnames,
     group="hybridmon-host-config",
-    detector=HostConfigDetector,
-    alerts=lambda t: tuple(host.host_config(t)),
-    cases=lambda t, catalog: [cases_host.host_config(t, catalog)],
+    detector=Detector,
+    alerts=lambda t: tuple(alerts(t.host_config)),
+    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
 )

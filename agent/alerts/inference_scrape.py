@@ -1,19 +1,122 @@
-"""The `inference_scrape` alert family (ADAPTER: to be moved into this module, see family.py)."""
+"""InferenceServerScrapeFailing: an inference server's /metrics (or Ollama's /api/ps) cannot be read,
+so its tokens/s, latency and KV cache figures are missing from every finding and dashboard.
+Runbook: InferenceServerScrapeFailing.md (the first check for each reason).
+"""
 from __future__ import annotations
 
-from hybridmon.agent.alerts.family import AlertFamily
-from hybridmon.agent.detectors.base import InferenceScrape as Settings
-from hybridmon.agent.detectors.inference import ScrapeFailingDetector
-from hybridmon.rules import cases_inference, inference
+from hybridmon.agent.alerts.family import AlertFamily, Section, finding
+from hybridmon.agent.detectors import windows
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
+from hybridmon.rules.case_inputs import LLAMA_SERVER, VLLM_SERVER
+from hybridmon.rules.model import Alert
+from hybridmon.rules.promql import duration
+from hybridmon.rules.scenarios import BEFORE_SAMPLES, Test, firing, not_yet
+
+INPUTS = (SCRAPE_SUCCESS, SCRAPE_ERROR)
+# Why a scrape failed (the reason label of the scrape-error series), in words, and the first
+# check; the status page prints the words, the runbook has the same table.
+SCRAPE_REASONS = {
+    "timeout": ("gave no complete answer within [inference] timeout_seconds",
+                "a server stuck or overloaded; `curl -m 5 -sS -o /dev/null -w '%{time_total}' URL`"),
+    "refused": ("refused the connection: nothing listens there",
+                "the server is down or moved port; `ss -ltnp` and the server's own log"),
+    "connection": ("failed at the connection (reset, TLS or DNS)", "`curl -v URL`"),
+    "http_status": ("answered with an HTTP status other than 200",
+                    "metrics switched off (llama-server needs --metrics, SGLang --enable-metrics) or a "
+                    "proxy in the way; `curl -i URL`"),
+    "too_large": ("answered a body over [inference] max_body_bytes",
+                  "a label with unbounded values (one series per request) or the wrong URL"),
+    "not_prometheus": ("answered something that is not the Prometheus text format (an HTML page)",
+                       "the URL points at a web UI or a proxy's error page; `curl -s URL | head`"),
+    "not_json": ("answered something that is not JSON (Ollama's /api/ps)", "`curl -s URL | head`"),
+    "unknown_server": ("answered metrics of no server hybridmon knows",
+                       "name the server in [inference] endpoints or check the URL"),
+    "missing_families": ("answered, but a family every version of the server publishes is missing: "
+                         "its metric names changed", "compare `curl -s URL` with docs/inference-servers.md"),
+}
+
+
+class Settings(Section):
+    for_seconds: float
+
+
+def alert(s: Settings) -> Alert:
+    wait = duration(s.for_seconds)
+    return Alert(
+        "InferenceServerScrapeFailing",
+        f"{SCRAPE_ERROR.name} > 0",
+        s.for_seconds, "warning",
+        "Inference server at <endpoint> on <instance> cannot be read: <reason>",
+        f"Every scrape of the inference server at <endpoint> failed with reason <reason> for {wait} "
+        f"(threshold: {wait}): timeout, refused, connection, http_status, too_large, not_prometheus "
+        "(an HTML page), not_json, unknown_server or missing_families (its metric names changed). "
+        "The server is down or failing, or its metrics are: its tokens/s, latency and KV cache "
+        "figures are missing from every finding and dashboard until it answers. The runbook has "
+        "the first check for each reason.",
+    )
+
+
+def _last_time(series: SeriesHistory, now: float) -> float | None:
+    """Time of the series' last point at most a minute before `now`."""
+    times, _ = windows.window(series, now, windows.INSTANT_LOOKBACK_SECONDS)
+    return times[-1] if times else None
+
+
+class Detector:
+    """InferenceServerScrapeFailing, per endpoint and reason, warning: the endpoint's last scrape
+    failed (its scrape-error series is present in the collector's latest run)."""
+
+    name = "inference_scrape"
+    alertnames = ("InferenceServerScrapeFailing",)
+    min_history_seconds = 0.0
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.alert = alert(config)
+
+    def evaluate(self, history: History, now: float) -> list[Finding]:
+        last_scrape = {series.labels["endpoint"]: _last_time(series, now)
+                       for series in history.series(SCRAPE_SUCCESS.name)}
+        findings = []
+        for series in sorted(history.series(SCRAPE_ERROR.name),
+                             key=lambda s: (s.labels["endpoint"], s.labels["reason"])):
+            endpoint, reason = series.labels["endpoint"], series.labels["reason"]
+            # In the endpoint's latest scrape, as Prometheus sees a series until it goes stale.
+            at = _last_time(series, now)
+            if at is not None and last_scrape.get(endpoint) == at:
+                findings.append(finding(self.alert, {"endpoint": endpoint, "reason": reason}, 1.0, 1.0,
+                                        details={"reason": reason}))
+        return findings
+
+
+def cases(t, catalog) -> list[Test]:
+    wait = t.inference_scrape.for_seconds
+    rule = catalog.find("InferenceServerScrapeFailing")
+    test = Test("scrape failing: vLLM's endpoint answers HTML from the onset; llama.cpp's times out "
+                "once", firing(wait) + 120, catalog)
+    vllm, llama = VLLM_SERVER["endpoint"], LLAMA_SERVER["endpoint"]
+    test.gauge(SCRAPE_SUCCESS.name, 1, 0, endpoint=vllm)
+    test.gauge(SCRAPE_ERROR.name, None, 1, endpoint=vllm, reason="not_prometheus")
+    test.constant(SCRAPE_SUCCESS.name, 1, endpoint=llama)
+    rest = test.samples - BEFORE_SAMPLES - 1
+    test.add(SCRAPE_ERROR.name, f"_x{BEFORE_SAMPLES} 1 stale _x{rest - 1}",
+             endpoint=llama, reason="timeout")
+    test.expect(not_yet(wait), rule.alert)
+    test.expect(firing(wait), rule.alert,
+                test.alert(rule, {"endpoint": vllm, "reason": "not_prometheus"}))
+    return [test]
+
 
 FAMILY = AlertFamily(
     section="inference_scrape",
     settings=Settings,
-    alertnames=('InferenceServerScrapeFailing',),
+    alertnames=Detector.alertnames,
     group="hybridmon-inference",
-    detector=ScrapeFailingDetector,
-    alerts=lambda t: (inference.scrape_failing(t),),
-    cases=lambda t, catalog: [cases_inference.scrape_failing(t, catalog)],
+    detector=Detector,
+    alerts=lambda t: (alert(t.inference_scrape),),
+    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
 )

@@ -1,19 +1,275 @@
-"""The `kv_offload_pressure` alert family (ADAPTER: to be moved into this module, see family.py)."""
+"""InferenceKvOffloadPressure: an inference server's KV cache under pressure, for one of two reasons.
+kv_cache_full: the GPU KV cache is (almost) full while requests are preempted, so they stop and are
+recomputed or reloaded. offload_link: loads of offloaded KV cache from host memory alone fill the
+host-to-device PCIe link of the server's GPUs. Runbook: InferenceKvOffloadPressure.md.
+"""
 from __future__ import annotations
 
-from hybridmon.agent.alerts.family import AlertFamily
-from hybridmon.agent.detectors.base import KvOffloadPressure as Settings
-from hybridmon.agent.detectors.inference import KvOffloadPressureDetector
-from hybridmon.rules import cases_inference, inference
+from dataclasses import dataclass
+from textwrap import dedent
+
+from hybridmon.agent.alerts.family import AlertFamily, Section, finding
+from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.servers import Server
+from hybridmon.agent.history import History
+from hybridmon.exporters.bench import MEASURED_CAPACITY
+from hybridmon.exporters.gpu import PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PROCESS_MEMORY_USED
+from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
+from hybridmon.pcie_rates import link_name, theoretical_capacity
+from hybridmon.rules import inference as recorded
+from hybridmon.rules.case_inputs import (
+    LLAMA, LLAMA_SERVER, SGLANG_SERVER, VLLM, VLLM_SERVER, capacity, link, on_gpu, served)
+from hybridmon.rules.model import Alert
+from hybridmon.rules.promql import number, query
+from hybridmon.rules.scenarios import GPU0, GPU1, Test, above, firing, not_yet
+from hybridmon.rules.templates import humanize, humanize_percentage
+from hybridmon.units import human_rate
+
+KV_CACHE_USAGE = BY_FIELD["kv_cache_usage_ratio"]
+PREEMPTIONS = BY_FIELD["preemptions"]
+INPUTS = (KV_CACHE_USAGE, PREEMPTIONS, OFFLOAD_BYTES, PROCESS_MEMORY_USED, PCIE_LINK_GENERATION,
+          PCIE_LINK_WIDTH, MEASURED_CAPACITY)
+HOST_TO_DEVICE = "host_to_device"
+
+
+class Settings(Section):
+    kv_cache_usage_at_least: float
+    preemptions_per_second_above: float
+    offload_load_share_of_capacity: float
+    for_seconds: float
+
+
+def _server(template: str, metric: str) -> tuple[str, tuple[str, ...]]:
+    return query(template, metric, *recorded.SERVER)
+
+
+def cache_full_alert(k: Settings) -> Alert:
+    return Alert(
+        "InferenceKvOffloadPressure",
+        dedent(f"""\
+            max without (pid) (
+              {recorded.KV_USAGE} >= {number(k.kv_cache_usage_at_least)}
+              and
+              {recorded.PREEMPTIONS} > {number(k.preemptions_per_second_above)}
+            )"""),
+        k.for_seconds, "warning",
+        f"{recorded.SERVER_NAME} on <instance>: KV cache <value|humanizePercentage> full while "
+        "<preemptions|humanize> requests per second are preempted",
+        f"{recorded.SERVER_NAME} has its GPU KV cache <value|humanizePercentage> full (1 min average; "
+        f"threshold {humanize_percentage(k.kv_cache_usage_at_least)}) and preempts "
+        "<preemptions|humanize> requests per second (threshold: more than "
+        f"{humanize(k.preemptions_per_second_above)}). A preempted request loses its KV blocks "
+        "and is recomputed or reloaded from the offload tier: its tokens stop, time to first token "
+        "and inter-token latency jump. Lower the concurrency or context limits (vLLM --max-num-seqs, "
+        "--max-model-len), give the KV cache more VRAM (--gpu-memory-utilization, a quantised KV "
+        "cache) or add a host-memory offload tier.",
+        labels={"reason": "kv_cache_full"},
+        queries={"preemptions": _server("max without (pid) ({})", recorded.PREEMPTIONS)},
+    )
+
+
+def offload_link_alert(k: Settings) -> Alert:
+    return Alert(
+        "InferenceKvOffloadPressure",
+        f"max without (pid) (\n  {recorded.OFFLOAD_LOADS} / {recorded.SERVER_CAPACITY}\n"
+        f"    >= {number(k.offload_load_share_of_capacity)}\n)",
+        k.for_seconds, "warning",
+        f"{recorded.SERVER_NAME} on <instance>: KV offload loads of <loads|humanize>B/s fill "
+        "<value|humanizePercentage> of the host-to-device link",
+        f"{recorded.SERVER_NAME} loads <loads|humanize>B/s of offloaded KV cache from host memory into "
+        "the GPU (1 min rate): <value|humanizePercentage> of the <capacity|humanize>B/s "
+        "host-to-device capacity of the GPUs its process uses (every GPU of the host when the "
+        "server is tied to no process; capacity as hybridmon bench measured it, else the "
+        f"link's theoretical rate; threshold {humanize_percentage(k.offload_load_share_of_capacity)}). "
+        "The loads alone fill the link: requests whose blocks were offloaded wait for the copy, and "
+        "weights or other transfers queue behind it. Keep the hot blocks in VRAM (more "
+        "--gpu-memory-utilization, a quantised KV cache, fewer concurrent long contexts) and check "
+        "the link runs at its full generation and width.",
+        labels={"reason": "offload_link"},
+        queries={"loads": _server("max without (pid) ({})", recorded.OFFLOAD_LOADS),
+                 "capacity": _server("max without (pid) ({})", recorded.SERVER_CAPACITY)},
+    )
+
+
+def alerts(k: Settings) -> list[Alert]:
+    return [cache_full_alert(k), offload_link_alert(k)]
+
+
+@dataclass(frozen=True)
+class LinkCapacity:
+    """One GPU's host->device capacity (bytes/s) and where it comes from."""
+
+    bytes_per_second: float
+    source: str          # "measured" or "theoretical Gen4 x16"
+
+
+def link_capacity(measured: float | None, generation: float | None,
+                  lanes: float | None) -> LinkCapacity | None:
+    """What `hybridmon bench` measured when it did, else the current link's theoretical rate: the
+    capacity GpuPcieStarvation and the rules' effective-capacity recording read too."""
+    if measured is not None and measured > 0:
+        return LinkCapacity(measured, "measured")
+    if generation is None or lanes is None:
+        return None
+    theoretical = theoretical_capacity(generation, lanes)
+    return LinkCapacity(theoretical, f"theoretical {link_name(generation, lanes)}") if theoretical else None
+
+
+def gpus_of(history: History, pid: str, now: float) -> set[tuple[str, str]]:
+    """(gpu, uuid) of the GPUs process `pid` holds memory on now (NVML per-process memory)."""
+    if not pid:
+        return set()
+    return {(s.labels["gpu"], s.labels["uuid"]) for s in history.series(PROCESS_MEMORY_USED.name, pid=pid)
+            if windows.latest(s, now) is not None}
+
+
+class Detector:
+    """InferenceKvOffloadPressure, per server (labels server, endpoint, model, reason), warning.
+
+    kv_cache_full: KV cache usage (avg 1m) >= kv_cache_usage_at_least and the preemption rate
+    (1m) > preemptions_per_second_above. offload_link: KV offload loads (rate 1m of the load
+    direction) >= offload_load_share_of_capacity x the host->device capacity of the GPUs the
+    server's process holds memory on (every GPU when the server is tied to no process, or its
+    process holds none); capacity per GPU as GpuPcieStarvation reads it: measured by
+    `hybridmon bench`, else the current link's theoretical rate."""
+
+    name = "kv_offload_pressure"
+    alertnames = ("InferenceKvOffloadPressure",)
+    min_history_seconds = windows.AVERAGE_SECONDS
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.cache_full_alert = cache_full_alert(config)
+        self.offload_link_alert = offload_link_alert(config)
+
+    def evaluate(self, history: History, now: float) -> list[Finding]:
+        findings = []
+        capacities: dict[tuple[str, str], LinkCapacity] | None = None
+        for server in servers.scraped(history, now):
+            full = self._cache_full(history, server, now)
+            if full:
+                findings.append(full)
+            loads = servers.rate(servers.series_of(history, OFFLOAD_BYTES.name, server, direction="load"),
+                                 now, windows.AVERAGE_SECONDS)
+            if not loads:
+                continue
+            if capacities is None:
+                capacities = self.capacities(history, now)
+            mine = gpus_of(history, server.pid, now) & set(capacities) or set(capacities)
+            total = sum(capacities[gpu].bytes_per_second for gpu in mine)
+            if total > 0 and loads >= self.config.offload_load_share_of_capacity * total:
+                findings.append(self._link_full(server, loads, total,
+                                                {gpu: capacities[gpu] for gpu in sorted(mine)}))
+        return findings
+
+    def capacities(self, history: History, now: float) -> dict[tuple[str, str], LinkCapacity]:
+        """(gpu, uuid) -> its host->device capacity."""
+        generation = common.gpu_latest(history, PCIE_LINK_GENERATION.name, now)
+        width = common.gpu_latest(history, PCIE_LINK_WIDTH.name, now)
+        measured = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
+        found = {}
+        for gpu in set(generation) | set(measured):
+            capacity = link_capacity(measured.get(gpu, {}).get(HOST_TO_DEVICE),
+                                     generation.get(gpu), width.get(gpu))
+            if capacity is not None:
+                found[gpu] = capacity
+        return found
+
+    def _cache_full(self, history: History, server: Server, now: float) -> Finding | None:
+        c = self.config
+        usage_series = servers.series_of(history, KV_CACHE_USAGE.name, server)
+        usage = None if usage_series is None else windows.avg_over_time(usage_series, now)
+        preemptions = servers.rate(servers.series_of(history, PREEMPTIONS.name, server), now,
+                                   windows.AVERAGE_SECONDS)
+        if (usage is None or preemptions is None or usage < c.kv_cache_usage_at_least
+                or preemptions <= c.preemptions_per_second_above):
+            return None
+        return finding(
+            self.cache_full_alert, server.labels, usage, c.kv_cache_usage_at_least, unit="ratio",
+            values={"preemptions": preemptions},
+            details={"kv_cache_usage_ratio": usage, "preemptions_per_second": preemptions,
+                     "pid": server.pid})
+
+    def _link_full(self, server: Server, loads: float, total: float,
+                   gpus: dict[tuple[str, str], LinkCapacity]) -> Finding:
+        # Which GPUs' links make up the capacity, and where each figure comes from: more than
+        # the rule can say, so it is a detail (the runbook points at the findings API for it).
+        links = ", ".join(f"GPU {gpu[0]} {human_rate(capacity.bytes_per_second)} ({capacity.source})"
+                          for gpu, capacity in gpus.items())
+        return finding(
+            self.offload_link_alert, server.labels, loads / total,
+            self.config.offload_load_share_of_capacity, unit="ratio",
+            values={"loads": loads, "capacity": total},
+            details={"kv_offload_load_bytes_per_second": loads, "capacity_bytes_per_second": total,
+                     "gpus": ",".join(gpu[0] for gpu in gpus), "capacity_sources": links,
+                     "pid": server.pid})
+
+
+def kv_cache_full_case(t, catalog) -> Test:
+    k = t.kv_offload_pressure
+    rule = catalog.find("InferenceKvOffloadPressure", reason="kv_cache_full")
+    full, preempting = above(k.kv_cache_usage_at_least), k.preemptions_per_second_above + 0.5
+    test = Test("KV cache full: vLLM fills and preempts; SGLang is full without preempting and "
+                "llama.cpp preempts below the threshold: both silent", firing(k.for_seconds) + 120, catalog)
+    for labels, usage, preemptions in (
+            (served(VLLM_SERVER, VLLM["pid"]), (0.5, full), preempting),
+            (served(SGLANG_SERVER, "6161"), (full, full), 0.0),
+            (served(LLAMA_SERVER, LLAMA["pid"]), (0.5, k.kv_cache_usage_at_least - 0.05), preempting)):
+        test.gauge(KV_CACHE_USAGE.name, *usage, **labels)
+        test.counter(PREEMPTIONS.name, 0, preemptions, **labels)
+    test.expect(not_yet(k.for_seconds), rule.alert)
+    test.expect(firing(k.for_seconds), rule.alert,
+                test.alert(rule, VLLM_SERVER, value=full, preemptions=preempting))
+    return test
+
+
+def offload_link_case(t, catalog) -> Test:
+    """GPU 0 (python3, pid 4242) at its theoretical Gen4 x16 rate; GPU 1 (llama-server, pid 5151)
+    measured by hybridmon bench at half of it. A server tied to no process is judged against both."""
+    k = t.kv_offload_pressure
+    rule = catalog.find("InferenceKvOffloadPressure", reason="offload_link")
+    share = above(k.offload_load_share_of_capacity)
+    full, measured = capacity(4, 16), capacity(4, 16) / 2
+    second_vllm = served(VLLM_SERVER, LLAMA["pid"], "http://127.0.0.1:8001/metrics")
+    quiet_vllm = served(VLLM_SERVER, VLLM["pid"], "http://127.0.0.1:8002/metrics")
+    test = Test("KV offload loads: vLLM on GPU 0 past the share of its link, a second vLLM past the "
+                "share of GPU 1's measured capacity; SGLang, tied to no process, is judged against "
+                "both GPUs and a third vLLM stays under: both silent", firing(k.for_seconds) + 120, catalog)
+    for gpu in (GPU0, GPU1):
+        link(test, gpu, 4, 16)
+    for direction in ("host_to_device", "device_to_host"):
+        test.constant(MEASURED_CAPACITY.name, measured, direction=direction, **GPU1)
+    on_gpu(test, GPU0, VLLM, 20e9)
+    on_gpu(test, GPU1, LLAMA, 8e9)
+    loading = ((served(VLLM_SERVER, VLLM["pid"]), share * full), (second_vllm, share * measured),
+               (served(SGLANG_SERVER, ""), share * full),
+               (quiet_vllm, (k.offload_load_share_of_capacity - 0.05) * full))
+    for labels, loads in loading:
+        test.counter(OFFLOAD_BYTES.name, 0, loads, direction="load", **labels)
+    test.expect_samples(60, recorded.SERVER_CAPACITY, *(
+        (labels, full + measured if labels["pid"] == "" else
+         measured if labels["pid"] == LLAMA["pid"] else full) for labels, _ in loading))
+    test.expect(not_yet(k.for_seconds), rule.alert)
+    test.expect(firing(k.for_seconds), rule.alert,
+                test.alert(rule, VLLM_SERVER, value=share, loads=share * full, capacity=full),
+                test.alert(rule, {name: v for name, v in second_vllm.items() if name != "pid"},
+                           value=share, loads=share * measured, capacity=measured))
+    return test
+
+
+def cases(t, catalog) -> list[Test]:
+    return [kv_cache_full_case(t, catalog), offload_link_case(t, catalog)]
+
 
 FAMILY = AlertFamily(
     section="kv_offload_pressure",
     settings=Settings,
-    alertnames=('InferenceKvOffloadPressure',),
+    alertnames=Detector.alertnames,
     group="hybridmon-inference",
-    detector=KvOffloadPressureDetector,
-    alerts=lambda t: tuple(inference.kv_offload_pressure(t)),
-    cases=lambda t, catalog: [cases_inference.kv_cache_full(t, catalog), cases_inference.offload_link(t, catalog)],
-    collectors=('inference',),
+    detector=Detector,
+    alerts=lambda t: tuple(alerts(t.kv_offload_pressure)),
+    cases=cases,
+    collectors=("inference",),
     lookback_seconds=lambda settings: 0.0,
 )

@@ -14,9 +14,9 @@ from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERAT
                                      PCIE_LINK_WIDTH, UTILIZATION)
 from hybridmon.pcie_rates import theoretical_capacity
 from hybridmon.rules import pcie as recorded
-from hybridmon.rules.cases_gpu import capacity, link
+from hybridmon.rules.case_inputs import capacity, link
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import number, query
+from hybridmon.rules.promql import gpu_query, number
 from hybridmon.rules.scenarios import GPU0, GPU1, GPU2, GPU3, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
@@ -26,10 +26,6 @@ INPUTS = (UTILIZATION, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_LINK_MAX_GENE
 class Settings(Section):
     busy_utilization_at_least: float
     for_seconds: float
-
-
-def _gpu(template: str, metric: str) -> tuple[str, tuple[str, ...]]:
-    return query(template, metric, "gpu")
 
 
 def alert(d: Settings) -> Alert:
@@ -60,11 +56,11 @@ def alert(d: Settings) -> Alert:
         "poorly seated card or riser, a BIOS lane or speed setting, or signal errors: compare "
         "LnkSta with LnkCap (lspci -vvv) and look at the replay and AER counters.",
         queries={
-            "gen": _gpu("{}", PCIE_LINK_GENERATION.name),
-            "width": _gpu("{}", PCIE_LINK_WIDTH.name),
-            "max_gen": _gpu("{}", PCIE_LINK_MAX_GENERATION.name),
-            "max_width": _gpu("{}", PCIE_LINK_MAX_WIDTH.name),
-            "util": _gpu("{}", recorded.UTILIZATION),
+            "gen": gpu_query("{}", PCIE_LINK_GENERATION.name),
+            "width": gpu_query("{}", PCIE_LINK_WIDTH.name),
+            "max_gen": gpu_query("{}", PCIE_LINK_MAX_GENERATION.name),
+            "max_width": gpu_query("{}", PCIE_LINK_MAX_WIDTH.name),
+            "util": gpu_query("{}", recorded.UTILIZATION),
         },
     )
 

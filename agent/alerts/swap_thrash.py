@@ -1,19 +1,349 @@
-"""The `swap_thrash` alert family (ADAPTER: to be moved into this module, see family.py)."""
+"""HostSwapThrash: the host pages in and out of swap at once while tasks stall on memory
+(incident 3: vm.swappiness=60 evicting the offloaded KV cache to swap). A warning for the host; a
+critical alert, naming the process, for each watched inference process that itself swaps.
+Runbook: HostSwapThrash.md.
+"""
 from __future__ import annotations
 
-from hybridmon.agent.alerts.family import AlertFamily
-from hybridmon.agent.detectors.base import SwapThrash as Settings
-from hybridmon.agent.detectors.swap import SwapThrashDetector
-from hybridmon.rules import cases_host, host
+from textwrap import dedent
+
+from hybridmon.agent.alerts.family import AlertFamily, Section, finding
+from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.history import History
+from hybridmon.exporters.host_memory import MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, SWAP_OUT_BYTES, SYSCTL_VALUE
+from hybridmon.exporters.pressure import STALLED_SECONDS
+from hybridmon.exporters.process import MAJOR_FAULTS as PROCESS_MAJOR_FAULTS
+from hybridmon.exporters.process import SWAP as PROCESS_SWAP
+from hybridmon.rules import host as recorded
+from hybridmon.rules.case_inputs import HOST2, LLAMA, SGLANG, VLLM, host_memory, process_label
+from hybridmon.rules.model import Alert
+from hybridmon.rules.promql import as_process_name, indent, number, query
+from hybridmon.rules.scenarios import BEFORE_SAMPLES, MIB, ONSET, STEP, Test, above, firing, not_yet
+from hybridmon.rules.templates import humanize, humanize1024, humanize_percentage
+
+INPUTS = (SWAP_IN_BYTES, SWAP_OUT_BYTES, MAJOR_PAGE_FAULTS, STALLED_SECONDS, SYSCTL_VALUE, PROCESS_SWAP,
+          PROCESS_MAJOR_FAULTS)
+# The two sysctls both alerts quote: the usual culprits of incident 3 and their fix.
+SYSCTLS = ("vm.swappiness", "vm.dirty_ratio")
+
+
+class Settings(Section):
+    swap_in_bytes_per_second: float
+    swap_out_bytes_per_second: float
+    major_faults_per_second: float
+    memory_pressure_some_ratio: float
+    for_seconds: float
+    process_swap_bytes: float
+    process_major_faults_per_second: float
+
+
+def _bytes(value: float) -> str:
+    return f"{humanize1024(value)}B"
+
+
+def _settings_queries() -> dict[str, tuple[str, tuple[str, ...]]]:
+    """The sysctls the texts quote, read as they are now (a setting is a state)."""
+    return {name.removeprefix("vm."): query("{}", SYSCTL_VALUE.name, sysctl=name) for name in SYSCTLS}
+
+
+def host_thrash(s: Settings) -> str:
+    """PromQL: the host swaps in and out at once (1 min rates) while it major-faults or tasks stall
+    on memory."""
+    return dedent(f"""\
+        {recorded.SWAP_IN} >= {number(s.swap_in_bytes_per_second)}
+        and on (job, instance)
+        {recorded.SWAP_OUT} >= {number(s.swap_out_bytes_per_second)}
+        and on (job, instance)
+        (
+            {recorded.MAJOR_FAULTS} >= {number(s.major_faults_per_second)}
+          or on (job, instance)
+            {recorded.STALLED}{{resource="memory", scope="some"}} >= {number(s.memory_pressure_some_ratio)}
+        )""")
+
+
+def _condition(s: Settings) -> str:
+    return (
+        f"swap-in at or above {_bytes(s.swap_in_bytes_per_second)}/s and swap-out at or above "
+        f"{_bytes(s.swap_out_bytes_per_second)}/s (1 min rates), with major page faults at or above "
+        f"{humanize(s.major_faults_per_second)}/s or tasks stalled on memory at least "
+        f"{humanize_percentage(s.memory_pressure_some_ratio)} of the time")
+
+
+def host_alert(s: Settings) -> Alert:
+    return Alert(
+        "HostSwapThrash", host_thrash(s), s.for_seconds, "warning",
+        "<instance> is thrashing swap: <value|humanize1024>B/s in, <swap_out|humanize1024>B/s out",
+        "The host reads <value|humanize1024>B/s back from swap and writes "
+        "<swap_out|humanize1024>B/s out, with <major_faults|humanize> major page faults/s and "
+        "tasks stalled on memory <pressure|humanizePercentage> of the time (thresholds: "
+        f"{_condition(s)}). Settings: vm.swappiness=<swappiness>, vm.dirty_ratio=<dirty_ratio>. The "
+        "watched process with the most in swap holds <most_swapped|humanize1024>B (VmSwap, 1 min "
+        "average). The kernel is evicting memory still in use and reading it straight back, so "
+        "offloaded KV blocks and weights wait on the disk and tokens/s decay without a crash. Lower "
+        "vm.swappiness to 10 and vm.dirty_ratio to 15, find who holds swap (VmSwap in "
+        "/proc/PID/status), and size the host-side offload to fit in RAM.",
+        queries={
+            "swap_out": query("{}", recorded.SWAP_OUT),
+            "major_faults": query("{}", recorded.MAJOR_FAULTS),
+            "pressure": query("{}", recorded.STALLED, resource="memory", scope="some"),
+            "most_swapped": query("max({})", recorded.PROCESS_SWAP),
+            **_settings_queries(),
+        },
+    )
+
+
+def process_alert(s: Settings) -> Alert:
+    watched = (
+        "# the process's VmSwap, when it holds enough swap and it grows, or it major-faults...\n"
+        f"{recorded.PROCESS_SWAP}\n"
+        "and\n"
+        "(\n"
+        f"    {recorded.PROCESS_SWAP} >= {number(s.process_swap_bytes)}"
+        f" and deriv({PROCESS_SWAP.name}[1m]) > 0\n"
+        "  or\n"
+        f"    {recorded.PROCESS_MAJOR_FAULTS} >= {number(s.process_major_faults_per_second)}\n"
+        ")\n"
+        "# ...while the host thrashes\n"
+        "and on (job, instance)\n"
+        "(\n"
+        f"{indent(host_thrash(s), 2)}\n"
+        ")"
+    )
+    return Alert(
+        "HostSwapThrash", as_process_name(watched), s.for_seconds, "critical",
+        "<process_name> (pid <pid>) on <instance> is swapping: <value|humanize1024>B in swap "
+        "while the host thrashes",
+        "Watched process <process_name> (pid <pid>) has <value|humanize1024>B in swap (VmSwap, "
+        f"1 min average; threshold {_bytes(s.process_swap_bytes)} and growing) and takes "
+        "<major_faults|humanize> major page faults/s (threshold "
+        f"{humanize(s.process_major_faults_per_second)}/s); either makes it critical while the "
+        "host thrashes (now <swap_in|humanize1024>B/s in, <swap_out|humanize1024>B/s out; "
+        f"thresholds: {_condition(s)}). Settings: vm.swappiness=<swappiness>, "
+        "vm.dirty_ratio=<dirty_ratio>. The inference server's own memory goes to disk and "
+        "comes back one fault at a time, and each fault stalls a token. Check with "
+        "grep -e VmSwap -e VmRSS /proc/<pid>/status. Lower vm.swappiness to "
+        "10 and vm.dirty_ratio to 15, and give the server room: a smaller host KV tier, fewer "
+        "co-located jobs or more RAM.",
+        queries={
+            "major_faults": query("{}", recorded.PROCESS_MAJOR_FAULTS, "pid"),
+            "swap_in": query("{}", recorded.SWAP_IN),
+            "swap_out": query("{}", recorded.SWAP_OUT),
+            **_settings_queries(),
+        },
+    )
+
+
+def alerts(s: Settings) -> list[Alert]:
+    return [host_alert(s), process_alert(s)]
+
+
+def host_rate(history: History, metric: str, now: float, **labels: str) -> float | None:
+    """The 1 min rate of the host's counter (as PromQL's rate()); None without one."""
+    for series in history.series(metric, **labels):
+        value = windows.rate(series, now)
+        if value is not None:
+            return value
+    return None
+
+
+class Detector:
+    """HostSwapThrash, warning (no labels): swap-in rate >= swap_in_bytes_per_second and swap-out
+    rate >= swap_out_bytes_per_second and (major faults/s >= major_faults_per_second or PSI
+    memory some >= memory_pressure_some_ratio), all over the last minute.
+
+    While that holds, also one critical finding per watched process that itself swaps (labels
+    pid, process_name): VmSwap (avg 1m) >= process_swap_bytes and growing (its last value in the
+    minute above its first), or its major faults/s >= process_major_faults_per_second. Both kinds
+    carry vm.swappiness, vm.dirty_ratio and the VmSwap in their details."""
+
+    name = "swap_thrash"
+    alertnames = ("HostSwapThrash",)
+    min_history_seconds = windows.AVERAGE_SECONDS
+
+    def __init__(self, config: Settings) -> None:
+        self.config = config
+        self.host_alert = host_alert(config)
+        self.process_alert = process_alert(config)
+
+    def evaluate(self, history: History, now: float) -> list[Finding]:
+        config = self.config
+        swap_in = host_rate(history, SWAP_IN_BYTES.name, now)
+        swap_out = host_rate(history, SWAP_OUT_BYTES.name, now)
+        major = host_rate(history, MAJOR_PAGE_FAULTS.name, now)
+        pressure = host_rate(history, STALLED_SECONDS.name, now, resource="memory", scope="some")
+        if swap_in is None or swap_out is None:
+            return []
+        stalled = ((major is not None and major >= config.major_faults_per_second)
+                   or (pressure is not None and pressure >= config.memory_pressure_some_ratio))
+        if (swap_in < config.swap_in_bytes_per_second or swap_out < config.swap_out_bytes_per_second
+                or not stalled):
+            return []
+        host: dict[str, float | str] = {
+            "swap_in_bytes_per_second": swap_in,
+            "swap_out_bytes_per_second": swap_out,
+        }
+        if major is not None:
+            host["major_faults_per_second"] = major
+        if pressure is not None:
+            host["memory_pressure_some_ratio"] = pressure
+        settings: dict[str, float | None] = {}
+        for sysctl in SYSCTLS:
+            value = common.host_latest(history, SYSCTL_VALUE.name, now, sysctl=sysctl)
+            settings[sysctl.removeprefix("vm.")] = value
+            if value is not None:
+                host[sysctl.replace(".", "_")] = value
+        processes = self._processes(history, now)
+        worst = max(processes, key=lambda p: p["swap_bytes"], default=None)
+        # The rule's max() over the processes' VmSwap averages: processes seen only by their
+        # fault counter have no VmSwap series and take no part.
+        most_swapped = max((p["swap_bytes"] for p in processes if p["swap_known"]), default=None)
+        findings = [self._host_finding(host, worst, major, pressure, most_swapped, settings)]
+        for process in processes:
+            if process["swapping"]:
+                findings.append(self._process_finding(host, process, settings))
+        return findings
+
+    def _processes(self, history: History, now: float) -> list[dict]:
+        """Every watched process with its VmSwap (avg 1m), whether it grows, its major faults/s."""
+        faults = {key: windows.rate(series, now) for key, series in
+                  windows.by_labels(history.series(PROCESS_MAJOR_FAULTS.name),
+                                    *common.PROCESS_LABELS).items()}
+        found = []
+        swap_series = windows.by_labels(history.series(PROCESS_SWAP.name), *common.PROCESS_LABELS)
+        for key in sorted(set(swap_series) | set(faults), key=common.process_order):
+            swap = None
+            growing = False
+            if key in swap_series:
+                _, values = windows.window(swap_series[key], now, windows.AVERAGE_SECONDS)
+                if values:
+                    swap = sum(values) / len(values)
+                    growing = values[-1] > values[0]
+            major = faults.get(key)
+            if swap is None and major is None:
+                continue
+            swaps = (swap is not None and swap >= self.config.process_swap_bytes and growing)
+            faulting = major is not None and major >= self.config.process_major_faults_per_second
+            found.append({"pid": key[0], "name": key[1], "swap_bytes": swap or 0.0,
+                          "swap_known": swap is not None, "growing": growing,
+                          "major_faults_per_second": major, "swapping": swaps or faulting,
+                          "by_swap": swaps})
+        return found
+
+    def _host_finding(self, host: dict, worst: dict | None, major: float | None,
+                      pressure: float | None, most_swapped: float | None,
+                      settings: dict[str, float | None]) -> Finding:
+        details = dict(host)
+        if worst is not None:
+            details.update(process_swap_bytes=worst["swap_bytes"], pid=worst["pid"],
+                           process_name=worst["name"])
+        return finding(
+            self.host_alert, {}, host["swap_in_bytes_per_second"], self.config.swap_in_bytes_per_second,
+            unit="B/s",
+            values={"swap_out": host["swap_out_bytes_per_second"], "major_faults": major,
+                    "pressure": pressure, "most_swapped": most_swapped, **settings},
+            details=details)
+
+    def _process_finding(self, host: dict, process: dict, settings: dict[str, float | None]) -> Finding:
+        config = self.config
+        major = process["major_faults_per_second"]
+        details = dict(host)
+        details.update(process_swap_bytes=process["swap_bytes"])
+        if major is not None:
+            details["process_major_faults_per_second"] = major
+        # The finding's value is what crossed its threshold: the VmSwap, or the fault rate when only
+        # that did. The text, like the rule's $value, always quotes the VmSwap.
+        if process["by_swap"]:
+            value, threshold, unit = process["swap_bytes"], config.process_swap_bytes, "bytes"
+        else:
+            value, threshold, unit = major, config.process_major_faults_per_second, "faults/s"
+        return finding(
+            self.process_alert, {"pid": process["pid"], "process_name": process["name"]},
+            value, threshold, unit=unit,
+            values={"value": process["swap_bytes"], "major_faults": major,
+                    "swap_in": host["swap_in_bytes_per_second"],
+                    "swap_out": host["swap_out_bytes_per_second"], **settings},
+            details=details)
+
+
+def thrash_with_faults(t, catalog) -> Test:
+    s = t.swap_thrash
+    warning, critical = catalog.find("HostSwapThrash", "warning"), catalog.find("HostSwapThrash", "critical")
+    at = firing(s.for_seconds)
+    test = Test("swap thrash with major faults: the host warns; python3 (pid 4242, swap growing) "
+                "and llama-server (pid 5151, major-faulting) are critical; sglang (pid 6161, "
+                "swap held but not growing, few faults) is not named", at + 120, catalog)
+    swap_in, swap_out = 2 * s.swap_in_bytes_per_second, 2 * s.swap_out_bytes_per_second
+    major, pressure = 2 * s.major_faults_per_second, s.memory_pressure_some_ratio / 2
+    host_memory(test, swap_in, swap_out, major, pressure)
+    start, growth = 2 * s.process_swap_bytes, MIB     # VmSwap after the onset, bytes per sample
+    rest = test.samples - BEFORE_SAMPLES
+    few, many = s.process_major_faults_per_second / 2, 2 * s.process_major_faults_per_second
+    test.add(PROCESS_SWAP.name, f"0x{BEFORE_SAMPLES - 1} {start}+{growth}x{rest - 1}", **VLLM)
+    test.counter(PROCESS_MAJOR_FAULTS.name, 0, few, **VLLM)
+    test.constant(PROCESS_SWAP.name, 0, **LLAMA)
+    test.counter(PROCESS_MAJOR_FAULTS.name, 0, many, **LLAMA)
+    test.gauge(PROCESS_SWAP.name, 0, start, **SGLANG)
+    test.counter(PROCESS_MAJOR_FAULTS.name, 0, few, **SGLANG)
+    # the 1 min average is the sample 30 s back: sample k after the onset is at ONSET + 15 s (k + 1)
+    swapped = start + growth * ((at - 30 - ONSET) // STEP - 1)
+    settings = {"swappiness": 60, "dirty_ratio": 20}
+    host = {"swap_in": swap_in, "swap_out": swap_out}
+    test.expect(not_yet(s.for_seconds), "HostSwapThrash")
+    test.expect(at, "HostSwapThrash",
+                test.alert(warning, {}, value=swap_in, swap_out=swap_out, major_faults=major,
+                           pressure=pressure, most_swapped=swapped, **settings),
+                test.alert(critical, process_label(VLLM), value=swapped, major_faults=few, **host,
+                           **settings),
+                test.alert(critical, process_label(LLAMA), value=0, major_faults=many, **host,
+                           **settings))
+    return test
+
+
+def thrash_with_pressure(t, catalog) -> Test:
+    s = t.swap_thrash
+    warning = catalog.find("HostSwapThrash", "warning")
+    at = firing(s.for_seconds)
+    test = Test("swap thrash with memory pressure and few major faults: the host warns; no "
+                "watched process swaps, so nothing is critical", at + 120, catalog)
+    swap_in, swap_out = 2 * s.swap_in_bytes_per_second, 2 * s.swap_out_bytes_per_second
+    major, pressure = s.major_faults_per_second / 2, above(s.memory_pressure_some_ratio)
+    host_memory(test, swap_in, swap_out, major, pressure)
+    test.constant(PROCESS_SWAP.name, 0, **VLLM)
+    test.constant(PROCESS_MAJOR_FAULTS.name, 0, **VLLM)
+    test.expect(not_yet(s.for_seconds), "HostSwapThrash")
+    test.expect(at, "HostSwapThrash", test.alert(
+        warning, {}, value=swap_in, swap_out=swap_out, major_faults=major, pressure=pressure,
+        most_swapped=0, swappiness=60, dirty_ratio=20))
+    return test
+
+
+def no_thrash(t, catalog) -> Test:
+    s = t.swap_thrash
+    at = firing(s.for_seconds)
+    test = Test("no swap thrash: swap configured but unused on gpu-host-1; swap-out alone (no "
+                "swap-in) under pressure on gpu-host-2", at + 120, catalog)
+    host_memory(test, 0, 0, s.major_faults_per_second / 2, 0)
+    host_memory(test, 0, 2 * s.swap_out_bytes_per_second, 2 * s.major_faults_per_second,
+                above(s.memory_pressure_some_ratio), HOST2)
+    test.constant(PROCESS_SWAP.name, 0, **VLLM)
+    test.constant(PROCESS_MAJOR_FAULTS.name, 0, **VLLM)
+    test.expect(at, "HostSwapThrash")
+    return test
+
+
+def cases(t, catalog) -> list[Test]:
+    return [thrash_with_faults(t, catalog), thrash_with_pressure(t, catalog), no_thrash(t, catalog)]
+
 
 FAMILY = AlertFamily(
     section="swap_thrash",
     settings=Settings,
-    alertnames=('HostSwapThrash',),
+    alertnames=Detector.alertnames,
     group="hybridmon-host-memory",
-    detector=SwapThrashDetector,
-    alerts=lambda t: tuple(host.swap_thrash(t)),
-    cases=lambda t, catalog: [cases_host.thrash_with_faults(t, catalog), cases_host.thrash_with_pressure(t, catalog), cases_host.no_thrash(t, catalog)],
+    detector=Detector,
+    alerts=lambda t: tuple(alerts(t.swap_thrash)),
+    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
 )

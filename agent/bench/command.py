@@ -11,12 +11,12 @@ import sys
 from typing import TextIO
 
 from hybridmon.agent.bench.build import BenchBuildError, locate_binary
-from hybridmon.agent.bench.report import Progress, ReportError
 from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason
-from hybridmon.agent.bench.store import measured_capacity, parse_stored_run
 from hybridmon.agent.config import AgentConfig
-from hybridmon.agent.detectors.pcie import link_name, theoretical_capacity
+from hybridmon.exporters.bench_report import Progress, ReportError
+from hybridmon.exporters.bench_runs import measured_capacity, parse_stored_run
 from hybridmon.exporters.nvml import GpuLostError
+from hybridmon.pcie_rates import link_name, theoretical_capacity
 
 
 COLUMNS = {"host_to_device": "host->device", "device_to_host": "device->host",

@@ -22,12 +22,12 @@ from typing import Any, Callable
 
 from hybridmon import __version__
 from hybridmon.agent.bench.build import EXIT_NO_DEVICE, EXIT_OK
-from hybridmon.agent.bench.report import Progress, ReportError, parse_error, parse_progress, parse_report
 from hybridmon.agent.bench.store import save_run
-from hybridmon.agent.sources import LiveSource
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.bench_report import Progress, ReportError, parse_error, parse_progress, parse_report
 from hybridmon.exporters.nvml import GpuLostError, Nvml, normalize_pci_bus_id
 from hybridmon.exporters.procfs import parse_cpu_list
+from hybridmon.exporters.sources import LiveSource
 
 LINK_POLL_SECONDS = 0.2
 # Beyond --max-seconds: one sample may still be running when the limit passes, plus start-up.

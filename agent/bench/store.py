@@ -1,20 +1,9 @@
-"""Benchmark results kept in the agent's state directory.
+"""Writing benchmark runs into the agent's state directory (the format and the reading side are
+exporters/bench_runs.py, which the bench collector and `hybridmon budget` read with).
 
-    <state_dir>/bench/latest/<pci bus id>.json   the newest run per GPU: what the agent exports
-    <state_dir>/bench/runs/<UTC time>-<pci bus id>.json   every run, the oldest pruned
-
-Each file is one stored run (format below), written to a temporary file in the same directory,
-fsynced and renamed into place, so a reader (the agent, `hybridmon budget`) sees the old run or the
-new one, never half of one. The reports inside are the binary's own output, kept whole so a later
-hybridmon can re-read what was measured.
-
-    {"format": 1, "finished_at": <unix time>, "hybridmon_version": "...",
-     "gpu": {"index": 0, "uuid": "GPU-...", "name": "...", "pci_bus_id": "0000:17:00.0",
-             "numa_node": 0},
-     "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16} or null,
-     "contended": null or "why the GPU counted as busy when the run was forced",
-     "placements": [{"placement": "local", "numa_node": 0, "report": {...}}, ...],
-     "failures": [{"placement": "remote", "error": "..."}]}
+A run is written to a temporary file in the same directory, fsynced and renamed into place, so a
+reader sees the old run or the new one, never half of one; only the newest RUNS_KEPT_PER_GPU runs
+of a GPU are kept in the run history.
 """
 from __future__ import annotations
 
@@ -23,107 +12,13 @@ import os
 import re
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from hybridmon.agent.bench.report import LARGEST_INTEGER, Report, ReportError, parse_report
-from hybridmon.exporters.jsonsafe import loads_bounded
+from hybridmon.exporters.bench_report import ReportError
+from hybridmon.exporters.bench_runs import bench_dir, latest_dir, parse_stored_run
 
-RECORD_FORMAT = 1
 RUNS_KEPT_PER_GPU = 50
-MAX_STORED_RUN_BYTES = 4 * 1024 * 1024
-"""Largest stored run read: three placements' reports of about 20 KB each, with room to spare."""
-LARGEST_LINK_FIELD = 64
-"""PCIe generations and widths are small (Gen1-7, x1-x32); a larger one is no link."""
-LATEST_FINISHED_AT = 1e10
-"""finished_at is Unix seconds: a later one (year 2286) comes from no clock and breaks gmtime."""
-PLACEMENTS = ("local", "remote", "unbound")
 _SAFE_BUS_ID = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
-
-
-@dataclass(frozen=True)
-class Link:
-    generation: int
-    width: int
-    max_generation: int | None
-    max_width: int | None
-
-
-@dataclass(frozen=True)
-class StoredRun:
-    finished_at: float
-    gpu_index: int
-    uuid: str
-    name: str
-    pci_bus_id: str
-    gpu_numa_node: int | None
-    link: Link | None
-    contended: str | None
-    reports: dict[str, Report]  # placement -> report
-    failures: tuple[tuple[str, str], ...]
-
-
-def bench_dir(state_dir: str | os.PathLike[str]) -> Path:
-    return Path(state_dir) / "bench"
-
-
-def latest_dir(state_dir: str | os.PathLike[str]) -> Path:
-    return bench_dir(state_dir) / "latest"
-
-
-def _optional_int(obj: dict, name: str, largest: int = LARGEST_INTEGER) -> int | None:
-    value = obj.get(name)
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ReportError(f"stored run: {name!r} is {str(value)[:80]}, not an integer")
-    if value is not None and not -1 <= value <= largest:
-        raise ReportError(f"stored run: {name!r} is out of range (-1 to {largest})")
-    return value
-
-
-def parse_stored_run(text: str) -> StoredRun:
-    """A stored run, checked as strictly as the binary's report; raises ReportError."""
-    try:
-        obj = loads_bounded(text, MAX_STORED_RUN_BYTES)
-    except ValueError as error:
-        raise ReportError(f"stored run is not JSON: {error}") from None
-    if not isinstance(obj, dict) or obj.get("format") != RECORD_FORMAT:
-        raise ReportError(f"not a stored benchmark run of format {RECORD_FORMAT}")
-    gpu, link = obj.get("gpu"), obj.get("link")
-    if not isinstance(gpu, dict) or not isinstance(obj.get("placements"), list):
-        raise ReportError("stored run lacks 'gpu' or 'placements'")
-    finished_at = obj.get("finished_at")
-    if isinstance(finished_at, bool) or not isinstance(finished_at, (int, float)):
-        raise ReportError("stored run lacks 'finished_at'")
-    if not 0 <= finished_at <= LATEST_FINISHED_AT:  # also false for NaN
-        raise ReportError(f"stored run: 'finished_at' {finished_at!r} is not a Unix time")
-    contended = obj.get("contended")
-    if contended is not None and not isinstance(contended, str):
-        raise ReportError("stored run: 'contended' is neither null nor a reason")
-    reports = {}
-    for entry in obj["placements"]:
-        placement = entry.get("placement") if isinstance(entry, dict) else None
-        if placement not in PLACEMENTS:
-            raise ReportError(f"stored run: unknown placement {placement!r}")
-        reports[placement] = parse_report(json.dumps(entry.get("report")))
-    parsed_link = None
-    if isinstance(link, dict):
-        generation, width = (_optional_int(link, name, LARGEST_LINK_FIELD)
-                             for name in ("generation", "width"))
-        if generation and width:
-            parsed_link = Link(generation, width, _optional_int(link, "max_generation", LARGEST_LINK_FIELD),
-                               _optional_int(link, "max_width", LARGEST_LINK_FIELD))
-    listed_failures = obj.get("failures")
-    if listed_failures is not None and not isinstance(listed_failures, list):
-        raise ReportError("stored run: 'failures' is neither null nor a list")
-    failures = tuple((str(item.get("placement"))[:200], str(item.get("error"))[:2000])
-                     for item in listed_failures or () if isinstance(item, dict))
-    index = _optional_int(gpu, "index")
-    return StoredRun(
-        finished_at=float(finished_at), gpu_index=-1 if index is None else index,
-        uuid=str(gpu.get("uuid") or ""), name=str(gpu.get("name") or ""),
-        pci_bus_id=str(gpu.get("pci_bus_id") or ""), gpu_numa_node=_optional_int(gpu, "numa_node"),
-        link=parsed_link, contended=contended or None, reports=reports,
-        failures=failures)
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -150,7 +45,7 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def save_run(state_dir: str | os.PathLike[str], record: dict) -> Path:
-    """Store a run (a dict in the format above) as the GPU's latest and in the run history.
+    """Store a run (a dict in the stored-run format) as the GPU's latest and in the run history.
 
     The record is validated first: what cannot be read back is never stored."""
     text = json.dumps(record, indent=1, sort_keys=True) + "\n"
@@ -172,57 +67,3 @@ def _prune(runs: Path, bus_id: str) -> None:
     for old in mine[:-RUNS_KEPT_PER_GPU]:
         old.unlink(missing_ok=True)
 
-
-def load_latest(state_dir: str | os.PathLike[str]) -> tuple[list[StoredRun], list[str]]:
-    """Every GPU's latest run, and one message per file that could not be read."""
-    runs, problems = [], []
-    directory = latest_dir(state_dir)
-    try:
-        names = sorted(os.listdir(directory))
-    except FileNotFoundError:
-        return [], []
-    except OSError as error:
-        return [], [f"{directory}: {error.strerror}"]
-    for name in names:
-        if not name.endswith(".json") or name.startswith("."):
-            continue
-        path = directory / name
-        try:
-            runs.append(parse_stored_run(read_stored_text(path)))
-        except (OSError, ReportError) as error:
-            problems.append(f"{path}: {error}")
-    return runs, problems
-
-
-def read_stored_text(path: Path) -> str:
-    """A stored run's text, reading at most one byte more than MAX_STORED_RUN_BYTES (so a huge
-    file is refused without being read whole); ReportError when it is too large or not UTF-8."""
-    with open(path, "rb") as handle:
-        data = handle.read(MAX_STORED_RUN_BYTES + 1)
-    if len(data) > MAX_STORED_RUN_BYTES:
-        raise ReportError(f"stored run is over {MAX_STORED_RUN_BYTES:,} bytes: not one hybridmon wrote")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ReportError(f"stored run is not UTF-8 ({error.reason} at byte {error.start})") from None
-
-
-def preferred_placement(run: StoredRun) -> str | None:
-    """The placement that stands for the host: NUMA-local buffers, else unbound ones."""
-    return next((name for name in ("local", "unbound") if name in run.reports), None)
-
-
-def measured_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
-    """direction (host_to_device, device_to_host) -> (median bytes/s, transfer bytes) of the largest
-    pinned copy with the preferred placement: what the link delivers to a well-placed server."""
-    placement = preferred_placement(run)
-    if placement is None:
-        return {}
-    best: dict[str, tuple[float, int]] = {}
-    for result in run.reports[placement].results:
-        if result.memory != "pinned" or result.direction == "bidirectional":
-            continue
-        known = best.get(result.direction)
-        if known is None or result.transfer_bytes > known[1]:
-            best[result.direction] = (result.median_bytes_per_second, result.transfer_bytes)
-    return best

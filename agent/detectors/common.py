@@ -1,10 +1,14 @@
-"""What several detectors share: finding the GPUs and processes in history, and writing numbers
-the way an operator reads them."""
+"""What several detectors share: finding the GPUs and processes in history (numbers are written
+by hybridmon.units)."""
 from __future__ import annotations
 
+import math
+
 from hybridmon.agent.detectors import windows
-from hybridmon.units import human_bytes, human_duration, human_rate, percent  # noqa: F401 (the detectors' formatting)
 from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.exporters.numa import NODE_CPUS, NODE_MEMORY_TOTAL
+from hybridmon.exporters.process import START_TIME
+from hybridmon.exporters.gpu import GPU_INFO
 
 GPU_LABELS = ("gpu", "uuid")
 PROCESS_LABELS = ("pid", "name")
@@ -12,6 +16,19 @@ PROCESS_LABELS = ("pid", "name")
 
 def gpu_entity(key: tuple[str, ...]) -> dict[str, str]:
     return {"gpu": key[0], "uuid": key[1]}
+
+
+def gpus_by_bus_id(history: History) -> dict[str, dict[str, str]]:
+    """pci_bus_id (lower case) -> gpu_info labels, from any time in history: a GPU that fell off
+    the bus no longer reports its identity, so its last report names it. The PCIe collector's
+    series (AER counters, presence, NUMA node) are keyed by bus id; this names their GPU."""
+    found: dict[str, tuple[float, dict[str, str]]] = {}
+    for series in history.series(GPU_INFO.name):
+        bus_id = series.labels.get("pci_bus_id", "").lower()
+        seen = series.times[-1] if series.times else -math.inf
+        if bus_id and (bus_id not in found or seen >= found[bus_id][0]):
+            found[bus_id] = (seen, series.labels)
+    return {bus_id: labels for bus_id, (_, labels) in found.items()}
 
 
 def gpu_averages(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
@@ -64,7 +81,7 @@ def host_series(history: History, metric: str, **labels: str) -> SeriesHistory |
 def numa_node_count(history: History, now: float) -> int:
     """NUMA nodes currently reported (by memory or CPUs, a node may have only one of them)."""
     nodes = set()
-    for metric in ("hybridmon_numa_node_memory_total_bytes", "hybridmon_numa_node_cpus"):
+    for metric in (NODE_MEMORY_TOTAL.name, NODE_CPUS.name):
         for series in history.series(metric):
             if windows.latest(series, now) is not None:
                 nodes.add(series.labels.get("node"))
@@ -80,7 +97,7 @@ def process_series(history: History, metric: str, pid: str, name: str) -> list[S
 def process_restart_time(history: History, pid: str, name: str, now: float) -> float | None:
     """When the process now running as `pid` was first seen with its current start time: points
     before it belong to an earlier process that had the same pid."""
-    for series in process_series(history, "hybridmon_process_start_time_seconds", pid, name):
+    for series in process_series(history, START_TIME.name, pid, name):
         return windows.first_of_latest_run(series, now)
     return None
 

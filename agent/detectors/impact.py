@@ -19,10 +19,11 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors import servers, windows
+from hybridmon.agent.detectors.base import Finding, add_note
 from hybridmon.agent.detectors.servers import Server
 from hybridmon.agent.history import History
+from hybridmon.units import human_duration, human_rate
 
 CORRELATED = frozenset({"GpuPcieStarvation", "GpuPcieLinkDegraded", "HostSwapThrash",
                         "InferenceProcessNumaMisplaced"})
@@ -50,7 +51,7 @@ def correlate(history: History, finding: Finding, began: float, now: float) -> F
     details.update(server=first.server, server_endpoint=first.endpoint, server_model=first.model)
     details.update({f"server_{key}": value for key, value in figures.items()})
     details["server_impact"] = sentence
-    return replace(finding, details=details, description=f"{finding.description} {sentence}")
+    return add_note(replace(finding, details=details), sentence)
 
 
 def measure(history: History, server: Server, began: float, now: float) -> Figures:
@@ -146,7 +147,7 @@ def server_parts(figures: Figures) -> list[str]:
         parts.append(f"{servers.human_count(preemptions)} requests preempted per second")
     loads = figures.get("kv_offload_load_bytes_per_second")
     if loads:
-        parts.append(f"KV offload loads ran at {common.human_rate(loads)}")
+        parts.append(f"KV offload loads ran at {human_rate(loads)}")
     return parts
 
 
@@ -155,6 +156,6 @@ def impact_sentence(measured: list[tuple[Server, Figures]]) -> str:
     minute: vLLM (model m at http://...): inter-token latency p50 rose from 38 ms to 210 ms, ...'"""
     clauses = [f"{server.name}: {', '.join(parts)}"
                for server, figures in measured if (parts := server_parts(figures))]
-    window = common.human_duration(BEFORE_SECONDS)
+    window = human_duration(BEFORE_SECONDS)
     return (f"Server side, the {window} before this began against the last minute: "
             + "; ".join(clauses) + ".")

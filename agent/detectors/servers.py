@@ -1,4 +1,4 @@
-"""The inference servers in history (exporters/inference.py's hybridmon_inference_* series): which
+"""The inference servers in history (the series of exporters/inference.py): which
 are scraped now, which process each belongs to, and their load and latency over a window.
 
 A server is one (server, endpoint, model, pid) label set: `pid` is the watched process listening
@@ -10,18 +10,21 @@ from dataclasses import dataclass
 
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.exporters.inference_names import BY_FIELD, HISTOGRAM_SPECS
+from hybridmon.exporters.inference_names import OFFLOAD_BYTES as OFFLOAD_BYTES_SPEC
+from hybridmon.exporters.inference_names import SCRAPE_ERROR as SCRAPE_ERROR_SPEC
+from hybridmon.exporters.inference_names import SCRAPE_SUCCESS as SCRAPE_SUCCESS_SPEC
 
-GENERATED_TOKENS = "hybridmon_inference_generated_tokens_total"
-REQUESTS_RUNNING = "hybridmon_inference_requests_running"
-KV_CACHE_USAGE = "hybridmon_inference_kv_cache_usage_ratio"
-PREEMPTIONS = "hybridmon_inference_preemptions_total"
-OFFLOAD_BYTES = "hybridmon_inference_kv_offload_bytes_total"   # label direction: store | load
-INTER_TOKEN_LATENCY_P = "hybridmon_inference_inter_token_latency_percentile_seconds"
-TIME_TO_FIRST_TOKEN_P = "hybridmon_inference_time_to_first_token_percentile_seconds"
-INTER_TOKEN_LATENCY_SUM = "hybridmon_inference_inter_token_latency_seconds_total"
-INTER_TOKEN_LATENCY_COUNT = "hybridmon_inference_inter_token_latency_observations_total"
-SCRAPE_SUCCESS = "hybridmon_inference_scrape_success"
-SCRAPE_ERROR = "hybridmon_inference_scrape_error"
+GENERATED_TOKENS = BY_FIELD["generated_tokens"].name
+REQUESTS_RUNNING = BY_FIELD["requests_running"].name
+KV_CACHE_USAGE = BY_FIELD["kv_cache_usage_ratio"].name
+PREEMPTIONS = BY_FIELD["preemptions"].name
+OFFLOAD_BYTES = OFFLOAD_BYTES_SPEC.name   # label direction: store | load
+INTER_TOKEN_LATENCY_P, INTER_TOKEN_LATENCY_SUM, INTER_TOKEN_LATENCY_COUNT = (
+    spec.name for spec in HISTOGRAM_SPECS["inter_token_latency"])
+TIME_TO_FIRST_TOKEN_P = HISTOGRAM_SPECS["time_to_first_token"][0].name
+SCRAPE_SUCCESS = SCRAPE_SUCCESS_SPEC.name
+SCRAPE_ERROR = SCRAPE_ERROR_SPEC.name
 SERVER_LABELS = ("server", "endpoint", "model", "pid")
 # How each server calls itself, for the text of a finding.
 DISPLAY_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llamacpp": "llama.cpp", "tgi": "TGI",

@@ -455,6 +455,36 @@ class SyntheticHost:
         total = sum(memory_node_shares.values())
         process.memory_node_shares = {node: share / total for node, share in memory_node_shares.items()}
 
+    # --- a bigger host: PCI functions and processes copied from the fixture's ----------------
+    def add_pci_function_like(self, template: str, address: str, root_port: str, node: int) -> PciDevice:
+        """A copy of PCI function `template`'s sysfs directory at `address`, behind a root port of its
+        own (devices/pci<domain:bus>/<root_port>/<address>) on NUMA node `node`, linked from
+        bus/pci/devices as the kernel links it."""
+        domain_bus = "pci" + root_port[:7]  # "pci0000:26"
+        target = self.sysfs / "devices" / domain_bus / root_port / address
+        shutil.copytree(self.pci[template].directory, target)
+        (target / "numa_node").write_text(f"{node}\n")
+        os.symlink(os.path.join("..", "..", "..", "devices", domain_bus, root_port, address),
+                   self.sysfs / "bus/pci/devices" / address)
+        self.pci[address] = self._load_pci(address)
+        return self.pci[address]
+
+    def add_process_like(self, template: int, pid: int) -> ProcessState:
+        """A copy of process `template` as `pid`: its /proc directory (fd/ socket links and all),
+        with the pid in stat and status (Pid, Tgid and their namespace forms) from the next write()."""
+        shutil.copytree(self.procfs / str(template), self.procfs / str(pid), symlinks=True)
+        process = self._load_process(pid)
+        process.status_lines = [_with_pid(line, template, pid) for line in process.status_lines]
+        process.loaded_placement = _placement(process)
+        self.processes[pid] = process
+        return process
+
+    def remove_process(self, pid: int) -> None:
+        """The process is gone: its /proc directory with it."""
+        del self.processes[pid]
+        shutil.rmtree(self.procfs / str(pid))
+        self._written = {path: text for path, text in self._written.items() if not path.startswith(f"proc/{pid}/")}
+
     # --- time ------------------------------------------------------------------------------
     def advance(self, dt: float) -> None:
         """Let `dt` seconds pass at the current rates."""
@@ -671,6 +701,13 @@ class SyntheticHost:
 def _placement(process: ProcessState) -> tuple:
     return (math.floor(process.rss_anon_bytes / KIB) // 4, math.floor(process.rss_file_bytes / KIB) // 4,
             tuple(sorted(process.memory_node_shares.items())), tuple(sorted(process.allowed_cpus)))
+
+
+def _with_pid(status_line: str, old: int, new: int) -> str:
+    key, colon, value = status_line.partition(":")
+    if colon and key in ("Tgid", "Pid", "NStgid", "NSpid") and value.strip() == str(old):
+        return f"{key}:\t{new}"
+    return status_line
 
 
 def _cpu_list(text: str) -> frozenset[int]:
