@@ -50,3 +50,16 @@ def replay_bound_per_minute(bit_error_rate: float, generation: int, lanes: int) 
     """DCGM's PCIe health bound: ceil(bit error rate x 60 s x lanes x line rate) replays per minute,
     multiplied in the order the PromQL rule multiplies (the same float result)."""
     return math.ceil(bit_error_rate * 60 * lanes * LANE_LINE_RATE_BITS_PER_SECOND[generation])
+
+
+def effective_capacity(measured: float | None, generation: float | None,
+                       lanes: float | None) -> tuple[float, str] | None:
+    """(bytes/s, "measured" or "theoretical") of one direction of a link: what `hybridmon bench`
+    measured on this host where it has run, else the theoretical rate of the current generation x
+    width (the rules' effective-capacity recording says the same); None when neither is known."""
+    if measured is not None and measured > 0:
+        return measured, "measured"
+    if generation is None or lanes is None:
+        return None
+    theoretical = theoretical_capacity(generation, lanes)
+    return (theoretical, "theoretical") if theoretical else None

@@ -16,7 +16,7 @@ from hybridmon.agent.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.gpu import PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PROCESS_MEMORY_USED
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
-from hybridmon.pcie_rates import link_name, theoretical_capacity
+from hybridmon.pcie_rates import effective_capacity, link_name
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.case_inputs import (
     LLAMA, LLAMA_SERVER, SGLANG_SERVER, VLLM, VLLM_SERVER, capacity, link, on_gpu, served)
@@ -106,14 +106,13 @@ class LinkCapacity:
 
 def link_capacity(measured: float | None, generation: float | None,
                   lanes: float | None) -> LinkCapacity | None:
-    """What `hybridmon bench` measured when it did, else the current link's theoretical rate: the
-    capacity GpuPcieStarvation and the rules' effective-capacity recording read too."""
-    if measured is not None and measured > 0:
-        return LinkCapacity(measured, "measured")
-    if generation is None or lanes is None:
+    """The capacity GpuPcieStarvation and the rules' effective-capacity recording read too, its
+    source naming the link when it is the theoretical rate."""
+    found = effective_capacity(measured, generation, lanes)
+    if found is None:
         return None
-    theoretical = theoretical_capacity(generation, lanes)
-    return LinkCapacity(theoretical, f"theoretical {link_name(generation, lanes)}") if theoretical else None
+    value, source = found
+    return LinkCapacity(value, source if source == "measured" else f"theoretical {link_name(generation, lanes)}")
 
 
 def gpus_of(history: History, pid: str, now: float) -> set[tuple[str, str]]:

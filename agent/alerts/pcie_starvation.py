@@ -13,7 +13,7 @@ from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.gpu import PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_THROUGHPUT, UTILIZATION
-from hybridmon.pcie_rates import theoretical_capacity
+from hybridmon.pcie_rates import effective_capacity
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.case_inputs import capacity, link, measured
 from hybridmon.rules.model import Alert
@@ -64,23 +64,10 @@ def alert(s: Settings) -> Alert:
     )
 
 
-def link_capacity(measured_bytes_per_second: float | None, generation: float | None,
-                  lanes: float | None) -> tuple[float, str] | None:
-    """(bytes/s, "measured" or "theoretical") of one direction of one GPU's link, as
-    GpuPcieStarvation divides by it: the benchmark's measurement where there is one, else the
-    theoretical rate of the current generation x width; None when neither is known."""
-    if measured_bytes_per_second is not None and measured_bytes_per_second > 0:
-        return measured_bytes_per_second, "measured"
-    if generation is None or lanes is None:
-        return None
-    theoretical = theoretical_capacity(generation, lanes)
-    return (theoretical, "theoretical") if theoretical else None
-
-
 class Detector:
     """In the direction nearest its capacity, traffic (avg 1m) at or above
     traffic_share_of_capacity x capacity while GPU utilization (avg 1m) is at or below
-    gpu_utilization_at_most; capacity per direction from `link_capacity`."""
+    gpu_utilization_at_most; capacity per direction from pcie_rates.effective_capacity."""
 
     name = "pcie_starvation"
     alertnames = ("GpuPcieStarvation",)
@@ -102,7 +89,7 @@ class Detector:
             gen, lanes, benchmarked = generation.get(key), width.get(key), measured_capacity.get(key, {})
             # Every direction the rule's capacity recording holds: those with traffic and those measured.
             capacities = {direction: found for direction in {*directions, *benchmarked}
-                          if (found := link_capacity(benchmarked.get(direction), gen, lanes)) is not None}
+                          if (found := effective_capacity(benchmarked.get(direction), gen, lanes)) is not None}
             shares = {direction: value / capacities[direction][0]
                       for direction, value in directions.items() if direction in capacities}
             if busy is None or not shares:
