@@ -15,7 +15,6 @@ from pydantic import ValidationError
 
 from hybridmon.agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from hybridmon.agent.config import AgentConfig, parse_listen
-from hybridmon.agent.alerts import alert_delivery
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.alerts.catalogue import all_detectors, lookback_seconds
@@ -81,9 +80,12 @@ class Agent:
                 extra_labels={"host": socket.gethostname(), **config.alerting.labels},
             )
             self.exposition.health_registry.register(AlertmanagerCollector(self.pusher))
-            for detector in self.engine.detectors:
-                if isinstance(detector, alert_delivery.Detector):
-                    detector.watch(self.pusher.failing)
+        # Detectors that judge the agent itself (its alert delivery, its collectors) read its parts,
+        # not the host's history: each is handed the agent once, here.
+        for detector in self.engine.detectors:
+            attach = getattr(detector, "attach", None)
+            if attach is not None:
+                attach(self)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

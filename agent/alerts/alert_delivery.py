@@ -60,6 +60,11 @@ class Detector:
         self.alert = alert(config)
         self._failing: Callable[[], list[DeliveryFailure]] | None = None
 
+    def attach(self, agent) -> None:
+        """Called once by the agent (daemon.Agent): judge its pusher, when it has one."""
+        if agent.pusher is not None:
+            self.watch(agent.pusher.failing)
+
     def watch(self, failing: Callable[[], list[DeliveryFailure]]) -> None:
         """Judge the deliveries `failing()` reports (AlertmanagerPusher.failing)."""
         self._failing = failing
