@@ -8,6 +8,7 @@ each process's major faults) read the last minute of their series only.
 from __future__ import annotations
 
 from hybridmon.agent.detectors import windows
+from hybridmon.agent.detectors.common import PROCESS_LABELS
 from hybridmon.agent.history import History
 from hybridmon.agent.status_template import Row, card, clock_and_age, key_values, paragraph, table
 from hybridmon.exporters import bench, host_memory, numa, pressure, process
@@ -121,26 +122,26 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
 
 
 def processes_html(history: History, latest: LatestValues) -> str:
-    watched = {(labels["pid"], labels["name"]): labels for labels, _ in latest.all(process.INFO.name)}
+    watched = {(labels["pid"], labels["process_name"]): labels for labels, _ in latest.all(process.INFO.name)}
     for labels, _ in latest.all(process.RESIDENT.name):
-        watched.setdefault((labels["pid"], labels["name"]), labels)
+        watched.setdefault((labels["pid"], labels["process_name"]), labels)
     if not watched:
         return paragraph("No inference process watched (none found by command line, configuration or GPU memory).", "meta")
-    resident = latest.keyed(process.RESIDENT.name, "pid", "name")
-    swap = latest.keyed(process.SWAP.name, "pid", "name")
-    faults = counter_rates(history, latest, process.MAJOR_FAULTS.name, ("pid", "name"))
+    resident = latest.keyed(process.RESIDENT.name, *PROCESS_LABELS)
+    swap = latest.keyed(process.SWAP.name, *PROCESS_LABELS)
+    faults = counter_rates(history, latest, process.MAJOR_FAULTS.name, PROCESS_LABELS)
     gpu_nodes = latest.keyed(gpu_metrics.NUMA_NODE.name, "gpu")
     on_gpus: dict[str, list[tuple[str, float]]] = {}
     for labels, used in latest.all(gpu_metrics.PROCESS_MEMORY_USED.name):
         on_gpus.setdefault(labels["pid"], []).append((labels["gpu"], used))
-    cmdlines = {(labels["pid"], labels["name"]): labels["cmdline"]
+    cmdlines = {(labels["pid"], labels["process_name"]): labels["cmdline"]
                 for labels, _ in latest.all(process.CMDLINE_INFO.name)}
     by_node: dict[tuple[str, str], list[tuple[str, float]]] = {}
     for labels, placed in latest.all(numa.PROCESS_NUMA_RESIDENT.name):
-        by_node.setdefault((labels["pid"], labels["name"]), []).append((labels["node"], placed))
+        by_node.setdefault((labels["pid"], labels["process_name"]), []).append((labels["node"], placed))
     cards = []
     for key in sorted(watched, key=numeric_first):
-        pid, name = key
+        pid, process_name = key
         rows: list[Row] = []
         if key in resident:
             rows.append(("Resident", human_bytes(resident[key]), False))
@@ -163,10 +164,10 @@ def processes_html(history: History, latest: LatestValues) -> str:
         executable = info.get("executable", "")
         subtitle = " · ".join(part for part in (
             info.get("server", ""), info.get("model", ""),
-            f"runs {executable}" if executable and executable != name else "",
+            f"runs {executable}" if executable and executable != process_name else "",
             f"watched: {info['watch_reason']}" if info.get("watch_reason") else "",
         ) if part)
-        cards.append(card(f"{name} · pid {pid}", key_values(rows), subtitle))
+        cards.append(card(f"{process_name} · pid {pid}", key_values(rows), subtitle))
     return f'<div class="grid">{"".join(cards)}</div>'
 
 

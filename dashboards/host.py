@@ -85,12 +85,12 @@ def host_memory(t: Thresholds, runbooks: str):
               links=runbook_links(runbooks, "HostNoSwapLowHeadroom")),
         graph("Watched processes: memory in swap", "bytes",
               "VmSwap of each watched process. The line is process_swap_bytes of [swap_thrash].",
-              query(_host(process.SWAP.name), "{{name}} ({{pid}})"),
+              query(_host(process.SWAP.name), "{{process_name}} ({{pid}})"),
               threshold=swap.process_swap_bytes, links=runbook_links(runbooks, "HostSwapThrash")),
         graph("Watched processes: major faults per second", "short",
               "Major faults of each watched process (/proc/<pid>/stat). The line is "
               "process_major_faults_per_second of [swap_thrash].",
-              query(_rate(process.MAJOR_FAULTS.name), "{{name}} ({{pid}})"),
+              query(_rate(process.MAJOR_FAULTS.name), "{{process_name}} ({{pid}})"),
               threshold=swap.process_major_faults_per_second, links=runbook_links(runbooks, "HostSwapThrash")),
     ]
 
@@ -116,7 +116,7 @@ def numa_placement(t: Thresholds, runbooks: str):
               "Share of each watched process's allowed CPUs and resident memory on other NUMA nodes "
               "than the GPU it uses (recording rules). The line is share_off_gpu_node of "
               "[numa_misplacement].",
-              *(query(selector(record), f"{{{{name}}}} ({{{{pid}}}}) on GPU {{{{gpu}}}}: {what}", ref)
+              *(query(selector(record), f"{{{{process_name}}}} ({{{{pid}}}}) on GPU {{{{gpu}}}}: {what}", ref)
                 for ref, (record, what) in shares.items()),
               threshold=t.numa_misplacement.share_off_gpu_node, width=24,
               links=runbook_links(runbooks, "InferenceProcessNumaMisplaced")).max(1),

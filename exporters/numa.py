@@ -22,7 +22,7 @@ from hybridmon.exporters.procfs import ProcessGone, parse_cpu_list, parse_proc_s
 logger = logging.getLogger(__name__)
 
 _NODE = ("node",)
-_PROCESS_ON_NODE = ("pid", "name", "node")
+_PROCESS_ON_NODE = ("pid", "process_name", "node")
 NODE_MEMORY_TOTAL = MetricSpec("hybridmon_numa_node_memory_total_bytes",
                                "Memory of the NUMA node in bytes (MemTotal of "
                                "/sys/devices/system/node/node<N>/meminfo).", "gauge", _NODE)
@@ -51,7 +51,7 @@ PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
 PROCESS_NUMA_MAPS_READ = MetricSpec("hybridmon_process_numa_maps_read_seconds",
                                     "Seconds the last collection spent reading and parsing "
                                     "/proc/<pid>/numa_maps: the kernel walks the process's page tables, "
-                                    "so this grows with its mapped memory.", "gauge", ("pid", "name"))
+                                    "so this grows with its mapped memory.", "gauge", ("pid", "process_name"))
 
 # numastat field -> outcome label; the kernel's names carry a redundant numa_ prefix on some.
 NUMASTAT_OUTCOMES = {
@@ -229,7 +229,7 @@ class ProcessNumaCollector:
         node_cpus = {node: read_node_cpus(self._source, self._sysfs, node, self._log_once)
                      for node in self._nodes}
         samples = Samples()
-        for pid, name in sorted(self._watched().items()):
+        for pid, process_name in sorted(self._watched().items()):
             try:  # the timer goes through the source so that a replay reports the recorded cost
                 status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
                 started = self._source.call("process_numa.timer", self._timer)
@@ -243,11 +243,11 @@ class ProcessNumaCollector:
             allowed = None if status is None else status.allowed_cpus
             for node, cpus in node_cpus.items():
                 on_node = None if allowed is None or cpus is None else len(allowed & cpus)
-                samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, name, node)
+                samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, process_name, node)
             if per_node is not None:
                 for node in sorted(set(self._nodes) | set(per_node)):
-                    samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, name, node)
-                samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, name)
+                    samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, process_name, node)
+                samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, process_name)
         return samples
 
     def _read_numa_maps(self, pid: int) -> str | None:

@@ -27,7 +27,9 @@ from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_st
 
 logger = logging.getLogger(__name__)
 
-_PROCESS = ("pid", "name")
+# process_name is the comm of /proc/<pid>/stat: the label name the GPU collector's per-process
+# series and every process alert use too, so that rules join and alert on them without renaming.
+_PROCESS = ("pid", "process_name")
 RESIDENT = MetricSpec("hybridmon_process_resident_bytes",
                       "Resident memory in bytes (VmRSS of /proc/<pid>/status).", "gauge", _PROCESS)
 SWAP = MetricSpec("hybridmon_process_swap_bytes",
@@ -70,14 +72,14 @@ INFO = MetricSpec("hybridmon_process_info",
                   "(the served model name, else the weights: a path by its last component, a URL "
                   "without user-info or query), and why the process is watched: config (pids, "
                   "names, cmdline_patterns) or gpu (holds GPU memory).",
-                  "gauge", ("pid", "name", "executable", "server", "model", "watch_reason"))
+                  "gauge", ("pid", "process_name", "executable", "server", "model", "watch_reason"))
 CMDLINE_INFO = MetricSpec("hybridmon_process_cmdline_info",
                           "Always 1, only with process.export_cmdline = true: the command line "
                           "(/proc/<pid>/cmdline) with secrets replaced by <redacted> (values of "
                           "options and env-style assignments named like key, token, secret, pass, "
                           "pwd, auth, credential or cookie; of -p and -k; URL user-info; bearer "
                           "tokens; hf_, sk-, ghp_, AKIA... token shapes), cut to 200 characters.",
-                          "gauge", ("pid", "name", "cmdline"))
+                          "gauge", ("pid", "process_name", "cmdline"))
 _PID_ENTRY = re.compile(r"[0-9]{1,10}")
 _STAT_FIELDS_AFTER_COMM = 20  # state (field 3) .. starttime (field 22)
 
@@ -181,7 +183,7 @@ class ProcessCollector:
         self._log_once = LogOnce(logger)
 
     def watched(self) -> dict[int, str]:
-        """pid -> name of the processes read on the last collection."""
+        """pid -> process_name (comm) of the processes read on the last collection."""
         return dict(self._current)
 
     def collect(self) -> Samples:

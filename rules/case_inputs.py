@@ -13,10 +13,10 @@ from hybridmon.rules.scenarios import GIB, HOST, Test
 
 HOST2 = "gpu-host-2:9787"
 HOST3 = "gpu-host-3:9787"
-# Watched processes as the process collector labels them.
-VLLM = {"pid": "4242", "name": "python3"}
-LLAMA = {"pid": "5151", "name": "llama-server"}
-SGLANG = {"pid": "6161", "name": "sglang"}
+# Watched processes as the process and GPU collectors label them, and as their alerts do.
+VLLM = {"pid": "4242", "process_name": "python3"}
+LLAMA = {"pid": "5151", "process_name": "llama-server"}
+SGLANG = {"pid": "6161", "process_name": "sglang"}
 # Inference servers as the inference collector labels them.
 VLLM_SERVER = {"server": "vllm", "endpoint": "http://127.0.0.1:8000/metrics", "model": "llama-3-8b"}
 SGLANG_SERVER = {"server": "sglang", "endpoint": "http://127.0.0.1:30000/metrics", "model": "qwen2"}
@@ -46,11 +46,6 @@ def measured(test: Test, gpu: dict, host_to_device: float, device_to_host: float
     test.constant(MEASURED_CAPACITY.name, device_to_host, direction="device_to_host", **gpu)
 
 
-def process_label(process: dict[str, str]) -> dict[str, str]:
-    """A watched process as an alert labels it."""
-    return {"pid": process["pid"], "process_name": process["name"]}
-
-
 def host_memory(test: Test, swap_in: float, swap_out: float, major_faults: float, pressure: float,
                 instance: str = HOST) -> None:
     """Host swap traffic (bytes/s), major faults/s and PSI memory "some" share after the onset."""
@@ -66,7 +61,7 @@ def host_memory(test: Test, swap_in: float, swap_out: float, major_faults: float
 
 def on_gpu(test: Test, gpu: dict, proc: dict, used: float | list[float], instance: str = HOST) -> None:
     """The GPU memory a process holds on one GPU (constant, or one value per sample)."""
-    labels = {**gpu, "pid": proc["pid"], "process_name": proc["name"]}
+    labels = {**gpu, **proc}
     if isinstance(used, list):
         test.values(PROCESS_MEMORY_USED.name, used, instance, **labels)
     else:

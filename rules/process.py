@@ -46,7 +46,7 @@ PROCESS_ON_GPU_NODE = (
 class Resource:
     label: str          # the alert's resource label
     what: str           # for the description
-    current: str        # the process's amount now: labels job, instance, pid, name (process_name)
+    current: str        # the process's amount now: labels job, instance, pid, process_name
     raw: str            # the raw gauge, for the data-span check
     limit: str          # what it exhausts, for the description
     headroom: str       # PromQL: the total it can grow into minus `current`, labels as `current`
@@ -137,7 +137,7 @@ def _off_node_share(on_node: str, total: str) -> str:
         "# per process and GPU it uses: the share that is NOT on the GPU's NUMA node\n"
         "1 - (\n"
         f"    {on_node}\n"
-        "  * on (job, instance, pid, node) group_right (name)\n"
+        "  * on (job, instance, pid, node) group_right (process_name)\n"
         "    (\n"
         f"{indent(PROCESS_ON_GPU_NODE, 4)}\n"
         "    )\n"

@@ -69,13 +69,6 @@ def query(template: str, metric: str, *label_names: str, **fixed: str) -> tuple[
     return template.replace("{}", chosen), names
 
 
-def as_process_name(expr: str, *also_drop: str) -> str:
-    """Rename the process collector's `name` label to `process_name`, as on every process alert."""
-    dropped = ", ".join(("name",) + also_drop)
-    return (f"max without ({dropped}) (\n  label_replace(\n{indent(expr, 4)},\n"
-            f'    "process_name", "$1", "name", "(.*)"\n  )\n)')
-
-
 def indent(text: str, spaces: int) -> str:
     pad = " " * spaces
     return "\n".join(pad + line if line else line for line in text.splitlines())

@@ -28,8 +28,8 @@ SPECIFIED_ALERTS = (
     "InferenceProcessMemoryGrowth", "InferenceProcessNumaMisplaced",
     # the inference servers' own view (issue 6)
     "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
-    # the agent itself (issue 11)
-    "HybridmonAlertDeliveryFailing",
+    # the agent itself (issue 11; issue 12's example of adding an alert)
+    "HybridmonAlertDeliveryFailing", "HybridmonCollectorFailing",
 )
 ALERT_RULES = [rule for group in yaml.safe_load((REPO / "rules" / "hybridmon.rules.yml").read_text())["groups"]
                for rule in group["rules"] if "alert" in rule]

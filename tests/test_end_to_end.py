@@ -85,8 +85,8 @@ def test_fixture_host_carries_what_the_issue_names():
         'hybridmon_pcie_aer_errors_total{pci_bus_id="0000:17:00.0",severity="correctable"}',
         'hybridmon_pcie_device_numa_node{pci_bus_id="0000:ca:00.0"} 1.0',
         'hybridmon_numa_node_memory_total_bytes{node="1"}',
-        'hybridmon_process_swap_bytes{name="python3",pid="4242"}',
-        'hybridmon_process_numa_resident_bytes{name="python3",node="1",pid="4242"}',
+        'hybridmon_process_swap_bytes{pid="4242",process_name="python3"}',
+        'hybridmon_process_numa_resident_bytes{node="1",pid="4242",process_name="python3"}',
         'hybridmon_pressure_stalled_seconds_total{resource="memory",scope="full"}',
         'hybridmon_sysctl_value{sysctl="vm.swappiness"} 60.0',
     ]

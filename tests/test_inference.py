@@ -371,7 +371,7 @@ def test_the_agent_keeps_every_other_collector_going_with_a_broken_server(vllm_s
         agent.stop()
     assert set(states.values()) == {True}, states
     assert f'hybridmon_inference_scrape_error{{endpoint="{vllm_server.url()}",reason="not_prometheus"}} 1.0' in text
-    assert 'hybridmon_process_resident_bytes{name="python3",pid="4242"}' in text
+    assert 'hybridmon_process_resident_bytes{pid="4242",process_name="python3"}' in text
 
 
 def test_exposition_with_every_series_passes_promtool(vllm_server):

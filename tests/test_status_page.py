@@ -288,8 +288,8 @@ def test_no_secret_of_a_command_line_reaches_metrics_or_the_page(tmp_path, expor
     for secret in SECRETS:
         assert secret not in metrics and secret not in page, secret
     info = [line for line in metrics.splitlines() if line.startswith('hybridmon_process_info{') and 'pid="7777"' in line]
-    assert info == ['hybridmon_process_info{executable="vllm",model="org/served-model",name="llama-server",'
-                    'pid="7777",server="vllm",watch_reason="config"} 1.0']
+    assert info == ['hybridmon_process_info{executable="vllm",model="org/served-model",pid="7777",'
+                    'process_name="llama-server",server="vllm",watch_reason="config"} 1.0']
     processes = section_text(page, "processes")
     assert "llama-server · pid 7777" in processes and "vllm · org/served-model · runs vllm" in processes
     shown = "--api-key <redacted> HF_TOKEN=<redacted>"

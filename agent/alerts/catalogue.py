@@ -13,8 +13,8 @@ from pathlib import Path
 
 from pydantic import ValidationError, create_model
 
-from hybridmon.agent.alerts import (alert_delivery, gpu_lost, gpu_memory_headroom, host_config,
-                                    inference_scrape, kv_offload_pressure, memory_growth,
+from hybridmon.agent.alerts import (alert_delivery, collector_failing, gpu_lost, gpu_memory_headroom,
+                                    host_config, inference_scrape, kv_offload_pressure, memory_growth,
                                     numa_misplacement, pcie_bandwidth_low, pcie_errors,
                                     pcie_link_degraded, pcie_starvation, swap_thrash,
                                     throughput_decay)
@@ -43,6 +43,7 @@ FAMILIES: tuple[AlertFamily, ...] = (
     kv_offload_pressure.FAMILY,
     inference_scrape.FAMILY,
     alert_delivery.FAMILY,
+    collector_failing.FAMILY,
 )
 # Rule groups in file order, each with the recording rules its alerts share (rules/recordings.py).
 GROUPS: tuple[tuple[str, Callable[..., tuple[Recording, ...]]], ...] = (

@@ -17,9 +17,9 @@ from hybridmon.exporters.host_memory import (MEMORY_AVAILABLE, MEMORY_TOTAL, SWA
                                              TRANSPARENT_HUGEPAGE_MODE)
 from hybridmon.exporters.numa import NODE_MEMORY_TOTAL
 from hybridmon.exporters.process import MEMLOCK_LIMIT
-from hybridmon.rules.case_inputs import HOST2, HOST3, LLAMA, VLLM, process_label
+from hybridmon.rules.case_inputs import HOST2, HOST3, LLAMA, VLLM
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import as_process_name, number, query
+from hybridmon.rules.promql import number, query
 from hybridmon.rules.scenarios import GIB, HOST, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize1024, humanize_percentage
 
@@ -128,7 +128,7 @@ def no_swap_headroom_alert(c: Settings) -> Alert:
 def memlock_alert(c: Settings) -> Alert:
     return Alert(
         "InferenceProcessMemlockLow",
-        as_process_name(f"{MEMLOCK_LIMIT.name} < {number(c.min_memlock_bytes)}"),
+        f"{MEMLOCK_LIMIT.name} < {number(c.min_memlock_bytes)}",
         0, "info",
         "<process_name> (pid <pid>) on <instance> may lock only <value|humanize1024>B",
         "Watched process <process_name> (pid <pid>) has a soft RLIMIT_MEMLOCK of "
@@ -231,13 +231,13 @@ class Detector:
     def _memlock(self, history: History, now: float, findings: list[Finding]) -> None:
         limit = self.config.min_memlock_bytes
         processes = windows.by_labels(history.series(MEMLOCK_LIMIT.name), *common.PROCESS_LABELS)
-        for (pid, name), series in sorted(processes.items(),
-                                          key=lambda item: common.process_order(item[0])):
+        for (pid, process_name), series in sorted(processes.items(),
+                                                  key=lambda item: common.process_order(item[0])):
             value = windows.latest(series, now)
             if value is None or math.isinf(value) or value >= limit:
                 continue
             findings.append(self._info("InferenceProcessMemlockLow", value, limit, unit="bytes",
-                                       labels={"pid": pid, "process_name": name}))
+                                       labels={"pid": pid, "process_name": process_name}))
 
 
 def cases(t, catalog) -> list[Test]:
@@ -286,7 +286,7 @@ def cases(t, catalog) -> list[Test]:
         ("HostTransparentHugepageAlways", {}, HOST, {"value": 1}),
         ("HostNumaBalancingEnabled", {}, HOST, {"value": 1, "nodes": 2}),
         ("HostNoSwapLowHeadroom", {}, HOST3, {"value": low, "available": low * total, "total": total}),
-        ("InferenceProcessMemlockLow", process_label(VLLM), HOST, {"value": memlock}),
+        ("InferenceProcessMemlockLow", VLLM, HOST, {"value": memlock}),
     ):
         rule = catalog.find(alertname)
         test.expect(not_yet(0), alertname)

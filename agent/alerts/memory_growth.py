@@ -26,9 +26,9 @@ from hybridmon.exporters.host_memory import MEMORY_TOTAL
 from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
 from hybridmon.exporters.process import CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT
 from hybridmon.rules import process as recorded
-from hybridmon.rules.case_inputs import LLAMA, SGLANG, VLLM, on_gpu, process_label
+from hybridmon.rules.case_inputs import LLAMA, SGLANG, VLLM, on_gpu
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import as_process_name, data_spans, duration, number, query
+from hybridmon.rules.promql import data_spans, duration, number, query
 from hybridmon.rules.scenarios import GIB, GPU0, Catalog, Test
 from hybridmon.rules.templates import humanize_percentage
 
@@ -97,8 +97,6 @@ def alerts(g: Settings) -> list[Alert]:
             f"    and {faults} > 0\n"
             ")"
         )
-        if resource.gauge is not PROCESS_MEMORY_USED:  # NVML's series already say process_name
-            expr = as_process_name(expr)
         rules.append(Alert(
             "InferenceProcessMemoryGrowth", expr, 0, "warning",
             f"<process_name> (pid <pid>) on <instance>: {resource.short} grows "
@@ -201,8 +199,8 @@ class Detector:
             newest[key[0]] = key
         findings = []
         for key in sorted(cpu, key=common.process_order):
-            pid, name = key
-            since = common.process_restart_time(history, pid, name, now)
+            pid, process_name = key
+            since = common.process_restart_time(history, pid, process_name, now)
             load = self._load(history, key, cpu[key], now, since)
             if load is None or not (load.flat or load.faults_rising):
                 continue
@@ -210,10 +208,10 @@ class Detector:
             if key in resident:
                 times, values = windows.window_since(resident[key], now, self.config.window_seconds,
                                                      since)
-                candidates.append(("resident", name, times, values, host_total))
+                candidates.append(("resident", process_name, times, values, host_total))
             if key in locked:
                 times, values = _summed_window(locked[key], now, self.config.window_seconds, since)
-                candidates.append(("locked", name, times, values, host_total))
+                candidates.append(("locked", process_name, times, values, host_total))
             if (pid,) in gpu_memory and newest[pid] == key:
                 series = gpu_memory[(pid,)]
                 times, values = _summed_window(series, now, self.config.window_seconds, since)
@@ -268,13 +266,13 @@ class Detector:
         more for the same work is touching memory it did not touch before."""
         per_step: dict[float, float] = {}
         for metric in (MINOR_FAULTS.name, MAJOR_FAULTS.name):
-            for series in common.process_series(history, metric, key[0], key[1]):
+            for series in history.series(metric, pid=key[0], process_name=key[1]):
                 for time, value in zip(*windows.rate_steps(series, start, now)):
                     per_step[time] = per_step.get(time, 0.0) + value
         times = [t for t in sorted(per_step) if cpu_rates.get(t, 0) > 0]
         return times, [per_step[t] / cpu_rates[t] for t in times]
 
-    def _judge(self, pid, name, resource, times, values, limit, load: _Load,
+    def _judge(self, pid, process_name, resource, times, values, limit, load: _Load,
                now: float) -> Finding | None:
         config = self.config
         if len(times) < 2 or times[-1] - times[0] < config.min_window_seconds:
@@ -314,7 +312,7 @@ class Detector:
             details["forecast_seconds_to_exhaustion"] = forecast
             details["exhaustion_limit_bytes"] = limit
         return finding(
-            self.alerts[resource], {"pid": pid, "process_name": name}, slope,
+            self.alerts[resource], {"pid": pid, "process_name": process_name}, slope,
             current * config.growth_per_hour_share / 3600, unit="B/s",
             values={"per_hour": slope * 3600, "current": current, "exhaustion": forecast,
                     "cpu": load.cpu_seconds_per_second,
@@ -351,7 +349,7 @@ def _summed_window(series: list[SeriesHistory], now: float, seconds: float,
 
 # --- promtool cases --------------------------------------------------------------------------
 
-TGI = {"pid": "7171", "name": "text-generation"}
+TGI = {"pid": "7171", "process_name": "text-generation"}
 
 
 def _exact_enough(*seconds: float) -> bool:
@@ -420,7 +418,7 @@ def _growth_on_flat_load(t, catalog: Catalog) -> Test:
     def expected(rule_name: str, proc: dict, start: float, total: float, cpu: float) -> dict:
         slope = start * per_hour / 3600
         current = start * (1 + per_hour * at / 3600)
-        return test.alert(rules[rule_name], process_label(proc), value=slope, per_hour=slope * 3600,
+        return test.alert(rules[rule_name], proc, value=slope, per_hour=slope * 3600,
                           current=current, exhaustion=(total - current) / slope, cpu=cpu,
                           tokens=None, running=None)
 
@@ -472,7 +470,7 @@ def _growth_against_server_load(t, catalog: Catalog) -> Test:
         test.values(GENERATED_TOKENS.name, accumulated(1000.0, tokens_growth), **labels)
         test.values(REQUESTS_RUNNING.name, linear(8, running_growth), **labels)
     test.expect(at, "InferenceProcessMemoryGrowth", test.alert(
-        rule, process_label(VLLM), value=slope, per_hour=slope * 3600, current=current,
+        rule, VLLM, value=slope, per_hour=slope * 3600, current=current,
         exhaustion=(total - current) / slope, cpu=_mean_rate(2.0, rising, at, g.window_seconds), tokens=1000,
         running=8))
     return test

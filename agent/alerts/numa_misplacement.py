@@ -17,10 +17,10 @@ from hybridmon.exporters.numa import NODE_MEMORY_TOTAL, PROCESS_ALLOWED_CPUS_ON_
 from hybridmon.exporters.pcie import DEVICE_NUMA_NODE
 from hybridmon.exporters.process import ALLOWED_CPUS
 from hybridmon.rules import process as recorded
-from hybridmon.rules.case_inputs import HOST2, LLAMA, VLLM, on_gpu, process_label
+from hybridmon.rules.case_inputs import HOST2, LLAMA, VLLM, on_gpu
 from hybridmon.rules.host import NUMA_NODES
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import as_process_name, number, query
+from hybridmon.rules.promql import number, query
 from hybridmon.rules.scenarios import BUS0, BUS1, GIB, GPU0, GPU1, HOST, Catalog, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
@@ -37,8 +37,12 @@ class Settings(Section):
 
 def alerts(n: Settings) -> list[Alert]:
     threshold = humanize_percentage(n.share_off_gpu_node)
-    cpus, memory = (f"{record} >= {number(n.share_off_gpu_node)}\n"
-                    f"and on (job, instance)\n{NUMA_NODES} >= 2"
+    # The recordings keep the GPU's uuid and node; the alert names the process and the GPU.
+    cpus, memory = (f"max without (uuid, node) (\n"
+                    f"  {record} >= {number(n.share_off_gpu_node)}\n"
+                    f"  and on (job, instance)\n"
+                    f"  {NUMA_NODES} >= 2\n"
+                    ")"
                     for record in (recorded.CPUS_OFF_NODE, recorded.MEMORY_OFF_NODE))
     node = query("{}", recorded.GPU_NODE, "gpu")
     fix = ("Every host-device copy of offloaded KV cache or weights then crosses the socket "
@@ -49,7 +53,7 @@ def alerts(n: Settings) -> list[Alert]:
     return [
         Alert(
             "InferenceProcessNumaMisplaced",
-            as_process_name(cpus, "uuid", "node"),
+            cpus,
             n.for_seconds, "warning",
             "<process_name> (pid <pid>) on <instance>: <value|humanizePercentage> of its CPUs are "
             "off GPU <gpu>'s NUMA node <node>",
@@ -61,7 +65,7 @@ def alerts(n: Settings) -> list[Alert]:
         ),
         Alert(
             "InferenceProcessNumaMisplaced",
-            as_process_name(memory, "uuid", "node"),
+            memory,
             n.for_seconds, "warning",
             "<process_name> (pid <pid>) on <instance>: <value|humanizePercentage> of its memory is "
             "off GPU <gpu>'s NUMA node <node>",
@@ -121,10 +125,10 @@ class Detector:
             for series in history.series(spec.name):
                 value = windows.avg_over_time(series, now)
                 if value is not None:
-                    key = (series.labels["pid"], series.labels["name"])
+                    key = (series.labels["pid"], series.labels["process_name"])
                     per_process.setdefault(key, {})[series.labels["node"]] = value
-            for (pid, name), by_node in sorted(per_process.items(),
-                                               key=lambda item: common.process_order(item[0])):
+            for (pid, process_name), by_node in sorted(per_process.items(),
+                                                       key=lambda item: common.process_order(item[0])):
                 total = sum(by_node.values())
                 if total <= 0:
                     continue
@@ -134,17 +138,19 @@ class Detector:
                         continue
                     off = sum(value for other, value in by_node.items() if other != node) / total
                     if off >= self.config.share_off_gpu_node:
-                        findings.append(self._finding(pid, name, gpu, node, reason, off, by_node, total))
+                        findings.append(self._finding(pid, process_name, gpu, node, reason, off, by_node,
+                                                      total))
         return findings
 
-    def _finding(self, pid, name, gpu, node, reason, off, by_node, total) -> Finding:
+    def _finding(self, pid, process_name, gpu, node, reason, off, by_node, total) -> Finding:
         details: dict[str, float | str] = {"gpu_numa_node": node, "uuid": gpu[1]}
         for n, value in by_node.items():
             details[f"node{n}_{'bytes' if reason == 'memory' else 'cpus'}"] = value
         # the figures the rule's queries fetch: the GPU's node and the process's CPUs or memory
         values = {"node": node, "cpus" if reason == "cpus" else "mapped": total}
-        return finding(self.alerts[reason], {"pid": pid, "process_name": name, "gpu": gpu[0]}, off,
-                       self.config.share_off_gpu_node, unit="ratio", values=values, details=details)
+        labels = {"pid": pid, "process_name": process_name, "gpu": gpu[0]}
+        return finding(self.alerts[reason], labels, off, self.config.share_off_gpu_node, unit="ratio",
+                       values=values, details=details)
 
 
 def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
@@ -187,8 +193,8 @@ def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
                         ({**GPU0, "instance": HOST2}, 0), ({**GPU1, "instance": HOST2}, 1))
     test.expect(not_yet(n.for_seconds), "InferenceProcessNumaMisplaced")
     test.expect(at, "InferenceProcessNumaMisplaced",
-                test.alert(cpus_rule, {**process_label(VLLM), "gpu": "0"}, value=1, cpus=16, node=0),
-                test.alert(memory_rule, {**process_label(LLAMA), "gpu": "1"},
+                test.alert(cpus_rule, {**VLLM, "gpu": "0"}, value=1, cpus=16, node=0),
+                test.alert(memory_rule, {**LLAMA, "gpu": "1"},
                            value=1 - (1 - off) * mapped / mapped, mapped=mapped, node=1))
     return test
 

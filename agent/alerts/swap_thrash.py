@@ -16,9 +16,9 @@ from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.exporters.process import MAJOR_FAULTS as PROCESS_MAJOR_FAULTS
 from hybridmon.exporters.process import SWAP as PROCESS_SWAP
 from hybridmon.rules import host as recorded
-from hybridmon.rules.case_inputs import HOST2, LLAMA, SGLANG, VLLM, host_memory, process_label
+from hybridmon.rules.case_inputs import HOST2, LLAMA, SGLANG, VLLM, host_memory
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import as_process_name, indent, number, query
+from hybridmon.rules.promql import indent, number, query
 from hybridmon.rules.scenarios import BEFORE_SAMPLES, MIB, ONSET, STEP, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize, humanize1024, humanize_percentage
 
@@ -111,7 +111,7 @@ def process_alert(s: Settings) -> Alert:
         ")"
     )
     return Alert(
-        "HostSwapThrash", as_process_name(watched), s.for_seconds, "critical",
+        "HostSwapThrash", watched, s.for_seconds, "critical",
         "<process_name> (pid <pid>) on <instance> is swapping: <value|humanize1024>B in swap "
         "while the host thrashes",
         "Watched process <process_name> (pid <pid>) has <value|humanize1024>B in swap (VmSwap, "
@@ -224,7 +224,7 @@ class Detector:
                 continue
             swaps = (swap is not None and swap >= self.config.process_swap_bytes and growing)
             faulting = major is not None and major >= self.config.process_major_faults_per_second
-            found.append({"pid": key[0], "name": key[1], "swap_bytes": swap or 0.0,
+            found.append({"pid": key[0], "process_name": key[1], "swap_bytes": swap or 0.0,
                           "swap_known": swap is not None, "growing": growing,
                           "major_faults_per_second": major, "swapping": swaps or faulting,
                           "by_swap": swaps})
@@ -236,7 +236,7 @@ class Detector:
         details = dict(host)
         if worst is not None:
             details.update(process_swap_bytes=worst["swap_bytes"], pid=worst["pid"],
-                           process_name=worst["name"])
+                           process_name=worst["process_name"])
         return finding(
             self.host_alert, {}, host["swap_in_bytes_per_second"], self.config.swap_in_bytes_per_second,
             unit="B/s",
@@ -258,7 +258,7 @@ class Detector:
         else:
             value, threshold, unit = major, config.process_major_faults_per_second, "faults/s"
         return finding(
-            self.process_alert, {"pid": process["pid"], "process_name": process["name"]},
+            self.process_alert, {"pid": process["pid"], "process_name": process["process_name"]},
             value, threshold, unit=unit,
             values={"value": process["swap_bytes"], "major_faults": major,
                     "swap_in": host["swap_in_bytes_per_second"],
@@ -293,9 +293,9 @@ def thrash_with_faults(t, catalog) -> Test:
     test.expect(at, "HostSwapThrash",
                 test.alert(warning, {}, value=swap_in, swap_out=swap_out, major_faults=major,
                            pressure=pressure, most_swapped=swapped, **settings),
-                test.alert(critical, process_label(VLLM), value=swapped, major_faults=few, **host,
+                test.alert(critical, VLLM, value=swapped, major_faults=few, **host,
                            **settings),
-                test.alert(critical, process_label(LLAMA), value=0, major_faults=many, **host,
+                test.alert(critical, LLAMA, value=0, major_faults=many, **host,
                            **settings))
     return test
 

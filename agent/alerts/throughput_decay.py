@@ -214,10 +214,10 @@ class Detector:
 
         gpus: set[tuple[str, str]] = set()
         if server.pid:
-            name = ""
             for series in history.series(RESIDENT.name, pid=server.pid):
-                name = series.labels.get("name", "")
-                gauge("process_resident_bytes", f"{name} (pid {server.pid}) resident memory", "bytes", series)
+                process_name = series.labels.get("process_name", "")
+                gauge("process_resident_bytes", f"{process_name} (pid {server.pid}) resident memory",
+                      "bytes", series)
             for series in history.series(SWAP.name, pid=server.pid):
                 gauge("process_swap_bytes", "its swap", "bytes", series)
             for series in history.series(MAJOR_FAULTS.name, pid=server.pid):

@@ -11,7 +11,7 @@ from hybridmon.exporters.process import START_TIME
 from hybridmon.exporters.gpu import GPU_INFO
 
 GPU_LABELS = ("gpu", "uuid")
-PROCESS_LABELS = ("pid", "name")
+PROCESS_LABELS = ("pid", "process_name")
 
 
 def gpu_entity(key: tuple[str, ...]) -> dict[str, str]:
@@ -88,16 +88,10 @@ def numa_node_count(history: History, now: float) -> int:
     return len(nodes)
 
 
-def process_series(history: History, metric: str, pid: str, name: str) -> list[SeriesHistory]:
-    """The series of one process (pid and comm). History.series takes the metric name as its
-    `name` argument, so the `name` label is matched here."""
-    return [s for s in history.series(metric, pid=pid) if s.labels.get("name") == name]
-
-
-def process_restart_time(history: History, pid: str, name: str, now: float) -> float | None:
+def process_restart_time(history: History, pid: str, process_name: str, now: float) -> float | None:
     """When the process now running as `pid` was first seen with its current start time: points
     before it belong to an earlier process that had the same pid."""
-    for series in process_series(history, START_TIME.name, pid, name):
+    for series in history.series(START_TIME.name, pid=pid, process_name=process_name):
         return windows.first_of_latest_run(series, now)
     return None
 

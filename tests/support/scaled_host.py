@@ -154,7 +154,7 @@ def exposition_needles(host: ScaledHost) -> tuple[str, str]:
     """Two lines of the samples exposition that show the whole host is read: the last GPU and the
     last watched process."""
     return (f'{GPU_UP.name}{{gpu="{len(host.gpu_bus_ids) - 1}"',
-            f'{RESIDENT.name}{{name="python3",pid="{host.pids[-1]}"}}')
+            f'{RESIDENT.name}{{pid="{host.pids[-1]}",process_name="python3"}}')
 
 
 def check_agent_sees_the_host(agent, host: ScaledHost) -> None:
@@ -171,7 +171,7 @@ def check_agent_sees_the_host(agent, host: ScaledHost) -> None:
         if f'{DEVICE_PRESENT.name}{{pci_bus_id="{address}"}} 1.0' not in text:
             problems.append(f"no PCI device {address} in the exposition")
     for pid in host.pids:
-        if f'{RESIDENT.name}{{name="python3",pid="{pid}"}}' not in text:
+        if f'{RESIDENT.name}{{pid="{pid}",process_name="python3"}}' not in text:
             problems.append(f"process {pid} not watched")
     process = next(item.collector for item in agent.sampler.scheduled if item.collector.name == "process")
     if sorted(process.watched()) != sorted(host.pids):
