@@ -15,7 +15,7 @@ Every second it samples the agent's RSS, open fds and CPU time (psutil). At the 
 SIGTERM and times the stop, and prints p50/p99/max scrape latency, max RSS, max fds, CPU % of one
 core, log bytes written and the stop time; --json prints the same as JSON. Everything it starts is
 stopped on success, error, Ctrl-C or SIGTERM. Not a test: the suite has the short, bounded
-versions (tests/test_server_hostile_clients.py).
+versions (tests/integration/test_server_hostile_clients.py).
 
     .venv/bin/python benchmarks/soak.py [--duration 1800] [--scrape-rate 10] [--fd-limit 1024] [--json]
 """

@@ -4,7 +4,7 @@
     python -m hybridmon.dashboards.generate --check         # exit 1 with a diff if the committed JSON differs
     python -m hybridmon.dashboards.generate --thresholds my.toml --runbook-base-url https://runbooks.example/hybridmon
 
-The thresholds come from agent/detectors/thresholds.toml through the loader the agent and
+The thresholds come from agent/alerts/thresholds.toml through the loader the agent and
 rules.generate use, so a line on a panel is where the alert fires. Import the JSON into Grafana
 (Dashboards > New > Import) or provision it; pick the Prometheus that scrapes the agent and loads
 rules/hybridmon.rules.yml as the data source.

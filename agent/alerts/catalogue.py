@@ -56,7 +56,7 @@ GROUPS: tuple[tuple[str, Callable[..., tuple[Recording, ...]]], ...] = (
     ("hybridmon-inference", recordings.inference),
     ("hybridmon-agent", recordings.none),
 )
-DEFAULT_THRESHOLDS_FILE = Path(__file__).resolve().parent.parent / "detectors" / "thresholds.toml"
+DEFAULT_THRESHOLDS_FILE = Path(__file__).resolve().parent / "thresholds.toml"
 
 # The schema of thresholds.toml: one section per family.
 Thresholds = create_model(

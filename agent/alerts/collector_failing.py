@@ -10,6 +10,9 @@ fire.
 """
 from __future__ import annotations
 
+from collections import deque
+from textwrap import dedent
+
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.exposition import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
@@ -19,7 +22,7 @@ from hybridmon.rules.promql import duration
 from hybridmon.rules.scenarios import BEFORE_SAMPLES, Test, firing, not_yet
 
 ALERTNAME = "HybridmonCollectorFailing"
-INPUTS = (COLLECTOR_SUCCESS,)
+INPUTS = (COLLECTOR_SUCCESS, COLLECTOR_ERRORS)
 
 
 class Settings(Section):
@@ -30,11 +33,17 @@ def alert(s: Settings) -> Alert:
     wait = duration(s.for_seconds)
     return Alert(
         ALERTNAME,
-        f"{COLLECTOR_SUCCESS.name} == 0",
+        dedent(f"""\
+            # the failed runs over the last `for`...
+            increase({COLLECTOR_ERRORS.name}[{wait}])
+            # ...of a collector whose last run failed (no data on this host is a success)
+            and on (job, instance, collector)
+            {COLLECTOR_SUCCESS.name} == 0"""),
         s.for_seconds, "warning",
-        "Collector <collector> on <instance> keeps failing",
+        "Collector <collector> on <instance> keeps failing: <value|humanize> failed runs in "
+        f"the last {wait}",
         f"Every run of the agent's <collector> collector on <instance> has failed for {wait} or more "
-        f"(threshold: {wait}). Its series are absent while it fails, and absent is never zero: the "
+        f"(threshold: {wait}; <value|humanize> failed runs in that time). Its series are absent while it fails, and absent is never zero: the "
         "alerts and panels that read them stay silent and empty however the host behaves. The "
         "agent log names the error (once a minute while it repeats), /healthz shows the last one and "
         f"{COLLECTOR_ERRORS.name} counts the failed runs; the runbook lists the usual causes per "
@@ -44,7 +53,8 @@ def alert(s: Settings) -> Alert:
 
 class Detector:
     """Per collector, warning: its last run failed (a source absent on this host is no failure);
-    fires once every run has failed for for_seconds, as the engine keeps it pending meanwhile."""
+    fires once every run has failed for for_seconds, as the engine keeps it pending meanwhile. Its
+    value is the failed runs over the last for_seconds, as the rule's increase() counts them."""
 
     name = "collector_failing"
     alertnames = (ALERTNAME,)
@@ -54,32 +64,46 @@ class Detector:
         self.config = config
         self.alert = alert(config)
         self._scheduled: list = []
+        # (time, errors so far) per collector at each evaluation, for the failed runs in the window
+        self._errors_seen: dict[str, deque[tuple[float, int]]] = {}
 
     def attach(self, agent) -> None:
         """Called once by the agent (daemon.Agent): judge its sampler's collectors."""
         self._scheduled = list(agent.sampler.scheduled)
 
     def evaluate(self, _history: History, now: float) -> list[Finding]:
-        return [finding(self.alert, {"collector": item.collector.name}, 0.0, 1.0,
-                        details={"last_error": item.state.last_error or "", "errors": item.state.errors,
-                                 "runs": item.state.runs})
-                for item in self._scheduled if item.state.last_success is False]
+        findings = []
+        for item in self._scheduled:
+            name, state = item.collector.name, item.state
+            seen = self._errors_seen.setdefault(name, deque())
+            seen.append((now, state.errors))
+            while len(seen) > 1 and seen[1][0] <= now - self.config.for_seconds:
+                seen.popleft()
+            if state.last_success is False:
+                failed_runs = float(state.errors - seen[0][1]) or 1.0  # the failure seen first counts
+                findings.append(finding(
+                    self.alert, {"collector": name}, failed_runs, 1.0, unit="runs",
+                    details={"last_error": state.last_error or "", "errors": state.errors, "runs": state.runs}))
+        return findings
 
 
 def cases(t, catalog) -> list[Test]:
-    """gpu fails every run from the onset and fires; process fails every other run (never for the
-    whole `for`) and pcie never fails: both silent."""
+    """gpu fails every run (one a second) from the onset and fires; process fails every other
+    sample (never for the whole `for`) and pcie never fails: both silent."""
     wait = t.collector_failing.for_seconds
     rule = catalog.find(ALERTNAME)
     test = Test("collector failing: gpu failing from the onset fires; process flapping and pcie "
                 "healthy stay silent", firing(wait) + 120, catalog)
     rest = test.samples - BEFORE_SAMPLES
     test.gauge(COLLECTOR_SUCCESS.name, 1, 0, collector="gpu")
-    test.add(COLLECTOR_SUCCESS.name, f"1x{BEFORE_SAMPLES - 1} " + " ".join(["0", "1"] * (rest // 2 + 1))[:2 * rest - 1],
-             collector="process")
+    test.counter(COLLECTOR_ERRORS.name, 0, 1.0, collector="gpu")
+    flapping = " ".join(["0", "1"] * rest)[:2 * rest - 1]
+    test.add(COLLECTOR_SUCCESS.name, f"1x{BEFORE_SAMPLES - 1} {flapping}", collector="process")
+    test.counter(COLLECTOR_ERRORS.name, 0, 0.5, collector="process")
     test.constant(COLLECTOR_SUCCESS.name, 1, collector="pcie")
+    test.constant(COLLECTOR_ERRORS.name, 0, collector="pcie")
     test.expect(not_yet(wait), rule.alert)
-    test.expect(firing(wait), rule.alert, test.alert(rule, {"collector": "gpu"}, value=0))
+    test.expect(firing(wait), rule.alert, test.alert(rule, {"collector": "gpu"}, value=wait * 1.0))
     return [test]
 
 

@@ -5,7 +5,7 @@
 
 The PrometheusRule's spec.groups are the rule file's groups, unchanged, so the Prometheus Operator
 loads exactly the rules that `promtool test rules rules/tests/*.yml` tests. The rule file is itself
-generated from agent/detectors/thresholds.toml (`python -m hybridmon.rules.generate`): regenerate that first.
+generated from agent/alerts/thresholds.toml (`python -m hybridmon.rules.generate`): regenerate that first.
 """
 from __future__ import annotations
 

@@ -4,11 +4,16 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import time
+import subprocess
+import signal
 from pathlib import Path
+
+import httpx
 
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from tests.conftest import FIXTURE_HOST
+from tests.support.paths import FIXTURE_HOST
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,3 +52,35 @@ def subprocess_environment(extra: dict[str, str] | None = None) -> dict[str, str
 
 
 HYBRIDMON = [sys.executable, "-m", "hybridmon.agent.cli"]
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except httpx.HTTPError as error:
+            last = error
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+def start_daemon(args: list[str], extra_env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        HYBRIDMON + args, env=subprocess_environment(extra_env), cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def stop_daemon(process: subprocess.Popen) -> tuple[int, str]:
+    process.send_signal(signal.SIGTERM)
+    try:
+        _out, err = process.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        _out, err = process.communicate()
+        raise AssertionError("daemon did not stop within 10 s of SIGTERM:\n" + err)
+    return process.returncode, err

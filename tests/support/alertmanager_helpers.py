@@ -242,7 +242,7 @@ class AcceptingAlertmanager:
     """A well-behaved stand-in for Alertmanager's POST /api/v2/alerts: answers 200 with an empty
     body at once and keeps (time.monotonic() at arrival, alerts) of every push. The empty 200 is
     what Debian's prometheus-alertmanager 0.25 answers (its api/v2 postAlerts returns no payload);
-    tests/test_alertmanager_live.py runs the same delivery against that real binary."""
+    tests/integration/test_alertmanager_live.py runs the same delivery against that real binary."""
 
     def __init__(self) -> None:
         self.pushes: list[tuple[float, list[dict]]] = []

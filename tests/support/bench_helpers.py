@@ -59,3 +59,15 @@ def fake_binary(directory: Path, local: str = "report-gen4-local.json",
 def calls(directory: Path) -> list[list[str]]:
     path = directory / "calls.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def stored_run_text() -> str:
+    """A stored benchmark run (exporters/bench_runs.py's format) around the fixture report."""
+    report = json.loads((BENCH_FIXTURES / "report-gen4-local.json").read_text())
+    return json.dumps({"format": 1, "finished_at": 1.7e9, "hybridmon_version": "0",
+                       "gpu": {"index": 0, "uuid": "GPU-0", "name": "x", "pci_bus_id": "0000:17:00.0",
+                               "numa_node": 0},
+                       "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16},
+                       "contended": None,
+                       "placements": [{"placement": "local", "numa_node": 0, "report": report}],
+                       "failures": []})

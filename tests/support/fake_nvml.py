@@ -8,7 +8,7 @@ to load NVML from "tests.support.fake_nvml". Two ways to use it:
 
 The default layout is the fixture host's (tests/conftest.py): GPU0 an L40S at 0000:17:00.0 on node 0
 running pid 4242, GPU1 an A10 at 0000:ca:00.0 on node 1, downtrained to Gen3 x8, running pid 5151.
-At the end: what tests/test_gpu.py and tests/test_nvml.py share (UUIDs, a clock, the real library).
+At the end: what tests/exporters/test_gpu.py and tests/exporters/test_nvml.py share (UUIDs, a clock, the real library).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ set for the test, and a child process that thrashes swap. Each is a context mana
 itself on exit, whether or not the test (or a later setup step) failed, so that an ExitStack of them
 leaves the host as it was.
 
-Used by tests/test_fault_injection.py; see there for what is measured and asserted.
+Used by tests/integration/test_fault_injection.py; see there for what is measured and asserted.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Property-test helpers shared by the parser tests: texts to feed a parser, and the check that it
 raises nothing but the one error it promises on them (ParseError for the `parse_*` of exporters/,
-ReportError for the benchmark readers). tests/test_parsers_robustness.py holds every one to it."""
+ReportError for the benchmark readers). tests/exporters/test_parsers_robustness.py holds every one to it."""
 from __future__ import annotations
 
 import re

@@ -1,13 +1,14 @@
 """Scenario traces generated once per test session and shared by the tests that replay them."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.history import History
-from tests.support.scenarios import SCENARIOS, TraceSummary, history_seconds_for, write_trace
+from hybridmon.agent.history import History, SeriesHistory
+from tests.support.scenarios import SCENARIOS, START_TIME, TraceSummary, history_seconds_for, write_trace
 
 
 @dataclass
@@ -52,3 +53,28 @@ def replay(path: Path, history_seconds: float) -> Replayed:
                     agent.history)
 
 
+# Reading a replayed scenario's history at scenario times (seconds after its first tick).
+
+def one(history: History, metric: str, **labels: str) -> SeriesHistory:
+    found = history.series(metric, **labels)
+    assert len(found) == 1, f"{metric}{labels}: {len(found)} series"
+    return found[0]
+
+
+def between(series: SeriesHistory, start: float, end: float) -> list[float]:
+    """Values at scenario times start <= t < end (seconds after the first tick)."""
+    values = [v for t, v in zip(series.times, series.values) if start <= t - START_TIME < end]
+    assert values, f"{series.name}{series.labels} has no point in [{start}, {end})"
+    return values
+
+
+def value_at(series: SeriesHistory, t: float) -> float:
+    for time, value in zip(series.times, series.values):
+        if math.isclose(time - START_TIME, t, abs_tol=1e-6):
+            return value
+    raise AssertionError(f"{series.name}{series.labels} has no point at t={t}")
+
+
+def rate(series: SeriesHistory, start: float, end: float) -> float:
+    """A counter's average rate per second between two scenario times."""
+    return (value_at(series, end) - value_at(series, start)) / (end - start)

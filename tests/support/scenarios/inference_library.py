@@ -117,7 +117,7 @@ def inference_server_down(host: SyntheticHost) -> Step:
     connections; from 240 the port answers an HTML sign-in page (HTTP 200, text/html, as a proxy
     put in front of it does); from 420 it answers HTTP 503; from 600 /metrics works again to the
     end. Each failure lasts past the scrape alert's 2 min; only the first is expected from onset,
-    the other two are allowed (tests/test_scenarios.py checks the reason the collector gives in each
+    the other two are allowed (tests/integration/test_scenarios.py checks the reason the collector gives in each
     window)."""
     healthy_host(host)
     onset = 60

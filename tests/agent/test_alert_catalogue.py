@@ -1,0 +1,108 @@
+"""The alert catalogue (agent/alerts/catalogue.py) is the one list of alerts: every other list is
+derived from it, and it is checked against the one pinned specification,
+tests/support/alert_specification.py."""
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hybridmon.agent.alerts import catalogue
+from hybridmon.agent.alerts.catalogue import FAMILIES, Thresholds, all_alertnames, all_detectors
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.rules.templates import markers
+from tests.support.alert_specification import SPECIFIED_ALERTS
+from tests.support.detector_history import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
+                                          numa_rows, pcie_rows, pressure_rows, process_numa_rows,
+                                          process_rows)
+
+REPO = Path(__file__).resolve().parents[2]
+ALERT_RULES = [rule for group in yaml.safe_load((REPO / "rules" / "hybridmon.rules.yml").read_text())["groups"]
+               for rule in group["rules"] if "alert" in rule]
+
+
+def test_the_catalogue_raises_exactly_the_specified_alerts():
+    assert all_alertnames() == sorted(SPECIFIED_ALERTS)
+    assert len(set(SPECIFIED_ALERTS)) == len(SPECIFIED_ALERTS)
+
+
+def test_one_detector_per_thresholds_section_and_every_alert_once():
+    detectors = all_detectors(THRESHOLDS)
+    assert [d.name for d in detectors] == list(Thresholds.model_fields) == [f.section for f in FAMILIES]
+    names = [name for d in detectors for name in d.alertnames]
+    assert len(names) == len(set(names))
+    assert set(names) == set(SPECIFIED_ALERTS)
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.section)
+def test_a_family_is_one_module_named_like_its_section_runbooks_and_rule_tests(family):
+    module = importlib.import_module(f"hybridmon.agent.alerts.{family.section}")
+    assert module.FAMILY is family
+    assert family.settings.__module__ == module.__name__, "its settings model lives in its module"
+    detector = family.detector(getattr(THRESHOLDS, family.section))
+    assert type(detector).__module__ == module.__name__, "its detector lives in its module"
+    assert detector.name == family.section and tuple(detector.alertnames) == family.alertnames
+    thresholds_toml = (REPO / "agent" / "alerts" / "thresholds.toml").read_text()
+    assert re.search(rf"^\[{family.section}\]$", thresholds_toml, re.M)
+    for alertname in family.alertnames:
+        assert (REPO / "runbooks" / f"{alertname}.md").is_file()
+    assert (REPO / "rules" / "tests" / f"generated_{family.section}.yml").is_file()
+    rules = family.alerts(THRESHOLDS)
+    assert {rule.alert for rule in rules} == set(family.alertnames)
+    assert all(rule.alert in family.alertnames for rule in rules)
+
+
+def test_the_rule_file_holds_the_catalogues_rules_in_its_order():
+    generated = [(rule.alert, rule.severity) for group in catalogue.rule_groups(THRESHOLDS)
+                 for rule in group.alerts()]
+    assert [(rule["alert"], rule["labels"]["severity"]) for rule in ALERT_RULES] == generated
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda f: f.section)
+def test_every_rule_has_promtool_cases_that_fire_it(family):
+    cases = yaml.safe_load((REPO / "rules" / "tests" / f"generated_{family.section}.yml").read_text())
+    expected = {(alert["exp_labels"]["alertname"] if "alertname" in alert["exp_labels"] else test_case["alertname"],
+                 alert["exp_labels"]["severity"])
+                for test in cases["tests"] for test_case in test.get("alert_rule_test", [])
+                for alert in test_case["exp_alerts"]}
+    for rule in family.alerts(THRESHOLDS):
+        assert (rule.alert, rule.severity) in expected, f"{rule.alert} {rule.severity}: no firing case"
+
+
+def test_every_text_marker_is_a_label_the_value_or_a_query():
+    for family in FAMILIES:
+        for rule in family.alerts(THRESHOLDS):
+            used = markers(rule.summary) | markers(rule.description)
+            assert set(rule.queries) <= used, rule.alert
+
+
+def test_a_healthy_busy_host_gives_no_findings_from_any_detector():
+    trace = Trace()
+
+    def process(t):
+        s = t - T0
+        return process_rows("4242", "vllm", resident=12 * GIB, cpu_seconds=3 * s,
+                            minor_faults=900 * s, memlock_limit=float("inf"))
+
+    def process_numa(t):
+        return process_numa_rows("4242", "vllm", cpus={"0": 16, "1": 0},
+                                 resident={"0": 11 * GIB, "1": GIB})
+
+    engine = Engine(all_detectors(THRESHOLDS), trace.history)
+    t = T0
+    while t <= T0 + 2400:
+        trace.commit("gpu", t, gpu_rows(utilization=0.85, h2d=22e9, d2h=6e9, used=18 * GIB,
+                                        numa_node=0, replays=(t - T0) / 60,
+                                        processes={"4242": ("vllm", 17 * GIB)}))
+        trace.commit("host_memory", t, host_memory_rows(
+            swappiness=10, dirty_ratio=15, swap_in=0, swap_out=0, major_faults=2 * (t - T0)))
+        trace.commit("pressure", t, pressure_rows(0.001 * (t - T0)))
+        trace.commit("process", t, process(t))
+        trace.commit("process_numa", t, process_numa(t))
+        trace.commit("numa", t, numa_rows(2))
+        trace.commit("pcie", t, pcie_rows(numa_node=0, aer={"correctable": 3, "fatal": 0}))
+        engine.evaluate(t)
+        assert engine.pending() == [] and engine.firing() == [], t
+        t += 10
+    assert all(count == 0 for count in engine.detector_errors.values())

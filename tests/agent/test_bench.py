@@ -1,0 +1,322 @@
+"""The benchmark runner, its stored runs, the metrics made from them and `hybridmon bench`, on the
+fixture host with a stand-in binary printing hand-written reports (tests/fixtures/bench/README.md)
+and the fake NVML. The real binary's no-device path is in test_offload_bench_build.py."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from hybridmon.agent import budget
+from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
+from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
+from hybridmon.exporters import bench_report
+from hybridmon.exporters.base import NoDataError
+from hybridmon.exporters.bench import BenchCollector
+from hybridmon.exporters.bench_runs import load_latest, measured_capacity, parse_stored_run
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.pcie_rates import theoretical_capacity
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
+from tests.support.bench_helpers import BENCH_FIXTURES, calls, fake_binary
+from tests.support.paths import FIXTURE_HOST
+from tests.support.fake_nvml import GIB, FakeNvml, default_gpus
+
+SYSFS = str(FIXTURE_HOST / "sys")
+GEN4_X16 = theoretical_capacity(4, 16)
+
+
+def fixture_text(name: str) -> str:
+    return (BENCH_FIXTURES / name).read_text()
+
+
+def idle_nvml() -> FakeNvml:
+    """The fixture host's GPUs with nothing running on them."""
+    nvml = FakeNvml()
+    gpus = default_gpus()
+    for gpu in gpus:
+        gpu.processes, gpu.utilization_percent = [], 0
+    nvml.configure(gpus=gpus)
+    return nvml
+
+
+def runner(tmp_path: Path, nvml=None, **options) -> BenchRunner:
+    binary = fake_binary(tmp_path, **{k: options.pop(k) for k in ("local", "remote", "status") if k in options})
+    return BenchRunner(binary, tmp_path / "state", nvml_module=nvml or idle_nvml(), sysfs=SYSFS, **options)
+
+
+# --- the binary's output ----------------------------------------------------------------------
+
+def test_report_parses_into_bytes_per_second_with_placement():
+    parsed = bench_report.parse_report(fixture_text("report-gen4-local.json"))
+    assert parsed.pci_bus_id == "0000:17:00.0" and parsed.numa_node == 0
+    assert len(parsed.results) == 20 and parsed.skipped == ()
+    peak = [r for r in parsed.results if (r.direction, r.memory, r.transfer_bytes)
+            == ("host_to_device", "pinned", 268435456)]
+    assert peak[0].median_bytes_per_second == pytest.approx(26.208e9)
+    assert peak[0].min_bytes_per_second == pytest.approx(25.422e9)
+    assert peak[0].host_numa_node == 0 and peak[0].samples == 10
+
+
+@pytest.mark.parametrize("mutation, message", [
+    (lambda r: r.update(version=2), "schema version 2"),
+    (lambda r: r["results"][0].update(verified=False), "not verified"),
+    (lambda r: r["results"][0].update(median_gbps=0), "not positive"),
+    (lambda r: r["results"][0].update(min_gbps=99), "out of order"),
+    (lambda r: r["results"][0].update(direction="sideways"), "unknown direction"),
+    (lambda r: r["results"][0].update(bytes=True), "not a number"),
+    (lambda r: r.pop("device"), "missing 'device'"),
+])
+def test_a_report_that_breaks_its_schema_is_refused_with_the_reason(mutation, message):
+    data = json.loads(fixture_text("report-gen4-local.json"))
+    mutation(data)
+    with pytest.raises(bench_report.ReportError, match=message):
+        bench_report.parse_report(json.dumps(data))
+
+
+def test_error_object_and_progress_lines():
+    error = bench_report.parse_error(fixture_text("error-no-device.json"))
+    assert error.error == "no CUDA device" and error.detail.startswith("cudaErrorInsufficientDriver")
+    step = bench_report.parse_progress('{"progress": {"step": 3, "steps": 20, "direction": "h2d", '
+                                       '"memory": "pinned", "bytes": 2097152}}')
+    assert (step.step, step.steps, step.direction, step.transfer_bytes) == (3, 20, "host_to_device", 2097152)
+    assert bench_report.parse_progress("NVRM: some driver chatter") is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=300))
+def test_parsers_raise_only_report_error_on_any_text(text):
+    for parse in (bench_report.parse_report, bench_report.parse_error, parse_stored_run):
+        try:
+            parse(text)
+        except bench_report.ReportError:
+            pass
+    bench_report.parse_progress(text)
+
+
+# --- busy GPUs ----------------------------------------------------------------------------------
+
+def test_busy_reason_names_processes_and_utilization():
+    activity = GpuActivity(((4242, "vllm", 30 * GIB),), 0.87)
+    assert busy_reason(activity, 0.05) == "compute processes pid 4242 (vllm, 30.0 GiB); 87% utilization"
+    assert busy_reason(GpuActivity((), 0.04), 0.05) is None
+    assert busy_reason(GpuActivity((), None), 0.05) is None
+
+
+def test_runner_refuses_a_busy_gpu_and_runs_nothing(tmp_path):
+    busy = FakeNvml()  # the fixture host: pid 4242 runs on GPU 0 at 87 %
+    with pytest.raises(GpuBusy, match=r"pid 4242 \(python3, 30.0 GiB\); 87% utilization") as raised:
+        runner(tmp_path, nvml=busy).run_gpu(0)
+    assert raised.value.exit_code == 4
+    assert calls(tmp_path) == [] and not (tmp_path / "state").exists()
+
+
+def test_forced_run_beside_a_busy_gpu_is_stored_as_contended(tmp_path):
+    record = runner(tmp_path, nvml=FakeNvml()).run_gpu(0, force=True)
+    assert "pid 4242" in record["contended"]
+    run = load_latest(tmp_path / "state")[0][0]
+    assert run.contended == record["contended"]
+
+
+# --- a run ----------------------------------------------------------------------------------
+
+def test_run_measures_local_then_the_farthest_remote_node_and_stores_both(tmp_path):
+    progress = []
+    record = runner(tmp_path, progress=lambda gpu, placement, step: progress.append(
+        (gpu, placement, step.step))).run_gpu(0)
+    # The binary is asked for the GPU's own node first, then node 1 (the fixture's distance 21).
+    assert [call[call.index("--numa-node") + 1] for call in calls(tmp_path)] == ["auto", "1"]
+    assert all(call[:2] == ["--device", "0"] for call in calls(tmp_path))
+    assert [entry["placement"] for entry in record["placements"]] == ["local", "remote"]
+    assert record["gpu"] == {"index": 0, "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000",
+                             "name": "NVIDIA L40S", "pci_bus_id": "0000:17:00.0", "numa_node": 0}
+    assert record["link"] == {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16}
+    assert record["contended"] is None and record["failures"] == []
+    assert progress[0] == ("0", "local", 1) and progress[-1] == ("0", "remote", 20) and len(progress) == 40
+    latest = tmp_path / "state" / "bench" / "latest" / "0000:17:00.0.json"
+    assert json.loads(latest.read_text()) == record
+    assert len(list((tmp_path / "state" / "bench" / "runs").glob("*-0000:17:00.0.json"))) == 1
+
+
+def test_the_binary_runs_in_pci_bus_order_without_the_callers_device_mask(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    env_dump = tmp_path / "env.json"
+    binary = fake_binary(tmp_path, remote=None)
+    text = binary.read_text().replace("import json, sys\n", f"import json, os, sys\njson.dump(dict(os.environ), open({str(env_dump)!r}, 'w'))\n", 1)
+    binary.write_text(text)
+    BenchRunner(binary, tmp_path / "state", nvml_module=idle_nvml(), sysfs=SYSFS, remote=False).run_gpu(0)
+    env = json.loads(env_dump.read_text())
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_a_device_order_mismatch_is_an_error_not_a_mislabelled_result(tmp_path):
+    # NVML GPU 1 is 0000:ca:00.0 but the binary (the fixture report) says 0000:17:00.0.
+    with pytest.raises(Exception, match="disagree on device order"):
+        runner(tmp_path).run_gpu(1)
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_failing_remote_run_keeps_the_local_result_and_says_why(tmp_path):
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"version": 1, "error": "host error", "detail": "mbind failed"}')
+    binary = fake_binary(tmp_path, remote=str(broken), remote_status=6)
+    record = BenchRunner(binary, tmp_path / "state", nvml_module=idle_nvml(), sysfs=SYSFS).run_gpu(0)
+    assert [entry["placement"] for entry in record["placements"]] == ["local"]
+    assert record["failures"][0]["placement"] == "remote"
+    assert "exit status 6" in record["failures"][0]["error"] and "mbind failed" in record["failures"][0]["error"]
+
+
+def test_garbage_output_with_status_zero_is_refused(tmp_path):
+    garbage = tmp_path / "garbage.json"
+    garbage.write_text('{"version": 1, "results": "lots"}')
+    with pytest.raises(Exception, match="report for GPU 0 is unusable"):
+        runner(tmp_path, local=str(garbage), remote=None).run_gpu(0)
+    assert not (tmp_path / "state").exists()
+
+
+# --- storage ----------------------------------------------------------------------------------
+
+def test_store_keeps_the_latest_per_gpu_and_prunes_old_runs(tmp_path):
+    record = runner(tmp_path).run_gpu(0)
+    for offset in range(RUNS_KEPT_PER_GPU + 5):
+        save_run(tmp_path / "state", {**record, "finished_at": record["finished_at"] + 3600 * (offset + 1)})
+    runs_dir = tmp_path / "state" / "bench" / "runs"
+    assert len(list(runs_dir.iterdir())) == RUNS_KEPT_PER_GPU
+    (latest,), problems = load_latest(tmp_path / "state")
+    assert problems == [] and latest.finished_at == record["finished_at"] + 3600 * (RUNS_KEPT_PER_GPU + 5)
+    assert not [p for p in (tmp_path / "state" / "bench" / "latest").iterdir() if p.name.startswith(".")]
+
+
+def test_store_refuses_what_it_could_not_read_back(tmp_path):
+    record = runner(tmp_path).run_gpu(0)
+    with pytest.raises(bench_report.ReportError):
+        save_run(tmp_path / "other", {**record, "placements": [{"placement": "moon", "report": {}}]})
+    with pytest.raises(bench_report.ReportError, match="PCI bus id"):
+        save_run(tmp_path / "other", {**record, "gpu": {**record["gpu"], "pci_bus_id": "../../etc/x"}})
+    assert not (tmp_path / "other").exists()
+
+
+def test_measured_capacity_is_the_largest_pinned_local_copy_per_direction(tmp_path):
+    run = parse_stored_run(json.dumps(runner(tmp_path).run_gpu(0)))
+    assert measured_capacity(run) == {"host_to_device": (pytest.approx(26.208e9), 268435456),
+                                      "device_to_host": (pytest.approx(26.402e9), 268435456)}
+
+
+# --- metrics ----------------------------------------------------------------------------------
+
+def test_collector_exports_the_stored_run(tmp_path):
+    runner(tmp_path).run_gpu(0)
+    samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
+    labels = dict(gpu="0", uuid="GPU-0a1b2c3d-0000-4000-8000-000000000000")
+    peak = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="268435456")
+    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="local") == pytest.approx(26.208e9)
+    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="remote") == pytest.approx(20.442e9)
+    assert samples.value("hybridmon_bench_efficiency_ratio", **peak, placement="local") == pytest.approx(26.208e9 / GEN4_X16)
+    both = dict(peak, direction="bidirectional")
+    assert samples.value("hybridmon_bench_efficiency_ratio", **both, placement="local") == pytest.approx(42.117e9 / (2 * GEN4_X16))
+    assert samples.value("hybridmon_bench_link_capacity_bytes_per_second", **labels) == pytest.approx(GEN4_X16)
+    assert samples.value("hybridmon_bench_contended", **labels) == 0
+    assert samples.value("hybridmon_gpu_pcie_measured_capacity_bytes_per_second", **labels,
+                         direction="device_to_host") == pytest.approx(26.402e9)
+    assert len(samples.find("hybridmon_bench_bandwidth_bytes_per_second")) == 40
+    # Efficiency only for the largest copies: 5 (direction, memory) pairs per placement.
+    small = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="2097152")
+    assert samples.value("hybridmon_bench_efficiency_ratio", **small, placement="local") is None
+    assert len(samples.find("hybridmon_bench_efficiency_ratio")) == 10
+
+
+def test_collector_leaves_the_capacity_of_a_contended_run_out(tmp_path):
+    runner(tmp_path, nvml=FakeNvml()).run_gpu(0, force=True)
+    samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
+    assert samples.value("hybridmon_bench_contended", gpu="0") == 1
+    assert samples.find("hybridmon_gpu_pcie_measured_capacity_bytes_per_second") == []
+    assert samples.find("hybridmon_bench_bandwidth_bytes_per_second")
+
+
+def test_collector_without_results_and_with_a_corrupt_file(tmp_path):
+    with pytest.raises(NoDataError, match="run `hybridmon bench`"):
+        BenchCollector(LiveSource(), tmp_path / "state").collect()
+    runner(tmp_path).run_gpu(0)
+    (tmp_path / "state" / "bench" / "latest" / "0000:ca:00.0.json").write_text('{"format": 1, "gpu"')
+    samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
+    assert samples.find("hybridmon_bench_timestamp_seconds", gpu="0")  # the good file still counts
+
+
+def test_collector_record_and_replay_give_the_same_samples(tmp_path):
+    runner(tmp_path).run_gpu(0)
+    recording = RecordingSource()
+    live = list(BenchCollector(recording, tmp_path / "state").collect())
+    replay = ReplaySource()
+    replay.load(recording.take_readings())
+    assert list(BenchCollector(replay, tmp_path / "state").collect()) == live
+
+
+# --- budget -----------------------------------------------------------------------------------
+
+def test_budget_uses_the_slowest_measured_host_to_device_capacity(tmp_path):
+    assert budget.measured_bandwidth(tmp_path / "state") is None
+    runner(tmp_path).run_gpu(0)
+    slow = json.loads(fixture_text("report-gen4-slow-local.json"))
+    slow["device"]["pci_bus_id"] = "0000:ca:00.0"
+    (tmp_path / "slow.json").write_text(json.dumps(slow))
+    nvml = idle_nvml()
+    BenchRunner(fake_binary(tmp_path, local=str(tmp_path / "slow.json"), remote=None),
+                tmp_path / "state", nvml_module=nvml, sysfs=SYSFS).run_gpu(1)
+    bandwidth, source = budget.measured_bandwidth(tmp_path / "state")
+    assert bandwidth == pytest.approx(round(26.208 * 0.52, 3) * 1e9)
+    assert source.startswith("measured on GPU 1 (0000:ca:00.0)")
+
+
+# --- the command ------------------------------------------------------------------------------
+
+def hybridmon(*args: str, state: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environment = {**os.environ, **FIXTURE_ENVIRONMENT, "HYBRIDMON_STATE_DIR": str(state),
+                   "PYTHONPATH": str(REPO), **env}
+    return subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", *args], capture_output=True, text=True,
+                          env=environment, timeout=60, cwd=REPO)
+
+
+def test_cli_refuses_a_busy_gpu_with_exit_4_and_runs_it_with_force(tmp_path):
+    binary = fake_binary(tmp_path)
+    refused = hybridmon("bench", "--gpu", "0", "--binary", str(binary), state=tmp_path / "state")
+    assert refused.returncode == 4
+    assert "GPU 0 is in use (compute processes pid 4242" in refused.stderr and "--force" in refused.stderr
+    forced = hybridmon("bench", "--gpu", "0", "--binary", str(binary), "--force", state=tmp_path / "state")
+    assert forced.returncode == 0, forced.stderr
+    assert "warning: GPU 0 is in use" in forced.stderr
+    assert "GPU 0 local: [ 1/20] host to device pinned 2 MiB" in forced.stderr  # progress, not a TTY
+    assert "not used as link capacity" in forced.stdout
+    assert "pinned     256 MiB       26.21 (83%)       26.40 (84%)       42.12 (67%)" in forced.stdout
+
+
+def test_cli_json_on_an_idle_gpu(tmp_path):
+    layout = tmp_path / "layout.json"
+    nvml = idle_nvml()
+    nvml.dump_layout(str(layout))
+    result = hybridmon("bench", "--gpu", "0", "--json", "--binary", str(fake_binary(tmp_path)),
+                       state=tmp_path / "state", HYBRIDMON_FAKE_NVML_LAYOUT=str(layout))
+    assert result.returncode == 0, result.stderr
+    (run,) = json.loads(result.stdout)["runs"]
+    assert run["contended"] is None and [p["placement"] for p in run["placements"]] == ["local", "remote"]
+
+
+def test_cli_turns_a_missing_device_into_exit_3(tmp_path):
+    binary = fake_binary(tmp_path, local="error-no-device.json", remote=None, status=3)
+    result = hybridmon("bench", "--binary", str(binary), state=tmp_path / "state",
+                       HYBRIDMON_GPU__NVML_MODULE="pynvml")
+    assert result.returncode == 3
+    assert "NVIDIA driver not found" in result.stderr  # NVML's view, as a warning
+    assert "no CUDA device: cudaErrorInsufficientDriver" in result.stderr
+    assert "needs an NVIDIA GPU with a working driver" in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "state").exists()
+
+
+def test_cli_rejects_a_binary_built_from_another_source(tmp_path):
+    binary = fake_binary(tmp_path)
+    binary.write_text(binary.read_text().replace('"source_sha256": ', '"source_sha256": "0" + '))
+    result = hybridmon("bench", "--binary", str(binary), state=tmp_path / "state")
+    assert result.returncode == 1 and "rebuild it with `python -m hybridmon.agent.bench.build`" in result.stderr

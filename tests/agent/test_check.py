@@ -1,0 +1,113 @@
+"""`hybridmon check` on this machine and on the fixture host, as a user runs it."""
+import json
+import shutil
+import subprocess
+
+import pytest
+
+from hybridmon.agent import check
+from hybridmon.agent.config import load_config
+from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
+from tests.support.paths import FIXTURE_HOST
+
+SEVERITY_EXIT = {"critical": 2, "warning": 1}
+
+
+def run_check(*args, environment=None):
+    return subprocess.run(HYBRIDMON + ["check", "--log-level", "error", *args],
+                          env=subprocess_environment(environment), cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+
+
+def expected_exit(report):
+    return max((SEVERITY_EXIT.get(f["severity"], 0) for f in report["findings"]), default=0)
+
+
+def test_check_on_this_machine_lists_gpu_checks_as_skipped_with_the_reason():
+    result = run_check("--duration", "2", "--json")
+    report = json.loads(result.stdout)
+    assert result.returncode == report["exit_code"] == expected_exit(report), result.stderr
+    assert report["could_not_read"] == {} and report["reason"] is None  # this host's /proc and /sys read
+    skipped = {s["detector"]: s["reason"] for s in report["skipped"]}
+    from tests.support.fake_nvml import real_nvml_library_loads
+
+    if not real_nvml_library_loads():
+        for detector in ("pcie_starvation", "pcie_link_degraded", "gpu_memory_headroom", "numa_misplacement"):
+            assert "NVIDIA driver not found" in skipped[detector]
+    assert "30 min of history" in skipped["memory_growth"]
+
+
+def test_check_on_the_fixture_host_reports_its_problems_with_runbooks():
+    result = run_check("--duration", "2", "--json", environment=FIXTURE_ENVIRONMENT)
+    report = json.loads(result.stdout)
+    found = {(f["alertname"], f["severity"]) for f in report["findings"]}
+    assert {("GpuPcieLinkDegraded", "warning"), ("InferenceProcessNumaMisplaced", "warning"),
+            ("HostSwappinessHigh", "info"), ("InferenceProcessMemlockLow", "info")} <= found
+    assert result.returncode == 1 == report["exit_code"]
+    # GPUs but no stored benchmark run: the bandwidth check says what to run instead of passing.
+    skipped = {s["detector"]: s["reason"] for s in report["skipped"]}
+    assert "run `hybridmon bench`" in skipped["pcie_bandwidth_low"]
+    assert "pcie_starvation" not in skipped
+    for finding in report["findings"]:
+        assert finding["runbook"].endswith(f"runbooks/{finding['alertname']}.md")
+        assert (REPO / "runbooks" / f"{finding['alertname']}.md").is_file()
+
+
+def test_check_table_and_strict_mode():
+    table = run_check("--duration", "2", environment=FIXTURE_ENVIRONMENT)
+    assert table.returncode == 1
+    header = table.stdout.splitlines()[0].split()
+    assert header == ["SEVERITY", "FINDING", "ENTITY", "VALUE", "THRESHOLD"]
+    assert "HostSwappinessHigh" in table.stdout and "runbook:" in table.stdout
+    healthy_but_misconfigured = run_check("--duration", "2", "--strict", environment={
+        **FIXTURE_ENVIRONMENT, "HYBRIDMON_COLLECTORS__GPU__ENABLED": "false"})
+    assert healthy_but_misconfigured.returncode == 1  # info findings count under --strict
+    lenient = run_check("--duration", "2", environment={**FIXTURE_ENVIRONMENT, "HYBRIDMON_COLLECTORS__GPU__ENABLED": "false"})
+    assert lenient.returncode == 0
+
+
+def test_check_that_cannot_read_the_host_exits_3(tmp_path):
+    result = run_check("--duration", "1", "--procfs", str(tmp_path / "missing"), "--sysfs", str(tmp_path / "missing"))
+    assert result.returncode == 3
+    assert "could not read this host" in result.stderr
+
+
+def test_check_that_cannot_read_the_host_still_prints_json_with_the_reason(tmp_path):
+    result = run_check("--duration", "1", "--json", "--procfs", str(tmp_path / "missing"),
+                       "--sysfs", str(tmp_path / "missing"))
+    report = json.loads(result.stdout)
+    assert result.returncode == report["exit_code"] == 3
+    assert {"host_memory", "numa"} <= set(report["could_not_read"])
+    assert report["reason"].startswith("hybridmon check could not read this host")
+    assert str(tmp_path / "missing") in report["reason"]
+
+
+# The fixture host with files removed: each essential collector that cannot read its files turns
+# the check into exit 3 naming it, even when the others read fine (the old rule needed both memory
+# collectors unreadable, and exited 1 here on the fixture's findings).
+@pytest.mark.parametrize("removed, unread", [
+    (("proc/meminfo", "sys/devices/system/node"), {"host_memory": "meminfo", "numa": "node/online"}),
+    (("proc/vmstat",), {"host_memory": "vmstat"}),
+    (("sys/devices/system/node/online",), {"numa": "node/online"}),
+], ids=["meminfo-and-numa", "vmstat", "numa-online"])
+def test_check_names_each_essential_collector_it_could_not_read(tmp_path, capsys, removed, unread):
+    host = tmp_path / "host"
+    shutil.copytree(FIXTURE_HOST, host, symlinks=True)
+    for relative in removed:
+        target = host / relative
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    config = load_config(environ={**FIXTURE_ENVIRONMENT, "HYBRIDMON_LOG_LEVEL": "error",
+                                  "HYBRIDMON_PATHS__PROCFS": str(host / "proc"),
+                                  "HYBRIDMON_PATHS__SYSFS": str(host / "sys")})
+    code = check.main(config, 1.0, as_json=True, strict=False)
+    out, err = capsys.readouterr()
+    report = json.loads(out)
+    assert code == report["exit_code"] == 3, report
+    assert set(report["could_not_read"]) == set(unread)
+    for collector, file in unread.items():
+        assert file in report["could_not_read"][collector] and collector in err
+    assert report["findings"], "what could be read is still judged and shown"
+
+
+def test_check_refuses_a_bad_duration():
+    assert run_check("--duration", "0").returncode == 64

@@ -1,0 +1,412 @@
+"""exporters/gpu.py: the real collector and adapter driven by the fake NVML."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import NoDataError
+from hybridmon.exporters.gpu import GpuCollector
+from tests.support import fake_nvml
+from tests.support.fake_nvml import (GIB, MIB, UUID0, UUID1, FakeClock, FakeNvml, FakeProcess,
+                             real_nvml_library_loads, uniform_gpus)
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def fake() -> FakeNvml:
+    return FakeNvml()
+
+
+@pytest.fixture
+def collector(fake):
+    collector = GpuCollector(LiveSource(), fake)
+    yield collector
+    collector.close()
+
+
+def as_dict(samples) -> dict[tuple, float]:
+    return {(s.spec.name, s.label_values): s.value for s in samples}
+
+
+def gpu_series(samples, gpu: str) -> set[str]:
+    return {s.spec.name for s in samples if s.label_values[0] == gpu}
+
+
+EXPECTED_GPU0 = {
+    ("hybridmon_gpu_up", ("0", UUID0)): 1,
+    ("hybridmon_gpu_info", ("0", UUID0, "NVIDIA L40S", "0000:17:00.0", "550.54.15")): 1,
+    ("hybridmon_gpu_memory_used_bytes", ("0", UUID0)): 31 * GIB,
+    ("hybridmon_gpu_memory_total_bytes", ("0", UUID0)): 48 * GIB,
+    ("hybridmon_gpu_memory_reserved_bytes", ("0", UUID0)): 512 * MIB,
+    ("hybridmon_gpu_pcie_throughput_bytes_per_second", ("0", UUID0, "host_to_device")): 1_200_000 * 1024,
+    ("hybridmon_gpu_pcie_throughput_bytes_per_second", ("0", UUID0, "device_to_host")): 300_000 * 1024,
+    ("hybridmon_gpu_pcie_link_generation", ("0", UUID0)): 4,
+    ("hybridmon_gpu_pcie_link_max_generation", ("0", UUID0)): 4,
+    ("hybridmon_gpu_pcie_link_width_lanes", ("0", UUID0)): 16,
+    ("hybridmon_gpu_pcie_link_max_width_lanes", ("0", UUID0)): 16,
+    ("hybridmon_gpu_pcie_replays_total", ("0", UUID0)): 0,
+    ("hybridmon_gpu_utilization_ratio", ("0", UUID0)): 0.87,
+    ("hybridmon_gpu_numa_node", ("0", UUID0)): 0,
+    ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, "4242", "python3")): 30 * GIB,
+}
+EXPECTED_GPU1 = {
+    ("hybridmon_gpu_up", ("1", UUID1)): 1,
+    ("hybridmon_gpu_info", ("1", UUID1, "NVIDIA A10", "0000:ca:00.0", "550.54.15")): 1,
+    ("hybridmon_gpu_memory_used_bytes", ("1", UUID1)): 11 * GIB,
+    ("hybridmon_gpu_memory_total_bytes", ("1", UUID1)): 24 * GIB,
+    ("hybridmon_gpu_memory_reserved_bytes", ("1", UUID1)): 384 * MIB,
+    ("hybridmon_gpu_pcie_throughput_bytes_per_second", ("1", UUID1, "host_to_device")): 250_000 * 1024,
+    ("hybridmon_gpu_pcie_throughput_bytes_per_second", ("1", UUID1, "device_to_host")): 80_000 * 1024,
+    ("hybridmon_gpu_pcie_link_generation", ("1", UUID1)): 3,
+    ("hybridmon_gpu_pcie_link_max_generation", ("1", UUID1)): 4,
+    ("hybridmon_gpu_pcie_link_width_lanes", ("1", UUID1)): 8,
+    ("hybridmon_gpu_pcie_link_max_width_lanes", ("1", UUID1)): 16,
+    ("hybridmon_gpu_pcie_replays_total", ("1", UUID1)): 17,
+    ("hybridmon_gpu_utilization_ratio", ("1", UUID1)): 0.35,
+    ("hybridmon_gpu_numa_node", ("1", UUID1)): 1,
+    ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, "5151", "llama-server")): 10 * GIB,
+}
+
+
+def test_collect_exact_samples(collector):
+    for _ in range(2):  # the second tick reads cached identity and must not differ
+        assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+    assert collector.gpu_processes() == {4242: "python3", 5151: "llama-server"}
+
+
+def test_metric_specs_declare_every_family(collector):
+    names = {spec.name for spec in GpuCollector.metric_specs}
+    assert {s.spec.name for s in collector.collect()} == names
+    assert collector.name == "gpu" and collector.default_interval_seconds == 1.0
+
+
+def test_unsupported_call_leaves_only_its_series_out(fake, collector):
+    fake.fail("nvmlDeviceGetNumaNodeId", "NVMLError_NotSupported")
+    fake.fail("nvmlDeviceGetPcieReplayCounter", "NVMLError_FunctionNotFound", gpu=1)
+    samples = as_dict(collector.collect())
+    expected = {**EXPECTED_GPU0, **EXPECTED_GPU1}
+    for key in [("hybridmon_gpu_numa_node", ("0", UUID0)), ("hybridmon_gpu_numa_node", ("1", UUID1)),
+                ("hybridmon_gpu_pcie_replays_total", ("1", UUID1))]:
+        del expected[key]
+    assert samples == expected
+
+
+def test_memory_v1_fallback_drops_reserved(fake, collector):
+    fake.configure(memory_v2_supported=False)
+    for _ in range(3):
+        samples = collector.collect()
+    assert samples.value("hybridmon_gpu_memory_used_bytes", gpu="0") == 31 * GIB + 512 * MIB
+    assert samples.find("hybridmon_gpu_memory_reserved_bytes") == []
+    assert fake.calls["nvmlDeviceGetMemoryInfo_v2"] == 1
+
+
+def test_gpu_lost_mid_run_keeps_only_up_and_others_continue(fake, collector):
+    collector.collect()
+    fake.lose_gpu(1)
+    samples = collector.collect()
+    assert samples.value("hybridmon_gpu_up", gpu="1", uuid=UUID1) == 0
+    assert gpu_series(samples, "1") == {"hybridmon_gpu_up"}
+    assert {k: v for k, v in as_dict(samples).items() if k[1][0] == "0"} == EXPECTED_GPU0
+    assert collector.gpu_processes() == {4242: "python3"}
+    fake.restore_gpu(1)
+    fake.fail("*", "NVMLError_Unknown", gpu=1, times=1)  # NVML's answer right after a loss
+    assert gpu_series(collector.collect(), "1") == {"hybridmon_gpu_up"}
+    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+
+
+def test_gpu_that_answers_nothing_is_down(fake, collector):
+    collector.collect()
+    fake.fail("*", "NVMLError_DriverNotLoaded")  # the driver unloaded under the running agent
+    samples = collector.collect()
+    assert as_dict(samples) == {("hybridmon_gpu_up", ("0", UUID0)): 0,
+                                ("hybridmon_gpu_up", ("1", UUID1)): 0}
+    assert collector.gpu_processes() == {}
+    fake.heal()
+    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+
+
+def test_gpu_up_with_one_gpu_silent_and_the_other_answering(fake, collector):
+    collector.collect()
+    fake.fail("*", "NVMLError_Unknown", gpu=1)
+    samples = collector.collect()
+    assert gpu_series(samples, "1") == {"hybridmon_gpu_up"}
+    assert samples.value("hybridmon_gpu_up", gpu="1") == 0
+    assert {k: v for k, v in as_dict(samples).items() if k[1][0] == "0"} == EXPECTED_GPU0
+
+
+def test_gpu_lost_before_its_uuid_was_read(fake, collector):
+    fake.lose_gpu(0)
+    samples = collector.collect()
+    assert samples.value("hybridmon_gpu_up", gpu="0", uuid="") == 0
+    assert gpu_series(samples, "0") == {"hybridmon_gpu_up"}
+    assert samples.value("hybridmon_gpu_up", gpu="1", uuid=UUID1) == 1
+
+
+def test_timeout_is_absent_this_tick_then_back(fake, collector):
+    fake.fail("nvmlDeviceGetPcieThroughput", "NVMLError_Timeout", gpu=0, times=2)
+    samples = collector.collect()
+    assert samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="0") == []
+    assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="1")) == 2
+    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+
+
+def test_process_memory_unknown_or_split_across_instances(fake, collector):
+    fake.gpus[0].processes = [FakeProcess(4242, "python3", None)]
+    fake.gpus[1].processes = [FakeProcess(5151, "llama-server", 4 * GIB),
+                              FakeProcess(5151, "llama-server", 6 * GIB)]  # two MIG instances
+    samples = collector.collect()
+    assert samples.find("hybridmon_gpu_process_memory_used_bytes", gpu="0") == []
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="1", pid="5151") == 10 * GIB
+    assert collector.gpu_processes() == {4242: "python3", 5151: "llama-server"}
+
+
+def test_library_missing_then_installed(fake):
+    fake.configure(library_missing=True)
+    clock = FakeClock()
+    collector = GpuCollector(LiveSource(), fake, clock=clock)
+    with pytest.raises(NoDataError, match="install the NVIDIA driver"):
+        collector.collect()
+    fake.configure(library_missing=False)
+    clock.now += 30
+    with pytest.raises(NoDataError):
+        collector.collect()
+    clock.now += 30
+    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+    assert fake.calls["nvmlInit"] == 2
+    collector.close()
+
+
+def test_no_gpus_is_no_data(fake, collector):
+    fake.configure(gpus=[])
+    with pytest.raises(NoDataError, match="no NVIDIA GPU"):
+        collector.collect()
+
+
+def test_real_pynvml_on_this_host():
+    collector = GpuCollector(LiveSource())  # the real pynvml and whatever driver this host has
+    try:
+        if not real_nvml_library_loads():
+            with pytest.raises(NoDataError, match=r"libnvidia-ml\.so\.1 could not be loaded"):
+                collector.collect()
+            return
+        try:
+            samples = collector.collect()
+        except NoDataError as error:  # driver installed but its kernel module not loaded, or no GPU
+            assert "kernel module is not running" in str(error) or "no NVIDIA GPU" in str(error)
+            return
+        up = samples.find("hybridmon_gpu_up")
+        assert up and all(sample.value == 1 for sample in up)
+        for sample in up:
+            gpu, uuid = sample.label_values
+            assert uuid.startswith("GPU-")
+            assert samples.value("hybridmon_gpu_memory_total_bytes", gpu=gpu) > 0
+            assert len(samples.find("hybridmon_gpu_info", gpu=gpu)) == 1
+    finally:
+        collector.close()
+
+
+def test_gpus_are_read_concurrently():
+    # Structural, not timed: throughput calls (which block ~40 ms per GPU in real NVML) of
+    # different GPUs overlap with the default pool and never with one worker.
+    for max_workers, overlap in ((8, True), (1, False)):
+        fake = FakeNvml(uniform_gpus(8), throughput_delay_seconds=0.01)
+        collector = GpuCollector(LiveSource(), fake, max_workers=max_workers)
+        try:
+            assert len(collector.collect().find("hybridmon_gpu_up")) == 8
+        finally:
+            collector.close()
+        assert fake.calls["nvmlDeviceGetPcieThroughput"] == 16
+        if overlap:
+            assert fake.max_throughput_in_flight > 1
+        else:
+            assert fake.max_throughput_in_flight == 1
+
+
+def test_close_stops_the_pool_and_nvml(fake, collector):
+    collector.collect()
+    pool = collector._pool
+    collector.close()
+    assert pool._shutdown and fake.calls["nvmlShutdown"] == 1
+
+
+def round_trip(fake: FakeNvml, steps) -> None:
+    """Record each tick through RecordingSource, then replay the JSON trace with no NVML module."""
+    recording = RecordingSource()
+    live = GpuCollector(recording, fake)
+    recorded = []
+    for step in steps:
+        step(fake)
+        try:
+            outcome = sorted(as_dict(live.collect()).items())
+        except NoDataError as error:
+            outcome = str(error)
+        recorded.append((outcome, json.loads(json.dumps(recording.take_readings()))))
+    live.close()
+    source = ReplaySource()
+    replay = GpuCollector(source, None)
+    for outcome, readings in recorded:
+        source.load(readings)
+        try:
+            assert sorted(as_dict(replay.collect()).items()) == outcome
+        except NoDataError as error:
+            assert str(error) == outcome
+    replay.close()
+
+
+def test_record_replay_round_trip_with_lost_gpu_and_failures(fake):
+    round_trip(fake, [
+        lambda f: None,
+        lambda f: f.lose_gpu(1),
+        lambda f: (f.restore_gpu(1),
+                   f.fail("nvmlDeviceGetPcieThroughput", "NVMLError_Timeout", gpu=0, times=1)),
+        lambda f: f.fail("nvmlDeviceGetNumaNodeId", "NVMLError_NotSupported"),
+        lambda f: f.gpus[1].processes.append(FakeProcess(77, "vllm", None)),
+        lambda f: f.fail("*", "NVMLError_DriverNotLoaded"),
+        lambda f: f.heal(),
+    ])
+
+
+def test_record_replay_round_trip_v1_and_missing_library():
+    round_trip(FakeNvml(memory_v2_supported=False), [lambda f: None, lambda f: None])
+    round_trip(FakeNvml(library_missing=True), [lambda f: None, lambda f: None])
+
+
+def test_module_by_dotted_name_and_layout_from_environment(tmp_path):
+    try:
+        collector = GpuCollector(LiveSource(), "tests.support.fake_nvml")
+        assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+        collector.close()
+    finally:
+        fake_nvml.reset()
+    layout = tmp_path / "layout.json"
+    FakeNvml(uniform_gpus(8), driver_version="560.35.03").dump_layout(str(layout))
+    script = ("from hybridmon.exporters.sources import LiveSource; from hybridmon.exporters.gpu import GpuCollector; "
+              "s = GpuCollector(LiveSource(), 'tests.support.fake_nvml').collect(); "
+              "print(len(s.find('hybridmon_gpu_up')), s.find('hybridmon_gpu_info')[0].label_values[4])")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "HYBRIDMON_FAKE_NVML_LAYOUT": str(layout)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["8", "560.35.03"]
+
+
+# --- real pynvml, with libnvidia-ml.so.1 simulated by ctypes callbacks ----------------------------
+def simulated_libnvml(pynvml):
+    """C entry points as pynvml calls them, so its real wrappers, structs and errors run here."""
+    from ctypes import CFUNCTYPE, POINTER, c_char, c_int, c_uint, c_void_p, cast, memmove
+
+    device_t = pynvml.c_nvmlDevice_t
+    memory = {0: (48 * GIB, 512 * MIB, 31 * GIB), 1: (24 * GIB, 384 * MIB, 11 * GIB)}
+
+    def index(device) -> int:
+        return cast(device, c_void_p).value - 0x1000
+
+    def text(value: str):
+        def write(buffer, size):
+            memmove(buffer, value.encode() + b"\0", min(len(value) + 1, size))
+            return 0
+        return write
+
+    def per_gpu(values, c_type=c_uint):
+        def read(device, out):
+            out[0] = values[index(device)]
+            return 0
+        return CFUNCTYPE(c_int, device_t, POINTER(c_type))(read)
+
+    def handle(i, out):
+        out[0] = cast(c_void_p(0x1000 + i), device_t)
+        return 0
+
+    def pci(device, out):
+        out[0].busId = [b"00000000:17:00.0", b"00000000:CA:00.0"][index(device)]
+        return 0
+
+    def memory_v2(device, out):
+        total, reserved, used = memory[index(device)]
+        out[0].total, out[0].reserved, out[0].used = total, reserved, used
+        out[0].free = total - reserved - used
+        return 0
+
+    def throughput(device, counter, out):
+        rx = counter == pynvml.NVML_PCIE_UTIL_RX_BYTES
+        out[0] = (1_200_000 if rx else 300_000) >> index(device)
+        return 0
+
+    def utilization(device, out):
+        out[0].gpu = (87, 35)[index(device)]
+        return 0
+
+    def processes(device, count, infos):
+        if not infos:
+            count[0] = 1
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        count[0] = 1
+        infos[0].pid = (4242, 5151)[index(device)]
+        not_available = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+        infos[0].usedGpuMemory = (30 * GIB, not_available)[index(device)]
+        return 0
+
+    def process_name(pid, buffer, size):
+        return text({4242: "python3", 5151: "llama-server"}[pid])(buffer, size)
+
+    string_out = CFUNCTYPE(c_int, POINTER(c_char), c_uint)
+    by_device_string = CFUNCTYPE(c_int, device_t, POINTER(c_char), c_uint)
+    uuids = ["GPU-0a1b2c3d-0000-4000-8000-000000000000", "GPU-1a1b2c3d-0000-4000-8000-000000000001"]
+    names = ["NVIDIA L40S", "NVIDIA A10"]
+    return type("SimulatedLibNvml", (), {
+        "nvmlInitWithFlags": CFUNCTYPE(c_int, c_uint)(lambda flags: 0),
+        "nvmlShutdown": CFUNCTYPE(c_int)(lambda: 0),
+        "nvmlDeviceGetCount_v2": CFUNCTYPE(c_int, POINTER(c_uint))(lambda out: out.__setitem__(0, 2) or 0),
+        "nvmlSystemGetDriverVersion": string_out(text("550.54.15")),
+        "nvmlDeviceGetHandleByIndex_v2": CFUNCTYPE(c_int, c_uint, POINTER(device_t))(handle),
+        "nvmlDeviceGetUUID": by_device_string(lambda d, b, s: text(uuids[index(d)])(b, s)),
+        "nvmlDeviceGetName": by_device_string(lambda d, b, s: text(names[index(d)])(b, s)),
+        "nvmlDeviceGetPciInfo_v3": CFUNCTYPE(c_int, device_t, POINTER(pynvml.nvmlPciInfo_t))(pci),
+        "nvmlDeviceGetMemoryInfo_v2": CFUNCTYPE(
+            c_int, device_t, POINTER(pynvml.c_nvmlMemory_v2_t))(memory_v2),
+        "nvmlDeviceGetPcieThroughput": CFUNCTYPE(c_int, device_t, c_uint, POINTER(c_uint))(throughput),
+        "nvmlDeviceGetCurrPcieLinkGeneration": per_gpu([4, 3]),
+        "nvmlDeviceGetCurrPcieLinkWidth": per_gpu([16, 8]),
+        "nvmlDeviceGetMaxPcieLinkGeneration": per_gpu([4, 4]),
+        "nvmlDeviceGetMaxPcieLinkWidth": per_gpu([16, 16]),
+        "nvmlDeviceGetPcieReplayCounter": per_gpu([0, 17]),
+        "nvmlDeviceGetUtilizationRates": CFUNCTYPE(
+            c_int, device_t, POINTER(pynvml.c_nvmlUtilization_t))(utilization),
+        "nvmlDeviceGetNumaNodeId": CFUNCTYPE(c_int, device_t, POINTER(c_int))(
+            lambda device, out: pynvml.NVML_ERROR_NOT_SUPPORTED),
+        "nvmlDeviceGetComputeRunningProcesses_v3": CFUNCTYPE(
+            c_int, device_t, POINTER(c_uint), POINTER(pynvml.c_nvmlProcessInfo_v3_t))(processes),
+        "nvmlSystemGetProcessName": CFUNCTYPE(c_int, c_uint, POINTER(c_char), c_uint)(process_name),
+    })()
+
+
+def test_real_pynvml_wrappers_against_a_simulated_library(monkeypatch):
+    import pynvml
+
+    monkeypatch.setattr(pynvml, "nvmlLib", simulated_libnvml(pynvml))
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer_cache", {})
+    recording = RecordingSource()
+    collector = GpuCollector(recording, "pynvml")
+    samples = as_dict(collector.collect())
+    collector.close()
+    expected = {**EXPECTED_GPU0, **EXPECTED_GPU1}
+    del expected[("hybridmon_gpu_numa_node", ("0", UUID0))]  # the library answers NOT_SUPPORTED
+    del expected[("hybridmon_gpu_numa_node", ("1", UUID1))]
+    del expected[("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, "5151", "llama-server"))]
+    # RX_BYTES (what the GPU receives) is host to device; GPU1 answers half of GPU0.
+    for direction, kilobytes in (("host_to_device", 600_000), ("device_to_host", 150_000)):
+        key = ("hybridmon_gpu_pcie_throughput_bytes_per_second", ("1", UUID1, direction))
+        expected[key] = kilobytes * 1024
+    assert samples == expected
+    assert collector.gpu_processes() == {4242: "python3", 5151: "llama-server"}
+    readings = json.loads(json.dumps(recording.take_readings()))  # what pynvml gave is plain data
+    assert ["call", "nvml.nvmlDeviceGetNumaNodeId(0)", False,
+            {"type": "NVMLError_NotSupported", "detail": 3}] in readings
+    replay_source = ReplaySource()
+    replay_source.load(readings)
+    assert as_dict(GpuCollector(replay_source, None).collect()) == samples

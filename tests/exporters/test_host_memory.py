@@ -1,0 +1,412 @@
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.host_memory import (
+    HostMemoryCollector,
+    parse_meminfo,
+    parse_selected_mode,
+    parse_sysctl_int,
+    parse_vmstat,
+    reclaim_pages,
+)
+from tests.support.paths import FIXTURE_HOST
+
+GIB = 1024**3
+KIB = 1024
+PAGE = 4096  # the page size the fixture collectors are given
+MY_FILES = (
+    "proc/vmstat",
+    "proc/meminfo",
+    "proc/sys/vm/swappiness",
+    "proc/sys/vm/dirty_ratio",
+    "proc/sys/vm/dirty_background_ratio",
+    "proc/sys/vm/overcommit_memory",
+    "proc/sys/kernel/numa_balancing",
+    "sys/kernel/mm/transparent_hugepage/enabled",
+    "sys/kernel/mm/transparent_hugepage/defrag",
+)
+
+# /proc/vmstat of a 4.4 kernel (excerpt, real field order): reclaim counted per zone, with
+# pgscan_direct_throttle sharing the prefix without being a zone, and no oom_kill field yet.
+OLD_KERNEL_VMSTAT = """\
+nr_free_pages 1931586
+nr_alloc_batch 3179
+nr_inactive_anon 209846
+nr_active_anon 1530128
+nr_dirty 1253
+nr_anon_transparent_hugepages 1024
+pgpgin 218451733
+pgpgout 335427652
+pswpin 120311
+pswpout 301242
+pgalloc_dma 3
+pgalloc_dma32 40345821
+pgalloc_normal 1632455218
+pgalloc_movable 0
+pgfree 1691438112
+pgfault 2147835521
+pgmajfault 421233
+pgrefill_dma 0
+pgrefill_dma32 145033
+pgrefill_normal 3520321
+pgrefill_movable 0
+pgsteal_kswapd_dma 0
+pgsteal_kswapd_dma32 254412
+pgsteal_kswapd_normal 6102345
+pgsteal_kswapd_movable 0
+pgsteal_direct_dma 0
+pgsteal_direct_dma32 1021
+pgsteal_direct_normal 90344
+pgsteal_direct_movable 0
+pgscan_kswapd_dma 0
+pgscan_kswapd_dma32 301220
+pgscan_kswapd_normal 7344129
+pgscan_kswapd_movable 0
+pgscan_direct_dma 0
+pgscan_direct_dma32 2048
+pgscan_direct_normal 130512
+pgscan_direct_movable 0
+pgscan_direct_throttle 12
+zone_reclaim_failed 0
+pginodesteal 0
+slabs_scanned 5734400
+kswapd_inodesteal 412
+compact_stall 311
+thp_fault_alloc 28412
+"""
+# /proc/meminfo of a 3.10 kernel built without THP: no MemAvailable (3.14+), no AnonHugePages.
+OLD_KERNEL_MEMINFO = """\
+MemTotal:       16318588 kB
+MemFree:         7726480 kB
+Buffers:          190252 kB
+Cached:          5303532 kB
+SwapCached:          124 kB
+Mlocked:               0 kB
+SwapTotal:       8257532 kB
+SwapFree:        8257020 kB
+Dirty:               248 kB
+Shmem:            279740 kB
+HugePages_Total:       0
+Hugepagesize:       2048 kB
+"""
+
+
+def read_fixture(relative: str) -> str:
+    return (FIXTURE_HOST / relative).read_text()
+
+
+@pytest.fixture
+def host_copy(tmp_path: Path) -> Path:
+    """My part of the fixture host, copied so a test can delete or garble files."""
+    for relative in MY_FILES:
+        target = tmp_path / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(FIXTURE_HOST / relative, target)
+    return tmp_path
+
+
+def collector_at(root: Path, source=None, page_size_bytes=PAGE) -> HostMemoryCollector:
+    return HostMemoryCollector(source or LiveSource(), str(root / "proc"), str(root / "sys"),
+                               page_size_bytes=page_size_bytes)
+
+
+class PageSizeSource(LiveSource):
+    """The host, except that sysconf(SC_PAGE_SIZE) answers `page_size` (an arm64 64 KiB kernel)."""
+
+    def __init__(self, page_size: int) -> None:
+        self.page_size = page_size
+
+    def call(self, key, fetch):
+        return self.page_size if key == "os.sysconf(SC_PAGE_SIZE)" else fetch()
+
+
+def as_tuples(samples) -> list[tuple[str, tuple[str, ...], float]]:
+    return [(s.spec.name, s.label_values, s.value) for s in samples]
+
+
+# Parsers on fixture text.
+
+
+def test_parse_vmstat_fixture() -> None:
+    vmstat = parse_vmstat(read_fixture("proc/vmstat"))
+    assert vmstat["pgfault"] == 52873640192
+    assert vmstat["pgmajfault"] == 9842317
+    assert vmstat["pswpin"] == 48213376
+    assert vmstat["pswpout"] == 57386112
+    assert vmstat["oom_kill"] == 3
+    assert vmstat["pgscan_direct_throttle"] == 17
+    assert reclaim_pages(vmstat, "pgscan") == {
+        "kswapd": 598765432, "direct": 41234567, "khugepaged": 23456}
+    assert reclaim_pages(vmstat, "pgsteal") == {
+        "kswapd": 412345678, "direct": 23456789, "khugepaged": 12345}
+
+
+def test_old_kernel_vmstat_sums_zones_and_skips_throttle() -> None:
+    vmstat = parse_vmstat(OLD_KERNEL_VMSTAT)
+    assert reclaim_pages(vmstat, "pgscan") == {"kswapd": 301220 + 7344129, "direct": 2048 + 130512}
+    assert reclaim_pages(vmstat, "pgsteal") == {"kswapd": 254412 + 6102345, "direct": 1021 + 90344}
+    assert "oom_kill" not in vmstat
+
+
+def test_parse_meminfo_fixture() -> None:
+    meminfo = parse_meminfo(read_fixture("proc/meminfo"))
+    assert meminfo["MemTotal"] == 527988412 * KIB
+    assert meminfo["MemAvailable"] == 6 * GIB
+    assert meminfo["SwapTotal"] == 67108860 * KIB
+    assert meminfo["SwapFree"] == 42569724 * KIB
+    assert meminfo["Active(anon)"] == 245311380 * KIB
+    assert meminfo["VmallocTotal"] == 34359738367 * KIB
+    assert meminfo["Hugepagesize"] == 2 * 1024 * KIB
+    assert "HugePages_Total" not in meminfo  # a page count, not a size
+
+
+def test_parse_selected_mode() -> None:
+    enabled = read_fixture("sys/kernel/mm/transparent_hugepage/enabled")
+    assert parse_selected_mode(enabled) == "always"
+    defrag = "always defer defer+madvise [defer+madvise] never\n"
+    assert parse_selected_mode(defrag) == "defer+madvise"
+    for garbage in ("always madvise never\n", "[always] [madvise]\n", "[]\n", ""):
+        with pytest.raises(ParseError):
+            parse_selected_mode(garbage)
+
+
+def test_parse_sysctl_int() -> None:
+    assert parse_sysctl_int("60\n") == 60
+    assert parse_sysctl_int("-1\n") == -1
+    for garbage in ("", "\n", "4\t4\t1\t7\n", "sixty\n", "1.5\n"):
+        with pytest.raises(ParseError):
+            parse_sysctl_int(garbage)
+
+
+def test_parsers_reject_garbage() -> None:
+    for parser in (parse_vmstat, parse_meminfo):
+        for garbage in ("", "\n\n", "pgfault\n", "MemTotal: lots kB\n", "pgfault 12 34\n"):
+            with pytest.raises(ParseError):
+                parser(garbage)
+    with pytest.raises(ParseError):
+        parse_meminfo("MemTotal:       16318588 MB\n")
+
+
+# The collector on the fixture host.
+
+
+def test_collector_on_fixture_host(fixture_procfs: str, fixture_sysfs: str) -> None:
+    collector = HostMemoryCollector(PageSizeSource(PAGE), fixture_procfs, fixture_sysfs)
+    assert (collector.name, collector.default_interval_seconds) == ("host_memory", 1.0)
+    samples = collector.collect()
+    assert as_tuples(samples) == [
+        ("hybridmon_memory_page_faults_total", (), 52873640192),
+        ("hybridmon_memory_major_page_faults_total", (), 9842317),
+        ("hybridmon_memory_oom_kills_total", (), 3),
+        ("hybridmon_swap_in_bytes_total", (), 48213376 * PAGE),
+        ("hybridmon_swap_out_bytes_total", (), 57386112 * PAGE),
+        ("hybridmon_memory_reclaim_scanned_bytes_total", ("kswapd",), 598765432 * PAGE),
+        ("hybridmon_memory_reclaim_scanned_bytes_total", ("direct",), 41234567 * PAGE),
+        ("hybridmon_memory_reclaim_scanned_bytes_total", ("khugepaged",), 23456 * PAGE),
+        ("hybridmon_memory_reclaim_stolen_bytes_total", ("kswapd",), 412345678 * PAGE),
+        ("hybridmon_memory_reclaim_stolen_bytes_total", ("direct",), 23456789 * PAGE),
+        ("hybridmon_memory_reclaim_stolen_bytes_total", ("khugepaged",), 12345 * PAGE),
+        ("hybridmon_memory_total_bytes", (), 527988412 * KIB),
+        ("hybridmon_memory_available_bytes", (), 6 * GIB),
+        ("hybridmon_swap_total_bytes", (), 67108860 * KIB),
+        ("hybridmon_swap_free_bytes", (), 42569724 * KIB),
+        ("hybridmon_memory_mlocked_bytes", (), 16 * GIB),
+        ("hybridmon_memory_shmem_bytes", (), 8 * GIB),
+        ("hybridmon_memory_dirty_bytes", (), 180 * 1024 * KIB),
+        ("hybridmon_memory_anon_hugepages_bytes", (), 192 * GIB),
+        ("hybridmon_sysctl_value", ("vm.swappiness",), 60),
+        ("hybridmon_sysctl_value", ("vm.dirty_ratio",), 20),
+        ("hybridmon_sysctl_value", ("vm.dirty_background_ratio",), 10),
+        ("hybridmon_sysctl_value", ("vm.overcommit_memory",), 0),
+        ("hybridmon_sysctl_value", ("kernel.numa_balancing",), 1),
+        ("hybridmon_transparent_hugepage_mode", ("enabled", "always"), 1),
+        ("hybridmon_transparent_hugepage_mode", ("defrag", "madvise"), 1),
+    ]
+    assert {s.spec for s in samples} == set(collector.metric_specs)
+
+
+def test_collector_on_old_kernel(host_copy: Path) -> None:
+    (host_copy / "proc/vmstat").write_text(OLD_KERNEL_VMSTAT)
+    (host_copy / "proc/meminfo").write_text(OLD_KERNEL_MEMINFO)
+    (host_copy / "proc/sys/kernel/numa_balancing").unlink()
+    shutil.rmtree(host_copy / "sys/kernel/mm/transparent_hugepage")
+    samples = collector_at(host_copy).collect()
+    scanned = "hybridmon_memory_reclaim_scanned_bytes_total"
+    stolen = "hybridmon_memory_reclaim_stolen_bytes_total"
+    assert samples.value(scanned, reclaimer="kswapd") == 7645349 * PAGE
+    assert samples.value(stolen, reclaimer="direct") == 91365 * PAGE
+    assert samples.find(scanned, reclaimer="khugepaged") == []
+    assert samples.value("hybridmon_swap_in_bytes_total") == 120311 * PAGE
+    assert samples.value("hybridmon_swap_free_bytes") == 8257020 * KIB
+    for absent in ("hybridmon_memory_oom_kills_total", "hybridmon_memory_available_bytes",
+                   "hybridmon_memory_anon_hugepages_bytes", "hybridmon_transparent_hugepage_mode"):
+        assert samples.find(absent) == []
+    assert samples.find("hybridmon_sysctl_value", sysctl="kernel.numa_balancing") == []
+    assert samples.value("hybridmon_sysctl_value", sysctl="vm.swappiness") == 60
+
+
+# The collector on this machine.
+
+
+def test_collector_on_this_host() -> None:
+    samples = HostMemoryCollector(LiveSource()).collect()
+    total = samples.value("hybridmon_memory_total_bytes")
+    assert total is not None and total > 0
+    available = samples.value("hybridmon_memory_available_bytes")
+    assert available is None or 0 <= available <= total
+    swap_total = samples.value("hybridmon_swap_total_bytes")
+    assert 0 <= samples.value("hybridmon_swap_free_bytes") <= swap_total
+    assert samples.value("hybridmon_memory_page_faults_total") > 0
+    for sysctl in ("vm.swappiness", "vm.dirty_ratio", "kernel.numa_balancing"):
+        path = "/proc/sys/" + sysctl.replace(".", "/")
+        expected = int(Path(path).read_text()) if os.path.exists(path) else None
+        assert samples.value("hybridmon_sysctl_value", sysctl=sysctl) == expected
+    for setting in ("enabled", "defrag"):
+        modes = samples.find("hybridmon_transparent_hugepage_mode", setting=setting)
+        path = Path("/sys/kernel/mm/transparent_hugepage") / setting
+        if path.exists():
+            assert [s.label_values[1] for s in modes] == [parse_selected_mode(path.read_text())]
+        else:
+            assert modes == []
+
+
+def test_counters_do_not_go_backwards_on_this_host() -> None:
+    collector = HostMemoryCollector(LiveSource())
+    first, second = collector.collect(), collector.collect()
+    assert second.value("hybridmon_memory_page_faults_total") >= first.value(
+        "hybridmon_memory_page_faults_total")
+
+
+# Missing and garbled files.
+
+
+def test_vmstat_missing_leaves_meminfo_series(host_copy: Path, caplog) -> None:
+    (host_copy / "proc/vmstat").unlink()
+    collector = collector_at(host_copy)
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.host_memory"):
+        samples = collector.collect()
+        collector.collect()
+    assert samples.find("hybridmon_memory_page_faults_total") == []
+    assert samples.find("hybridmon_memory_reclaim_stolen_bytes_total") == []
+    assert samples.value("hybridmon_memory_total_bytes") == 527988412 * KIB
+    assert samples.value("hybridmon_sysctl_value", sysctl="vm.swappiness") == 60
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and "vmstat" in warnings[0]
+
+
+def test_meminfo_missing_leaves_vmstat_series(host_copy: Path) -> None:
+    (host_copy / "proc/meminfo").unlink()
+    samples = collector_at(host_copy).collect()
+    assert samples.find("hybridmon_memory_total_bytes") == []
+    assert samples.value("hybridmon_memory_major_page_faults_total") == 9842317
+
+
+def test_both_missing_is_no_data(host_copy: Path) -> None:
+    (host_copy / "proc/vmstat").unlink()
+    (host_copy / "proc/meminfo").unlink()
+    with pytest.raises(NoDataError, match="vmstat.*meminfo"):
+        collector_at(host_copy).collect()
+
+
+def test_both_garbled_is_a_collector_error(host_copy: Path) -> None:
+    (host_copy / "proc/vmstat").write_text("not vmstat at all\n")
+    (host_copy / "proc/meminfo").write_text("")
+    with pytest.raises(CollectorError, match="vmstat"):
+        collector_at(host_copy).collect()
+
+
+def test_garbled_files_leave_only_their_series_out(host_copy: Path) -> None:
+    (host_copy / "proc/vmstat").write_text(read_fixture("proc/vmstat") + "\x00\x01garbage\n")
+    (host_copy / "proc/sys/vm/swappiness").write_text("sixty\n")
+    (host_copy / "sys/kernel/mm/transparent_hugepage/enabled").write_text("always madvise never\n")
+    samples = collector_at(host_copy).collect()
+    assert samples.find("hybridmon_memory_page_faults_total") == []
+    assert samples.find("hybridmon_sysctl_value", sysctl="vm.swappiness") == []
+    assert samples.value("hybridmon_sysctl_value", sysctl="vm.dirty_ratio") == 20
+    assert samples.find("hybridmon_transparent_hugepage_mode", setting="enabled") == []
+    thp_mode = "hybridmon_transparent_hugepage_mode"
+    assert samples.value(thp_mode, setting="defrag", mode="madvise") == 1
+    assert samples.value("hybridmon_swap_total_bytes") == 67108860 * KIB
+
+
+# Record and replay.
+
+
+@pytest.mark.parametrize("root", [FIXTURE_HOST, Path("/")], ids=["fixture", "this-host"])
+def test_record_then_replay_gives_identical_samples(root: Path) -> None:
+    recording = RecordingSource()
+    recorded = collector_at(root, recording, page_size_bytes=None).collect()
+    replay = ReplaySource()
+    replay.load(recording.take_readings())
+    assert list(collector_at(root, replay, page_size_bytes=None).collect()) == list(recorded)
+
+
+# The page size: pages become bytes with the recorded host's page size, read once.
+
+
+def test_page_counts_become_bytes_with_the_hosts_page_size(fixture_procfs, fixture_sysfs) -> None:
+    samples = HostMemoryCollector(PageSizeSource(65536), fixture_procfs, fixture_sysfs).collect()
+    assert samples.value("hybridmon_swap_out_bytes_total") == 57386112 * 65536
+    assert samples.value("hybridmon_memory_reclaim_stolen_bytes_total",
+                         reclaimer="direct") == 23456789 * 65536
+    assert samples.value("hybridmon_memory_page_faults_total") == 52873640192  # a count
+
+
+def test_collector_on_this_host_uses_its_page_size() -> None:
+    pswpout = parse_vmstat(Path("/proc/vmstat").read_text())["pswpout"]
+    samples = HostMemoryCollector(LiveSource()).collect()
+    swapped_out = samples.value("hybridmon_swap_out_bytes_total")
+    assert swapped_out % os.sysconf("SC_PAGE_SIZE") == 0
+    assert pswpout * os.sysconf("SC_PAGE_SIZE") <= swapped_out  # the counter only grows
+
+
+def test_page_size_is_read_once_and_replayed_as_recorded(fixture_procfs, fixture_sysfs) -> None:
+    recording = RecordingSource(PageSizeSource(65536))
+    recorder = HostMemoryCollector(recording, fixture_procfs, fixture_sysfs)
+    replay = ReplaySource()
+    replayer = HostMemoryCollector(replay, fixture_procfs, fixture_sysfs)
+    for tick in range(2):
+        recorded = recorder.collect()
+        readings = recording.take_readings()
+        calls = [reading[1] for reading in readings if reading[0] == "call"]
+        assert calls == (["os.sysconf(SC_PAGE_SIZE)"] if tick == 0 else [])
+        replay.load(readings)
+        assert list(replayer.collect()) == list(recorded)  # 64 KiB pages, on this host too
+        assert recorded.value("hybridmon_swap_in_bytes_total") == 48213376 * 65536
+
+
+# Property tests (that any text raises only ParseError: tests/exporters/test_parsers_robustness.py).
+
+
+names = st.text("abcdefghijklmnopqrstuvwxyz0123456789_", min_size=1, max_size=30)
+
+
+@given(st.dictionaries(names, st.integers(0, 2**64 - 1), min_size=1))
+def test_parse_vmstat_round_trip(fields: dict[str, int]) -> None:
+    assert parse_vmstat("".join(f"{k} {v}\n" for k, v in fields.items())) == fields
+
+
+@given(st.dictionaries(names, st.integers(0, 2**50), min_size=1))
+def test_parse_meminfo_round_trip_in_bytes(fields: dict[str, int]) -> None:
+    text = "".join(f"{(k + ':').ljust(16)}{v:>8} kB\n" for k, v in fields.items())
+    assert parse_meminfo(text) == {k: v * KIB for k, v in fields.items()}
+
+
+@given(st.lists(st.from_regex(r"[a-z+]{1,15}", fullmatch=True), min_size=1, max_size=6), st.data())
+def test_parse_selected_mode_finds_the_bracketed_choice(modes: list[str], data) -> None:
+    chosen = data.draw(st.integers(0, len(modes) - 1))
+    text = " ".join(f"[{m}]" if i == chosen else m for i, m in enumerate(modes)) + "\n"
+    assert parse_selected_mode(text) == modes[chosen]
+
+
+@given(st.integers(-(2**63), 2**63 - 1))
+def test_parse_sysctl_int_round_trip(value: int) -> None:
+    assert parse_sysctl_int(f"{value}\n") == value

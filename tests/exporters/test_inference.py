@@ -1,0 +1,606 @@
+"""Inference server collector: fixtures of every server, rates and quantiles between two scrapes,
+bad answers, discovery beside a watched process, record and replay."""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridmon.agent.config import AgentConfig, ConfigError, load_config, tomllib
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors import windows
+from hybridmon.agent.history import History
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import NoDataError, ParseError
+from hybridmon.exporters.inference import InferenceCollector, endpoint_url
+from hybridmon.exporters.inference_formats import (Histogram, ServerStats, interpret, keep_known_families, normalise,
+                                         parse_ollama_ps, parse_prometheus, recent_quantile)
+from hybridmon.exporters.inference_names import METRIC_SPECS
+from hybridmon.exporters.inference_scrape import connect_host, fetch, find_listeners, parse_proc_net_tcp
+from tests.support.agent_helpers import fixture_config, run_every_collector_once
+from tests.support.paths import FIXTURE_HOST, FIXTURES
+from tests.support.fake_inference_server import FakeInferenceServer
+from tests.support.parser_properties import texts_like
+
+INFERENCE = FIXTURES / "inference"
+LLAMA_3 = "meta-llama/Meta-Llama-3-8B-Instruct"
+QWEN_7B = "Qwen/Qwen2.5-7B-Instruct"
+QWEN_14B = "Qwen/Qwen2.5-14B-Instruct"
+FIXTURE_PROCFS = str(FIXTURE_HOST / "proc")
+FIXTURE_TCP = (FIXTURE_HOST / "proc/4242/net/tcp").read_text()
+STEP = 5.0  # the fixtures' two bodies are "5 s apart", the collector's default interval
+
+
+def body(name: str) -> str:
+    return (INFERENCE / name).read_text()
+
+
+def pair(stem: str) -> tuple[str, str]:
+    suffix = "json" if stem.startswith("ollama") else "prom"
+    return body(f"{stem}.1.{suffix}"), body(f"{stem}.2.{suffix}")
+
+
+def ok(url: str, text: str, content_type: str = "text/plain; version=0.0.4") -> dict:
+    return {"url": url, "status": 200, "content_type": content_type, "body": text, "error": None,
+            "detail": "", "seconds": 0.01}
+
+
+def refused(url: str) -> dict:
+    return {"url": url, "status": None, "content_type": None, "body": None, "error": "refused",
+            "detail": "connection refused", "seconds": 0.001}
+
+
+def scalars(stats: ServerStats) -> dict:
+    """The fields that are numbers, absent ones left out."""
+    return {name: getattr(stats, name) for name in sorted(stats.known_fields())
+            if not isinstance(getattr(stats, name), Histogram)}
+
+
+def values(samples, name: str, **labels: str) -> dict[tuple[str, ...], float]:
+    return {s.label_values: s.value for s in samples.find(name, **labels)}
+
+
+# --- every fixture, read into the model -----------------------------------------------------------
+
+def test_vllm_v1_names_are_read():
+    (stats,) = interpret(ok("u", body("vllm-v1-names.1.prom")), None).stats
+    assert (stats.server, stats.model) == ("vllm", LLAMA_3)
+    assert scalars(stats) == {
+        "requests_running": 12, "requests_waiting": 3, "kv_cache_usage_ratio": 0.42,
+        "prefix_cache_queried_tokens": 120000, "prefix_cache_hit_tokens": 30000, "preemptions": 4,
+        "prompt_tokens": 250000, "generated_tokens": 180000,
+        "kv_offload_store_bytes": 12e9, "kv_offload_load_bytes": 40e9,
+        "kv_offload_store_seconds": 1.5, "kv_offload_load_seconds": 3.2,
+    }
+    assert (stats.time_to_first_token.sum, stats.time_to_first_token.count) == (95.5, 1000)
+    assert stats.time_to_first_token.buckets[4] == (0.04, 150)
+    assert stats.time_to_first_token.buckets[-1] == (float("inf"), 1000)
+    assert (stats.inter_token_latency.sum, stats.inter_token_latency.count) == (6802.0, 179000)
+
+
+def test_vllm_v0_names_are_read_into_the_same_fields():
+    (stats,) = interpret(ok("u", body("vllm-v0-names.1.prom")), None).stats
+    assert (stats.server, stats.model) == ("vllm", QWEN_7B)
+    assert scalars(stats) == {
+        "requests_running": 5, "requests_waiting": 0, "kv_cache_usage_ratio": 0.31,
+        "prefix_cache_hit_ratio": 0.12, "preemptions": 0, "prompt_tokens": 50000, "generated_tokens": 40000,
+    }
+    assert (stats.time_to_first_token.sum, stats.time_to_first_token.count) == (12.4, 200)
+    # time_per_output_token_seconds stands in for inter_token_latency_seconds
+    assert (stats.inter_token_latency.sum, stats.inter_token_latency.count) == (995.0, 39800)
+
+
+def test_vllm_offload_by_transfer_type_and_engines_are_combined():
+    (stats,) = interpret(ok("u", body("vllm-v1-transfer-type.prom")), None).stats
+    assert scalars(stats) == {
+        "requests_running": 7, "requests_waiting": 1, "kv_cache_usage_ratio": 0.7,  # the fuller engine
+        "generated_tokens": 2500, "kv_offload_store_bytes": 4e6, "kv_offload_load_bytes": 4e6,
+        "kv_offload_store_seconds": 0.75, "kv_offload_load_seconds": pytest.approx(0.4),
+    }
+
+
+def test_llamacpp_is_read_from_its_counters_not_its_resetting_gauges():
+    (stats,) = interpret(ok("u", body("llamacpp.1.prom")), None).stats
+    assert (stats.server, stats.model) == ("llamacpp", "")
+    assert scalars(stats) == {"requests_running": 2, "requests_waiting": 1, "prompt_tokens": 52000,
+                              "generated_tokens": 20000}
+    assert stats.inter_token_latency == Histogram((), 1000.0, 20000.0)
+    assert stats.kv_cache_usage_ratio is None  # removed from llama.cpp; absent, not 0
+
+
+def test_old_llamacpp_kv_cache_ratio_is_read():
+    text = body("llamacpp.1.prom") + "# TYPE llamacpp:kv_cache_usage_ratio gauge\nllamacpp:kv_cache_usage_ratio 0.25\n"
+    assert interpret(ok("u", text), None).stats[0].kv_cache_usage_ratio == 0.25
+
+
+def test_sglang_is_read():
+    (stats,) = interpret(ok("u", body("sglang.1.prom")), None).stats
+    assert (stats.server, stats.model) == ("sglang", QWEN_14B)
+    assert scalars(stats) == {
+        "requests_running": 20, "requests_waiting": 0, "kv_cache_usage_ratio": 0.63, "preemptions": 3,
+        "prompt_tokens": 800000, "generated_tokens": 400000, "prefix_cache_queried_tokens": 800000,
+        "prefix_cache_hit_tokens": 360000, "prefix_cache_hit_ratio": 0.45,
+    }
+    assert (stats.time_to_first_token.sum, stats.inter_token_latency.count) == (600.0, 398000)
+
+
+def test_tgi_is_read_from_histogram_sums():
+    (stats,) = interpret(ok("u", body("tgi.1.prom")), None).stats
+    assert (stats.server, stats.model) == ("tgi", "")
+    assert scalars(stats) == {"requests_running": 8, "requests_waiting": 2, "prompt_tokens": 250000,
+                              "generated_tokens": 100000}
+    assert (stats.inter_token_latency.sum, stats.inter_token_latency.count) == (12.45, 498)
+    assert stats.time_to_first_token is None
+
+
+def test_lmcache_workers_are_combined():
+    (stats,) = interpret(ok("u", body("lmcache.1.prom")), None).stats
+    assert (stats.server, stats.model) == ("lmcache", LLAMA_3)
+    assert scalars(stats) == {
+        "prefix_cache_queried_tokens": 1e6, "prefix_cache_hit_tokens": 300000,
+        "prefix_cache_hit_ratio": pytest.approx(0.3), "kv_offload_host_cache_bytes": 16e9,
+        "kv_offload_load_seconds": 20.0, "kv_offload_store_seconds": 5.0,
+    }
+
+
+def test_lmcache_inside_vllm_metrics_gives_both_servers():
+    reading = interpret(ok("u", body("vllm-v1-names.1.prom") + body("lmcache.1.prom")), None)
+    assert reading.error is None
+    assert [(s.server, s.model) for s in reading.stats] == [("vllm", LLAMA_3), ("lmcache", LLAMA_3)]
+
+
+def test_ollama_ps_gives_the_bytes_in_host_memory():
+    stats = parse_ollama_ps(body("ollama-ps.1.json"))
+    assert [(s.server, s.model, s.model_size_bytes, s.model_host_memory_bytes) for s in stats] == [
+        ("ollama", "llama3.1:70b", 47e9, 25e9), ("ollama", "nomic-embed-text:latest", 6e8, 0.0)]
+    assert parse_ollama_ps('{"models": []}') == [] and parse_ollama_ps('{"models": null}') == []
+    (odd,) = parse_ollama_ps('{"models": [{"name": "m", "size": 10, "size_vram": 20}]}')
+    assert odd.model_host_memory_bytes is None  # more in VRAM than the model: unknown, not negative
+
+
+def test_nan_and_infinite_values_are_absent():
+    text = "vllm:num_requests_running NaN\nvllm:num_requests_waiting +Inf\nvllm:generation_tokens_total 5\n"
+    assert parse_prometheus(text) == {"vllm:generation_tokens_total": [({}, 5.0)]}
+
+
+def test_only_known_families_are_kept_and_other_bodies_stay_whole():
+    kept = keep_known_families(body("vllm-v1-names.1.prom"))
+    assert "python_gc" not in kept and "http_requests_total" not in kept
+    whole = parse_prometheus(body("vllm-v1-names.1.prom"))
+    assert normalise("vllm", parse_prometheus(kept)) == normalise("vllm", whole)
+    page = "<html>\n<body>vllm:</body></html>\n"
+    assert keep_known_families(page) == page
+
+
+# --- recent quantiles and rates between two scrapes ------------------------------------------------
+
+QUANTILE_CASES = {  # hand computed from the bucket increases, see tests/fixtures/inference/README.md
+    "vllm-v1-names": {"time_to_first_token": (0.06 + 0.02 * 20 / 30, 0.375), "inter_token_latency": (0.078125, 0.1275)},
+    "vllm-v0-names": {"time_to_first_token": (0.06, 0.2125), "inter_token_latency": (0.0211, 0.051875)},
+    "sglang": {"time_to_first_token": (0.55, 1.5), "inter_token_latency": (0.0319, 0.049)},
+    "tgi": {"inter_token_latency": (0.034, 0.075)},
+    "llamacpp": {},
+}
+
+
+def scrape_pair(stem: str, server: str | None = None):
+    """The collector's samples after each of the two bodies, scraped from a configured URL."""
+    first, second = pair(stem)
+    served = [first]
+    url = "http://127.0.0.1:9/api/ps" if stem.startswith("ollama") else "http://127.0.0.1:9/metrics"
+    collector = InferenceCollector(LiveSource(), endpoints=[(url, server)], fetch=lambda u, t, m: ok(u, served[0]))
+    before = collector.collect()
+    served[0] = second
+    return collector, before, collector.collect()
+
+
+@pytest.mark.parametrize("stem", sorted(QUANTILE_CASES))
+def test_quantiles_of_the_requests_between_two_scrapes(stem):
+    _, before, after = scrape_pair(stem)
+    assert before.find("hybridmon_inference_time_to_first_token_percentile_seconds") == []  # no previous scrape
+    assert before.find("hybridmon_inference_inter_token_latency_percentile_seconds") == []
+    found = {}
+    for field in ("time_to_first_token", "inter_token_latency"):
+        by_percentile = {s.label_values[-1]: s.value
+                         for s in after.find(f"hybridmon_inference_{field}_percentile_seconds")}
+        if by_percentile:
+            found[field] = (by_percentile["p50"], by_percentile["p95"])
+    assert found.keys() == QUANTILE_CASES[stem].keys()
+    for field, expected in QUANTILE_CASES[stem].items():
+        assert found[field] == pytest.approx(expected), field
+
+
+RATE_CASES = {  # (metric, extra labels) -> per second over the 5 s between the bodies
+    "vllm-v1-names": {("generated_tokens_total", ()): 1820, ("prompt_tokens_total", ()): 5000,
+                      ("preemptions_total", ()): 1, ("kv_offload_bytes_total", ("load",)): 11e9,
+                      ("kv_offload_bytes_total", ("store",)): 0.4e9, ("prefix_cache_hit_tokens_total", ()): 1200},
+    "vllm-v0-names": {("generated_tokens_total", ()): 300, ("prompt_tokens_total", ()): 600},
+    "llamacpp": {("generated_tokens_total", ()): 24, ("prompt_tokens_total", ()): 80,
+                 ("inter_token_latency_seconds_total", ()): 8.4 / 5},
+    "sglang": {("generated_tokens_total", ()): 1000, ("prefix_cache_hit_tokens_total", ()): 3000,
+               ("prefix_cache_queried_tokens_total", ()): 6000, ("preemptions_total", ()): 0.4},
+    "tgi": {("prompt_tokens_total", ()): 800, ("generated_tokens_total", ()): 500},
+    "lmcache": {("prefix_cache_hit_tokens_total", ()): 10000, ("prefix_cache_queried_tokens_total", ()): 20000,
+                ("kv_offload_seconds_total", ("load",)): 0.4},
+}
+
+
+@pytest.mark.parametrize("stem", sorted(RATE_CASES))
+def test_rates_from_counters_in_history(stem):
+    """What a detector sees: the counters committed 5 s apart, rate() over the history."""
+    _, before, after = scrape_pair(stem)
+    history = History(600)
+    history.add_collector("inference", STEP)
+    history.commit("inference", 1000.0, before)
+    history.commit("inference", 1000.0 + STEP, after)
+    for (metric, extra), expected in RATE_CASES[stem].items():
+        matching = [s for s in history.series(f"hybridmon_inference_{metric}")
+                    if tuple(s.labels[k] for k in ("direction",) if k in s.labels) == extra]
+        assert len(matching) == 1, metric
+        assert windows.rate(matching[0], 1000.0 + STEP, STEP) == pytest.approx(expected), metric
+
+
+def test_llamacpp_mean_time_per_token_over_the_interval():
+    _, before, after = scrape_pair("llamacpp")
+    seconds = [run.value("hybridmon_inference_inter_token_latency_seconds_total") for run in (before, after)]
+    tokens = [run.value("hybridmon_inference_inter_token_latency_observations_total") for run in (before, after)]
+    assert (seconds[1] - seconds[0]) / (tokens[1] - tokens[0]) == pytest.approx(0.07)
+
+
+def test_ollama_bytes_in_host_memory_follow_the_model():
+    _, before, after = scrape_pair("ollama-ps")
+    assert values(before, "hybridmon_inference_model_host_memory_bytes") == {
+        ("ollama", "http://127.0.0.1:9/api/ps", "llama3.1:70b", ""): 25e9,
+        ("ollama", "http://127.0.0.1:9/api/ps", "nomic-embed-text:latest", ""): 0.0}
+    assert values(after, "hybridmon_inference_model_host_memory_bytes") == {
+        ("ollama", "http://127.0.0.1:9/api/ps", "llama3.1:70b", ""): 29e9}
+
+
+def test_recent_quantile_edges():
+    buckets = ((0.1, 10.0), (0.2, 20.0), (float("inf"), 30.0))
+    current = Histogram(buckets, 3.0, 30.0)
+    assert recent_quantile(None, current, 0.5) is None
+    assert recent_quantile(current, current, 0.5) is None  # nothing observed since
+    later = Histogram(((0.1, 10.0), (0.2, 20.0), (float("inf"), 40.0)), 5.0, 40.0)
+    assert recent_quantile(current, later, 0.5) == 0.2  # all in +Inf: the highest finite bound
+    restarted = Histogram(((0.1, 4.0), (0.2, 4.0), (float("inf"), 4.0)), 0.2, 4.0)
+    assert recent_quantile(current, restarted, 0.5) == pytest.approx(0.05)  # since the restart
+
+
+# --- bad answers: a clear scrape error, nothing else breaks ---------------------------------------
+
+def collect_once(url: str, server: str | None = None, **options):
+    collector = InferenceCollector(LiveSource(), endpoints=[(url, server)], **options)
+    started = time.monotonic()
+    samples = collector.collect()
+    return samples, time.monotonic() - started
+
+
+def scrape_error(samples, url: str) -> list[str]:
+    assert samples.value("hybridmon_inference_scrape_success", endpoint=url) == 0.0
+    return [s.label_values[1] for s in samples.find("hybridmon_inference_scrape_error", endpoint=url)]
+
+
+@pytest.fixture
+def vllm_server():
+    with FakeInferenceServer({"/metrics": pair("vllm-v1-names")}, slow_seconds=3.0) as server:
+        yield server
+
+
+def test_a_good_scrape_over_http(vllm_server):
+    samples, _ = collect_once(vllm_server.url())
+    assert samples.value("hybridmon_inference_scrape_success", endpoint=vllm_server.url()) == 1.0
+    assert samples.find("hybridmon_inference_scrape_error") == []
+    assert 0 < samples.value("hybridmon_inference_scrape_duration_seconds", endpoint=vllm_server.url()) < 2
+    assert samples.value("hybridmon_inference_requests_running", server="vllm") == 12
+
+
+@pytest.mark.parametrize("mode, reason", [
+    ("html", "not_prometheus"), ("status_500", "http_status"), ("huge", "too_large"),
+    ("huge_declared", "too_large"), ("slow", "timeout"), ("trickle", "timeout"),
+])
+def test_bad_answers_are_a_clear_scrape_error(vllm_server, mode, reason):
+    vllm_server.mode = mode
+    samples, took = collect_once(vllm_server.url(), timeout_seconds=0.5, max_body_bytes=1 << 20)
+    assert scrape_error(samples, vllm_server.url()) == [reason]
+    assert samples.find("hybridmon_inference_requests_running") == []
+    assert took < 1.5  # the whole GET is bounded, also when bytes keep trickling in
+    if mode == "huge":
+        assert vllm_server.bytes_sent < 20 * 1024 * 1024  # stopped reading soon past the limit
+
+
+def test_a_server_that_is_down_is_refused_then_comes_back(vllm_server):
+    vllm_server.down()
+    samples, _ = collect_once(vllm_server.url())
+    assert scrape_error(samples, vllm_server.url()) == ["refused"]
+    vllm_server.up()
+    samples, _ = collect_once(vllm_server.url())
+    assert samples.value("hybridmon_inference_scrape_success", endpoint=vllm_server.url()) == 1.0
+
+
+@pytest.mark.parametrize("text, server, reason, still_read", [
+    ("node_load1 0.5\n", None, "unknown_server", 0),
+    (body("vllm-v1-names.1.prom").replace("vllm:", "vllm_"), None, "unknown_server", 0),
+    (body("vllm-v1-names.1.prom"), "sglang", "unknown_server", 0),
+    (body("vllm-v1-names.1.prom").replace("vllm:kv_cache_usage_perc", "vllm:kv_cache_fill"), None,
+     "missing_families", 1),
+    (body("vllm-v1-names.1.prom") + "vllm:garbage{\n", None, "not_prometheus", 0),
+])
+def test_changed_names_are_a_clear_scrape_error(text, server, reason, still_read):
+    url = "http://127.0.0.1:9/metrics"
+    collector = InferenceCollector(LiveSource(), endpoints=[(url, server)], fetch=lambda u, t, m: ok(u, text))
+    samples = collector.collect()
+    assert scrape_error(samples, url) == [reason]
+    assert len(samples.find("hybridmon_inference_requests_running")) == still_read
+
+
+def test_missing_families_names_what_is_missing():
+    text = body("vllm-v1-names.1.prom").replace("vllm:kv_cache_usage_perc", "vllm:kv_cache_fill")
+    assert interpret(ok("u", text), None).detail == "vllm: nothing read for kv_cache_usage_ratio"
+
+
+def test_slow_endpoints_are_scraped_together_within_one_timeout(vllm_server):
+    vllm_server.mode = "slow"
+    urls = [vllm_server.url(f"/metrics?replica={i}") for i in range(3)]
+    collector = InferenceCollector(LiveSource(), endpoints=[(u, None) for u in urls], timeout_seconds=0.5)
+    started = time.monotonic()
+    samples = collector.collect()
+    assert time.monotonic() - started < 1.2  # three 0.5 s timeouts side by side, not 1.5 s in a row
+    assert [scrape_error(samples, u) for u in urls] == [["timeout"]] * 3
+
+
+def test_the_agent_keeps_every_other_collector_going_with_a_broken_server(vllm_server):
+    vllm_server.mode = "html"
+    agent = Agent(fixture_config(**{"inference.endpoints": [vllm_server.url()], "inference.timeout_seconds": 0.5}))
+    try:
+        run_every_collector_once(agent, at=1_700_000_000.0)
+        states = {i.collector.name: i.state.last_success for i in agent.sampler.scheduled}
+        text = agent.exposition.render().decode()
+    finally:
+        agent.stop()
+    assert set(states.values()) == {True}, states
+    assert f'hybridmon_inference_scrape_error{{endpoint="{vllm_server.url()}",reason="not_prometheus"}} 1.0' in text
+    assert 'hybridmon_process_resident_bytes{pid="4242",process_name="python3"}' in text
+
+
+def test_exposition_with_every_series_passes_promtool(vllm_server):
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is installed by scripts/test (Debian package prometheus)"
+    agent = Agent(fixture_config(**{"inference.endpoints": [vllm_server.url()]}))
+    try:
+        run_every_collector_once(agent, at=1_700_000_000.0)
+        vllm_server.next_body()
+        run_every_collector_once(agent, at=1_700_000_005.0)
+        text = agent.exposition.render()
+    finally:
+        agent.stop()
+    assert b"hybridmon_inference_inter_token_latency_percentile_seconds{" in text
+    result = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True)
+    assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+# --- discovery beside the watched process ----------------------------------------------------------
+
+def test_listening_sockets_of_the_fixture_vllm_process():
+    assert find_listeners(LiveSource(), FIXTURE_PROCFS, [4242, 5151, 99999]) == {
+        "4242": [["0.0.0.0", 18000], ["127.0.0.1", 29500]]}  # not sshd's port 22, not the client socket
+
+
+def test_proc_net_tcp_addresses_and_ports():
+    tcp6 = ("  sl  local_address                         remote_address                        st tx_queue\n"
+            "   0: 00000000000000000000000001000000:1F40 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 7 1\n"
+            "   1: 0000000000000000FFFF00000100007F:0BB8 00000000000000000000000000000000:0000 0A 0:0 0:0 0 0 0 8 1\n")
+    assert [(l.address, l.port, l.inode) for l in parse_proc_net_tcp(tcp6, "little")] == [
+        ("::1", 8000, 7), (str(ipaddress.ip_address("::ffff:127.0.0.1")), 3000, 8)]
+    assert [(l.address, l.port) for l in parse_proc_net_tcp(FIXTURE_TCP, "little")] == [
+        ("0.0.0.0", 22), ("0.0.0.0", 18000), ("127.0.0.1", 29500)]
+    big_endian = FIXTURE_TCP.replace("0100007F:733C", "7F000001:733C")
+    assert parse_proc_net_tcp(big_endian, "big")[2].address == "127.0.0.1"
+    assert [connect_host(a) for a in ("0.0.0.0", "::", "::1", "::ffff:127.0.0.1", "10.1.2.3")] == [
+        "127.0.0.1", "[::1]", "[::1]", "127.0.0.1", "10.1.2.3"]
+    with pytest.raises(ParseError):
+        parse_proc_net_tcp("<html>")
+
+
+def test_discovery_on_the_fixture_host_asks_the_vllm_process_ports():
+    asked = []
+
+    def answer(url, timeout, limit):
+        asked.append(url)
+        return ok(url, body("vllm-v1-names.1.prom")) if ":18000/" in url else refused(url)
+
+    collector = InferenceCollector(LiveSource(), procfs=FIXTURE_PROCFS, fetch=answer,
+                                   watched=lambda: {4242: "python3", 5151: "llama-server"})
+    samples = collector.collect()
+    assert asked == ["http://127.0.0.1:18000/metrics", "http://127.0.0.1:29500/metrics"]
+    assert values(samples, "hybridmon_inference_requests_running") == {
+        ("vllm", "http://127.0.0.1:18000/metrics", LLAMA_3, "4242"): 12}
+    assert values(samples, "hybridmon_inference_scrape_success") == {("http://127.0.0.1:18000/metrics",): 1.0}
+    asked.clear()
+    collector.collect()  # before the next discovery: only the server found is scraped
+    assert asked == ["http://127.0.0.1:18000/metrics"]
+
+
+def test_configured_endpoint_gets_the_pid_of_the_process_listening_there():
+    collector = InferenceCollector(LiveSource(), procfs=FIXTURE_PROCFS, watched=lambda: {4242: "python3"},
+                                   endpoints=[("http://localhost:18000/metrics", "vllm")],
+                                   fetch=lambda u, t, m: ok(u, body("vllm-v1-names.1.prom")))
+    samples = collector.collect()
+    assert {s.label_values[-1] for s in samples.find("hybridmon_inference_requests_running")} == {"4242"}
+
+
+def test_a_port_that_is_no_server_is_not_reported(caplog):
+    collector = InferenceCollector(LiveSource(), procfs=FIXTURE_PROCFS, watched=lambda: {4242: "python3"},
+                                   fetch=lambda u, t, m: {**refused(u), "error": None, "status": 404})
+    with caplog.at_level(logging.INFO), pytest.raises(NoDataError, match="no inference server found"):
+        collector.collect()
+    assert "pid 4242 listens at http://127.0.0.1:18000, which does not answer as an inference server" in caplog.text
+
+
+def test_live_discovery_of_a_server_in_this_process_on_the_real_proc(vllm_server):
+    """The fake server's socket belongs to this test process: /proc/self is read for real."""
+    collector = InferenceCollector(LiveSource(), watched=lambda: {os.getpid(): "pytest"}, timeout_seconds=0.5)
+    samples = collector.collect()
+    assert values(samples, "hybridmon_inference_requests_running") == {
+        ("vllm", vllm_server.url(), LLAMA_3, str(os.getpid())): 12}
+
+
+def test_usual_ports_are_probed_when_no_watched_process_listens(vllm_server):
+    collector = InferenceCollector(LiveSource(), probe_ports=(vllm_server.port,), watched=lambda: {})
+    samples = collector.collect()
+    assert values(samples, "hybridmon_inference_scrape_success") == {(vllm_server.url(),): 1.0}
+    assert {s.label_values[-1] for s in samples.find("hybridmon_inference_requests_running")} == {""}
+
+
+def test_ollama_is_found_on_api_ps_when_metrics_is_404():
+    with FakeInferenceServer({"/api/ps": pair("ollama-ps")}, content_types={"/api/ps": "application/json"}) as ollama:
+        collector = InferenceCollector(LiveSource(), probe_ports=(ollama.port,))
+        samples = collector.collect()
+    assert ollama.requests == ["/metrics", "/api/ps"]
+    assert values(samples, "hybridmon_inference_model_host_memory_bytes", model="llama3.1:70b") == {
+        ("ollama", ollama.url("/api/ps"), "llama3.1:70b", ""): 25e9}
+
+
+def test_ollama_without_a_loaded_model_is_still_found_and_other_json_is_not_ollama():
+    with FakeInferenceServer({"/api/ps": ['{"models": []}']}) as ollama:
+        samples = InferenceCollector(LiveSource(), probe_ports=(ollama.port,)).collect()
+    assert values(samples, "hybridmon_inference_scrape_success") == {(ollama.url("/api/ps"),): 1.0}
+    assert samples.find("hybridmon_inference_model_size_bytes") == []
+    with pytest.raises(ParseError):
+        parse_ollama_ps('{"status": "ok"}')
+
+
+def test_a_found_server_is_dropped_once_its_process_stops_listening(tmp_path):
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURE_HOST / "proc", procfs, symlinks=True)
+    now = [0.0]
+    collector = InferenceCollector(LiveSource(), procfs=str(procfs), watched=lambda: {4242: "python3"},
+                                   clock=lambda: now[0], fetch=lambda u, t, m: ok(u, body("vllm-v1-names.1.prom")))
+    assert values(collector.collect(), "hybridmon_inference_scrape_success") == {
+        ("http://127.0.0.1:18000/metrics",): 1.0, ("http://127.0.0.1:29500/metrics",): 1.0}
+    (procfs / "4242/fd/3").unlink()  # the API socket closed
+    now[0] = 29.0
+    assert len(collector.collect().find("hybridmon_inference_scrape_success")) == 2  # not looked again yet
+    now[0] = 30.0
+    assert values(collector.collect(), "hybridmon_inference_scrape_success") == {
+        ("http://127.0.0.1:29500/metrics",): 1.0}
+
+
+def test_this_host_without_a_server_says_so():
+    try:
+        samples = InferenceCollector(LiveSource(), watched=lambda: {os.getpid(): "pytest"},
+                                     timeout_seconds=0.5).collect()
+    except NoDataError as absent:
+        assert "no inference server found" in str(absent)
+    else:  # a developer's own server on a usual port: then it must read as one
+        assert {s.label_values[0] for s in samples.find("hybridmon_inference_requests_running")} <= {
+            "vllm", "sglang", "llamacpp", "tgi", "lmcache"}
+
+
+def test_a_listening_socket_of_this_process_is_found_on_the_real_proc():
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        port = listening.getsockname()[1]
+        found = find_listeners(LiveSource(), "/proc", [os.getpid()])
+    assert ["127.0.0.1", port] in found[str(os.getpid())]
+
+
+# --- record and replay ----------------------------------------------------------------------------
+
+def test_record_then_replay_gives_identical_samples(vllm_server):
+    recorder = RecordingSource(LiveSource())
+
+    def watched(source, live=lambda: {str(os.getpid()): "pytest"}):
+        return {int(pid): name for pid, name in source.call("agent.watched_processes", live).items()}
+
+    live = InferenceCollector(recorder, watched=lambda: watched(recorder), timeout_seconds=0.5)
+    recorded, readings = [], []
+    for mode in ("serve", "serve", "html", "serve"):
+        vllm_server.mode = mode
+        recorded.append([(s.spec.name, s.label_values, s.value) for s in live.collect()])
+        readings.append(recorder.take_readings())
+        vllm_server.next_body()
+    json.dumps(readings)  # a trace holds JSON
+    assert all("python_gc" not in json.dumps(r) for r in readings)
+    vllm_server.down()  # a replay asks the trace, not the server
+    replay = ReplaySource()
+    replayed_collector = InferenceCollector(replay, watched=lambda: watched(replay), timeout_seconds=0.5)
+    replayed = []
+    for run in readings:
+        replay.load(run)
+        replayed.append([(s.spec.name, s.label_values, s.value) for s in replayed_collector.collect()])
+    assert replayed == recorded
+    assert any(name.endswith("_percentile_seconds") for name, _, _ in recorded[1])
+
+
+# --- configuration and wiring ----------------------------------------------------------------------
+
+def test_configuration_takes_urls_or_tables_and_refuses_bad_ones():
+    config = load_config(environ={"HYBRIDMON_INFERENCE__ENDPOINTS": json.dumps(
+        ["http://127.0.0.1:8000/metrics", {"url": "http://127.0.0.1:11434", "server": "ollama"}])})
+    assert [(e.url, e.server) for e in config.inference.endpoints] == [
+        ("http://127.0.0.1:8000/metrics", None), ("http://127.0.0.1:11434", "ollama")]
+    with pytest.raises(ConfigError, match="inference.endpoints.0.url"):
+        load_config(environ={"HYBRIDMON_INFERENCE__ENDPOINTS": '["ftp://x"]'})
+    with pytest.raises(ConfigError, match="credentials"):
+        load_config(overrides={"inference.endpoints": ["http://user:secret@127.0.0.1:8000/metrics"]})
+    with pytest.raises(ConfigError, match="unknown server 'triton'"):
+        load_config(overrides={"inference.endpoints": [{"url": "http://x:1", "server": "triton"}]})
+    with pytest.raises(ConfigError, match="inference.timeout_seconds"):
+        load_config(overrides={"inference.timeout_seconds": 60})
+
+
+def test_the_documented_configuration_is_valid():
+    text = (Path(__file__).resolve().parents[2] / "docs" / "inference-servers.md").read_text()
+    (example,) = re.findall(r"```toml\n(.*?)```", text, flags=re.S)
+    config = AgentConfig.model_validate(tomllib.loads(example))
+    assert [(e.url, e.server) for e in config.inference.endpoints] == [
+        ("http://127.0.0.1:8000/metrics", None), ("http://127.0.0.1:11434", "ollama")]
+
+
+def test_configured_urls_get_their_path():
+    assert endpoint_url("http://h:11434", "ollama") == "http://h:11434/api/ps"
+    assert endpoint_url("http://h:8000/", None) == "http://h:8000/metrics"
+    assert endpoint_url("http://h:9000/custom", None) == "http://h:9000/custom"
+
+
+def test_every_series_is_documented_and_hybridmon_named():
+    names = [spec.name for spec in METRIC_SPECS]
+    assert len(names) == len(set(names))
+    assert all(name.startswith("hybridmon_inference_") and len(spec.documentation) > 40
+               for name, spec in zip(names, METRIC_SPECS))
+
+
+# --- any answer is read or named as an error (that the parsers raise only ParseError:
+# tests/exporters/test_parsers_robustness.py) ------------------------------------------------------------------
+
+@settings(deadline=None)
+@given(texts_like(body("sglang.1.prom")[:2000]), st.sampled_from([None, "vllm", "sglang", "ollama"]),
+       st.sampled_from(["text/plain", "text/html", None]))
+def test_any_answer_is_read_or_named_as_an_error(text, server, content_type):
+    reading = interpret(ok("http://h:1/metrics", text, content_type), server)
+    assert reading.error in (None, "not_prometheus", "not_json", "unknown_server", "missing_families")
+    assert isinstance(keep_known_families(text), str)
+
+
+def test_fetch_names_network_failures():
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert fetch(f"http://127.0.0.1:{port}/metrics", 0.5, 1024)["error"] == "refused"
+    started = time.monotonic()
+    assert fetch("http://name.invalid:1/metrics", 0.5, 1024)["error"] in ("connection", "timeout")
+    assert time.monotonic() - started < 1.5

@@ -1,0 +1,368 @@
+import itertools
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
+from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.numa import (
+    NumaCollector,
+    ProcessNumaCollector,
+    parse_node_meminfo,
+    parse_numa_maps,
+    parse_numastat,
+)
+from hybridmon.exporters.process import ProcessCollector
+from hybridmon.exporters.procfs import parse_cpu_list
+from tests.support.paths import FIXTURE_HOST
+
+KIB = 1024
+REPO = Path(__file__).resolve().parents[2]
+NODE_DIR = FIXTURE_HOST / "sys/devices/system/node"
+VLLM_NUMA_MAPS = (FIXTURE_HOST / "proc/4242/numa_maps").read_text()
+LLAMA_NUMA_MAPS = (FIXTURE_HOST / "proc/5151/numa_maps").read_text()
+NODE0_MEMINFO = (NODE_DIR / "node0/meminfo").read_text()
+NODE1_NUMASTAT = (NODE_DIR / "node1/numastat").read_text()
+
+# Pages of the fixture processes per node, as written in their numa_maps (see
+# tests/fixtures/host-2node/README-process-numa.md).
+VLLM_NODE0_BYTES = (143 + 651 + 121 + 10 + 131072 + 65536 + 34) * 4 * KIB
+VLLM_NODE1_BYTES = (131072 + 5963732 + 1047661) * 4 * KIB
+LLAMA_NODE1_BYTES = (300 + 1500 + 200 + 8 + 131072 + 1146880 + 65536 + 33) * 4 * KIB
+FIXTURE_WATCHED = {4242: "python3", 5151: "llama-server"}
+
+
+def as_tuples(samples):
+    return [(s.spec.name, s.label_values, s.value) for s in samples]
+
+
+def fake_timer(step=0.25):
+    ticks = itertools.count()
+    return lambda: next(ticks) * step
+
+
+@pytest.fixture
+def host_copy(tmp_path) -> Path:
+    """A private copy of the fixture host to delete and garble files in."""
+    shutil.copytree(FIXTURE_HOST, tmp_path / "host", symlinks=True)
+    return tmp_path / "host"
+
+
+# --- parsers ---------------------------------------------------------------------------------
+
+def test_parse_cpu_list_ranges_and_singles():
+    assert parse_cpu_list("0-3,8,10-11\n") == frozenset({0, 1, 2, 3, 8, 10, 11})
+    assert parse_cpu_list((NODE_DIR / "node1/cpulist").read_text()) == frozenset(range(8, 16))
+    assert parse_cpu_list((NODE_DIR / "online").read_text()) == frozenset({0, 1})
+    assert parse_cpu_list("5") == frozenset({5})
+
+
+def test_parse_cpu_list_empty_is_a_node_without_cpus():
+    assert parse_cpu_list("\n") == frozenset()
+
+
+@pytest.mark.parametrize("text", ["3-1", "a", "0-", "1,,2", "-1", "0-3:2", "0-99999999999", "1 2"])
+def test_parse_cpu_list_rejects_garbage(text):
+    with pytest.raises(ParseError):
+        parse_cpu_list(text)
+
+
+def test_parse_node_meminfo_fixture():
+    fields = parse_node_meminfo(NODE0_MEMINFO)
+    assert fields["MemTotal"] == 263994206 * KIB
+    assert fields["MemFree"] == 1048576 * KIB
+    assert fields["HugePages_Total"] == 0
+    assert len(fields) == 36
+    assert parse_node_meminfo("Node 1 HugePages_Total:  1024\n") == {"HugePages_Total": 1024}  # a count
+
+
+@pytest.mark.parametrize("text", ["", "MemTotal: 5 kB", "Node 0 MemTotal: lots kB", "Node 0 MemTotal: 5 MB"])
+def test_parse_node_meminfo_rejects_garbage(text):
+    with pytest.raises(ParseError):
+        parse_node_meminfo(text)
+
+
+def test_parse_numastat_fixture():
+    assert parse_numastat(NODE1_NUMASTAT) == {
+        "numa_hit": 823456789, "numa_miss": 45678901, "numa_foreign": 1234567,
+        "interleave_hit": 33190, "local_node": 800000000, "other_node": 69135690,
+    }
+
+
+@pytest.mark.parametrize("text", ["", "numa_hit", "numa_hit -1", "numa_hit 1 2"])
+def test_parse_numastat_rejects_garbage(text):
+    with pytest.raises(ParseError):
+        parse_numastat(text)
+
+
+def test_parse_numa_maps_sums_pages_per_node_with_each_mappings_page_size():
+    assert parse_numa_maps(VLLM_NUMA_MAPS) == {0: VLLM_NODE0_BYTES, 1: VLLM_NODE1_BYTES}
+    assert parse_numa_maps(LLAMA_NUMA_MAPS) == {1: LLAMA_NODE1_BYTES}
+
+
+def test_parse_numa_maps_hugetlb_pages_count_their_own_size():
+    line = r"7f1c00000000 default file=/anon_hugepage\040(deleted) huge anon=1024 dirty=1024 N1=1024 kernelpagesize_kB=2048"
+    assert parse_numa_maps(line + "\n" + LLAMA_NUMA_MAPS) == {1: 2 * 1024**3 + LLAMA_NODE1_BYTES}
+
+
+def test_parse_numa_maps_line_without_page_size_counts_4_kib():
+    assert parse_numa_maps("7f0000000000 default anon=3 dirty=3 N0=2 N1=1\n") == {0: 8192, 1: 4096}
+
+
+def test_parse_numa_maps_escaped_file_names_are_not_page_counts():
+    # The kernel escapes space as \040 and '=' as \075 in file names.
+    line = r"7f0000000000 default file=/models/a\040N1\0759 mapped=2 N0=2 kernelpagesize_kB=4"
+    assert parse_numa_maps(line) == {0: 8192}
+
+
+def test_parse_numa_maps_of_mappings_without_pages():
+    assert parse_numa_maps("7f2500000000 default\n7f2500002000 bind:1\n\n") == {}
+    assert parse_numa_maps("") == {}
+
+
+@pytest.mark.parametrize("text", ["garbage here", "7f25", "N0=5 default"])
+def test_parse_numa_maps_rejects_garbage(text):
+    with pytest.raises(ParseError):
+        parse_numa_maps(text)
+
+
+# That any text raises only ParseError: tests/exporters/test_parsers_robustness.py. Here, that these do.
+@pytest.mark.parametrize("parse, text", [
+    (parse_cpu_list, "0-" + "9" * 5000),
+    (parse_cpu_list, "9" * 5000),
+    (parse_node_meminfo, "Node 0 MemTotal: " + "9" * 5000 + " kB\n"),
+    (parse_numastat, "numa_hit " + "9" * 5000 + "\n"),
+])
+def test_huge_numbers_are_parse_errors(parse, text):
+    with pytest.raises(ParseError):
+        parse(text)
+
+
+# --- NumaCollector ---------------------------------------------------------------------------
+
+def test_numa_collector_on_fixture_host(live_source, fixture_sysfs):
+    samples = NumaCollector(live_source, sysfs=fixture_sysfs).collect()
+    expected = []
+    for node, total_kib, free_kib, stat in (
+        ("0", 263994206, 1048576, (912345678, 1234567, 45678901, 33211, 912300000, 1280245)),
+        ("1", 263994206, 209712, (823456789, 45678901, 1234567, 33190, 800000000, 69135690)),
+    ):
+        expected += [
+            ("hybridmon_numa_node_memory_total_bytes", (node,), total_kib * KIB),
+            ("hybridmon_numa_node_memory_free_bytes", (node,), free_kib * KIB),
+            ("hybridmon_numa_node_cpus", (node,), 8),
+        ]
+        outcomes = ("hit", "miss", "foreign", "interleave_hit", "local_node", "other_node")
+        expected += [("hybridmon_numa_node_allocations_total", (node, o), v) for o, v in zip(outcomes, stat)]
+    assert as_tuples(samples) == expected
+    assert {s.spec for s in samples} <= set(NumaCollector.metric_specs)
+
+
+def test_numa_collector_on_this_host():
+    collector = NumaCollector(LiveSource())
+    if not os.path.isdir("/sys/devices/system/node"):
+        with pytest.raises(NoDataError, match="NUMA"):
+            collector.collect()
+        return
+    samples = collector.collect()
+    online = sorted(parse_cpu_list(Path("/sys/devices/system/node/online").read_text()))
+    assert samples.value("hybridmon_numa_node_memory_total_bytes", node=str(online[0])) > 0
+    free = samples.value("hybridmon_numa_node_memory_free_bytes", node=str(online[0]))
+    assert 0 < free <= samples.value("hybridmon_numa_node_memory_total_bytes", node=str(online[0]))
+    cpus = sum(s.value for s in samples.find("hybridmon_numa_node_cpus"))
+    # Every online CPU belongs to exactly one node.
+    assert cpus == len(parse_cpu_list(Path("/sys/devices/system/cpu/online").read_text()))
+    assert samples.value("hybridmon_numa_node_allocations_total", node=str(online[0]), outcome="hit") > 0
+
+
+def test_numa_collector_without_node_directory_has_no_data(host_copy):
+    shutil.rmtree(host_copy / "sys/devices/system/node")
+    with pytest.raises(NoDataError, match="devices/system/node/online does not exist.*no NUMA support"):
+        NumaCollector(LiveSource(), sysfs=str(host_copy / "sys")).collect()
+
+
+def test_numa_collector_with_garbled_online_list_fails_saying_why(host_copy):
+    (host_copy / "sys/devices/system/node/online").write_text("zero\n")
+    collector = NumaCollector(LiveSource(), sysfs=str(host_copy / "sys"))
+    with pytest.raises(CollectorError, match="online is not a node list"):
+        collector.collect()
+    (host_copy / "sys/devices/system/node/online").write_text("0-1\n")  # retried, not cached
+    assert collector.collect().value("hybridmon_numa_node_cpus", node="1") == 8
+
+
+def test_numa_collector_leaves_out_only_the_broken_parts(host_copy, caplog):
+    nodes = host_copy / "sys/devices/system/node"
+    (nodes / "node1/numastat").unlink()
+    (nodes / "node0/meminfo").write_text("this is not meminfo\n")
+    (nodes / "node1/cpulist").unlink()
+    collector = NumaCollector(LiveSource(), sysfs=str(host_copy / "sys"))
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.numa"):
+        samples = collector.collect()
+        collector.collect()
+    assert samples.find("hybridmon_numa_node_allocations_total", node="1") == []
+    assert len(samples.find("hybridmon_numa_node_allocations_total", node="0")) == 6
+    assert samples.value("hybridmon_numa_node_memory_total_bytes", node="0") is None
+    assert samples.value("hybridmon_numa_node_memory_total_bytes", node="1") == 263994206 * KIB
+    assert samples.value("hybridmon_numa_node_cpus", node="1") is None
+    assert samples.value("hybridmon_numa_node_cpus", node="0") == 8
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3  # once each, not again on the second collect
+    assert any("node1/numastat" in m for m in messages)
+    assert any("node0/meminfo" in m for m in messages)
+
+
+def test_numa_collector_discovers_nodes_once(live_source, fixture_sysfs):
+    source = RecordingSource(live_source)
+    collector = NumaCollector(source, sysfs=fixture_sysfs)
+    collector.collect()
+    assert any(r[1].endswith("node/online") for r in source.take_readings())
+    collector.collect()
+    assert not any(r[1].endswith("node/online") for r in source.take_readings())
+
+
+def test_numa_collector_record_then_replay_gives_identical_samples(fixture_sysfs):
+    recording = RecordingSource(LiveSource())
+    recorder = NumaCollector(recording, sysfs=fixture_sysfs)
+    replay = ReplaySource()
+    replayer = NumaCollector(replay, sysfs=fixture_sysfs)
+    for _ in range(2):
+        recorded = as_tuples(recorder.collect())
+        replay.load(recording.take_readings())
+        assert as_tuples(replayer.collect()) == recorded
+        assert recorded
+
+
+# --- ProcessNumaCollector --------------------------------------------------------------------
+
+def test_process_numa_on_fixture_host(live_source, fixture_procfs, fixture_sysfs):
+    collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
+                                     watched=lambda: FIXTURE_WATCHED, timer=fake_timer())
+    samples = collector.collect()
+    assert as_tuples(samples) == [
+        ("hybridmon_process_allowed_cpus_on_node", ("4242", "python3", "0"), 8),
+        ("hybridmon_process_allowed_cpus_on_node", ("4242", "python3", "1"), 0),
+        ("hybridmon_process_numa_resident_bytes", ("4242", "python3", "0"), VLLM_NODE0_BYTES),
+        ("hybridmon_process_numa_resident_bytes", ("4242", "python3", "1"), VLLM_NODE1_BYTES),
+        ("hybridmon_process_numa_maps_read_seconds", ("4242", "python3"), 0.25),
+        ("hybridmon_process_allowed_cpus_on_node", ("5151", "llama-server", "0"), 0),
+        ("hybridmon_process_allowed_cpus_on_node", ("5151", "llama-server", "1"), 8),
+        ("hybridmon_process_numa_resident_bytes", ("5151", "llama-server", "0"), 0),
+        ("hybridmon_process_numa_resident_bytes", ("5151", "llama-server", "1"), LLAMA_NODE1_BYTES),
+        ("hybridmon_process_numa_maps_read_seconds", ("5151", "llama-server"), 0.25),
+    ]
+    assert {s.spec for s in samples} <= set(ProcessNumaCollector.metric_specs)
+
+
+def test_process_numa_follows_the_process_collectors_watch_list(live_source, fixture_procfs, fixture_sysfs):
+    processes = ProcessCollector(live_source, procfs=fixture_procfs, cmdline_patterns=[r"vllm\.entrypoints"],
+                                 clock_ticks_per_second=100)
+    placement = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
+                                     watched=processes.watched, timer=fake_timer())
+    assert len(placement.collect()) == 0  # nothing watched before the first process collection
+    processes.collect()
+    samples = placement.collect()
+    assert {s.label_values[0] for s in samples} == {"4242"}
+    assert samples.value("hybridmon_process_numa_resident_bytes", pid="4242", node="1") == VLLM_NODE1_BYTES
+
+
+def test_process_numa_skips_a_process_that_is_gone(live_source, fixture_procfs, fixture_sysfs):
+    collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
+                                     watched=lambda: {99999: "ghost", 5151: "llama-server"})
+    samples = collector.collect()
+    assert {s.label_values[0] for s in samples} == {"5151"}
+
+
+class DenyingSource(LiveSource):
+    """Answers like /proc does for another user's process without CAP_SYS_PTRACE."""
+
+    def __init__(self, denied_suffix: str) -> None:
+        self.denied_suffix = denied_suffix
+
+    def read_text(self, path: str) -> str:
+        if path.endswith(self.denied_suffix):
+            raise PermissionError(13, "Permission denied", path)
+        return super().read_text(path)
+
+
+def test_process_numa_without_permission_for_numa_maps(fixture_procfs, fixture_sysfs, caplog):
+    collector = ProcessNumaCollector(DenyingSource("4242/numa_maps"), procfs=fixture_procfs,
+                                     sysfs=fixture_sysfs, watched=lambda: FIXTURE_WATCHED)
+    with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
+        samples = collector.collect()
+        collector.collect()
+    assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
+    assert samples.find("hybridmon_process_numa_maps_read_seconds", pid="4242") == []
+    assert samples.value("hybridmon_process_allowed_cpus_on_node", pid="4242", node="0") == 8
+    assert samples.value("hybridmon_process_numa_resident_bytes", pid="5151", node="1") == LLAMA_NODE1_BYTES
+    denied = [r.getMessage() for r in caplog.records if "CAP_SYS_PTRACE" in r.getMessage()]
+    assert len(denied) == 1 and "4242/numa_maps" in denied[0]
+
+
+def test_process_numa_with_garbled_numa_maps_keeps_the_cpu_series(host_copy, caplog):
+    (host_copy / "proc/4242/numa_maps").write_text("not numa maps at all\n")
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
+                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED)
+    with caplog.at_level(logging.WARNING):
+        samples = collector.collect()
+    assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
+    assert samples.value("hybridmon_process_allowed_cpus_on_node", pid="4242", node="0") == 8
+    assert any("4242/numa_maps" in r.getMessage() for r in caplog.records)
+
+
+def test_process_numa_without_node_directory_has_no_data(host_copy):
+    shutil.rmtree(host_copy / "sys/devices/system/node")
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
+                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED)
+    with pytest.raises(NoDataError):
+        collector.collect()
+
+
+def test_process_numa_on_this_host():
+    me = os.getpid()
+    collector = ProcessNumaCollector(LiveSource(), watched=lambda: {me: "pytest"})
+    if not os.path.exists("/proc/self/numa_maps"):
+        with pytest.raises(NoDataError):
+            collector.collect()
+        return
+    samples = collector.collect()
+    resident = sum(s.value for s in samples.find("hybridmon_process_numa_resident_bytes", pid=str(me)))
+    assert resident > 1 << 20  # a Python interpreter running pytest maps well over 1 MiB
+    allowed = sum(s.value for s in samples.find("hybridmon_process_allowed_cpus_on_node", pid=str(me)))
+    assert allowed == len(os.sched_getaffinity(0))
+    assert 0 < samples.value("hybridmon_process_numa_maps_read_seconds", pid=str(me)) < 5
+
+
+def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs, fixture_sysfs):
+    # The real timer: the replay must report the recorded cost, not time its own reads.
+    recording = RecordingSource(LiveSource())
+    recorder = ProcessNumaCollector(recording, procfs=fixture_procfs, sysfs=fixture_sysfs,
+                                    watched=lambda: FIXTURE_WATCHED)
+    replay = ReplaySource()
+    replayer = ProcessNumaCollector(replay, procfs=fixture_procfs, sysfs=fixture_sysfs,
+                                    watched=lambda: FIXTURE_WATCHED)
+    for _ in range(2):
+        recorded = as_tuples(recorder.collect())
+        replay.load(recording.take_readings())
+        assert as_tuples(replayer.collect()) == recorded
+        assert len(recorded) == 10
+
+
+def test_numa_and_process_modules_do_not_import_each_other(fixture_procfs, fixture_sysfs):
+    loaded = "print(sorted(m for m in sys.modules if m in ('hybridmon.exporters.numa', 'hybridmon.exporters.process')))"
+    scripts = {
+        "process": f"import sys, hybridmon.exporters.process; {loaded}",
+        "numa": ("import sys; from hybridmon.exporters.sources import LiveSource; "
+                 "from hybridmon.exporters.numa import ProcessNumaCollector; "
+                 f"ProcessNumaCollector(LiveSource(), {fixture_procfs!r}, {fixture_sysfs!r}, "
+                 f"watched=lambda: {{4242: 'python3'}}).collect(); {loaded}"),
+    }
+    for module, script in scripts.items():
+        result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True,
+                                text=True, timeout=60)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split() == [f"['hybridmon.exporters.{module}']"]

@@ -1,0 +1,395 @@
+"""The status page at GET /: findings with runbook links, signals per GPU, process and inference
+server, the last benchmark and the agent's health; escaped; and rendered by a real browser at
+phone width."""
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import re
+import shutil
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from hybridmon.agent.bench.store import save_run
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.base import Finding
+from hybridmon.units import human_bytes, human_rate
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.pcie_rates import theoretical_capacity
+from hybridmon.agent.findings import runbook_url
+from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from hybridmon.agent.server import create_app
+from hybridmon.agent.status_inference import COUNTERS_READ
+from hybridmon.agent.status_page import render_status_page
+from hybridmon.agent.status_template import SEVERITY_COLOURS
+from hybridmon.exporters import bench, gpu, numa, process
+from hybridmon.exporters.base import Samples
+from hybridmon.exporters.inference_names import BY_FIELD, SCRAPE_ERROR, SCRAPE_SUCCESS
+from tests.support import fake_nvml
+from tests.support.agent_helpers import fixture_config, free_port, run_every_collector_once
+from tests.support.bench_helpers import BENCH_FIXTURES
+from tests.support.paths import FIXTURE_HOST
+from tests.support.live_stack import AdvancingInferenceServer
+from tests.support.status_page_helpers import PHONE_WIDTH, PageStructure, chromium, chromium_binary, count_colour
+from tests.support.agent_helpers import start_daemon, stop_daemon, wait_for
+
+NOW = 1_700_000_000.0
+GPU0 = ("0", "GPU-0a1b2c3d-0000-4000-8000-000000000000")
+
+
+@pytest.fixture
+def fixture_agent(tmp_path):
+    """The fixture host sampled twice (rates need two points) and evaluated once. Its own state
+    directory, so a benchmark stored on the machine running the tests never shows up."""
+    fake_nvml.reset()
+    agent = Agent(fixture_config(state_dir=str(tmp_path / "state")))
+    try:
+        run_every_collector_once(agent, at=NOW - 1)
+        run_every_collector_once(agent, at=NOW)
+        agent.engine.evaluate(NOW)
+        yield agent
+    finally:
+        agent.stop()
+        fake_nvml.reset()
+
+
+def latest_value(agent: Agent, metric: str, **labels: str) -> float:
+    found = [s.value for _at, samples in agent.history.latest().values() for s in samples.find(metric, **labels)]
+    assert len(found) == 1, (metric, labels, found)
+    return found[0]
+
+
+def section_text(page: str, section_id: str) -> str:
+    """The text of one <section>, as a reader sees it."""
+    match = re.search(rf'<section id="{section_id}">(.*?)</section>', page, re.S)
+    assert match, f"no section {section_id}"
+    return PageStructure(match.group(1)).text
+
+
+def test_fixture_host_page_lists_findings_by_severity_with_runbooks_and_the_signals(fixture_agent):
+    response = TestClient(create_app(fixture_agent)).get("/")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/html")
+    page = response.text
+    parsed = PageStructure(page)
+    states = fixture_agent.engine.states()
+    assert {s.state for s in states} == {"firing", "pending"}  # the fixture host has both
+    for state in states:
+        finding = state.finding
+        assert html.escape(finding.summary) in page, finding.alertname
+        assert runbook_url(fixture_agent.runbook_base_url, finding.alertname) in parsed.links()
+        assert f'class="card finding {finding.severity} {state.state}"' in page
+    # Pending warnings come before firing infos; only firing ones colour the banner.
+    assert page.index('finding warning pending') < page.index('finding info firing')
+    assert 'class="banner info"' in page and "5 info firing" in parsed.text
+
+    gpus = section_text(page, "gpus")
+    used = latest_value(fixture_agent, gpu.MEMORY_USED.name, gpu="0")
+    total = latest_value(fixture_agent, gpu.MEMORY_TOTAL.name, gpu="0")
+    assert f"{human_bytes(used)} of {human_bytes(total)}" in gpus
+    received = latest_value(fixture_agent, gpu.PCIE_THROUGHPUT.name, gpu="1", direction="host_to_device")
+    assert f"{human_rate(received)} of {human_rate(theoretical_capacity(3, 8))} theoretical" in gpus
+    assert "Gen3 x8 (max Gen4 x16)" in gpus and "17 since the driver loaded" in gpus
+
+    processes = section_text(page, "processes")
+    on_gpu = latest_value(fixture_agent, gpu.PROCESS_MEMORY_USED.name, pid="4242")
+    swapped = latest_value(fixture_agent, process.SWAP.name, pid="4242")
+    node1 = latest_value(fixture_agent, numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="1")
+    node0 = latest_value(fixture_agent, numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="0")
+    assert "python3 · pid 4242" in processes and "vllm · meta-llama/Meta-Llama-3-8B-Instruct" in processes
+    assert "vllm.entrypoints" not in page  # no command line unless process.export_cmdline is set
+    assert f"{human_bytes(on_gpu)} on GPU 0" in processes and human_bytes(swapped) in processes
+    assert f"node 1: {node1 / (node0 + node1) * 100:.0f} %" in processes and "its GPUs: node 0" in processes
+    assert "0.0/s" in processes  # the fixture's counters stand still between the two samples
+
+    host = section_text(page, "host")
+    assert "Memory available" in host and "PSI memory some" in host
+    assert "No benchmark yet: run hybridmon bench" in section_text(page, "bench")
+    health = section_text(page, "agent")
+    assert "live" in health and "none failing" in health
+    assert "nothing to read on this host: no benchmark results" in health
+
+
+def test_the_page_shows_the_last_benchmark_and_starvation_uses_its_measured_capacity(tmp_path):
+    """A stored run (the fixture report, hand-written, not a measurement) through the real bench
+    collector: the GPU's PCIe rows are read against the measured rate, the benchmark card shows
+    the largest copies."""
+    report = json.loads((BENCH_FIXTURES / "report-gen4-local.json").read_text())
+    sampled_at = time.time()  # a live agent: the page measures the run's age by the wall clock
+    save_run(tmp_path, {
+        "format": 1, "finished_at": sampled_at - 3600, "hybridmon_version": "test",
+        "gpu": {"index": 0, "uuid": GPU0[1], "name": "NVIDIA L40S", "pci_bus_id": "0000:17:00.0", "numa_node": 0},
+        "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16},
+        "contended": None, "placements": [{"placement": "local", "numa_node": 0, "report": report}], "failures": [],
+    })
+    fake_nvml.reset()
+    agent = Agent(fixture_config(state_dir=str(tmp_path)))
+    try:
+        run_every_collector_once(agent, at=sampled_at)
+        page = render_status_page(agent)
+        measured = latest_value(agent, bench.MEASURED_CAPACITY.name, gpu="0", direction="host_to_device")
+        largest = max(item["bytes"] for item in report["results"])
+        median = latest_value(agent, bench.BANDWIDTH.name, gpu="0", direction="host_to_device", memory="pinned",
+                              placement="local", transfer_bytes=str(largest))
+    finally:
+        agent.stop()
+        fake_nvml.reset()
+    gpus = section_text(page, "gpus")
+    assert f"of {human_rate(measured)} measured" in gpus.split("GPU 1")[0]
+    assert "theoretical" in gpus.split("GPU 1")[1]  # GPU 1 has no benchmark
+    benchmark = section_text(page, "bench")
+    assert "GPU 0" in benchmark and "(1.0 h ago)" in benchmark and f"copies of {human_bytes(largest)}" in benchmark
+    assert human_rate(median) in benchmark
+    assert f"{median / theoretical_capacity(4, 16) * 100:.0f} %" in benchmark
+    assert "No benchmark yet" not in benchmark
+
+
+def test_inference_servers_section_per_endpoint(tmp_path):
+    """The fixture host scraping a stand-in vLLM once a second for a minute (each scrape adds what
+    tests/fixtures/inference/vllm-v1-names.2.prom adds to .1: +9,100 generated and +25,000 prompt
+    tokens, +5 preemptions, 55 GB loaded and 2 GB stored) and a port nothing listens on."""
+    fake_nvml.reset()
+    dead = f"http://127.0.0.1:{free_port()}/metrics"
+    with AdvancingInferenceServer() as server:
+        agent = Agent(fixture_config(state_dir=str(tmp_path), **{"inference.endpoints": [server.url(), dead]}))
+        try:
+            run_every_collector_once(agent, at=NOW - 60)
+            [scrapes] = [item for item in agent.sampler.scheduled if item.collector.name == "inference"]
+            for seconds_ago in range(59, -1, -1):
+                agent.sampler.run_collector(scrapes, at=NOW - seconds_ago)
+            page = render_status_page(agent)
+            latency = {(name, p): latest_value(agent, f"hybridmon_inference_{name}_percentile_seconds", percentile=p)
+                       for name in ("time_to_first_token", "inter_token_latency") for p in ("p50", "p95")}
+        finally:
+            agent.stop()
+            fake_nvml.reset()
+    section = re.search(r'<section id="inference">(.*?)</section>', page, re.S).group(1)
+    cards = {text.split("Last scrape")[0]: text for text in
+             (PageStructure(card).text for card in re.findall(r'<div class="card ">(.*?)</div>', section))}
+    assert set(cards) == {server.url(), dead}
+    served = cards[server.url()]
+    assert re.match(r"Last scrapeok in \d+ ms", served[len(server.url()):])
+    assert "vLLM · meta-llama/Meta-Llama-3-8B-Instruct" in served
+    assert "Tokens/s9,100 generated · 25,000 prompt" in served
+    assert "Requests14 running · 6 waiting" in served and "KV cache used87 %" in served
+    for name, label in (("time_to_first_token", "Time to first token"), ("inter_token_latency", "Inter-token latency")):
+        p50, p95 = (latency[(name, p)] * 1000 for p in ("p50", "p95"))
+        assert f"{label}p50 {p50:.0f} ms · p95 {p95:.0f} ms" in served
+    assert "Preemptions5.0/s" in served and f"KV offloadloads {human_rate(55e9)} · stores {human_rate(2e9)}" in served
+    assert re.fullmatch(rf"{re.escape(dead)}Last scrapefailed in \d+ ms: refused the connection: nothing "
+                        r"listens there \(refused\)", cards[dead])
+    assert re.search(r'<td class="flag">failed in \d+ ms: refused', page)
+
+
+def test_no_inference_server_says_where_to_name_one(fixture_agent):
+    section = section_text(render_status_page(fixture_agent), "inference")
+    assert "No inference server scraped" in section and "[inference] endpoints" in section
+
+
+@pytest.fixture(scope="module")
+def swap_thrash_agent(scenarios, tmp_path_factory):
+    """Incident 3 replayed with the detectors on: critical, warning and info findings firing."""
+    overrides = {"history_seconds": history_seconds_for(SCENARIOS["swap_thrash"]),
+                 "state_dir": str(tmp_path_factory.mktemp("state"))}
+    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=scenarios.summary("swap_thrash").path)
+    try:
+        agent.replay(speed=0)
+        yield agent
+    finally:
+        agent.stop()
+
+
+def test_replayed_swap_thrash_page_reads_like_the_incident(swap_thrash_agent):
+    agent = swap_thrash_agent
+    reads = []
+    original_series = agent.history.series
+
+    def recording_series(name, /, **kwargs):
+        reads.append((name, kwargs.get("since")))
+        return original_series(name, **kwargs)
+
+    agent.history.series = recording_series
+    try:
+        started = time.perf_counter()
+        page = render_status_page(agent)
+        seconds = time.perf_counter() - started
+    finally:
+        del agent.history.series
+    print(f"status page render on the replayed swap_thrash history: {seconds * 1000:.1f} ms")
+    last_sample = START_TIME + SCENARIOS["swap_thrash"].duration_seconds
+    # Cheap: gauges come from the latest samples; only the last minute of three counters (and of
+    # four per inference server) is read.
+    assert len(reads) <= 3 + COUNTERS_READ and all(since is not None and since >= last_sample - 60 for _name, since in reads), reads
+
+    assert 'class="banner critical"' in page
+    thrash = [s for s in agent.engine.firing() if s.finding.alertname == "HostSwapThrash" and s.finding.labels.get("pid")]
+    assert thrash and thrash[0].finding.severity == "critical"
+    critical = page[page.index("<h3>Critical"):page.index("<h3>Warning")]
+    assert html.escape(thrash[0].finding.summary) in critical and "pid 4242 · process_name python3" in critical
+    # Ages count from the replay's last sample, not from today's clock.
+    firing_since = re.search(r"firing since (2025-11-24 \d\d:\d\d:\d\d UTC) \((\d+) min ago\)", critical)
+    assert firing_since and 1 <= int(firing_since.group(2)) <= 10, critical
+
+    processes = section_text(page, "processes")
+    vllm = processes[processes.index("python3 · pid 4242"):processes.index("llama-server")]
+    faults = float(re.search(r"Major faults([\d.]+)/s", vllm).group(1))
+    assert 120 <= faults <= 180  # the scenario's ~150/s
+    assert re.search(r"Swapped out(1\.\d|2\.0) GiB", vllm)  # 0 -> 2 GiB over 420 s
+    psi_some = float(re.search(r"PSI memory some([\d.]+) %", section_text(page, "host")).group(1))
+    assert 25 <= psi_some <= 35  # the scenario's 30 %
+    assert "replay" in section_text(page, "agent")
+
+
+class HostileDetector:
+    name = "hostile"
+    alertnames = ("HostSwapThrash",)
+
+    def evaluate(self, _history, _now):
+        return [Finding(alertname="HostSwapThrash", severity="critical",
+                        labels={"process_name": "<script>alert(1)</script>", "pid": '1" onmouseover="x'},
+                        value=1.0, threshold=0.5, summary="swap <b>thrash</b> & <img src=x onerror=alert(2)>",
+                        description="</details><script>alert(3)</script>")]
+
+
+# A server started with secrets on its command line, as issue 11 found them shown.
+SECRETS = ("s3cret", "hf_abc", "user:pass", "pw-after-p", "key-after-k", "pass-value", "pwd-value")
+SECRET_ARGUMENTS = ("vllm", "serve", "org/served-model", "--api-key", "s3cret", "HF_TOKEN=hf_abc",
+                    "--download-dir", "https://user:pass@mirror.example/models", "-p", "pw-after-p",
+                    "-k", "key-after-k", "--pass", "pass-value", "--pwd=pwd-value", "--port", "8000")
+
+
+def agent_with_a_secret_holding_server(tmp_path, **overrides) -> Agent:
+    """The fixture host plus pid 7777: a copy of 5151 whose command line holds SECRETS."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURE_HOST / "proc", procfs, symlinks=True)
+    shutil.copytree(procfs / "5151", procfs / "7777")
+    (procfs / "7777" / "cmdline").write_text("\0".join(SECRET_ARGUMENTS) + "\0")
+    fake_nvml.reset()
+    agent = Agent(fixture_config(**{"paths.procfs": str(procfs), "state_dir": str(tmp_path / "state"),
+                                    **overrides}))
+    run_every_collector_once(agent, at=NOW)
+    return agent
+
+
+@pytest.mark.parametrize("export_cmdline", [False, True])
+def test_no_secret_of_a_command_line_reaches_metrics_or_the_page(tmp_path, export_cmdline):
+    agent = agent_with_a_secret_holding_server(tmp_path, **{"process.export_cmdline": export_cmdline})
+    try:
+        client = TestClient(create_app(agent))
+        metrics, page = client.get("/metrics").text, client.get("/").text
+    finally:
+        agent.stop()
+        fake_nvml.reset()
+    for secret in SECRETS:
+        assert secret not in metrics and secret not in page, secret
+    info = [line for line in metrics.splitlines() if line.startswith('hybridmon_process_info{') and 'pid="7777"' in line]
+    assert info == ['hybridmon_process_info{executable="vllm",model="org/served-model",pid="7777",'
+                    'process_name="llama-server",server="vllm",watch_reason="config"} 1.0']
+    processes = section_text(page, "processes")
+    assert "llama-server · pid 7777" in processes and "vllm · org/served-model · runs vllm" in processes
+    shown = "--api-key <redacted> HF_TOKEN=<redacted>"
+    assert (shown in metrics, shown in processes, "--port 8000" in processes) == (export_cmdline,) * 3
+    assert ("hybridmon_process_cmdline_info{" in metrics) is export_cmdline
+
+
+def test_hostile_names_and_command_lines_are_shown_as_text_not_markup(fixture_agent):
+    hostile_name = "<script>alert(4)</script>"
+    hostile_cmdline = '"><img src=x onerror=alert(5)> --x=\'<iframe>\''
+    samples = Samples()
+    hostile_executable = "<b>exe</b>"
+    samples.add(process.INFO, 1.0, "666", hostile_name, hostile_executable, "vllm", "<i>m</i>", "gpu")
+    samples.add(process.CMDLINE_INFO, 1.0, "666", hostile_name, hostile_cmdline)
+    samples.add(process.RESIDENT, 2**30, "666", hostile_name)
+    fixture_agent.history.commit("process", NOW + 1, samples)
+    hostile_endpoint = 'http://127.0.0.1:1/metrics?"><script>alert(7)</script>'
+    hostile_model = "<img src=x onerror=alert(8)>"
+    hostile_reason = "<iframe src=javascript:alert(9)>"
+    server = Samples()
+    server.add(SCRAPE_SUCCESS, 0.0, hostile_endpoint)
+    server.add(SCRAPE_ERROR, 1.0, hostile_endpoint, hostile_reason)
+    server.add(BY_FIELD["requests_running"], 3.0, "<b>vllm</b>", hostile_endpoint, hostile_model, "")
+    fixture_agent.history.commit("inference", NOW + 1, server)
+    fixture_agent.engine = Engine([HostileDetector()], fixture_agent.history)
+    fixture_agent.engine.evaluate(NOW + 1)
+    fixture_agent.runbook_base_url = 'http://host/"><script>alert(6)</script>'
+
+    page = render_status_page(fixture_agent)
+    parsed = PageStructure(page)
+    tags = {tag for tag, _attrs in parsed.tags}
+    assert not tags & {"script", "img", "iframe", "b"}, tags
+    assert not [name for _tag, attrs in parsed.tags for name in attrs if name.startswith("on")]
+    assert "i" not in tags
+    for shown in (hostile_name, hostile_cmdline, f"vllm · <i>m</i> · runs {hostile_executable}", "swap <b>thrash</b> & <img src=x onerror=alert(2)>",
+                  "</details><script>alert(3)</script>", '1" onmouseover="x', hostile_endpoint,
+                  f"<b>vllm</b> · {hostile_model}", f"failed: see the agent log ({hostile_reason})"):
+        assert shown in parsed.text, shown
+    assert 'http://host/"><script>alert(6)</script>/HostSwapThrash' in parsed.links()
+
+
+def test_status_page_renders_in_headless_chromium_at_phone_width(scenarios, tmp_path):
+    """The real agent replays incident 3 over HTTP; Chromium draws the page at phone width. The
+    banner must be drawn in the critical colour and each firing severity's findings appear."""
+    browser = chromium_binary()
+    trace = scenarios.summary("swap_thrash")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    daemon = start_daemon(["run", "--replay", str(trace.path), "--speed", "0", "--listen", f"127.0.0.1:{port}"],
+                          {"HYBRIDMON_STATE_DIR": str(tmp_path / "state")})
+    try:
+        def replay_finished():  # every tick runs host_memory once; then the findings stand still
+            runs = httpx.get(url + "healthz", timeout=2).json()["collectors"]["host_memory"]["runs"]
+            return runs == trace.ticks
+
+        wait_for(replay_finished, 20, "the replay of swap_thrash to finish")
+        findings = httpx.get(url + "api/v1/findings", timeout=2).json()["findings"]
+        critical = [f for f in findings if f["severity"] == "critical" and f["state"] == "firing"][0]
+        screenshot = tmp_path / "phone.png"
+        chromium(browser, tmp_path / "profile", url, f"--screenshot={screenshot}")
+        dom = chromium(browser, tmp_path / "profile", url, "--dump-dom").stdout
+    finally:
+        code, err = stop_daemon(daemon)
+    assert code == 0 and "Traceback" not in err, err
+
+    assert html.escape(critical["summary"], quote=False) in dom
+    assert f'href="http://127.0.0.1:{port}/runbooks/HostSwapThrash"' in dom
+    with Image.open(screenshot) as image:
+        assert image.size[0] == PHONE_WIDTH
+        banner = (0, 0, PHONE_WIDTH, 40)
+        assert count_colour(image, banner, SEVERITY_COLOURS["critical"]) > 0.5 * PHONE_WIDTH * 40
+        below = (0, 60, PHONE_WIDTH, image.size[1])
+        for severity in ("critical", "warning", "info"):  # each card's 6 px left border
+            assert count_colour(image, below, SEVERITY_COLOURS[severity]) >= 6 * 40, severity
+
+
+def test_a_recorded_trace_keeps_no_secret_of_a_command_line_and_replays_the_identity(tmp_path):
+    """Traces are handed around (`run --replay` on a laptop): the recording redacts command lines."""
+    procfs = tmp_path / "proc"
+    shutil.copytree(FIXTURE_HOST / "proc", procfs, symlinks=True)
+    shutil.copytree(procfs / "5151", procfs / "7777")
+    (procfs / "7777" / "cmdline").write_text("\0".join(SECRET_ARGUMENTS) + "\0")
+    fake_nvml.reset()
+    trace_path = tmp_path / "incident.jsonl.gz"
+    config = fixture_config(**{"paths.procfs": str(procfs), "state_dir": str(tmp_path / "state")})
+    recorder = Agent(config, record_to=trace_path)
+    run_every_collector_once(recorder, at=NOW)
+    live_metrics = recorder.exposition.render().decode()
+    recorder.stop()
+    recorded = gzip.open(trace_path, "rt").read()
+    assert "7777/cmdline" in recorded
+    for secret in SECRETS:
+        assert secret not in recorded, secret
+    replaying = Agent(config, replay_from=trace_path)
+    try:
+        replaying.replay(speed=0)
+        replayed_metrics = replaying.exposition.render().decode()
+    finally:
+        replaying.stop()
+        fake_nvml.reset()
+    identity = [line for line in live_metrics.splitlines()
+                if line.startswith("hybridmon_process_info{") and 'pid="7777"' in line]
+    assert identity and identity[0] in replayed_metrics.splitlines()
