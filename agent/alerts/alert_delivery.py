@@ -103,6 +103,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="alert_delivery",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-agent",
     detector=Detector,

@@ -110,6 +110,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="collector_failing",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-agent",
     detector=Detector,

@@ -26,6 +26,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hybridmon.agent.detectors.base import Detector, Finding
+from hybridmon.exporters.base import MetricSpec
 from hybridmon.rules.model import Alert
 from hybridmon.rules.templates import expected_text
 
@@ -44,6 +45,7 @@ class Section(BaseModel):
 class AlertFamily:
     section: str                                    # thresholds.toml section (and module name)
     settings: type[Section]
+    inputs: tuple[MetricSpec, ...]                  # the series it reads, as the exporters declare them
     alertnames: tuple[str, ...]                     # every alertname it raises: one runbook each
     group: str                                      # the Prometheus rule group its alerts join
     detector: Callable[[Any], Detector]             # built from its settings

@@ -94,6 +94,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="gpu_lost",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-pcie",
     detector=Detector,

@@ -190,6 +190,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="gpu_memory_headroom",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-gpu-memory",
     detector=Detector,

@@ -297,6 +297,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="host_config",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-host-config",
     detector=Detector,

@@ -112,6 +112,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="inference_scrape",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-inference",
     detector=Detector,

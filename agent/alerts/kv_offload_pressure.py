@@ -264,6 +264,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="kv_offload_pressure",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-inference",
     detector=Detector,

@@ -483,6 +483,7 @@ def cases(t, catalog: Catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="memory_growth",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-process",
     detector=Detector,

@@ -206,6 +206,7 @@ def cases(t, catalog: Catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="numa_misplacement",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-process",
     detector=Detector,

@@ -139,6 +139,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="pcie_bandwidth_low",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-bench",
     detector=Detector,

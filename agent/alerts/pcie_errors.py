@@ -251,6 +251,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="pcie_errors",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-pcie",
     detector=Detector,

@@ -131,6 +131,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="pcie_link_degraded",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-pcie",
     detector=Detector,

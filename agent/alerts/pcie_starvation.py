@@ -189,6 +189,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="pcie_starvation",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-pcie",
     detector=Detector,

@@ -339,6 +339,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="swap_thrash",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-host-memory",
     detector=Detector,

@@ -301,6 +301,7 @@ def cases(t, catalog) -> list[Test]:
 FAMILY = AlertFamily(
     section="throughput_decay",
     settings=Settings,
+    inputs=INPUTS,
     alertnames=Detector.alertnames,
     group="hybridmon-inference",
     detector=Detector,

@@ -11,6 +11,8 @@ import yaml
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import FAMILIES, Thresholds, all_alertnames, all_detectors
 from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.exposition import SELF_METRICS
+from hybridmon.exporters.registry import COLLECTORS
 from hybridmon.rules.templates import markers
 from tests.support.alert_specification import SPECIFIED_ALERTS
 from tests.support.detector_history import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
@@ -106,3 +108,19 @@ def test_a_healthy_busy_host_gives_no_findings_from_any_detector():
         assert engine.pending() == [] and engine.firing() == [], t
         t += 10
     assert all(count == 0 for count in engine.detector_errors.values())
+
+
+def test_every_input_is_a_series_the_agent_exports_and_the_judged_collectors_export_some():
+    """A family names its inputs by MetricSpec; each is exported by a registered collector or is
+    one of the agent's own metrics, so a renamed or dropped series breaks here, not silently."""
+    by_collector = {registration.name: {spec.name for spec in registration.collector.metric_specs}
+                    for registration in COLLECTORS}
+    own = {spec.name for spec in SELF_METRICS}
+    for family in FAMILIES:
+        assert family.inputs, family.section
+        sources = {name for name, names in by_collector.items()
+                   for spec in family.inputs if spec.name in names}
+        for spec in family.inputs:
+            assert spec.name in own or any(spec.name in names for names in by_collector.values()), (
+                family.section, spec.name)
+        assert set(family.collectors) <= sources, (family.section, family.collectors, sources)

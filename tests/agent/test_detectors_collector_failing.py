@@ -9,8 +9,7 @@ from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.history import History
-from hybridmon.rules.templates import expected_text
-from tests.support.detector_history import THRESHOLDS
+from tests.support.detector_history import assert_says_its_rules_words, THRESHOLDS
 
 T0 = 1_700_000_000.0
 
@@ -53,7 +52,7 @@ def test_a_collector_failing_every_run_fires_after_for_and_says_what_is_blind(ag
     assert finding.alertname == "HybridmonCollectorFailing" and finding.labels == {"collector": "host_memory"}
     assert finding.details["errors"] >= wait / 10 and "MemTotal: lots" in finding.details["last_error"]
     assert finding.value == pytest.approx(wait / 10, abs=1)  # failed runs in the last `for`, one each 10 s
-    assert finding.summary == expected_text(detector.alert.summary, finding.values)
+    assert_says_its_rules_words(finding)
     assert "Collector host_memory on " in finding.summary and "keeps failing" in finding.summary
     assert "failed for 5m or more" in finding.description
     # the GPU library is absent: nothing to read is not a failure

@@ -3,8 +3,9 @@ import pytest
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.alerts import gpu_memory_headroom
 from hybridmon.agent.alerts import memory_growth
-from tests.support.detector_history import (GIB, T0, THRESHOLDS, Trace, gpu_rows, host_memory_rows,
-                                          inference_rows, process_rows)
+from tests.support.detector_history import (assert_says_its_rules_words, GIB, T0, THRESHOLDS,
+                                            Trace, gpu_rows, host_memory_rows, inference_rows,
+                                            process_rows)
 
 HOUR = 3600.0
 STEP = 10.0  # samples every 10 s keep an hour of trace quick to build
@@ -138,6 +139,7 @@ def test_locked_memory_is_locked_plus_pinned():
         for row in leaking(t, per_hour=0)])
     (finding,) = growth().evaluate(trace.history, now)
     assert finding.labels["resource"] == "locked"
+    assert_says_its_rules_words(finding)
     assert finding.details["slope_bytes_per_second"] == pytest.approx(2 * GIB / HOUR)
 
 
@@ -210,6 +212,7 @@ def test_vram_forecast_full_within_the_horizon():
         used=14 * GIB + 8 * GIB * (t - T0) / HOUR, total=24 * GIB))
     (finding,) = headroom().evaluate(trace.history, now)
     assert finding.labels["reason"] == "forecast"
+    assert_says_its_rules_words(finding)
     used_now = 14 * GIB + 8 * GIB * 1770 / HOUR       # last-minute mean
     assert finding.value == pytest.approx((24 * GIB - used_now) / (8 * GIB / HOUR))
     assert finding.threshold == 3600 and finding.unit == "s"

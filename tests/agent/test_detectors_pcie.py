@@ -4,8 +4,8 @@ from hybridmon.agent.alerts import pcie_bandwidth_low, pcie_starvation
 from hybridmon.agent.alerts import pcie_link_degraded
 from hybridmon.pcie_rates import theoretical_capacity
 from hybridmon.agent.alerts import gpu_lost, pcie_errors
-from tests.support.detector_history import (T0, THRESHOLDS, Trace, bench_rows, gpu_rows, only,
-                                          pcie_rows)
+from tests.support.detector_history import (assert_says_its_rules_words, T0, THRESHOLDS, Trace,
+                                            bench_rows, gpu_rows, only, pcie_rows)
 
 GEN4_X16 = 16 * 1969.2e6
 GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
@@ -89,6 +89,7 @@ def test_bandwidth_low_fires_on_a_measurement_far_below_the_link():
                     bench=lambda t: bench_rows(h2d=13.6e9, d2h=26.4e9))
     (finding,) = detector.evaluate(trace.history, now)
     assert finding.alertname == "GpuPcieBandwidthLow" and finding.labels == GPU0
+    assert_says_its_rules_words(finding)
     assert finding.value == pytest.approx(13.6e9 / GEN4_X16)
     assert finding.threshold == 0.76 and finding.for_seconds == 0
     assert finding.details["direction"] == "host_to_device"

@@ -15,7 +15,7 @@ from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.alerts.catalogue import FAMILIES, load_thresholds
-from hybridmon.rules.templates import expected_text
+from tests.support.detector_history import assert_says_its_rules_words, rule_of
 from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
 from tests.support.scenarios.library import VLLM_SERVER
 
@@ -171,35 +171,20 @@ def test_memory_growth_is_judged_against_the_servers_load(replays):
             assert finding.details["load_flat"] == "yes"
 
 
-def rule_for(finding: Finding):
-    """The alerting rule of this finding: same alertname and severity, its static labels held."""
-    rules = [rule for family in FAMILIES for rule in family.alerts(THRESHOLDS)
-             if rule.alert == finding.alertname and rule.severity == finding.severity
-             and set(rule.labels.items()) <= set(finding.labels.items())]
-    assert len(rules) == 1, (finding.alertname, finding.severity, finding.labels)
-    return rules[0]
-
-
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_both_doors_say_the_same_words(name, replays):
     """Every finding's text is its rule's annotation text, filled with the finding's values exactly
     as Prometheus fills the template (promtool tests check Prometheus's side with the same
     rules.templates.expected_text); the agent may add one sentence only it can say after it."""
-    for (alertname, _), (_, finding) in sorted(replays(name).items()):
-        rule = rule_for(finding)
-        # expected_text raises on a marker of the chosen <if> branch that the finding left unfilled
-        labels = {key: value for key, value in finding.values.items() if key in finding.labels}
-        assert labels == finding.labels, alertname
-        assert finding.summary == expected_text(rule.summary, finding.values), alertname
-        rendered = expected_text(rule.description, finding.values)
-        note = finding.details.get("agent_note")
-        assert finding.description == (f"{rendered} {note}" if note else rendered), alertname
+    for _, (_, finding) in sorted(replays(name).items()):
+        assert_says_its_rules_words(finding)
 
 
 def test_every_alert_fires_in_some_scenario_so_its_words_are_checked(replays):
-    fired = {(finding.alertname, finding.severity, tuple(sorted(rule_for(finding).labels.items())))
+    fired = {(finding.alertname, finding.severity, tuple(sorted(rule_of(finding).labels.items())))
              for name in SCENARIOS for _, finding in replays(name).values()}
     rules = {(rule.alert, rule.severity, tuple(sorted(rule.labels.items())))
              for family in FAMILIES for rule in family.alerts(THRESHOLDS)}
+    # The rest are checked by their detectors' unit tests (assert_says_its_rules_words there).
     print(f"rules fired by a scenario: {len(rules & fired)} of {len(rules)}; not: {sorted(rules - fired)}")
     assert len(rules & fired) >= 0.75 * len(rules)

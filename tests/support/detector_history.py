@@ -212,3 +212,27 @@ def only(findings, alertname: str, **labels: str):
 
 def spec_names(*specs: MetricSpec) -> set[str]:
     return {spec.name for spec in specs}
+
+
+def rule_of(finding):
+    """The alerting rule of a finding: same alertname and severity, its static labels held."""
+    from hybridmon.agent.alerts.catalogue import FAMILIES
+    rules = [rule for family in FAMILIES for rule in family.alerts(THRESHOLDS)
+             if rule.alert == finding.alertname and rule.severity == finding.severity
+             and set(rule.labels.items()) <= set(finding.labels.items())]
+    assert len(rules) == 1, (finding.alertname, finding.severity, finding.labels)
+    return rules[0]
+
+
+def assert_says_its_rules_words(finding) -> None:
+    """The finding's text is its rule's annotation text filled with the finding's values, as
+    Prometheus fills the template (the promtool cases check Prometheus's side); the agent may add
+    one note after it (details.agent_note). expected_text raises on a marker of the chosen <if>
+    branch the finding left unfilled."""
+    from hybridmon.rules.templates import expected_text
+    rule = rule_of(finding)
+    assert {key: value for key, value in finding.values.items() if key in finding.labels} == finding.labels
+    assert finding.summary == expected_text(rule.summary, finding.values), finding.alertname
+    rendered = expected_text(rule.description, finding.values)
+    note = finding.details.get("agent_note")
+    assert finding.description == (f"{rendered} {note}" if note else rendered), finding.alertname
