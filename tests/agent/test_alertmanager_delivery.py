@@ -19,6 +19,7 @@ from hybridmon.agent.alerts.family import AGENT_INSTANCE
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.history import History
 from hybridmon.agent.server import create_app
+from tests.support.detector_history import assert_says_its_rules_words
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config
 from tests.support.alertmanager_helpers import AcceptingAlertmanager, HostileAlertmanager, Switch, refused_url, wait_until
@@ -207,3 +208,5 @@ def test_delivery_is_exported_as_metrics_health_and_a_finding(agent_with_alertma
     assert finding["details"]["reason"] == "http_5xx" and finding["details"]["last_error"] == "http_5xx: HTTP 500"
     assert finding["runbook_url"].endswith(f"/runbooks/{ALERTNAME}")
     assert not [f for f in findings if f["alertname"] == ALERTNAME and f["labels"]["alertmanager"] == good_name]
+    [state] = [s for s in agent.engine.firing() if s.finding.alertname == ALERTNAME]
+    assert_says_its_rules_words(state.finding)
