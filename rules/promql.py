@@ -1,11 +1,8 @@
-"""PromQL building blocks shared by the rules and their tests: PCIe tables, durations, selectors.
-
-The PCIe tables come from hybridmon.pcie_rates, the one module the detectors, rules and tests share.
-"""
+"""PromQL building blocks shared by the rules and their tests: per-generation tables, durations,
+selectors, robust slopes (the PCIe tables themselves are hybridmon.pcie_rates)."""
 from __future__ import annotations
 
 
-from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND_TEXT
 
 TARGET = ("job", "instance")  # the labels every scraped series carries; host-level joins use them
 SLOPE_NOTE = "# bytes/s: median of the local least-squares slopes over the window (robust to one jump)\n"
@@ -30,10 +27,6 @@ def rate_name(counter: str) -> str:
     """A counter's name inside the name of a recording rule of its rate (level:metric:operation):
     without `_total`, as Prometheus's naming convention has it."""
     return counter.removesuffix("_total")
-
-
-def lane_bytes_per_second(generation: int) -> float:
-    return float(LANE_BYTES_PER_SECOND_TEXT[generation][0])
 
 
 def duration(seconds: float) -> str:

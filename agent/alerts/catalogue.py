@@ -58,10 +58,19 @@ GROUPS: tuple[tuple[str, Callable[..., tuple[Recording, ...]]], ...] = (
 )
 DEFAULT_THRESHOLDS_FILE = Path(__file__).resolve().parent / "thresholds.toml"
 
+def _field(family: AlertFamily) -> tuple:
+    """A section is required unless every key of it has a default: a family added in a later
+    release gives its keys defaults, so a thresholds file copied from an earlier one still loads."""
+    try:
+        return family.settings, family.settings()
+    except ValidationError:
+        return family.settings, ...
+
+
 # The schema of thresholds.toml: one section per family.
 Thresholds = create_model(
     "Thresholds", __base__=Section,
-    **{family.section: (family.settings, ...) for family in FAMILIES},  # type: ignore[call-overload]
+    **{family.section: _field(family) for family in FAMILIES},  # type: ignore[call-overload]
 )
 
 

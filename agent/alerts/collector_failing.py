@@ -6,7 +6,8 @@ Like alert_delivery, the in-agent door reads the agent's own state rather than t
 the sampler's record of each collector's last run (agent/sampler.py), the record that
 hybridmon_collector_success exports for the Prometheus rule. A source absent on this host (no GPU,
 no inference server) is a success with no data, never a failure, so a host without a GPU does not
-fire.
+fire. A hung collector (a run that never returns) is not a failure either: it shows as a growing
+hybridmon_collector_running_seconds and its series going stale.
 """
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ INPUTS = (COLLECTOR_SUCCESS, COLLECTOR_ERRORS)
 
 
 class Settings(Section):
-    for_seconds: float
+    # A default, unlike the older families: thresholds files copied before this alert existed
+    # (as thresholds.toml invites) still load, and get the shipped value.
+    for_seconds: float = 300.0
 
 
 def alert(s: Settings) -> Alert:

@@ -13,14 +13,15 @@ module holds, side by side (as a monitoring mixin keeps an alert's rule, test an
 - the collectors it judges (so `hybridmon check` can say why it skipped it) and how much history
   it reads.
 
-The catalogue (catalogue.py) lists the families once; the agent, `check`, the rule generator and the
-tests iterate it.
+A family added after a release gives its settings defaults, so thresholds files copied from the
+release before still load. The catalogue (catalogue.py) lists the families once; the agent,
+`check`, the rule generator and the tests iterate it.
 """
 from __future__ import annotations
 
 import socket
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -53,7 +54,6 @@ class AlertFamily:
     cases: Callable[[Any, Any], list] = lambda thresholds, catalog: []   # promtool Tests
     collectors: tuple[str, ...] = ()                # what it judges; `check` skips it without them
     lookback_seconds: Callable[[Any], float] = lambda settings: 0.0      # history it reads
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
 
 def render(text: str, values: Mapping[str, float | str]) -> str:

@@ -86,8 +86,12 @@ class Detector:
             # In the endpoint's latest scrape, as Prometheus sees a series until it goes stale.
             at = _last_time(series, now)
             if at is not None and last_scrape.get(endpoint) == at:
+                meaning, first_check = SCRAPE_REASONS.get(reason, ("", ""))
+                # What the reason means and the first thing to check: more than the one text can
+                # say per reason (the runbook has the same table).
                 findings.append(finding(self.alert, {"endpoint": endpoint, "reason": reason}, 1.0, 1.0,
-                                        details={"reason": reason}))
+                                        details={"reason": reason, "meaning": meaning,
+                                                 "first_check": first_check}))
         return findings
 
 

@@ -124,3 +124,14 @@ def test_every_input_is_a_series_the_agent_exports_and_the_judged_collectors_exp
             assert spec.name in own or any(spec.name in names for names in by_collector.values()), (
                 family.section, spec.name)
         assert set(family.collectors) <= sources, (family.section, family.collectors, sources)
+
+
+def test_a_thresholds_file_from_before_a_new_family_still_loads(tmp_path):
+    """thresholds.toml invites copying it; a copy made before collector_failing existed must load
+    (the new family's keys have defaults) or the agent would not start after an upgrade."""
+    shipped = (REPO / "agent" / "alerts" / "thresholds.toml").read_text()
+    older = tmp_path / "thresholds.toml"
+    older.write_text(shipped.split("\n[collector_failing]")[0] + "\n")
+    assert "[collector_failing]" not in older.read_text()
+    assert catalogue.load_thresholds(older).collector_failing.for_seconds == 300
+    assert catalogue.load_thresholds(older) == THRESHOLDS

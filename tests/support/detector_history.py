@@ -7,7 +7,7 @@ from typing import Callable, Iterable
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.history import History
 from hybridmon.exporters import bench, gpu, host_memory, inference_names, numa, pcie, pressure, process
-from hybridmon.exporters.base import MetricSpec, Samples
+from hybridmon.exporters.base import Samples
 from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES
 
 T0 = 1_700_000_000.0
@@ -208,10 +208,6 @@ def only(findings, alertname: str, **labels: str):
                 and all(f.labels.get(k) == v for k, v in labels.items())]
     assert len(matching) == 1, f"expected one {alertname} {labels}, got {findings}"
     return matching[0]
-
-
-def spec_names(*specs: MetricSpec) -> set[str]:
-    return {spec.name for spec in specs}
 
 
 def rule_of(finding):
