@@ -20,7 +20,7 @@ import yaml
 
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import ThresholdsError, load_thresholds
-from hybridmon.rules import recordings
+from hybridmon.rules import promtool_cases, recordings
 from hybridmon.rules.model import Group
 
 RULES_DIR = Path(__file__).resolve().parent
@@ -59,12 +59,10 @@ def rule_groups(thresholds) -> list[Group]:
 
 def render(thresholds, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict[str, str]:
     """Every generated file, relative to the rules directory, with its text."""
-    from hybridmon.rules import scenarios
-
     groups = rule_groups(thresholds)
     files = {RULES_FILE: HEADER + dump({"groups": [g.to_dict(runbook_base_url) for g in groups]})}
-    for name, document in scenarios.test_files(thresholds, catalogue.FAMILIES, groups, runbook_base_url,
-                                                     shared_cases=recordings.cases).items():
+    for name, document in promtool_cases.test_files(thresholds, catalogue.FAMILIES, groups, runbook_base_url,
+                                                    shared_cases=recordings.cases).items():
         files[f"{TESTS_DIR}/{TEST_PREFIX}{name}.yml"] = HEADER + dump(document)
     return files
 

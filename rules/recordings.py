@@ -12,7 +12,7 @@ from hybridmon.rules import process as _process
 from hybridmon.pcie_rates import replay_bound_per_minute
 from hybridmon.rules.case_inputs import capacity, link
 from hybridmon.rules.model import Recording
-from hybridmon.rules.scenarios import Test
+from hybridmon.rules.promtool_cases import Test
 
 
 def none(thresholds) -> tuple[Recording, ...]:

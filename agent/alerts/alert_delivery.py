@@ -19,7 +19,7 @@ from hybridmon.agent.findings import iso_time
 from hybridmon.agent.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.scenarios import BEFORE_SAMPLES, ONSET, STEP, Test, firing, not_yet
+from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, ONSET, STEP, Test, firing, not_yet
 
 if TYPE_CHECKING:
     from hybridmon.agent.alertmanager import DeliveryFailure

@@ -20,7 +20,7 @@ from hybridmon.agent.exposition import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
 from hybridmon.agent.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.scenarios import BEFORE_SAMPLES, Test, firing, not_yet
+from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
 
 ALERTNAME = "HybridmonCollectorFailing"
 INPUTS = (COLLECTOR_SUCCESS, COLLECTOR_ERRORS)

@@ -9,7 +9,7 @@ module holds, side by side (as a monitoring mixin keeps an alert's rule, test an
   with markers (`rules.templates`): Prometheus renders them as Go templates, the agent renders the
   same text in Python from the finding's values (`finding()` below), so both doors say the same words;
 - its in-agent detector, a pure function of the history (`evaluate(history, now)`);
-- its promtool cases (`rules.scenarios.Test`), inputs just past and just inside each threshold;
+- its promtool cases (`rules.promtool_cases.Test`), inputs just past and just inside each threshold;
 - the collectors it judges (so `hybridmon check` can say why it skipped it) and how much history
   it reads.
 

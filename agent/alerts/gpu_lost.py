@@ -11,7 +11,7 @@ from hybridmon.exporters.gpu import GPU_INFO, GPU_UP
 from hybridmon.exporters.pcie import DEVICE_PRESENT
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.scenarios import BUS0, BUS1, GPU0, GPU1, Test, firing, not_yet
+from hybridmon.rules.promtool_cases import BUS0, BUS1, GPU0, GPU1, Test, firing, not_yet
 
 INPUTS = (GPU_UP, DEVICE_PRESENT, GPU_INFO)
 

@@ -15,7 +15,7 @@ from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
 from hybridmon.rules import pcie as recorded  # its MEMORY_USED: the group's 1 min average of ours
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, gpu_query, number
-from hybridmon.rules.scenarios import GIB, GPU0, GPU1, GPU2, GPU3, MIB, Test, above, firing, not_yet, num
+from hybridmon.rules.promtool_cases import GIB, GPU0, GPU1, GPU2, GPU3, MIB, Test, above, firing, not_yet, num
 from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (MEMORY_USED, MEMORY_TOTAL)

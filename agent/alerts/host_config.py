@@ -20,7 +20,7 @@ from hybridmon.exporters.process import MEMLOCK_LIMIT
 from hybridmon.rules.case_inputs import HOST2, HOST3, LLAMA, VLLM
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
-from hybridmon.rules.scenarios import GIB, HOST, Test, above, firing, not_yet
+from hybridmon.rules.promtool_cases import GIB, HOST, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize1024, humanize_percentage
 
 INPUTS = (SYSCTL_VALUE, SWAP_TOTAL, MEMORY_TOTAL, MEMORY_AVAILABLE, TRANSPARENT_HUGEPAGE_MODE,

@@ -12,7 +12,7 @@ from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
 from hybridmon.rules.case_inputs import LLAMA_SERVER, VLLM_SERVER
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.scenarios import BEFORE_SAMPLES, Test, firing, not_yet
+from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
 
 INPUTS = (SCRAPE_SUCCESS, SCRAPE_ERROR)
 # Why a scrape failed (the reason label of the scrape-error series), in words, and the first

@@ -22,7 +22,7 @@ from hybridmon.rules.case_inputs import (
     LLAMA, LLAMA_SERVER, SGLANG_SERVER, VLLM, VLLM_SERVER, capacity, link, on_gpu, served)
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
-from hybridmon.rules.scenarios import GPU0, GPU1, Test, above, firing, not_yet
+from hybridmon.rules.promtool_cases import GPU0, GPU1, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize, humanize_percentage
 from hybridmon.units import human_rate
 

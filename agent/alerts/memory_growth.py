@@ -29,7 +29,7 @@ from hybridmon.rules import process as recorded
 from hybridmon.rules.case_inputs import LLAMA, SGLANG, VLLM, on_gpu
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, number, query
-from hybridmon.rules.scenarios import GIB, GPU0, Catalog, Test
+from hybridmon.rules.promtool_cases import GIB, GPU0, Catalog, Test
 from hybridmon.rules.templates import humanize_percentage
 
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]

@@ -21,7 +21,7 @@ from hybridmon.rules.case_inputs import HOST2, LLAMA, VLLM, on_gpu
 from hybridmon.rules.host import NUMA_NODES
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
-from hybridmon.rules.scenarios import BUS0, BUS1, GIB, GPU0, GPU1, HOST, Catalog, Test, above, firing, not_yet
+from hybridmon.rules.promtool_cases import BUS0, BUS1, GIB, GPU0, GPU1, HOST, Catalog, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (NUMA_NODE, DEVICE_NUMA_NODE, GPU_INFO, PROCESS_MEMORY_USED, ALLOWED_CPUS,

@@ -17,7 +17,7 @@ from hybridmon.rules import pcie as recorded
 from hybridmon.rules.case_inputs import capacity, link, measured
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import by_generation, gpu_query
-from hybridmon.rules.scenarios import GPU0, GPU1, GPU2, GPU3, Test
+from hybridmon.rules.promtool_cases import GPU0, GPU1, GPU2, GPU3, Test
 from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (MEASURED_CAPACITY, TIMESTAMP, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH)

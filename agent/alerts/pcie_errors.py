@@ -19,7 +19,7 @@ from hybridmon.rules import pcie as recorded
 from hybridmon.rules.case_inputs import link
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration, gpu_query, number
-from hybridmon.rules.scenarios import BUS0, BUS1, GPU0, GPU1, GPU2, ONSET, Test, firing, not_yet
+from hybridmon.rules.promtool_cases import BUS0, BUS1, GPU0, GPU1, GPU2, ONSET, Test, firing, not_yet
 from hybridmon.rules.templates import humanize
 
 INPUTS = (PCIE_REPLAYS, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, AER_ERRORS, GPU_INFO)

@@ -17,7 +17,7 @@ from hybridmon.rules import pcie as recorded
 from hybridmon.rules.case_inputs import capacity, link
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import gpu_query, number
-from hybridmon.rules.scenarios import GPU0, GPU1, GPU2, GPU3, Test, above, firing, not_yet
+from hybridmon.rules.promtool_cases import GPU0, GPU1, GPU2, GPU3, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (UTILIZATION, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH)

@@ -19,7 +19,7 @@ from hybridmon.rules import host as recorded
 from hybridmon.rules.case_inputs import HOST2, LLAMA, SGLANG, VLLM, host_memory
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import indent, number, query
-from hybridmon.rules.scenarios import BEFORE_SAMPLES, MIB, ONSET, STEP, Test, above, firing, not_yet
+from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, MIB, ONSET, STEP, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize, humanize1024, humanize_percentage
 
 INPUTS = (SWAP_IN_BYTES, SWAP_OUT_BYTES, MAJOR_PAGE_FAULTS, STALLED_SECONDS, SYSCTL_VALUE, PROCESS_SWAP,

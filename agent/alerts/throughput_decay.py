@@ -29,7 +29,7 @@ from hybridmon.rules.case_inputs import (
 from hybridmon.rules.inference import SERVER, SERVER_NAME, per_request, running
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration, number, query
-from hybridmon.rules.scenarios import Test, above
+from hybridmon.rules.promtool_cases import Test, above
 from hybridmon.rules.templates import humanize_percentage
 from hybridmon.units import human_bytes, human_duration, human_rate, percent
 
