@@ -19,14 +19,10 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from hybridmon.exporters.base import MIN_HTTP_TIMEOUT_SECONDS, CollectorSettings
-from hybridmon.exporters.gpu import GpuSettings
-from hybridmon.exporters.inference import InferenceSettings
-from hybridmon.exporters.pcie import PcieSettings
-from hybridmon.exporters.process import ProcessSettings
-from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES, registration
+from hybridmon.exporters.registry import COLLECTORS, NAMES as COLLECTOR_NAMES, registration
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -122,7 +118,10 @@ class BenchConfig(_Strict):
     )
 
 
-class AgentConfig(_Strict):
+class _AgentSettings(_Strict):
+    """The agent's own settings; AgentConfig adds each collector's table from the registry."""
+
+
     listen: str = DEFAULT_LISTEN
     interval_seconds: float = Field(default=1.0, ge=MIN_TICK_SECONDS, le=60)
     history_seconds: float = Field(default=7200.0, ge=60, le=7 * 86400)
@@ -133,17 +132,13 @@ class AgentConfig(_Strict):
         "/var/lib/hybridmon as root, else $XDG_STATE_HOME/hybridmon or ~/.local/state/hybridmon",
     )
     paths: PathsConfig = PathsConfig()
-    # gpu, process, pcie and inference: each collector's own settings, in the table named like it,
-    # modelled beside the collector (its registration's settings, exporters/registry.py);
-    # [collectors.<name>] turns a collector on or off and sets its interval.
-    gpu: GpuSettings = GpuSettings()
-    process: ProcessSettings = ProcessSettings()
-    pcie: PcieSettings = PcieSettings()
+    # [collectors.<name>] turns a collector on or off and sets its interval; a collector's own
+    # settings are in the table named like it ([gpu], [process], ...), added below from the
+    # registry (exporters/registry.py), each modelled beside its collector.
     collectors: dict[str, CollectorConfig] = {}
     detectors: DetectorsConfig = DetectorsConfig()
     alerting: AlertingConfig = AlertingConfig()
     bench: BenchConfig = BenchConfig()  # the benchmark's; the bench collector has no settings
-    inference: InferenceSettings = InferenceSettings()
 
     @field_validator("listen")
     @classmethod
@@ -187,6 +182,21 @@ class AgentConfig(_Strict):
         base = environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
         return Path(base) / "hybridmon"
 
+
+
+def _collector_tables() -> dict[str, tuple]:
+    tables = {}
+    for declared in COLLECTORS:
+        if declared.settings is None:
+            continue
+        if declared.name in _AgentSettings.model_fields:
+            raise ValueError(f"collector {declared.name!r} would shadow the agent's own [{declared.name}]")
+        tables[declared.name] = (declared.settings, declared.settings())
+    return tables
+
+
+# The whole configuration: the agent's settings and one table per collector that has settings.
+AgentConfig = create_model("AgentConfig", __base__=_AgentSettings, **_collector_tables())  # type: ignore[call-overload]
 
 def parse_listen(listen: str) -> tuple[str, int]:
     """'HOST:PORT' or '[IPv6]:PORT' -> (host, port)."""
