@@ -57,14 +57,22 @@ class NoCudaDevice(BenchError):
 
 @dataclass(frozen=True)
 class GpuActivity:
-    """What else is using a GPU: compute processes (pid, name, bytes or None) and utilization."""
+    """What else is using a GPU: compute processes (pid, name, bytes or None; None when they could
+    not be read) and utilization (None when unknown)."""
 
-    processes: tuple[tuple[int, str, int | None], ...]
+    processes: tuple[tuple[int, str, int | None], ...] | None
     utilization: float | None
 
 
 def busy_reason(activity: GpuActivity, utilization_at_least: float) -> str | None:
-    """Why the GPU counts as in use, or None when it is idle enough to benchmark."""
+    """Why the GPU counts as in use, or None when it is idle enough to benchmark. When its
+    processes cannot be read (NVML refuses or does not support the query, e.g. under MIG or
+    without permission) it counts as in use: another process's copies over the link show in no
+    utilization figure (copy engines are not SM time), and a run stored as uncontended beside them
+    would understate the link's capacity, so starvation would fire early."""
+    if activity.processes is None:
+        return ("whether other processes use it cannot be told: NVML gives no process list "
+                "(not supported or not permitted)")
     reasons = []
     if activity.processes:
         listed = ", ".join(
@@ -155,8 +163,10 @@ class BenchRunner:
 
     def activity(self, gpu: int) -> GpuActivity:
         if self._nvml is None:
-            return GpuActivity((), None)
-        processes = self._nvml.compute_processes(gpu) or []
+            return GpuActivity(None, None)  # NVML not loaded: nothing is known
+        processes = self._nvml.compute_processes(gpu)
+        if processes is None:
+            return GpuActivity(None, self._nvml.utilization_ratio(gpu))
         names = self._nvml.process_names(p.pid for p in processes)
         own = os.getpid()
         return GpuActivity(
@@ -178,6 +188,10 @@ class BenchRunner:
         busy_reason when it already looked (the CLI warns with it before a forced run)."""
         if busy is UNCHECKED:
             busy = busy_reason(self.activity(gpu), self.busy_utilization_at_least)
+        if busy and not force and self._nvml is None:
+            # Without NVML nothing can be asked: run (the binary says if there is no device at all)
+            # and store the run as contended rather than refuse every host without the library.
+            force = True
         if busy and not force:
             raise GpuBusy(f"GPU {gpu} is in use ({busy}): a benchmark would compete with it for the "
                           "PCIe link and GPU memory and disturb its users; run it in a quiet "

@@ -104,7 +104,26 @@ def test_busy_reason_names_processes_and_utilization():
     activity = GpuActivity(((4242, "vllm", 30 * GIB),), 0.87)
     assert busy_reason(activity, 0.05) == "compute processes pid 4242 (vllm, 30.0 GiB); 87% utilization"
     assert busy_reason(GpuActivity((), 0.04), 0.05) is None
-    assert busy_reason(GpuActivity((), None), 0.05) is None
+    assert busy_reason(GpuActivity((), None), 0.05) is None  # no other process: utilization may be unknown
+
+
+def test_a_gpu_whose_processes_cannot_be_read_counts_as_in_use():
+    """Fail closed (issue 13, item 6): copies by another process show in no utilization figure."""
+    for utilization in (None, 0.0):
+        reason = busy_reason(GpuActivity(None, utilization), 0.05)
+        assert reason and "cannot be told" in reason
+
+
+@pytest.mark.parametrize("error", ["NVMLError_NotSupported", "NVMLError_NoPermission"])
+def test_runner_refuses_when_nvml_will_not_list_processes_and_a_forced_run_is_contended(tmp_path, error):
+    nvml = idle_nvml()
+    nvml.fail("nvmlDeviceGetComputeRunningProcesses_v3", error)
+    with pytest.raises(GpuBusy, match="cannot be told"):
+        runner(tmp_path, nvml=nvml).run_gpu(0)
+    assert calls(tmp_path) == []
+    record = runner(tmp_path, nvml=nvml).run_gpu(0, force=True)
+    assert "cannot be told" in record["contended"]
+    assert load_latest(tmp_path / "state")[0][0].contended == record["contended"]
 
 
 def test_runner_refuses_a_busy_gpu_and_runs_nothing(tmp_path):
@@ -320,3 +339,13 @@ def test_cli_rejects_a_binary_built_from_another_source(tmp_path):
     binary.write_text(binary.read_text().replace('"source_sha256": ', '"source_sha256": "0" + '))
     result = hybridmon("bench", "--binary", str(binary), state=tmp_path / "state")
     assert result.returncode == 1 and "rebuild it with `python -m hybridmon.agent.bench.build`" in result.stderr
+
+
+def test_without_nvml_the_run_goes_ahead_and_is_stored_as_contended(tmp_path):
+    """Nothing can be asked without NVML: refusing would stop every such host, so the run is kept
+    but marked contended (its capacity may be understated)."""
+    bench = runner(tmp_path, nvml="hybridmon_no_such_nvml_module")
+    assert bench.nvml_problem
+    record = bench.run_gpu(0)
+    assert "cannot be told" in record["contended"]
+    assert len(calls(tmp_path)) == 2  # local and remote placements ran
