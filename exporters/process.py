@@ -22,6 +22,7 @@ from pydantic import Field, field_validator
 
 from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, CollectorContext, CollectorRegistration,
                                       CollectorSettings, LogOnce, MetricSpec, ParseError, Samples, parse_logged)
+from hybridmon.exporters.pid_namespace import MISMATCH_ADVICE, PidView, pid_view
 from hybridmon.exporters.process_cmdline import cmdline_label, identity_of
 from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
@@ -181,6 +182,7 @@ class ProcessCollector:
         self._discovered: dict[int, int | None] = {}  # pid -> start ticks, to notice a reused pid
         self._current: dict[int, str] = {}
         self._log_once = LogOnce(logger)
+        self._pid_view: PidView | None = None  # decided at the first GPU process; fixed for the run
 
     def watched(self) -> dict[int, str]:
         """pid -> process_name (comm) of the processes read on the last collection."""
@@ -289,10 +291,16 @@ class ProcessCollector:
 
     def _gpu_pids(self) -> list[int]:
         try:
-            return [int(pid) for pid in self._gpu_processes()]
+            pids = [int(pid) for pid in self._gpu_processes()]
         except Exception as error:  # the GPU collector's failure must not stop this one
             self._log_once("gpu", "cannot get the processes holding GPU memory: %s", error)
             return []
+        if pids and self._pid_view is None:
+            self._pid_view = pid_view(self._source, self._procfs)
+        if pids and self._pid_view is PidView.CONTAINER:
+            self._log_once("pid-namespace", "%s", MISMATCH_ADVICE.format(procfs=self._procfs))
+            return []
+        return pids
 
     def _clock_ticks(self) -> int:
         if self._ticks_per_second is None:
