@@ -144,6 +144,7 @@ class BenchService:
             bench = self.config.bench
             runner = BenchRunner(locate_binary(bench.binary), self.config.resolved_state_dir(),
                                  nvml_module=self.config.gpu.nvml_module, sysfs=self.config.paths.sysfs,
+                                 procfs=self.config.paths.procfs,
                                  max_seconds=bench.max_seconds, repeat=bench.repeat,
                                  busy_utilization_at_least=bench.busy_utilization_at_least,
                                  progress=self._progress)

@@ -33,7 +33,7 @@ EXIT_CODES_HELP = """exit codes:
   1   check: a warning finding (with --strict, an info finding too)
   2   check: a critical finding
   3   check: could not read this host (an essential collector failed or was not run)
-  1-6 bench: the benchmark's own statuses (4: the GPU is in use; docs/offload-bench.md)
+  1-6 bench: the benchmark's own statuses (3: no GPU, 4: the GPU is in use, 5: MIG mode; docs/offload-bench.md)
   64  usage error: unknown command or flag, bad flag value
   65  bad input file (a trace given to --replay, a corrupt stored benchmark result)
   70  internal error (a bug; please report it with the traceback)
@@ -180,6 +180,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--binary", metavar="PATH", help="a prebuilt offload_bench (default: build with nvcc)")
     bench.add_argument("--no-remote", action="store_true", help="skip the second run on a remote NUMA node")
     bench.add_argument("--max-seconds", type=BENCH_MAX_SECONDS, metavar="S", help="time limit per NUMA placement, 1 to 3600")
+    bench.add_argument("--mig-instance", action="store_true", help="on a GPU in MIG mode, measure the one MIG instance CUDA sees and keep it in the run history only (never as the GPU's link capacity)")
     bench.set_defaults(handler=_bench)
 
     budget = commands.add_parser("budget", parents=[common], help="KV cache size and offload reload cost of a context")
@@ -282,7 +283,8 @@ def _bench(args: argparse.Namespace, config) -> int:
     if args.max_seconds is not None:
         config = config.model_copy(update={"bench": config.bench.model_copy(
             update={"max_seconds": args.max_seconds})})
-    return command.main(config, args.gpu, args.json, args.force, args.binary, not args.no_remote)
+    return command.main(config, args.gpu, args.json, args.force, args.binary, not args.no_remote,
+                        mig_instance=args.mig_instance)
 
 
 def _budget(args: argparse.Namespace, config) -> int:

@@ -11,8 +11,9 @@ import logging
 import os
 
 from hybridmon.exporters.base import CollectorRegistration, LogOnce, MetricSpec, NoDataError, Samples
-from hybridmon.exporters.bench_report import ReportError
-from hybridmon.exporters.bench_runs import StoredRun, latest_dir, measured_capacity, parse_stored_run
+from hybridmon.exporters.bench_report import SUMMED, ReportError
+from hybridmon.exporters.bench_runs import (StoredRun, bidirectional_capacity, latest_dir, measured_capacity,
+                                            parse_stored_run)
 from hybridmon.exporters.sources import RawSource
 from hybridmon.pcie_rates import theoretical_capacity
 
@@ -20,8 +21,11 @@ log = logging.getLogger(__name__)
 
 _RESULT_LABELS = ("gpu", "uuid", "direction", "memory", "transfer_bytes", "placement")
 _RESULT_WHERE = (
-    " Labels: direction host_to_device, device_to_host or bidirectional (both directions summed), "
-    "memory pinned or pageable, transfer_bytes per copy, placement local (host buffers on the GPU's "
+    " Labels: direction host_to_device or device_to_host (that direction alone), "
+    "host_to_device_bidirectional or device_to_host_bidirectional (that direction's stream while the "
+    "other direction copies too, its own bytes over its own time, as nvbandwidth reports), or "
+    "bidirectional_summed (runs stored before issue 13: both directions' bytes over the slower "
+    "stream's time), memory pinned or pageable, transfer_bytes per copy, placement local (host buffers on the GPU's "
     "NUMA node), remote (on the farthest other node) or unbound (GPU node unknown).")
 
 BANDWIDTH = MetricSpec(
@@ -31,7 +35,7 @@ BANDWIDTH = MetricSpec(
 EFFICIENCY = MetricSpec(
     "hybridmon_bench_efficiency_ratio",
     "Median bandwidth of the largest copies over the theoretical rate of the link the run saw "
-    "(twice the per-direction rate for bidirectional), per direction, memory and placement; "
+    "(per direction; twice it for bidirectional_summed), per direction, memory and placement; "
     "absent when the link state was not known. Smaller copies measure per-copy overhead, not the "
     "link, and their bandwidth over hybridmon_bench_link_capacity_bytes_per_second gives theirs.",
     "gauge", _RESULT_LABELS)
@@ -49,15 +53,25 @@ CONTENDED = MetricSpec(
 MEASURED_CAPACITY = MetricSpec(
     "hybridmon_gpu_pcie_measured_capacity_bytes_per_second",
     "What this host's link delivers per direction (bytes/s): the median of the largest pinned copy "
-    "with NUMA-local host buffers in the latest benchmark run. GpuPcieStarvation divides traffic "
-    "by it instead of the theoretical rate when present.", "gauge", ("gpu", "uuid", "direction"))
+    "in one direction at a time (direction host_to_device or device_to_host) with NUMA-local host "
+    "buffers in the latest benchmark run. GpuPcieStarvation divides traffic by it instead of the "
+    "theoretical rate when present. Absent for a contended run and for a MIG instance's run.",
+    "gauge", ("gpu", "uuid", "direction"))
+MEASURED_BIDIRECTIONAL_CAPACITY = MetricSpec(
+    "hybridmon_gpu_pcie_measured_bidirectional_capacity_bytes_per_second",
+    "What one direction of this host's link delivers while the other direction copies too "
+    "(bytes/s): the median of that direction's stream, its own bytes over its own time, for the "
+    "largest pinned copy with NUMA-local host buffers in the latest benchmark run (nvbandwidth's "
+    "host_to_device_bidirectional_memcpy_ce / device_to_host_bidirectional_memcpy_ce). Absent when "
+    "hybridmon_gpu_pcie_measured_capacity_bytes_per_second is, and for runs stored before issue 13.",
+    "gauge", ("gpu", "uuid", "direction"))
 
 
 class BenchCollector:
     name = "bench"
     default_interval_seconds = 30.0
     metric_specs = (BANDWIDTH, EFFICIENCY, LINK_CAPACITY, TIMESTAMP,
-                    CONTENDED, MEASURED_CAPACITY)
+                    CONTENDED, MEASURED_CAPACITY, MEASURED_BIDIRECTIONAL_CAPACITY)
 
     def __init__(self, source: RawSource, state_dir: str | os.PathLike[str]) -> None:
         self._source = source
@@ -98,12 +112,14 @@ class BenchCollector:
                           placement)
                 samples.add(BANDWIDTH, result.median_bytes_per_second, *labels)
                 if link and result.transfer_bytes == largest:
-                    limit = link * (2 if result.direction == "bidirectional" else 1)
+                    limit = link * (2 if result.direction == SUMMED else 1)
                     samples.add(EFFICIENCY, result.median_bytes_per_second / limit, *labels)
         if run.contended:
             return  # a forced run beside a busy GPU would understate the capacity starvation uses
-        for direction, (value, _transfer) in sorted(measured_capacity(run).items()):
-            samples.add(MEASURED_CAPACITY, value, gpu, run.uuid, direction)
+        for spec, figures in ((MEASURED_CAPACITY, measured_capacity(run)),
+                              (MEASURED_BIDIRECTIONAL_CAPACITY, bidirectional_capacity(run))):
+            for direction, (value, _transfer) in sorted(figures.items()):
+                samples.add(spec, value, gpu, run.uuid, direction)
 
     def close(self) -> None:
         pass

@@ -11,8 +11,21 @@ from dataclasses import dataclass
 
 from hybridmon.exporters.jsonsafe import loads_bounded
 
-SCHEMA_VERSION = 1
-DIRECTIONS = {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional"}
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+"""Version 1 (before issue 13) summed both directions of its bidirectional test; it is still read
+so stored runs keep their figures, under a direction name that says what it is."""
+DIRECTIONS = {
+    # each stream's bytes over its own time, as nvbandwidth reports (docs/offload-bench.md)
+    2: {"h2d": "host_to_device", "d2h": "device_to_host",
+        "h2d_bidirectional": "host_to_device_bidirectional",
+        "d2h_bidirectional": "device_to_host_bidirectional"},
+    # version 1: both directions' bytes over the slower stream's time
+    1: {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional_summed"},
+}
+BIDIRECTIONAL = frozenset({"host_to_device_bidirectional", "device_to_host_bidirectional"})
+SUMMED = "bidirectional_summed"
+PROGRESS_DIRECTIONS = {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional"}
 MEMORY_KINDS = ("pinned", "pageable")
 GIGA = 1e9
 MAX_REPORT_BYTES = 1024 * 1024
@@ -30,7 +43,7 @@ class ReportError(ValueError):
 class CopyResult:
     """One (direction, memory kind, transfer size): bandwidths in bytes per second."""
 
-    direction: str  # host_to_device, device_to_host or bidirectional (both directions summed)
+    direction: str  # a value of DIRECTIONS: one direction alone, or one stream of a bidirectional test
     memory: str
     transfer_bytes: int
     samples: int
@@ -48,6 +61,8 @@ class Report:
     device_numa_node: int | None
     free_memory_bytes: int
     numa_node: int | None  # node the host buffers were bound to; None: not bound
+    numa_note: str | None  # why the memory was not bound (version 2); None when bound or unknown
+    cpu_affinity: dict | None  # {"bound", "cpus", "note"} (version 2); None in version 1
     elapsed_seconds: float
     time_limit_reached: bool
     results: tuple[CopyResult, ...]
@@ -121,8 +136,10 @@ def parse_report(text: str) -> Report:
     """The report printed with exit status 0."""
     obj = _load_object(text, "benchmark report")
     version = _field(obj, "version", int, "report")
-    if version != SCHEMA_VERSION:
-        raise ReportError(f"report schema version {version}, this hybridmon reads {SCHEMA_VERSION}")
+    if version not in READABLE_VERSIONS:
+        raise ReportError(f"report schema version {version}, this hybridmon reads "
+                          f"{' and '.join(map(str, READABLE_VERSIONS))}")
+    directions = DIRECTIONS[version]
     device = _field(obj, "device", dict, "report")
     results = []
     for position, item in enumerate(_field(obj, "results", list, "report")):
@@ -131,7 +148,7 @@ def parse_report(text: str) -> Report:
             raise ReportError(f"{where} is not an object")
         direction = _field(item, "direction", str, where)
         memory = _field(item, "memory", str, where)
-        if direction not in DIRECTIONS or memory not in MEMORY_KINDS:
+        if direction not in directions or memory not in MEMORY_KINDS:
             raise ReportError(f"{where}: unknown direction/memory {direction!r}/{memory!r}")
         if _field(item, "verified", bool, where) is not True:
             raise ReportError(f"{where}: copy not verified")
@@ -140,7 +157,7 @@ def parse_report(text: str) -> Report:
         if not (0 < low <= median <= high and math.isfinite(high * GIGA)):
             raise ReportError(f"{where}: bandwidths out of order or not positive: {bandwidths}")
         results.append(CopyResult(
-            direction=DIRECTIONS[direction], memory=memory,
+            direction=directions[direction], memory=memory,
             transfer_bytes=_positive(item, "bytes", where),
             samples=_positive(item, "repeat", where),
             median_bytes_per_second=median * GIGA, min_bytes_per_second=low * GIGA,
@@ -158,9 +175,26 @@ def parse_report(text: str) -> Report:
         device_numa_node=_node(device, "numa_node", "device"),
         free_memory_bytes=_field(device, "free_memory_bytes", int, "device"),
         numa_node=_node(obj, "numa_node", "report"),
+        numa_note=_optional_text(obj, "numa_note", "report"),
+        cpu_affinity=_cpu_affinity(obj) if version >= 2 else None,
         elapsed_seconds=_finite(obj, "elapsed_seconds", "report"),
         time_limit_reached=_field(obj, "time_limit_reached", bool, "report"),
         results=tuple(results), skipped=tuple(skipped), raw=obj)
+
+
+def _optional_text(obj: dict, name: str, where: str) -> str | None:
+    value = obj.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ReportError(f"{where}: {name!r} is neither null nor text")
+    return value
+
+
+def _cpu_affinity(obj: dict) -> dict:
+    """{"bound": bool, "cpus": "0-15", "note": str or None}: where the copying thread ran."""
+    affinity = _field(obj, "cpu_affinity", dict, "report")
+    return {"bound": _field(affinity, "bound", bool, "cpu_affinity"),
+            "cpus": _field(affinity, "cpus", str, "cpu_affinity"),
+            "note": _optional_text(affinity, "note", "cpu_affinity")}
 
 
 def _positive(obj: dict, name: str, where: str) -> int:
@@ -182,7 +216,7 @@ def parse_progress(line: str) -> Progress | None:
     try:
         item = loads_bounded(line, MAX_PROGRESS_LINE_BYTES)["progress"]
         return Progress(step=int(item["step"]), steps=int(item["steps"]),
-                        direction=DIRECTIONS.get(item["direction"], str(item["direction"])),
+                        direction=PROGRESS_DIRECTIONS.get(item["direction"], str(item["direction"])),
                         memory=str(item["memory"]), transfer_bytes=int(item["bytes"]))
     except (ValueError, KeyError, TypeError, OverflowError):
         return None

@@ -13,8 +13,14 @@ output (bench_report.py), kept whole so a later hybridmon can re-read what was m
              "numa_node": 0},
      "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16} or null,
      "contended": null or "why the GPU counted as busy when the run was forced",
-     "placements": [{"placement": "local", "numa_node": 0, "report": {...}}, ...],
+     "mig": null or "why this run measured one MIG instance, not the whole GPU",
+     "placements": [{"placement": "local", "numa_node": 0, "notes": ["..."], "report": {...}}, ...],
      "failures": [{"placement": "remote", "error": "..."}]}
+
+`notes` (optional) say where the runner could not place the buffers or the copying thread as
+asked (e.g. the GPU's node is outside the container's cpuset.mems), so a figure measured unbound
+says so. A run with `mig` set is stored in the run history only and never read as the GPU's
+capacity (agent/bench/store.py, measured_capacity below).
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridmon.exporters.bench_report import LARGEST_INTEGER, Report, ReportError, parse_report
+from hybridmon.exporters.bench_report import BIDIRECTIONAL, LARGEST_INTEGER, Report, ReportError, parse_report
 from hybridmon.exporters.jsonsafe import loads_bounded
 
 RECORD_FORMAT = 1
@@ -56,6 +62,8 @@ class StoredRun:
     contended: str | None
     reports: dict[str, Report]  # placement -> report
     failures: tuple[tuple[str, str], ...]
+    notes: dict[str, tuple[str, ...]] | None = None  # placement -> the runner's placement notes
+    mig: str | None = None  # set: one MIG instance was measured, not the GPU's link capacity
 
 
 def bench_dir(state_dir: str | os.PathLike[str]) -> Path:
@@ -94,12 +102,19 @@ def parse_stored_run(text: str) -> StoredRun:
     contended = obj.get("contended")
     if contended is not None and not isinstance(contended, str):
         raise ReportError("stored run: 'contended' is neither null nor a reason")
-    reports = {}
+    mig = obj.get("mig")
+    if mig is not None and not isinstance(mig, str):
+        raise ReportError("stored run: 'mig' is neither null nor a reason")
+    reports, notes = {}, {}
     for entry in obj["placements"]:
         placement = entry.get("placement") if isinstance(entry, dict) else None
         if placement not in PLACEMENTS:
             raise ReportError(f"stored run: unknown placement {placement!r}")
         reports[placement] = parse_report(json.dumps(entry.get("report")))
+        listed = entry.get("notes") or []
+        if not isinstance(listed, list) or not all(isinstance(note, str) for note in listed):
+            raise ReportError(f"stored run: 'notes' of placement {placement} is not a list of text")
+        notes[placement] = tuple(note[:2000] for note in listed)
     parsed_link = None
     if isinstance(link, dict):
         generation, width = (_optional_int(link, name, LARGEST_LINK_FIELD)
@@ -118,7 +133,7 @@ def parse_stored_run(text: str) -> StoredRun:
         uuid=str(gpu.get("uuid") or ""), name=str(gpu.get("name") or ""),
         pci_bus_id=str(gpu.get("pci_bus_id") or ""), gpu_numa_node=_optional_int(gpu, "numa_node"),
         link=parsed_link, contended=contended or None, reports=reports,
-        failures=failures)
+        failures=failures, notes=notes, mig=mig or None)
 
 
 def load_latest(state_dir: str | os.PathLike[str]) -> tuple[list[StoredRun], list[str]]:
@@ -160,17 +175,35 @@ def preferred_placement(run: StoredRun) -> str | None:
     return next((name for name in ("local", "unbound") if name in run.reports), None)
 
 
-def measured_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
-    """direction (host_to_device, device_to_host) -> (median bytes/s, transfer bytes) of the largest
-    pinned copy with the preferred placement: what the link delivers to a well-placed server."""
+def _largest_pinned(run: StoredRun, directions: dict[str, str]) -> dict[str, tuple[float, int]]:
+    """directions maps a result's direction to the key returned; the largest pinned copy of each,
+    with the preferred placement. Nothing for a MIG instance's run: one slice's copy engines are
+    not the link's capacity."""
     placement = preferred_placement(run)
-    if placement is None:
+    if placement is None or run.mig:
         return {}
     best: dict[str, tuple[float, int]] = {}
     for result in run.reports[placement].results:
-        if result.memory != "pinned" or result.direction == "bidirectional":
+        key = directions.get(result.direction)
+        if result.memory != "pinned" or key is None:
             continue
-        known = best.get(result.direction)
+        known = best.get(key)
         if known is None or result.transfer_bytes > known[1]:
-            best[result.direction] = (result.median_bytes_per_second, result.transfer_bytes)
+            best[key] = (result.median_bytes_per_second, result.transfer_bytes)
     return best
+
+
+def measured_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
+    """direction (host_to_device, device_to_host) -> (median bytes/s, transfer bytes) of the largest
+    pinned copy in ONE direction at a time (nvbandwidth's host_to_device_memcpy_ce and
+    device_to_host_memcpy_ce), with the preferred placement: what the link delivers to a
+    well-placed server."""
+    return _largest_pinned(run, {"host_to_device": "host_to_device", "device_to_host": "device_to_host"})
+
+
+def bidirectional_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
+    """direction (host_to_device, device_to_host) -> (median bytes/s, transfer bytes) of that
+    direction's stream while the opposite direction copies too (nvbandwidth's
+    host_to_device_bidirectional_memcpy_ce / device_to_host_bidirectional_memcpy_ce); {} for a
+    version-1 run, whose bidirectional figure was a sum."""
+    return _largest_pinned(run, {name: name.removesuffix("_bidirectional") for name in BIDIRECTIONAL})

@@ -2,7 +2,8 @@
 summarise the results.
 
 Exit statuses: 0 measured, 1 failed (build, CUDA error, verification, storage), 2 usage,
-3 no CUDA device, 4 a GPU is in use and --force was not given.
+3 no CUDA device (found before anything is compiled), 4 a GPU is in use and --force was not
+given, 5 a GPU is in MIG mode and --mig-instance was not given.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import sys
 from typing import TextIO
 
 from hybridmon.agent.bench.build import BenchBuildError, locate_binary
-from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason
+from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason, no_gpu_reason
 from hybridmon.agent.config import AgentConfig
 from hybridmon.exporters.bench_report import Progress, ReportError
 from hybridmon.exporters.bench_runs import measured_capacity, parse_stored_run
@@ -20,7 +21,9 @@ from hybridmon.pcie_rates import link_name, theoretical_capacity
 
 
 COLUMNS = {"host_to_device": "host->device", "device_to_host": "device->host",
-           "bidirectional": "both (summed)"}
+           "host_to_device_bidirectional": "h->d (both ways)",
+           "device_to_host_bidirectional": "d->h (both ways)",
+           "bidirectional_summed": "both (summed)"}
 
 
 class ProgressLine:
@@ -54,18 +57,24 @@ def _size(value: float) -> str:
 
 
 def main(config: AgentConfig, gpu: int | None, as_json: bool, force: bool,
-         binary: str | None, remote: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+         binary: str | None, remote: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
+         mig_instance: bool = False) -> int:
+    progress = ProgressLine(err)
+    runner = BenchRunner(None, config.resolved_state_dir(), nvml_module=config.gpu.nvml_module,
+                         sysfs=config.paths.sysfs, procfs=config.paths.procfs,
+                         max_seconds=config.bench.max_seconds, repeat=config.bench.repeat,
+                         busy_utilization_at_least=config.bench.busy_utilization_at_least,
+                         remote=remote, progress=progress, allow_mig=mig_instance)
+    # Before compiling (about 15 s of nvcc on two cores): a host without a GPU learns so at once.
+    absent = no_gpu_reason(runner, config.paths.procfs)
+    if absent:
+        err.write(f"hybridmon: no NVIDIA GPU to benchmark: {absent}\n")
+        return 3
     try:
-        path = locate_binary(binary or config.bench.binary)
+        runner.binary = locate_binary(binary or config.bench.binary)
     except BenchBuildError as error:
         err.write(f"hybridmon: cannot build or find the benchmark: {error}\n")
         return 1
-    progress = ProgressLine(err)
-    runner = BenchRunner(path, config.resolved_state_dir(), nvml_module=config.gpu.nvml_module,
-                         sysfs=config.paths.sysfs, max_seconds=config.bench.max_seconds,
-                         repeat=config.bench.repeat,
-                         busy_utilization_at_least=config.bench.busy_utilization_at_least,
-                         remote=remote, progress=progress)
     if runner.nvml_problem:
         err.write(f"hybridmon: warning: {runner.nvml_problem}; running the benchmark without GPU "
                   "identity or link state\n")
@@ -103,32 +112,44 @@ def render(record: dict) -> str:
     """A short table per GPU: pinned/pageable per size and direction, efficiency vs the link."""
     run = parse_stored_run(json.dumps(record))
     link = run.link
+    if run.mig:
+        lines_before = [f"  {run.mig}"]
+    else:
+        lines_before = []
     capacity = theoretical_capacity(link.generation, link.width) if link else None
     lines = [f"GPU {run.gpu_index} {run.name} ({run.pci_bus_id}, NUMA node "
              f"{'?' if run.gpu_numa_node is None else run.gpu_numa_node})"
              + (f", link {link_name(link.generation, link.width)}" if link else ", link unknown")]
+    lines += lines_before
     if run.contended:
         lines.append(f"  measured while the GPU was in use ({run.contended}): figures are low")
     for placement, report in run.reports.items():
         node = "not bound" if report.numa_node is None else f"node {report.numa_node}"
-        lines.append(f"  host buffers {placement} ({node}), median GB/s"
+        cpus = report.cpu_affinity
+        where = f"; CPUs {cpus['cpus']}" if cpus and cpus["bound"] else ""
+        lines.append(f"  host buffers {placement} ({node}{where}), median GB/s"
                      + (" (share of the link)" if capacity else "") + ":")
-        lines.append(f"    {'':<18}" + "".join(f"{name:>18}" for name in COLUMNS.values()))
+        for note in (run.notes or {}).get(placement, ()):
+            lines.append(f"    note: {note}")
+        shown = [d for d in COLUMNS if any(r.direction == d for r in report.results)]
+        lines.append(f"    {'':<18}" + "".join(f"{COLUMNS[name]:>18}" for name in shown))
         cells: dict[tuple[str, int], dict[str, str]] = {}
         for result in report.results:
-            limit = capacity * (2 if result.direction == "bidirectional" else 1) if capacity else None
+            limit = capacity * (2 if result.direction == "bidirectional_summed" else 1) if capacity else None
             share = f" ({result.median_bytes_per_second / limit:.0%})" if limit else ""
             cells.setdefault((result.memory, result.transfer_bytes), {})[result.direction] = (
                 f"{result.median_bytes_per_second / 1e9:.2f}{share}")
         for (memory, size), row in cells.items():
             lines.append(f"    {memory:<8} {_size(size):>9}"
-                         + "".join(f"{row.get(direction, '-'):>18}" for direction in COLUMNS))
+                         + "".join(f"{row.get(direction, '-'):>18}" for direction in shown))
         for size, reason in report.skipped:
             lines.append(f"    skipped {_size(size)}: {reason}")
     for placement, error in run.failures:
         lines.append(f"  {placement} placement failed: {error}")
     peak = measured_capacity(run)
-    if peak and run.contended:
+    if run.mig:
+        lines.append("  not used as link capacity (one MIG instance); stored in the run history only")
+    elif peak and run.contended:
         lines.append("  not used as link capacity (measured while the GPU was in use)")
     elif peak:
         lines.append("  capacity used by GpuPcieStarvation: " + ", ".join(

@@ -1,7 +1,9 @@
 // hybridmon offload microbenchmark: host<->device copy bandwidth for KV-offload-sized transfers.
 //
 // Plain C++17 + CUDA runtime; no other libraries. NUMA placement uses raw set_mempolicy /
-// get_mempolicy syscalls so libnuma is not a link dependency.
+// get_mempolicy syscalls so libnuma is not a link dependency; CPU placement uses
+// sched_setaffinity on the GPU's sysfs local_cpulist (what nvmlDeviceSetCpuAffinity, which
+// nvbandwidth calls, computes from the same topology), so libnvidia-ml is not one either.
 //
 // Output: exactly one JSON object on stdout (schema: docs/offload-bench.md). Exit status:
 //   0 measured (possibly cut short by --max-seconds: see "time_limit_reached")
@@ -13,6 +15,9 @@
 // are enqueued, so CUDA events bracket only the copies, not the enqueue cost; the median of the
 // samples is the headline. Pageable copies are staged by the driver through the host, so they
 // are timed with the same events without the spin kernel (the staging is what a user pays).
+// Bidirectional: as nvbandwidth's host_to_device_bidirectional_memcpy_ce and
+// device_to_host_bidirectional_memcpy_ce, each stream is timed by its own events and reported
+// as its own bytes over its own time (h2d_bidirectional, d2h_bidirectional); no summed figure.
 
 #include <cuda_runtime.h>
 
@@ -27,6 +32,7 @@
 #include <string>
 #include <sys/syscall.h>
 #include <unistd.h>
+#include <sched.h>
 #include <vector>
 
 // build.py passes -DHYBRIDMON_BENCH_SOURCE_SHA256=<hex digest> (a bare token, so no shell quoting
@@ -41,7 +47,7 @@
 
 namespace {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;  // 2: per-stream bidirectional, cpu_affinity, numa_note
 constexpr int kExitOk = 0, kExitUsage = 2, kExitNoDevice = 3, kExitCuda = 4, kExitVerify = 5,
               kExitHost = 6;
 constexpr size_t kMiB = 1024ull * 1024ull;
@@ -109,15 +115,103 @@ int node_of(const void *addr) {
   return node;
 }
 
-int gpu_numa_node(const std::string &bus_id) {
+// First line of /sys/bus/pci/devices/<bus id>/<attribute>; false when it cannot be read.
+bool read_pci_attribute(const std::string &bus_id, const char *attribute, std::string *out) {
   std::string lower = bus_id;
   for (auto &c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  std::FILE *f = std::fopen(("/sys/bus/pci/devices/" + lower + "/numa_node").c_str(), "r");
-  if (!f) return -1;
-  int node = -1;
-  if (std::fscanf(f, "%d", &node) != 1) node = -1;
+  std::FILE *f = std::fopen(("/sys/bus/pci/devices/" + lower + "/" + attribute).c_str(), "r");
+  if (!f) return false;
+  char buf[4096] = {};
+  bool ok = std::fgets(buf, sizeof buf, f) != nullptr;
   std::fclose(f);
-  return node;
+  if (!ok) return false;
+  *out = buf;
+  while (!out->empty() && std::isspace(static_cast<unsigned char>(out->back()))) out->pop_back();
+  return true;
+}
+
+int gpu_numa_node(const std::string &bus_id) {
+  std::string text;
+  if (!read_pci_attribute(bus_id, "numa_node", &text)) return -1;
+  char *end = nullptr;
+  long node = std::strtol(text.c_str(), &end, 10);
+  return end == text.c_str() || node < 0 ? -1 : (int)node;
+}
+
+// ---- CPU placement ----
+// A kernel cpulist ("0-15,32-47") as a set; false when it is malformed or names CPU >= CPU_SETSIZE.
+bool parse_cpulist(const std::string &text, cpu_set_t *set) {
+  CPU_ZERO(set);
+  size_t pos = 0;
+  if (text.empty()) return true;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    std::string item = text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    char *end = nullptr;
+    long first = std::strtol(item.c_str(), &end, 10), last = first;
+    if (end == item.c_str()) return false;
+    if (*end == '-') {
+      const char *from = end + 1;
+      last = std::strtol(from, &end, 10);
+      if (end == from) return false;
+    }
+    if (*end || first < 0 || last < first || last >= CPU_SETSIZE) return false;
+    for (long cpu = first; cpu <= last; ++cpu) CPU_SET((int)cpu, set);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return true;
+}
+
+std::string format_cpulist(const cpu_set_t &set) {
+  std::string out;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &set)) continue;
+    int last = cpu;
+    while (last + 1 < CPU_SETSIZE && CPU_ISSET(last + 1, &set)) ++last;
+    if (!out.empty()) out += ",";
+    out += std::to_string(cpu) + (last > cpu ? "-" + std::to_string(last) : "");
+    cpu = last;
+  }
+  return out;
+}
+
+struct CpuPlacement {
+  bool bound = false;
+  std::string cpus;  // the calling thread's CPUs after placement (sched_getaffinity)
+  std::string note;  // why it is not bound, or empty
+};
+
+// Bind the calling thread (and the threads it starts later) to `wanted` intersected with the
+// CPUs it may use now (a container's cpuset): sched_setaffinity with CPUs outside the cpuset
+// fails or is silently narrowed, so the intersection is made here and said in the report.
+CpuPlacement bind_cpus(const cpu_set_t &wanted, const std::string &what) {
+  CpuPlacement placement;
+  cpu_set_t allowed, chosen;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) {
+    placement.note = std::string("sched_getaffinity failed: ") + std::strerror(errno) + "; not bound";
+    return placement;
+  }
+  CPU_AND(&chosen, &wanted, &allowed);
+  if (CPU_COUNT(&chosen) == 0) {
+    placement.cpus = format_cpulist(allowed);
+    placement.note = what + " " + format_cpulist(wanted) + " share no CPU with the allowed CPUs " +
+                     placement.cpus + "; not bound";
+    return placement;
+  }
+  if (sched_setaffinity(0, sizeof chosen, &chosen) != 0) {
+    placement.cpus = format_cpulist(allowed);
+    placement.note = std::string("sched_setaffinity failed: ") + std::strerror(errno) + "; not bound";
+    return placement;
+  }
+  placement.bound = true;
+  placement.cpus = format_cpulist(chosen);
+  return placement;
+}
+
+std::string current_cpus() {
+  cpu_set_t set;
+  return sched_getaffinity(0, sizeof set, &set) == 0 ? format_cpulist(set) : "";
 }
 
 // ---- data pattern and verification ----
@@ -185,6 +279,8 @@ struct Options {
   double max_seconds = 60.0;
   enum { kAuto, kNone, kNode } numa_mode = kAuto;
   int numa_node = -1;
+  enum { kCpuAuto, kCpuNone, kCpuList } cpu_mode = kCpuAuto;
+  std::string cpu_list;
 };
 
 void usage_error(const std::string &msg) { fail(kExitUsage, "usage", msg); }
@@ -212,7 +308,8 @@ Options parse_args(int argc, char **argv) {
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: offload_bench [--device N] [--sizes B1,B2,...] [--repeat N]\n"
-          "                     [--max-seconds S] [--numa-node auto|none|N] [--version]\n");
+          "                     [--max-seconds S] [--numa-node auto|none|N]\n"
+          "                     [--cpus auto|none|LIST] [--version]\n");
       std::exit(kExitOk);
     } else if (a == "--device") {
       o.device = (int)parse_int(value(), "--device");
@@ -249,6 +346,18 @@ Options parse_args(int argc, char **argv) {
         o.numa_node = (int)parse_int(v, "--numa-node");
         if (o.numa_node < 0 || o.numa_node >= kMaskLongs * 64) usage_error("bad --numa-node: " + v);
       }
+    } else if (a == "--cpus") {
+      std::string v = value();
+      if (v == "auto") {
+        o.cpu_mode = Options::kCpuAuto;
+      } else if (v == "none") {
+        o.cpu_mode = Options::kCpuNone;
+      } else {
+        cpu_set_t check;
+        if (v.empty() || !parse_cpulist(v, &check)) usage_error("bad --cpus: " + v);
+        o.cpu_mode = Options::kCpuList;
+        o.cpu_list = v;
+      }
     } else {
       usage_error("unknown option: " + a);
     }
@@ -260,6 +369,11 @@ Options parse_args(int argc, char **argv) {
 enum Direction { kH2D, kD2H, kBidir };
 const char *direction_name(Direction d) {
   return d == kH2D ? "h2d" : d == kD2H ? "d2h" : "bidirectional";
+}
+// What a result reports: one direction alone, or one stream while the other direction runs.
+const char *stream_name(Direction d, bool other_stream_running) {
+  if (!other_stream_running) return direction_name(d);
+  return d == kH2D ? "h2d_bidirectional" : "d2h_bidirectional";
 }
 
 struct Buffers {
@@ -298,7 +412,8 @@ void free_host(Buffers &b) {
 }
 
 struct Result {
-  Direction dir;
+  Direction dir;             // kH2D or kD2H: the stream this result measured
+  bool bidirectional;        // the opposite direction ran at the same time
   bool pinned;
   size_t bytes;
   int copies_per_sample;
@@ -331,8 +446,11 @@ class Bench {
 
   bool out_of_time() const { return Clock::now() >= deadline_; }
 
-  // One sample: `copies` copies of `bytes` in direction `dir`; returns elapsed milliseconds.
-  float sample(const Buffers &b, Direction dir, size_t bytes, int copies) {
+  // One sample: `copies` copies of `bytes` in direction `dir`; returns the elapsed milliseconds
+  // of the host-to-device stream (s0) and of the device-to-host stream (s1 for bidirectional,
+  // s0 for d2h alone); 0 for a stream that did not run. Both streams start at the same event
+  // and each ends with its own, as nvbandwidth times its measured stream.
+  std::pair<float, float> sample(const Buffers &b, Direction dir, size_t bytes, int copies) {
     bool spin = b.pinned;  // pageable copies may block the host: a held stream would deadlock
     if (spin) {
       *release_ = 0;
@@ -349,19 +467,23 @@ class Bench {
       if (dir == kBidir)
         CK(cudaMemcpyAsync(b.host_dst, b.dev_src, bytes, cudaMemcpyDeviceToHost, s1_));
     }
-    if (dir == kBidir) {
-      CK(cudaEventRecord(end1_, s1_));
-      CK(cudaStreamWaitEvent(s0_, end1_, 0));
-    }
     CK(cudaEventRecord(end_, s0_));
+    if (dir == kBidir) CK(cudaEventRecord(end1_, s1_));
     if (spin) *reinterpret_cast<volatile int *>(release_) = 1;
     CK(cudaEventSynchronize(end_));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, start_, end_));
-    return ms;
+    float ms0 = 0, ms1 = 0;
+    CK(cudaEventElapsedTime(&ms0, start_, end_));
+    if (dir == kBidir) {
+      CK(cudaEventSynchronize(end1_));
+      CK(cudaEventElapsedTime(&ms1, start_, end1_));
+    }
+    if (dir == kH2D) return {ms0, 0.0f};
+    if (dir == kD2H) return {0.0f, ms0};
+    return {ms0, ms1};
   }
 
-  Result measure(Buffers &b, Direction dir, size_t bytes, uint64_t seed) {
+  // kH2D/kD2H: one result; kBidir: two, one per stream (h2d_bidirectional, d2h_bidirectional).
+  std::vector<Result> measure(Buffers &b, Direction dir, size_t bytes, uint64_t seed) {
     size_t words = bytes / sizeof(uint64_t);
     // Fresh source pattern and poisoned destination, so a copy that moved nothing fails below.
     if (dir != kD2H) {
@@ -377,23 +499,28 @@ class Bench {
 
     // Enough copies per sample that each sample moves >= 256 MiB (event resolution ~0.5 us).
     int copies = (int)std::min<size_t>(128, std::max<size_t>(1, (256 * kMiB + bytes - 1) / bytes));
-    Result r{dir, b.pinned, bytes, copies, {}, b.observed_node, false};
-    double moved = double(bytes) * copies * (dir == kBidir ? 2 : 1);
+    bool both = dir == kBidir;
+    Result h2d{kH2D, both, b.pinned, bytes, copies, {}, b.observed_node, false};
+    Result d2h{kD2H, both, b.pinned, bytes, copies, {}, b.observed_node, false};
+    double moved = double(bytes) * copies;  // per stream: each reports its own bytes
     sample(b, dir, bytes, copies);  // warm-up
     for (int i = 0; i < opt_.repeat; ++i) {
       if (out_of_time()) {
-        r.truncated = true;
+        h2d.truncated = d2h.truncated = true;
         break;
       }
-      float ms = sample(b, dir, bytes, copies);
-      if (ms > 0) r.gbps.push_back(moved / (ms * 1e-3) / 1e9);
+      std::pair<float, float> ms = sample(b, dir, bytes, copies);
+      if (ms.first > 0) h2d.gbps.push_back(moved / (ms.first * 1e-3) / 1e9);
+      if (ms.second > 0) d2h.gbps.push_back(moved / (ms.second * 1e-3) / 1e9);
     }
     std::string why;
     if ((dir != kD2H && !verify(b.dev_dst, true, bytes, seed, &why)) ||
         (dir != kH2D && !verify(b.host_dst, false, bytes, seed, &why)))
       fail(kExitVerify, "copy verification failed",
            std::string(direction_name(dir)) + (b.pinned ? " pinned " : " pageable ") + why);
-    return r;
+    if (dir == kH2D) return {h2d};
+    if (dir == kD2H) return {d2h};
+    return {h2d, d2h};
   }
 
  private:
@@ -417,6 +544,15 @@ std::string node_json(int node) { return node < 0 ? "null" : std::to_string(node
 int main(int argc, char **argv) {
   Options opt = parse_args(argc, argv);
   auto t0 = Clock::now();
+  // An explicit CPU list is applied before the first CUDA call, so every thread the runtime
+  // starts inherits it; `auto` needs the GPU's bus id, so it follows cudaSetDevice (as
+  // nvbandwidth's nvmlDeviceSetCpuAffinity follows cuInit) and binds the thread issuing copies.
+  CpuPlacement cpu;
+  if (opt.cpu_mode == Options::kCpuList) {
+    cpu_set_t wanted;
+    parse_cpulist(opt.cpu_list, &wanted);
+    cpu = bind_cpus(wanted, "--cpus");
+  }
   auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(
                            std::chrono::duration<double>(opt.max_seconds));
 
@@ -439,9 +575,37 @@ int main(int argc, char **argv) {
   CK(cudaDriverGetVersion(&driver));
   CK(cudaRuntimeGetVersion(&runtime));
   int gpu_node = gpu_numa_node(bus_id);
+  if (opt.cpu_mode == Options::kCpuAuto) {
+    std::string local;
+    cpu_set_t wanted;
+    if (!read_pci_attribute(bus_id, "local_cpulist", &local) || local.empty() ||
+        !parse_cpulist(local, &wanted) || CPU_COUNT(&wanted) == 0)
+      cpu.note = "no locality known (no readable local_cpulist for " + std::string(bus_id) +
+                 "), not bound";
+    else
+      cpu = bind_cpus(wanted, "the GPU's local CPUs");
+  } else if (opt.cpu_mode == Options::kCpuNone) {
+    cpu.note = "not bound (--cpus none)";
+  }
+  if (cpu.cpus.empty()) cpu.cpus = current_cpus();
   int bind_node = opt.numa_mode == Options::kNode   ? opt.numa_node
                   : opt.numa_mode == Options::kAuto ? gpu_node
                                                     : -1;
+  std::string numa_note;
+  if (opt.numa_mode == Options::kAuto && gpu_node < 0) {
+    numa_note = "no locality known (sysfs numa_node is -1 or unreadable), memory not bound";
+  } else if (opt.numa_mode == Options::kNone) {
+    numa_note = "not bound (--numa-node none)";
+  } else if (bind_node >= 0 && !set_thread_node(bind_node)) {
+    // E.g. EINVAL: the node is outside this cgroup's cpuset.mems. Asked for explicitly, that
+    // is an error; chosen automatically, the local run goes on unbound and says so.
+    std::string why = "set_mempolicy(MPOL_BIND, node " + std::to_string(bind_node) +
+                      "): " + std::strerror(errno);
+    if (opt.numa_mode == Options::kNode) fail(kExitHost, "NUMA placement failed", why);
+    numa_note = why + " (is the node outside this process's cpuset.mems?), memory not bound";
+    bind_node = -1;
+  }
+  set_thread_node(-1);
 
   // Two device buffers of the largest size (bidirectional needs both); keep 10 % of free memory.
   size_t free_b = 0, total_b = 0;
@@ -488,13 +652,15 @@ int main(int argc, char **argv) {
                                       (pinned ? " pinned" : " pageable")});
             continue;
           }
-          Result r = bench.measure(b, d, s, seed++);
-          if (r.truncated) time_limit_reached = true;
-          if (!r.gbps.empty())
-            results.push_back(r);
-          else
-            skipped.push_back({s, std::string("time limit: ") + direction_name(d) +
-                                      (pinned ? " pinned" : " pageable")});
+          for (const Result &r : bench.measure(b, d, s, seed++)) {
+            if (r.truncated) time_limit_reached = true;
+            if (!r.gbps.empty())
+              results.push_back(r);
+            else
+              skipped.push_back({s, std::string("time limit: ") +
+                                        stream_name(r.dir, r.bidirectional) +
+                                        (pinned ? " pinned" : " pageable")});
+          }
         }
       }
       free_host(b);
@@ -511,8 +677,12 @@ int main(int argc, char **argv) {
               opt.device, json_escape(prop.name).c_str(), json_escape(bus_id).c_str(),
               node_json(gpu_node).c_str(), total_b, free_b);
   std::printf("\"cuda_driver_version\": %d, \"cuda_runtime_version\": %d, ", driver, runtime);
-  std::printf("\"numa_node\": %s, \"numa_policy\": \"%s\", ", node_json(bind_node).c_str(),
-              bind_node >= 0 ? "bind" : "default");
+  std::printf("\"numa_node\": %s, \"numa_policy\": \"%s\", \"numa_note\": %s, ",
+              node_json(bind_node).c_str(), bind_node >= 0 ? "bind" : "default",
+              numa_note.empty() ? "null" : ("\"" + json_escape(numa_note) + "\"").c_str());
+  std::printf("\"cpu_affinity\": {\"bound\": %s, \"cpus\": \"%s\", \"note\": %s}, ",
+              cpu.bound ? "true" : "false", json_escape(cpu.cpus).c_str(),
+              cpu.note.empty() ? "null" : ("\"" + json_escape(cpu.note) + "\"").c_str());
   std::printf("\"repeat_requested\": %d, \"max_seconds\": %g, \"elapsed_seconds\": %.3f, "
               "\"time_limit_reached\": %s, ",
               opt.repeat, opt.max_seconds, elapsed, time_limit_reached ? "true" : "false");
@@ -523,7 +693,7 @@ int main(int argc, char **argv) {
     std::printf("%s{\"direction\": \"%s\", \"memory\": \"%s\", \"bytes\": %zu, \"repeat\": %zu, "
                 "\"copies_per_sample\": %d, \"median_gbps\": %.3f, \"min_gbps\": %.3f, "
                 "\"max_gbps\": %.3f, \"host_numa_node\": %s, \"verified\": true}",
-                i ? ", " : "", direction_name(r.dir), r.pinned ? "pinned" : "pageable", r.bytes,
+                i ? ", " : "", stream_name(r.dir, r.bidirectional), r.pinned ? "pinned" : "pageable", r.bytes,
                 r.gbps.size(), r.copies_per_sample, median(r.gbps), *mm.first, *mm.second,
                 node_json(r.numa_node).c_str());
   }

@@ -1,9 +1,10 @@
 """Run the offload benchmark on a GPU the way `hybridmon bench` and the HTTP endpoint do.
 
-Per GPU: refuse when the GPU is in use (unless forced), run the binary with the host buffers on
-the GPU's NUMA node, then once more on a remote node when the host has one, watch the PCIe link
-meanwhile (it trains up under load; the fastest state seen is the link the copies ran on), and
-store the run atomically in the state directory.
+Per GPU: refuse when the GPU is in use (unless forced) or in MIG mode (unless the caller accepts a
+per-instance figure), run the binary with the host buffers on the GPU's NUMA node and its copying
+thread on the GPU's local CPUs (placement.py), then once more with the buffers on a remote node
+when the host has one, watch the PCIe link meanwhile (it trains up under load; the fastest state
+seen is the link the copies ran on), and store the run atomically in the state directory.
 
 CUDA numbers devices fastest-first by default and honours CUDA_VISIBLE_DEVICES, NVML numbers them
 by PCI bus id. The binary runs with CUDA_DEVICE_ORDER=PCI_BUS_ID and without CUDA_VISIBLE_DEVICES,
@@ -11,6 +12,7 @@ so CUDA device N is NVML GPU N; the PCI bus id the binary reports is checked aga
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from hybridmon import __version__
+from hybridmon.agent.bench import placement as placing
 from hybridmon.agent.bench.build import EXIT_NO_DEVICE, EXIT_OK
 from hybridmon.agent.bench.store import save_run
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
@@ -55,10 +58,24 @@ class NoCudaDevice(BenchError):
         super().__init__(message, exit_code=3)
 
 
+class MigEnabled(BenchError):
+    """The GPU is in MIG mode: CUDA enumerates MIG instances under the parent's PCI bus id, so a
+    run would measure one instance's copy engines and store it as the whole GPU's link."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, exit_code=5)
+
+
+MIG_NOTE = ("MIG mode is on: CUDA enumerates MIG instances with the parent GPU's PCI bus id, so this "
+            "run measured one instance's copy engines, not the GPU's link; kept in the run history "
+            "only, never used as the link's capacity")
+
+
 @dataclass(frozen=True)
 class GpuActivity:
-    """What else is using a GPU: compute processes (pid, name, bytes or None; None when they could
-    not be read) and utilization (None when unknown)."""
+    """What else is using a GPU: its processes, compute, graphics and MPS clients where NVML lists
+    them (pid, name, bytes or None; None when they could not be read) and utilization (None when
+    unknown)."""
 
     processes: tuple[tuple[int, str, int | None], ...] | None
     utilization: float | None
@@ -79,7 +96,7 @@ def busy_reason(activity: GpuActivity, utilization_at_least: float) -> str | Non
             f"pid {pid} ({name}{', ' + _gib(used) if used else ''})"
             for pid, name, used in activity.processes[:5])
         more = len(activity.processes) - 5
-        reasons.append(f"compute processes {listed}{f' and {more} more' if more > 0 else ''}")
+        reasons.append(f"processes {listed}{f' and {more} more' if more > 0 else ''}")
     if activity.utilization is not None and activity.utilization >= utilization_at_least:
         reasons.append(f"{activity.utilization:.0%} utilization")
     return "; ".join(reasons) or None
@@ -142,11 +159,15 @@ class LinkWatcher:
 
 
 class BenchRunner:
-    def __init__(self, binary: Path, state_dir: Path, *, nvml_module: Any = "pynvml",
+    def __init__(self, binary: Path | None, state_dir: Path, *, nvml_module: Any = "pynvml",
                  sysfs: str = "/sys", max_seconds: float = 120.0, repeat: int = 10,
                  busy_utilization_at_least: float = 0.05, remote: bool = True,
-                 progress: ProgressCallback | None = None) -> None:
+                 progress: ProgressCallback | None = None, allow_mig: bool = False,
+                 procfs: str = "/proc") -> None:
         self.binary, self.state_dir, self.sysfs = binary, state_dir, sysfs
+        # <procfs>/self is this process in the agent's PID namespace (the DaemonSet shares the
+        # host's, hostPID), so its status carries the cpuset the binary will inherit.
+        self.allow_mig, self.proc_self_status = allow_mig, os.path.join(procfs, "self", "status")
         self.max_seconds, self.repeat, self.remote = max_seconds, repeat, remote
         self.busy_utilization_at_least = busy_utilization_at_least
         self.progress = progress
@@ -158,20 +179,35 @@ class BenchRunner:
             # The binary still runs and says why CUDA has no device; identity comes from its report.
             self.nvml_problem, self._nvml = str(error), None
 
+    def gpu_count(self) -> int:
+        """GPUs NVML counts; 0 without NVML."""
+        try:
+            return self._nvml.device_count() if self._nvml is not None else 0
+        except (NoDataError, CollectorError):
+            return 0
+
     def gpu_indices(self) -> list[int]:
         return list(range(self._nvml.device_count())) if self._nvml is not None else [0]
 
     def activity(self, gpu: int) -> GpuActivity:
         if self._nvml is None:
             return GpuActivity(None, None)  # NVML not loaded: nothing is known
-        processes = self._nvml.compute_processes(gpu)
+        # Compute, graphics and MPS clients: a graphics or MPS client's copies use the link as
+        # much as a compute process's.
+        processes = self._nvml.processes(gpu)
         if processes is None:
             return GpuActivity(None, self._nvml.utilization_ratio(gpu))
         names = self._nvml.process_names(p.pid for p in processes)
         own = os.getpid()
         return GpuActivity(
-            tuple((p.pid, names.get(p.pid, str(p.pid)), p.used_memory_bytes) for p in processes if p.pid != own),
+            tuple((p.pid, names.get(p.pid, str(p.pid)), p.used_memory_bytes)
+                  for p in processes if p.pid != own),
             self._nvml.utilization_ratio(gpu))
+
+    def mig_enabled(self, gpu: int) -> bool:
+        """Whether NVML says the GPU's MIG mode is on; False where it has no MIG or cannot say
+        (without NVML nothing can be asked; the run is then stored as contended anyway)."""
+        return self._nvml is not None and self._nvml.mig_enabled(gpu) is True
 
     def identity(self, gpu: int) -> GpuIdentity | None:
         if self._nvml is None:
@@ -186,6 +222,13 @@ class BenchRunner:
     def run_gpu(self, gpu: int, force: bool = False, busy: Any = UNCHECKED) -> dict:
         """Benchmark one GPU and store the run; returns the stored record. `busy` is the caller's
         busy_reason when it already looked (the CLI warns with it before a forced run)."""
+        mig = self.mig_enabled(gpu)
+        if mig and not self.allow_mig:
+            raise MigEnabled(f"GPU {gpu} is in MIG mode: CUDA would run the benchmark on one MIG "
+                             "instance (enumerated with the parent's PCI bus id) and its figures "
+                             "would be stored as the whole GPU's link capacity; run it with "
+                             "--mig-instance to keep a per-instance figure in the run history only, "
+                             "or measure with MIG off")
         if busy is UNCHECKED:
             busy = busy_reason(self.activity(gpu), self.busy_utilization_at_least)
         if busy and not force and self._nvml is None:
@@ -198,21 +241,37 @@ class BenchRunner:
                           "moment, or force it (--force) and expect lower figures")
         identity = self.identity(gpu)
         placements, failures = [], []
+        permitted = placing.allowed(self.proc_self_status)
+        locality = (placing.gpu_locality(self.sysfs, identity.pci_bus_id)
+                    if identity is not None and identity.pci_bus_id else None)
         with LinkWatcher(self._nvml, gpu) as watcher:
-            local = self._run_binary(gpu, "auto", "local")
+            # Without NVML's bus id the binary places itself (`auto`: the same sysfs files, the
+            # same fallbacks) and says in its report what it did.
+            local_plan = placing.plan(*locality, permitted) if locality else None
+            local = self._run_binary(gpu, local_plan, "local")
             report = local["report"]
             bus_id = normalize_pci_bus_id(report["device"]["pci_bus_id"])
             if identity is not None and identity.pci_bus_id and identity.pci_bus_id != bus_id:
                 raise BenchError(f"CUDA device {gpu} is {bus_id} but NVML GPU {gpu} is "
                                  f"{identity.pci_bus_id}: the two disagree on device order")
-            gpu_node = report["device"]["numa_node"]
+            gpu_node = locality[0] if locality else report["device"]["numa_node"]
             nodes = memory_nodes(self.sysfs)
-            local["placement"] = ("local" if gpu_node is not None or len(nodes) <= 1 else "unbound")
+            bound = report.get("numa_node") is not None
+            local["placement"] = "local" if bound or len(nodes) <= 1 else "unbound"
             placements.append(local)
             remote = self._remote_node(gpu_node, nodes) if self.remote else None
+            if remote is not None and permitted.memory_nodes is not None and remote not in permitted.memory_nodes:
+                failures.append({"placement": "remote", "error": (
+                    f"not measured: NUMA node {remote} is outside this process's allowed memory "
+                    f"nodes {placing.format_cpu_list(permitted.memory_nodes)} (Mems_allowed_list)")})
+                remote = None
             if remote is not None:
+                # The copying thread stays on the GPU's CPUs: only the buffers move, so the
+                # difference from the local run is the cost of misplaced memory alone.
+                gpu_cpus = locality[1] if locality else None
+                remote_plan = placing.plan(gpu_node, gpu_cpus, permitted, memory_node=remote)
                 try:
-                    placements.append(self._run_binary(gpu, str(remote), "remote"))
+                    placements.append(self._run_binary(gpu, remote_plan, "remote"))
                 except BenchError as error:
                     failures.append({"placement": "remote", "error": str(error)})
         record = {
@@ -220,8 +279,8 @@ class BenchRunner:
             "gpu": {"index": gpu, "uuid": identity.uuid if identity else "",
                     "name": identity.name if identity else report["device"]["name"],
                     "pci_bus_id": bus_id, "numa_node": report["device"]["numa_node"]},
-            "link": watcher.link(), "contended": busy, "placements": placements,
-            "failures": failures,
+            "link": watcher.link(), "contended": busy, "mig": MIG_NOTE if mig else None,
+            "placements": placements, "failures": failures,
         }
         save_run(self.state_dir, record)
         return record
@@ -234,11 +293,12 @@ class BenchRunner:
         distances = node_distances(self.sysfs, gpu_node)
         return max(others, key=lambda node: (distances.get(node, 0), -node))
 
-    def _run_binary(self, gpu: int, numa: str, placement: str) -> dict:
+    def _run_binary(self, gpu: int, plan: placing.Placement | None, placement: str) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        where = plan.arguments() if plan is not None else ["--numa-node", "auto", "--cpus", "auto"]
         command = [str(self.binary), "--device", str(gpu), "--repeat", str(self.repeat),
-                   "--max-seconds", f"{self.max_seconds:g}", "--numa-node", numa]
+                   "--max-seconds", f"{self.max_seconds:g}", *where]
         try:
             process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                        text=True, env=env)
@@ -270,7 +330,13 @@ class BenchRunner:
         except ReportError as error:
             raise BenchError(f"the benchmark's report for GPU {gpu} is unusable: {error}") from None
         report = json.loads(stdout)
-        return {"placement": placement, "numa_node": report.get("numa_node"), "report": report}
+        notes = list(plan.notes) if plan is not None else []
+        for extra in (report.get("numa_note"), (report.get("cpu_affinity") or {}).get("note")):
+            # The binary's own notes where it placed itself, or where the kernel refused it.
+            if isinstance(extra, str) and extra and (plan is None or "--" not in extra):
+                notes.append(extra)
+        return {"placement": placement, "numa_node": report.get("numa_node"), "notes": notes,
+                "report": report}
 
     def _follow(self, process: subprocess.Popen, gpu: int, placement: str, lines: list[str]) -> None:
         for line in process.stderr:
@@ -291,6 +357,27 @@ class BenchRunner:
             return NoCudaDevice(f"{what}; the benchmark needs an NVIDIA GPU with a working driver "
                                 "(`nvidia-smi` should list it)")
         return BenchError(f"the benchmark failed on GPU {gpu} (exit status {status}): {what}")
+
+
+def no_gpu_reason(runner: BenchRunner, procfs: str = "/proc", dev: str = "/dev") -> str | None:
+    """Why this host certainly has no GPU to benchmark, or None when it may have one.
+
+    NVML counting a GPU settles it. Where NVML fails (no library, driver not loaded) the driver's
+    own traces decide: <procfs>/driver/nvidia/gpus/<bus id> (one directory per GPU the kernel
+    module bound) or a /dev/nvidia<N> node; with either, the binary runs and says what CUDA sees."""
+    if runner.nvml_problem is None:
+        count = runner.gpu_count()
+        if count:
+            return None
+        nvml_said = "NVML counts 0 GPUs"
+    else:
+        nvml_said = runner.nvml_problem
+    driver_gpus = os.path.join(procfs, "driver", "nvidia", "gpus")
+    if glob.glob(os.path.join(driver_gpus, "*")) or glob.glob(os.path.join(dev, "nvidia[0-9]*")):
+        return None
+    return (f"{nvml_said}; no {driver_gpus}/* and no {dev}/nvidia<N> either. Nothing was compiled "
+            "or run: the benchmark needs an NVIDIA GPU with a working driver (`nvidia-smi` should "
+            "list it)")
 
 
 def memory_nodes(sysfs: str) -> list[int]:

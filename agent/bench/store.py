@@ -3,7 +3,9 @@ exporters/bench_runs.py, which the bench collector and `hybridmon budget` read w
 
 A run is written to a temporary file in the same directory, fsynced and renamed into place, so a
 reader sees the old run or the new one, never half of one; only the newest RUNS_KEPT_PER_GPU runs
-of a GPU are kept in the run history.
+of a GPU are kept in the run history. A run of one MIG instance (record["mig"] set) goes to the
+history only, as `<time>-<bus id>-mig.json`: the latest run is what the agent exports as the
+GPU's link capacity, and a slice's copy engines are not that.
 """
 from __future__ import annotations
 
@@ -55,15 +57,19 @@ def save_run(state_dir: str | os.PathLike[str], record: dict) -> Path:
         raise ReportError(f"refusing to store a run under PCI bus id {bus_id!r}")
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(record["finished_at"]))
     runs = bench_dir(state_dir) / "runs"
-    _write_atomically(runs / f"{stamp}-{bus_id}.json", text)
+    suffix = "-mig" if record.get("mig") else ""
+    history = runs / f"{stamp}-{bus_id}{suffix}.json"
+    _write_atomically(history, text)
+    _prune(runs, f"{bus_id}{suffix}")
+    if suffix:
+        return history
     latest = latest_dir(state_dir) / f"{bus_id}.json"
     _write_atomically(latest, text)
-    _prune(runs, bus_id)
     return latest
 
 
-def _prune(runs: Path, bus_id: str) -> None:
-    mine = sorted(path for path in runs.glob(f"*-{bus_id}.json"))
+def _prune(runs: Path, name: str) -> None:
+    mine = sorted(path for path in runs.glob(f"*-{name}.json"))
     for old in mine[:-RUNS_KEPT_PER_GPU]:
         old.unlink(missing_ok=True)
 

@@ -17,7 +17,7 @@ from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy
 from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
 from hybridmon.exporters import bench_report
 from hybridmon.exporters.base import NoDataError
-from hybridmon.exporters.bench import BenchCollector
+from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY, BenchCollector
 from hybridmon.exporters.bench_runs import load_latest, measured_capacity, parse_stored_run
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.pcie_rates import theoretical_capacity
@@ -44,8 +44,20 @@ def idle_nvml() -> FakeNvml:
     return nvml
 
 
+def proc_self(tmp_path: Path, cpus: str = "0-63", mems: str = "0-1") -> str:
+    """A procfs root whose self/status allows `cpus` and memory nodes `mems` (proc(5) lines);
+    the default lets the runner use both of the fixture host's nodes."""
+    root = tmp_path / "proc"
+    (root / "self").mkdir(parents=True, exist_ok=True)
+    (root / "self" / "status").write_text(f"Name:\tpython3\nCpus_allowed_list:\t{cpus}\n"
+                                          f"Mems_allowed_list:\t{mems}\n")
+    return str(root)
+
+
 def runner(tmp_path: Path, nvml=None, **options) -> BenchRunner:
-    binary = fake_binary(tmp_path, **{k: options.pop(k) for k in ("local", "remote", "status") if k in options})
+    binary = fake_binary(tmp_path, **{k: options.pop(k) for k in ("local", "remote", "status", "local_node")
+                                      if k in options})
+    options.setdefault("procfs", proc_self(tmp_path))
     return BenchRunner(binary, tmp_path / "state", nvml_module=nvml or idle_nvml(), sysfs=SYSFS, **options)
 
 
@@ -54,16 +66,37 @@ def runner(tmp_path: Path, nvml=None, **options) -> BenchRunner:
 def test_report_parses_into_bytes_per_second_with_placement():
     parsed = bench_report.parse_report(fixture_text("report-gen4-local.json"))
     assert parsed.pci_bus_id == "0000:17:00.0" and parsed.numa_node == 0
-    assert len(parsed.results) == 20 and parsed.skipped == ()
+    assert len(parsed.results) == 24 and parsed.skipped == ()
     peak = [r for r in parsed.results if (r.direction, r.memory, r.transfer_bytes)
             == ("host_to_device", "pinned", 268435456)]
     assert peak[0].median_bytes_per_second == pytest.approx(26.208e9)
     assert peak[0].min_bytes_per_second == pytest.approx(25.422e9)
     assert peak[0].host_numa_node == 0 and peak[0].samples == 10
+    assert parsed.cpu_affinity == {"bound": True, "cpus": "0-15", "note": None}
+    # Each stream of the bidirectional test on its own, as nvbandwidth reports it: no sum.
+    both = {r.direction: r.median_bytes_per_second for r in parsed.results
+            if r.transfer_bytes == 268435456 and r.memory == "pinned"}
+    assert both == {"host_to_device": pytest.approx(26.208e9), "device_to_host": pytest.approx(26.402e9),
+                    "host_to_device_bidirectional": pytest.approx(20.932e9),
+                    "device_to_host_bidirectional": pytest.approx(21.185e9)}
+
+
+def test_a_version_1_report_is_still_read_and_its_sum_is_named_as_one():
+    """Stored runs from before issue 13 keep their figures; the summed one says it is a sum."""
+    parsed = bench_report.parse_report(fixture_text("report-v1-gen4-local.json"))
+    summed = [r for r in parsed.results if r.transfer_bytes == 268435456 and "bidirectional" in r.direction]
+    assert [(r.direction, r.median_bytes_per_second) for r in summed] == [
+        ("bidirectional_summed", pytest.approx(42.117e9))]
+    assert parsed.cpu_affinity is None
+    data = json.loads(fixture_text("report-gen4-local.json"))
+    data["results"][2]["direction"] = "bidirectional"  # the version-1 name in a version-2 report
+    with pytest.raises(bench_report.ReportError, match="unknown direction"):
+        bench_report.parse_report(json.dumps(data))
 
 
 @pytest.mark.parametrize("mutation, message", [
-    (lambda r: r.update(version=2), "schema version 2"),
+    (lambda r: r.update(version=3), "schema version 3"),
+    (lambda r: r["cpu_affinity"].update(bound="yes"), "'bound' is yes"),
     (lambda r: r["results"][0].update(verified=False), "not verified"),
     (lambda r: r["results"][0].update(median_gbps=0), "not positive"),
     (lambda r: r["results"][0].update(min_gbps=99), "out of order"),
@@ -102,7 +135,7 @@ def test_parsers_raise_only_report_error_on_any_text(text):
 
 def test_busy_reason_names_processes_and_utilization():
     activity = GpuActivity(((4242, "vllm", 30 * GIB),), 0.87)
-    assert busy_reason(activity, 0.05) == "compute processes pid 4242 (vllm, 30.0 GiB); 87% utilization"
+    assert busy_reason(activity, 0.05) == "processes pid 4242 (vllm, 30.0 GiB); 87% utilization"
     assert busy_reason(GpuActivity((), 0.04), 0.05) is None
     assert busy_reason(GpuActivity((), None), 0.05) is None  # no other process: utilization may be unknown
 
@@ -117,7 +150,9 @@ def test_a_gpu_whose_processes_cannot_be_read_counts_as_in_use():
 @pytest.mark.parametrize("error", ["NVMLError_NotSupported", "NVMLError_NoPermission"])
 def test_runner_refuses_when_nvml_will_not_list_processes_and_a_forced_run_is_contended(tmp_path, error):
     nvml = idle_nvml()
-    nvml.fail("nvmlDeviceGetComputeRunningProcesses_v3", error)
+    for listing in ("Compute", "Graphics", "MPSCompute"):
+        for entry_point in ("_v3", "_v2", ""):
+            nvml.fail(f"nvmlDevice{listing}RunningProcesses{entry_point}".replace("Device", "DeviceGet"), error)
     with pytest.raises(GpuBusy, match="cannot be told"):
         runner(tmp_path, nvml=nvml).run_gpu(0)
     assert calls(tmp_path) == []
@@ -128,7 +163,7 @@ def test_runner_refuses_when_nvml_will_not_list_processes_and_a_forced_run_is_co
 
 def test_runner_refuses_a_busy_gpu_and_runs_nothing(tmp_path):
     busy = FakeNvml()  # the fixture host: pid 4242 runs on GPU 0 at 87 %
-    with pytest.raises(GpuBusy, match=r"pid 4242 \(python3, 30.0 GiB\); 87% utilization") as raised:
+    with pytest.raises(GpuBusy, match=r"pid 4242 \(python3, 30.0 GiB\), pid \d+ \(Xorg[^)]*\); 87% utilization") as raised:
         runner(tmp_path, nvml=busy).run_gpu(0)
     assert raised.value.exit_code == 4
     assert calls(tmp_path) == [] and not (tmp_path / "state").exists()
@@ -147,14 +182,17 @@ def test_run_measures_local_then_the_farthest_remote_node_and_stores_both(tmp_pa
     progress = []
     record = runner(tmp_path, progress=lambda gpu, placement, step: progress.append(
         (gpu, placement, step.step))).run_gpu(0)
-    # The binary is asked for the GPU's own node first, then node 1 (the fixture's distance 21).
-    assert [call[call.index("--numa-node") + 1] for call in calls(tmp_path)] == ["auto", "1"]
+    # The binary is asked for the GPU's own node first (sysfs numa_node of NVML's bus id), then
+    # node 1 (the fixture's distance 21); the fixture host's sysfs has no local_cpulist.
+    assert [call[call.index("--numa-node") + 1] for call in calls(tmp_path)] == ["0", "1"]
+    assert [call[call.index("--cpus") + 1] for call in calls(tmp_path)] == ["none", "none"]
     assert all(call[:2] == ["--device", "0"] for call in calls(tmp_path))
     assert [entry["placement"] for entry in record["placements"]] == ["local", "remote"]
     assert record["gpu"] == {"index": 0, "uuid": "GPU-0a1b2c3d-0000-4000-8000-000000000000",
                              "name": "NVIDIA L40S", "pci_bus_id": "0000:17:00.0", "numa_node": 0}
     assert record["link"] == {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16}
-    assert record["contended"] is None and record["failures"] == []
+    assert record["contended"] is None and record["failures"] == [] and record["mig"] is None
+    assert record["placements"][0]["notes"] == ["no locality known (no local_cpulist in sysfs): CPUs not bound"]
     assert progress[0] == ("0", "local", 1) and progress[-1] == ("0", "remote", 20) and len(progress) == 40
     latest = tmp_path / "state" / "bench" / "latest" / "0000:17:00.0.json"
     assert json.loads(latest.read_text()) == record
@@ -183,7 +221,8 @@ def test_a_failing_remote_run_keeps_the_local_result_and_says_why(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"version": 1, "error": "host error", "detail": "mbind failed"}')
     binary = fake_binary(tmp_path, remote=str(broken), remote_status=6)
-    record = BenchRunner(binary, tmp_path / "state", nvml_module=idle_nvml(), sysfs=SYSFS).run_gpu(0)
+    record = BenchRunner(binary, tmp_path / "state", nvml_module=idle_nvml(), sysfs=SYSFS,
+                         procfs=proc_self(tmp_path)).run_gpu(0)
     assert [entry["placement"] for entry in record["placements"]] == ["local"]
     assert record["failures"][0]["placement"] == "remote"
     assert "exit status 6" in record["failures"][0]["error"] and "mbind failed" in record["failures"][0]["error"]
@@ -235,17 +274,32 @@ def test_collector_exports_the_stored_run(tmp_path):
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="local") == pytest.approx(26.208e9)
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="remote") == pytest.approx(20.442e9)
     assert samples.value("hybridmon_bench_efficiency_ratio", **peak, placement="local") == pytest.approx(26.208e9 / GEN4_X16)
-    both = dict(peak, direction="bidirectional")
-    assert samples.value("hybridmon_bench_efficiency_ratio", **both, placement="local") == pytest.approx(42.117e9 / (2 * GEN4_X16))
+    both = dict(peak, direction="host_to_device_bidirectional")
+    assert samples.value("hybridmon_bench_efficiency_ratio", **both, placement="local") == pytest.approx(20.932e9 / GEN4_X16)
     assert samples.value("hybridmon_bench_link_capacity_bytes_per_second", **labels) == pytest.approx(GEN4_X16)
     assert samples.value("hybridmon_bench_contended", **labels) == 0
     assert samples.value("hybridmon_gpu_pcie_measured_capacity_bytes_per_second", **labels,
                          direction="device_to_host") == pytest.approx(26.402e9)
-    assert len(samples.find("hybridmon_bench_bandwidth_bytes_per_second")) == 40
-    # Efficiency only for the largest copies: 5 (direction, memory) pairs per placement.
+    assert len(samples.find("hybridmon_bench_bandwidth_bytes_per_second")) == 48
+    # Efficiency only for the largest copies: 6 (direction, memory) pairs per placement.
     small = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="2097152")
     assert samples.value("hybridmon_bench_efficiency_ratio", **small, placement="local") is None
-    assert len(samples.find("hybridmon_bench_efficiency_ratio")) == 10
+    assert len(samples.find("hybridmon_bench_efficiency_ratio")) == 12
+    # Capacity: one direction at a time; the bidirectional figures per stream in their own series.
+    assert {dict(zip(s.spec.label_names, s.label_values))["direction"] for s in samples.find(MEASURED_CAPACITY.name)} == {
+        "host_to_device", "device_to_host"}
+    assert samples.value(MEASURED_BIDIRECTIONAL_CAPACITY.name, **labels, direction="host_to_device") == pytest.approx(20.932e9)
+    assert samples.value(MEASURED_BIDIRECTIONAL_CAPACITY.name, **labels, direction="device_to_host") == pytest.approx(21.185e9)
+
+
+def test_a_version_1_run_keeps_its_figures_and_exports_no_bidirectional_capacity(tmp_path):
+    runner(tmp_path, local="report-v1-gen4-local.json", remote=None).run_gpu(0)
+    samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
+    summed = dict(gpu="0", direction="bidirectional_summed", memory="pinned", transfer_bytes="268435456",
+                  placement="local")
+    assert samples.value("hybridmon_bench_efficiency_ratio", **summed) == pytest.approx(42.117e9 / (2 * GEN4_X16))
+    assert samples.value(MEASURED_CAPACITY.name, gpu="0", direction="host_to_device") == pytest.approx(26.208e9)
+    assert samples.find(MEASURED_BIDIRECTIONAL_CAPACITY.name) == []
 
 
 def test_collector_leaves_the_capacity_of_a_contended_run_out(tmp_path):
@@ -303,13 +357,15 @@ def test_cli_refuses_a_busy_gpu_with_exit_4_and_runs_it_with_force(tmp_path):
     binary = fake_binary(tmp_path)
     refused = hybridmon("bench", "--gpu", "0", "--binary", str(binary), state=tmp_path / "state")
     assert refused.returncode == 4
-    assert "GPU 0 is in use (compute processes pid 4242" in refused.stderr and "--force" in refused.stderr
+    assert "GPU 0 is in use (processes pid 4242" in refused.stderr and "--force" in refused.stderr
     forced = hybridmon("bench", "--gpu", "0", "--binary", str(binary), "--force", state=tmp_path / "state")
     assert forced.returncode == 0, forced.stderr
     assert "warning: GPU 0 is in use" in forced.stderr
     assert "GPU 0 local: [ 1/20] host to device pinned 2 MiB" in forced.stderr  # progress, not a TTY
     assert "not used as link capacity" in forced.stdout
-    assert "pinned     256 MiB       26.21 (83%)       26.40 (84%)       42.12 (67%)" in forced.stdout
+    assert ("    pinned     256 MiB       26.21 (83%)       26.40 (84%)       20.93 (66%)       21.18 (67%)"
+            in forced.stdout)
+    assert "host->device      device->host  h->d (both ways)  d->h (both ways)" in forced.stdout
 
 
 def test_cli_json_on_an_idle_gpu(tmp_path):
@@ -323,15 +379,37 @@ def test_cli_json_on_an_idle_gpu(tmp_path):
     assert run["contended"] is None and [p["placement"] for p in run["placements"]] == ["local", "remote"]
 
 
-def test_cli_turns_a_missing_device_into_exit_3(tmp_path):
+def test_cli_turns_cudas_missing_device_into_exit_3(tmp_path):
+    """NVML lists GPUs but CUDA finds none (e.g. no compute capability in the container): the
+    binary's exit 3 and its reason reach the user."""
     binary = fake_binary(tmp_path, local="error-no-device.json", remote=None, status=3)
-    result = hybridmon("bench", "--binary", str(binary), state=tmp_path / "state",
-                       HYBRIDMON_GPU__NVML_MODULE="pynvml")
+    result = hybridmon("bench", "--gpu", "0", "--force", "--binary", str(binary), state=tmp_path / "state")
     assert result.returncode == 3
-    assert "NVIDIA driver not found" in result.stderr  # NVML's view, as a warning
     assert "no CUDA device: cudaErrorInsufficientDriver" in result.stderr
     assert "needs an NVIDIA GPU with a working driver" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "state").exists()
+
+
+def test_without_a_gpu_bench_says_so_before_compiling_anything(tmp_path):
+    """Issue 13: nvcc used to compile for ~14 s before the binary said there was no GPU. With no
+    driver (real pynvml, no libnvidia-ml here), no <procfs>/driver/nvidia/gpus and no
+    /dev/nvidia<N>, the command ends with exit 3 before looking for nvcc at all."""
+    if Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia/gpus").exists():
+        pytest.skip("a GPU host: the check would find the GPU and build the benchmark")
+    marker = tmp_path / "nvcc-ran"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nvcc").write_text(f"#!/bin/sh\ntouch {marker}\nexit 1\n")
+    (bin_dir / "nvcc").chmod(0o755)
+    (tmp_path / "proc").mkdir()
+    result = hybridmon("bench", state=tmp_path / "state", HYBRIDMON_GPU__NVML_MODULE="pynvml",
+                       HYBRIDMON_PATHS__PROCFS=str(tmp_path / "proc"), XDG_CACHE_HOME=str(tmp_path / "cache"),
+                       PATH=f"{bin_dir}:{os.environ['PATH']}")
+    assert result.returncode == 3, result.stderr
+    assert "hybridmon: no NVIDIA GPU to benchmark: NVIDIA driver not found" in result.stderr
+    assert "Nothing was compiled or run" in result.stderr and "Traceback" not in result.stderr
+    assert not marker.exists(), "nvcc was invoked before the GPU check"
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "state").exists()
 
 
 def test_cli_rejects_a_binary_built_from_another_source(tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import stat
 import subprocess
 import sys
@@ -192,13 +193,47 @@ def test_source_is_shipped_as_package_data():
     assert bench_build.SOURCE.is_file()
 
 
+def cuobjdump() -> str | None:
+    """cuobjdump from the toolkit, else from the nvidia-cuda-cuobjdump wheel (nvidia/cu13/bin)."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    for base in map(Path, sys.path):
+        candidate = base / "nvidia" / "cu13" / "bin" / "cuobjdump"
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    return None
+
+
+def test_the_binary_carries_sass_for_every_listed_arch_and_ptx_for_the_newest(built):
+    """What the container image ships (deploy/container/Dockerfile builds it the same way): a GPU
+    of any listed architecture runs its SASS, a newer one JITs the PTX."""
+    tool = cuobjdump()
+    if tool is None:
+        reason = "no cuobjdump (CUDA toolkit, or the test extras' nvidia-cuda-cuobjdump wheel)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason + ": the test command installs it")
+        pytest.skip(reason)
+    info = json.loads((built.parent / "build.json").read_text())
+    wanted = {int(n) for n in re.findall(r"code=sm_(\d+)", " ".join(info["args"]))}
+    (ptx_arch,) = {int(n) for n in re.findall(r"code=compute_(\d+)", " ".join(info["args"]))}
+    elves = subprocess.run([tool, "--list-elf", str(built)], capture_output=True, text=True, check=True).stdout
+    ptx = subprocess.run([tool, "--list-ptx", str(built)], capture_output=True, text=True, check=True).stdout
+    assert {int(n) for n in re.findall(r"\.sm_(\d+)\.cubin", elves)} == wanted
+    assert min(wanted) == bench_build.MIN_SM
+    assert re.findall(r"\.sm_(\d+)\.ptx", ptx) == [str(ptx_arch)] and ptx_arch == max(wanted)
+
+
 def test_hybridmon_bench_turns_no_device_into_a_clear_message_and_exit_3(built, tmp_path):
-    """The real binary through the whole command. `hybridmon bench` clears CUDA_VISIBLE_DEVICES
-    on purpose (device order), so on a host with a GPU this would measure it instead."""
+    """The real binary through the whole command, NVML (the fake) listing a GPU that CUDA cannot
+    reach. `hybridmon bench` clears CUDA_VISIBLE_DEVICES on purpose (device order), so on a host
+    with a GPU this would measure it instead."""
     if Path("/dev/nvidiactl").exists():
         pytest.skip("a GPU host: `hybridmon bench` would run for real (docs/offload-bench.md)")
-    env = {**os.environ, "HYBRIDMON_STATE_DIR": str(tmp_path / "state")}
-    proc = subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", "bench", "--binary", str(built)],
+    env = {**os.environ, "HYBRIDMON_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(REPO),
+           "HYBRIDMON_GPU__NVML_MODULE": "tests.support.fake_nvml"}
+    proc = subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", "bench", "--gpu", "0", "--force",
+                           "--binary", str(built)],
                           capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
     assert proc.returncode == EXIT_NO_DEVICE, proc.stderr
     assert "hybridmon: no CUDA device: cuda" in proc.stderr

@@ -336,14 +336,57 @@ def test_without_ptrace_the_agent_sees_every_process_but_no_numa_placement_and_s
     assert unprivileged["opened"] == [] and len(privileged["opened"]) == 3 * len(pids)
 
 
+def dockerfile_stages() -> list[dict]:
+    """The Dockerfile's stages, in order: {"from", "name", "instructions": [(keyword, text)]},
+    continuation lines joined and comments dropped (the subset of the syntax the file uses)."""
+    text = re.sub(r"\\\n\s*", " ", (DEPLOY / "container" / "Dockerfile").read_text())
+    stages, arguments = [], {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        keyword, _, rest = line.strip().partition(" ")
+        if keyword == "ARG" and not stages:
+            name, _, default = rest.partition("=")
+            arguments[name] = default
+        elif keyword == "FROM":
+            image, _, name = rest.partition(" AS ")
+            image = re.sub(r"\$\{(\w+)\}", lambda m: arguments[m.group(1)], image)
+            stages.append({"from": image, "name": name or None, "instructions": []})
+        else:
+            stages[-1]["instructions"].append((keyword, rest))
+    return stages
+
+
 def test_container_image_copies_what_the_package_is_built_from():
-    dockerfile = (DEPLOY / "container" / "Dockerfile").read_text()
-    copied = {source for line in dockerfile.splitlines() if line.startswith("COPY ")
-              for source in line.split()[1:-1]}
+    *_builders, final = dockerfile_stages()
+    copied = {source for keyword, rest in final["instructions"] if keyword == "COPY"
+              and not rest.startswith("--from=") for source in rest.split()[:-1]}
     project = tomllib.loads((REPO / "pyproject.toml").read_text())
     packages = set(project["tool"]["setuptools"]["package-dir"].values())  # hybridmon, agent, rules...
     assert copied == {"pyproject.toml", project["project"]["readme"]} | packages
     assert all((REPO / source).exists() for source in copied)
+
+
+def test_container_image_ships_the_prebuilt_benchmark_and_the_daemonset_runs_it():
+    """Issue 13: the image had no way to run `hybridmon bench` (no nvcc in it). Stage 1 compiles
+    offload_bench.cu with the CUDA toolkit's image through agent/bench/build.py; the final image
+    copies the binary and names it in bench.binary, as the DaemonSet does."""
+    builder, final = dockerfile_stages()
+    assert builder["name"] == "bench" and re.fullmatch(r"nvidia/cuda:12\.\d+\.\d+-devel-ubuntu\d+\.04", builder["from"])
+    steps = dict(builder["instructions"])
+    assert steps["COPY"].split() == ["agent/bench/build.py", "agent/bench/offload_bench.cu", "/src/"]
+    assert all((REPO / source).is_file() for source in steps["COPY"].split()[:-1])
+    assert any(rest.startswith("python3 /src/build.py --cache-dir /cache")
+               for keyword, rest in builder["instructions"] if keyword == "RUN")
+    (binary_copy,) = [rest.split() for keyword, rest in final["instructions"] if rest.startswith("--from=")]
+    assert binary_copy[0] == "--from=bench" and binary_copy[1] == binary_copy[2]
+    image_env = dict(rest.split("=", 1) for keyword, rest in final["instructions"] if keyword == "ENV")
+    pod_env = {e["name"]: e["value"] for e in agent_container()["env"]}
+    assert image_env["HYBRIDMON_BENCH__BINARY"] == pod_env["HYBRIDMON_BENCH__BINARY"] == binary_copy[2]
+    # A configuration key, so `hybridmon bench` in the pod uses it rather than looking for nvcc.
+    assert load_config(environ=pod_env).bench.binary == binary_copy[2]
+    compute = set(pod_env["NVIDIA_DRIVER_CAPABILITIES"].split(","))
+    assert "compute" in compute  # libcuda.so.1 for the benchmark, mounted by the NVIDIA runtime
 
 
 def test_service_and_servicemonitor_reach_the_agent_pods():

@@ -22,12 +22,28 @@ numa = args[args.index("--numa-node") + 1] if "--numa-node" in args else "auto"
 with open({calls!r}, "a") as log:
     log.write(json.dumps(args) + "\\n")
 outputs = {outputs!r}
-status, path = outputs["auto"] if numa == "auto" else outputs.get("*", outputs["auto"])
+local = numa in ("auto", "none", {local_node!r})
+status, path = outputs["auto"] if local else outputs.get("*", outputs["auto"])
 text = open(path).read()
+try:  # where the real binary was told to put its thread and buffers (offload_bench.cu, main)
+    report = json.loads(text)
+    cpus = args[args.index("--cpus") + 1] if "--cpus" in args else "auto"
+    if report.get("version") == 2 and status == 0 and cpus != "auto":
+        report["cpu_affinity"] = ({{"bound": False, "cpus": "0-63", "note": "not bound (--cpus none)"}}
+                                  if cpus == "none" else {{"bound": True, "cpus": cpus, "note": None}})
+    if report.get("version") == 2 and status == 0 and numa == "none":
+        report.update(numa_node=None, numa_policy="default", numa_note="not bound (--numa-node none)")
+    if report.get("version") == 2 and status == 0:
+        text = json.dumps(report)
+except (ValueError, TypeError, AttributeError):
+    pass
 try:  # progress lines for a well-formed report; a garbage one is printed as it is
-    results = json.loads(text)["results"]
-    for step, result in enumerate(results, 1):
-        print(json.dumps({{"progress": {{"step": step, "steps": len(results), "direction": result["direction"],
+    # As offload_bench.cu prints them: one per measurement, so one "bidirectional" step for the
+    # two results (h2d_bidirectional, d2h_bidirectional) that measurement gives.
+    measured = [r for r in json.loads(text)["results"] if r["direction"] != "d2h_bidirectional"]
+    for step, result in enumerate(measured, 1):
+        direction = "bidirectional" if "bidirectional" in result["direction"] else result["direction"]
+        print(json.dumps({{"progress": {{"step": step, "steps": len(measured), "direction": direction,
                                          "memory": result["memory"], "bytes": result["bytes"]}}}}),
               file=sys.stderr)
 except (KeyError, TypeError, ValueError):
@@ -40,16 +56,17 @@ sys.exit(status)
 
 def fake_binary(directory: Path, local: str = "report-gen4-local.json",
                 remote: str | None = "report-gen4-remote.json", status: int = 0,
-                remote_status: int = 0) -> Path:
-    """An executable at directory/offload_bench. `local` answers --numa-node auto with exit
-    `status`, `remote` any explicit node with `remote_status`; names are files of
+                remote_status: int = 0, local_node: str = "0") -> Path:
+    """An executable at directory/offload_bench. `local` answers --numa-node auto, none or
+    `local_node` (the fixture GPU 0's node, which the runner names explicitly since issue 13) with
+    exit `status`, `remote` any other node with `remote_status`; names are files of
     tests/fixtures/bench or absolute paths. Each call's arguments
     are appended to directory/calls.jsonl."""
     outputs = {"auto": (status, str(BENCH_FIXTURES / local))}  # "*": any explicit node
     if remote is not None:
         outputs["*"] = (remote_status, str(BENCH_FIXTURES / remote))
     script = _SCRIPT.format(python=sys.executable, sha=source_hash(), calls=str(directory / "calls.jsonl"),
-                            outputs=outputs)
+                            outputs=outputs, local_node=local_node)
     path = directory / "offload_bench"
     path.write_text(script)
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
