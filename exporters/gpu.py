@@ -1,8 +1,10 @@
 """NVIDIA GPUs through NVML: identity, memory, PCIe link and traffic, utilization, processes.
 
 All NVML access goes through exporters/nvml.py. GPUs are read concurrently, one task per GPU:
-nvmlDeviceGetPcieThroughput samples a 20 ms window per direction and blocks meanwhile, so one GPU
-costs ~40 ms and eight read one after the other would cost ~320 ms (docs/nvml-cost.md).
+where a GPU lacks PCIe byte counters, nvmlDeviceGetPcieThroughput samples a 20 ms window per
+direction and blocks meanwhile, so such a GPU's first tick costs ~40 ms and eight read one after
+the other ~320 ms; later ticks take the samples a sampler thread took meanwhile
+(exporters/pcie_traffic.py, docs/nvml-cost.md).
 """
 from __future__ import annotations
 
@@ -19,6 +21,9 @@ from hybridmon.exporters.sources import RawSource
 from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, CollectorSettings, LogOnce,
                                       MetricSpec, NoDataError, Samples)
 from hybridmon.exporters.nvml import GpuLostError, GpuProcess, Nvml
+from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, DIRECTIONS,
+                                              MAX_SAMPLES_PER_SECOND, PcieTraffic, TrafficReading)
+from hybridmon.exporters.sources import LiveSource
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +56,26 @@ MEMORY_RESERVED = MetricSpec(
     "absent on drivers without memory info v2.", "gauge", GPU)
 PCIE_THROUGHPUT = MetricSpec(
     "hybridmon_gpu_pcie_throughput_bytes_per_second",
-    "PCIe traffic over NVML's last 20 ms window (bytes/s), nvmlDeviceGetPcieThroughput KB/s x "
-    "1024; direction host_to_device (RX_BYTES) or device_to_host (TX_BYTES).",
+    "PCIe traffic (bytes/s) since the previous collection: the PCIe byte counters' increase "
+    "over NVML's time between them where the GPU has them, else the mean of the 20 ms "
+    "nvmlDeviceGetPcieThroughput samples (KB/s x 1024) taken since; one 20 ms window on the "
+    "first collection. direction host_to_device (RX) or device_to_host (TX).",
     "gauge", ("gpu", "uuid", "direction"))
+PCIE_BYTES = MetricSpec(
+    "hybridmon_gpu_pcie_bytes_total",
+    "PCIe bytes the GPU received (direction host_to_device, NVML_FI_DEV_PCIE_COUNT_RX_BYTES) or "
+    "sent (device_to_host, NVML_FI_DEV_PCIE_COUNT_TX_BYTES) since the driver loaded, read with "
+    "nvmlDeviceGetFieldValues; a cumulative count, so rate() over any window is exact where "
+    "the 20 ms throughput sample is not. Absent where the GPU or driver lacks the fields.",
+    "counter", ("gpu", "uuid", "direction"))
+PCIE_SAMPLED_BYTES = MetricSpec(
+    "hybridmon_gpu_pcie_sampled_bytes_total",
+    "Estimated PCIe bytes moved since the agent started, where the GPU lacks byte counters: the "
+    "sum of each 20 ms nvmlDeviceGetPcieThroughput sample times the time it stands for (samples "
+    "at random moments, pcie_samples_per_second a second). rate() over 1 min has a standard "
+    "error of at most burst rate x sqrt(d(1-d)/n), n samples in the window (docs/nvml-cost.md); "
+    "absent where hybridmon_gpu_pcie_bytes_total is present.",
+    "counter", ("gpu", "uuid", "direction"))
 PCIE_LINK_GENERATION = MetricSpec(
     "hybridmon_gpu_pcie_link_generation",
     "PCIe generation the link runs at now, nvmlDeviceGetCurrPcieLinkGeneration (it drops at "
@@ -79,18 +101,29 @@ UTILIZATION = MetricSpec(
     "nvmlDeviceGetUtilizationRates `gpu` percent / 100.", "gauge", GPU)
 NUMA_NODE = MetricSpec(
     "hybridmon_gpu_numa_node",
-    "NUMA node nearest the GPU, nvmlDeviceGetNumaNodeId; absent on drivers or hosts without it.",
+    "The NUMA node that is the GPU's own memory, nvmlDeviceGetNumaNodeId: only on platforms where "
+    "GPU memory is a NUMA node (Grace Hopper, Grace Blackwell; nvml.h: \"only applies to platforms "
+    "where the GPUs are NUMA nodes\"), absent elsewhere (NOT_SUPPORTED on x86 PCIe hosts). Not the "
+    "node nearest the GPU: that is hybridmon_pcie_device_numa_node of its PCI address.",
+    "gauge", GPU)
+MIG_MODE = MetricSpec(
+    "hybridmon_gpu_mig_mode",
+    "1 when MIG is enabled on the GPU, 0 when disabled (nvmlDeviceGetMigMode current mode); "
+    "absent on GPUs without MIG. With MIG on, utilization and per-process memory are per "
+    "instance and not exported; PCIe traffic and memory are the whole GPU's.",
     "gauge", GPU)
 PROCESS_MEMORY_USED = MetricSpec(
     "hybridmon_gpu_process_memory_used_bytes",
-    "GPU memory a compute process uses on the GPU (bytes), nvmlDeviceGetComputeRunningProcesses "
-    "usedGpuMemory; process_name from nvmlSystemGetProcessName (the pid when unknown); absent "
-    "when NVML cannot tell (e.g. in some containers).", "gauge",
+    "GPU memory a process uses on the GPU (bytes), usedGpuMemory from NVML's compute, graphics "
+    "(OpenGL/Vulkan) and MPS compute process lists, a process in several lists counted once and "
+    "summed over MIG instances; process_name from nvmlSystemGetProcessName (the pid when "
+    "unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
 
 METRIC_SPECS = (GPU_INFO, GPU_UP, MEMORY_USED, MEMORY_TOTAL, MEMORY_RESERVED, PCIE_THROUGHPUT,
-                PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
-                PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, PROCESS_MEMORY_USED)
+                PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
+                PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, MIG_MODE,
+                PROCESS_MEMORY_USED)
 
 
 @dataclass
@@ -103,7 +136,7 @@ class GpuReading:
     answered: bool = True  # at least one NVML call on it succeeded this tick
     values: dict[MetricSpec, Any] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
-    throughput: tuple[int | None, int | None] = (None, None)
+    traffic: TrafficReading = field(default_factory=TrafficReading)
     processes: list[GpuProcess] = field(default_factory=list)
 
 
@@ -113,8 +146,16 @@ class GpuCollector:
     metric_specs = METRIC_SPECS
 
     def __init__(self, source: RawSource, nvml_module: str | Any | None = "pynvml",
-                 max_workers: int = 8, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_workers: int = 8, clock: Callable[[], float] = time.monotonic,
+                 pcie_samples_per_second: float = 0.0) -> None:
+        """pcie_samples_per_second: background samples of GPUs without PCIe byte counters (the
+        agent's [gpu] setting defaults to 10); 0 reads one 20 ms window per tick instead."""
         self._nvml = Nvml(source, nvml_module, clock=clock)
+        # The sampler threads' own gate on the same library: their samples are not recorded.
+        sampler_nvml = (Nvml(LiveSource(), nvml_module, clock=clock)
+                        if nvml_module is not None and pcie_samples_per_second > 0 else None)
+        self._traffic = PcieTraffic(self._nvml, source, sampler_nvml, pcie_samples_per_second,
+                                    replaying=nvml_module is None)
         self._max_workers = max(1, max_workers)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
@@ -122,7 +163,8 @@ class GpuCollector:
         self._processes: dict[int, str] = {}
 
     def gpu_processes(self) -> dict[int, str]:
-        """pid -> name of each compute process on any GPU at the last successful collect()."""
+        """pid -> name of each process NVML listed (compute, graphics or MPS) on any GPU at the
+        last successful collect()."""
         return dict(self._processes)
 
     def collect(self) -> Samples:
@@ -168,17 +210,27 @@ class GpuCollector:
             if memory is not None:
                 reading.values.update({MEMORY_USED: memory[0], MEMORY_TOTAL: memory[1],
                                        MEMORY_RESERVED: memory[2]})
-            reading.throughput = nvml.pcie_throughput_bytes_per_second(index)
+            reading.traffic = self._traffic.read(index)
             reading.values.update({
                 PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
                 PCIE_LINK_MAX_GENERATION: nvml.pcie_link_max_generation(index),
                 PCIE_LINK_WIDTH: nvml.pcie_link_width_lanes(index),
                 PCIE_LINK_MAX_WIDTH: nvml.pcie_link_max_width_lanes(index),
                 PCIE_REPLAYS: nvml.pcie_replay_count(index),
-                UTILIZATION: nvml.utilization_ratio(index),
                 NUMA_NODE: nvml.numa_node(index),
             })
-            reading.processes = nvml.compute_processes(index) or []
+            mig = nvml.mig_enabled(index)
+            if mig is not None:
+                reading.values[MIG_MODE] = 1 if mig else 0
+            if mig:
+                # The parent handle refuses these with MIG on (nvml.h: utilization NOT_SUPPORTED,
+                # processes NO_PERMISSION without privileges); asking would only log failures.
+                self._log_once(f"mig:{index}", "GPU %d has MIG enabled: utilization and "
+                               "per-process memory are per instance and not read by hybridmon; "
+                               "PCIe traffic and memory are the whole GPU's", index)
+            else:
+                reading.values[UTILIZATION] = nvml.utilization_ratio(index)
+                reading.processes = nvml.processes(index) or []
             # Cached identity still fills the reading when the driver has gone; only answers count.
             reading.answered = nvml.answer_count(index) > answers_before
             return reading
@@ -198,9 +250,13 @@ class GpuCollector:
                     driver_version)
         for spec, value in reading.values.items():
             samples.add(spec, value, gpu, uuid)
-        host_to_device, device_to_host = reading.throughput
-        samples.add(PCIE_THROUGHPUT, host_to_device, gpu, uuid, "host_to_device")
-        samples.add(PCIE_THROUGHPUT, device_to_host, gpu, uuid, "device_to_host")
+        traffic = reading.traffic
+        for index, direction in enumerate(DIRECTIONS):
+            samples.add(PCIE_THROUGHPUT, traffic.bytes_per_second[index], gpu, uuid, direction)
+            if traffic.counted_bytes is not None:
+                samples.add(PCIE_BYTES, traffic.counted_bytes[index], gpu, uuid, direction)
+            if traffic.sampled_bytes is not None:
+                samples.add(PCIE_SAMPLED_BYTES, traffic.sampled_bytes[index], gpu, uuid, direction)
         per_pid: dict[int, int] = {}
         for process in reading.processes:
             if process.used_memory_bytes is not None:
@@ -214,6 +270,7 @@ class GpuCollector:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True, cancel_futures=True)
+        self._traffic.close()
         self._nvml.close()
 
 
@@ -224,13 +281,19 @@ class GpuSettings(CollectorSettings):
         default="pynvml", description="Python module providing NVML; tests point it at a fake"
     )
     max_workers: int = Field(default=8, ge=1, le=64)
+    pcie_samples_per_second: float = Field(
+        default=DEFAULT_SAMPLES_PER_SECOND, ge=0, le=MAX_SAMPLES_PER_SECOND,
+        description="PCIe throughput samples a second per GPU without PCIe byte counters (each "
+                    "blocks a sampler thread 40 ms); 0: one 20 ms window per tick. Sets the error "
+                    "bound of the traffic reading (docs/nvml-cost.md)")
 
 
 def _gpu_collector(context: CollectorContext) -> GpuCollector:
     settings: GpuSettings = context.settings
     # In a replay NVML is not loaded: the trace answers.
     return GpuCollector(context.source, nvml_module=None if context.replay else settings.nvml_module,
-                        max_workers=settings.max_workers)
+                        max_workers=settings.max_workers,
+                        pcie_samples_per_second=settings.pcie_samples_per_second)
 
 
 REGISTRATION = CollectorRegistration(GpuCollector, _gpu_collector, settings=GpuSettings)

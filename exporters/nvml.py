@@ -8,6 +8,8 @@ are looked up inside the fetch, so a replay (module=None) imports nothing and ru
 Errors are classified by class name, so real pynvml errors, the test fake's and replayed ones
 (exporters.sources.ReplayedCallError carries `type_name`) behave alike:
 - NotSupported, FunctionNotFound (driver too old): the value is unsupported (None), logged once;
+- a function the pynvml module lacks (nvidia-ml-py older than the function): unsupported too, logged
+  once with the version to upgrade to (MIN_NVIDIA_ML_PY);
 - LibraryNotFound, DriverNotLoaded at init: NoDataError telling the operator to install the driver;
 - GpuIsLost (and Unknown right after it on the same GPU): GpuLostError for that GPU;
 - anything else (Timeout, NoPermission, ...): the value is absent this time, logged once per
@@ -15,23 +17,25 @@ Errors are classified by class name, so real pynvml errors, the test fake's and 
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
+import importlib.metadata
 import logging
-import re
 import threading
 import time
-from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
 from hybridmon.exporters.sources import TraceMissError
 from hybridmon.exporters.base import CollectorError, LogOnce, NoDataError, ParseError
+from hybridmon.exporters.nvml_answers import (
+    FIELD_VALUE_MEMBERS, NVML_DEVICE_MIG_ENABLE, NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_SUCCESS, GpuProcess, PcieByteCount, gpu_process,
+    normalize_pci_bus_id, to_plain)
+
+# The answers' types are imported from here by the collectors: this module is the one gate.
+__all__ = ["GpuLostError", "GpuProcess", "Nvml", "PcieByteCount", "normalize_pci_bus_id", "MIN_NVIDIA_ML_PY"]
 
 logger = logging.getLogger(__name__)
-
-# What NVML (and pynvml on Linux) reports for "this process's GPU memory is not known".
-NVML_VALUE_NOT_AVAILABLE = 2**64 - 1
 
 DRIVER_MISSING_MESSAGES = {
     "NVMLError_LibraryNotFound": (
@@ -43,14 +47,40 @@ DRIVER_MISSING_MESSAGES = {
         "not running): GPU metrics are absent; load it (modprobe nvidia) or reinstall the driver"
     ),
 }
-_PCI_BUS_ID = re.compile(r"([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])")
 OK, UNSUPPORTED, FAILED = "ok", "unsupported", "failed"
-UNSUPPORTED_ERRORS = frozenset({
-    "NVMLError_NotSupported",
-    "NVMLError_FunctionNotFound",
-    "NVMLError_ArgumentVersionMismatch",
+# The oldest nvidia-ml-py whose wrappers hybridmon relies on are right, read from the wheels:
+# - 12.535.77 sizes the process struct with usedGpuCcProtectedMemory (32 bytes) where the driver
+#   writes nvmlProcessInfo_v2_t (24 bytes, nvml.h), so every process after the first is garbage;
+#   12.535.108 fixed the struct;
+# - every 12.535.x lacks nvmlDeviceGetNumaNodeId and the *RunningProcesses_v2 wrappers (only _v3
+#   and the unversioned name, which calls _v3), so no fallback to v2 is possible;
+# - 12.550.52 is the first with all of them and with NVMLLibraryMismatchError (there is no 12.545).
+MIN_NVIDIA_ML_PY = "12.550.52"
+MISSING_FUNCTION_ERRORS = frozenset({
+    "NVMLError_FunctionNotFound",  # the driver's libnvidia-ml.so.1 lacks the symbol
     "NVMLLibraryMismatchError",  # pynvml's wrapper of FunctionNotFound for unversioned calls
+    "BindingLacksFunctionError",  # the pynvml module lacks the function (see below)
 })
+UNSUPPORTED_ERRORS = MISSING_FUNCTION_ERRORS | {
+    "NVMLError_NotSupported",
+    "NVMLError_ArgumentVersionMismatch",
+}
+# The process lists NVML keeps per GPU (nvitop reads compute and graphics): kind -> pynvml name.
+# Vulkan/OpenGL clients (llama.cpp's Vulkan backend too) are only in the graphics list; clients of
+# an MPS server only in the MPS list.
+PROCESS_LISTS = (("compute", "nvmlDeviceGetComputeRunningProcesses"),
+                 ("graphics", "nvmlDeviceGetGraphicsRunningProcesses"),
+                 ("mps", "nvmlDeviceGetMPSComputeRunningProcesses"))
+# Newest first. pynvml >= 12.550 has all three names for each list; its unversioned one calls _v3
+# again and turns FunctionNotFound into NVMLLibraryMismatchError, so it only helps a binding
+# whose unversioned wrapper reaches the driver's v1 symbol.
+PROCESS_ENTRY_POINTS = ("_v3", "_v2", "")
+
+
+class BindingLacksFunctionError(Exception):
+    """The pynvml module has no such function: nvidia-ml-py is older than the function.
+
+    Raised inside the recorded fetch, so a trace replays it like an NVML error."""
 
 
 class GpuLostError(Exception):
@@ -61,44 +91,22 @@ class GpuLostError(Exception):
         self.gpu = gpu
 
 
-@dataclass(frozen=True, slots=True)
-class GpuProcess:
-    pid: int
-    used_memory_bytes: int | None
-
-
-def normalize_pci_bus_id(bus_id: str) -> str:
-    """NVML's "00000000:17:00.0" as sysfs writes it: "0000:17:00.0" (lowercase, 4+ hex domain)."""
-    match = _PCI_BUS_ID.fullmatch(bus_id.strip())
-    if match is None:
-        raise ParseError(f"not a PCI bus id: {bus_id[:40]!r}")
-    domain, bus, device, function = (int(part, 16) for part in match.groups())
-    if device > 0x1F:
-        raise ParseError(f"PCI device number out of range in {bus_id!r}")
-    return f"{domain:04x}:{bus:02x}:{device:02x}.{function:x}"
-
-
-def to_plain(value: Any) -> Any:
-    """An NVML answer as JSON data: structs become dicts of their _fields_, bytes become str."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, (ctypes.Structure, ctypes.Union)):
-        return {field[0]: to_plain(getattr(value, field[0])) for field in value._fields_}
-    if isinstance(value, (ctypes.Array, list, tuple)):
-        return [to_plain(item) for item in value]
-    if hasattr(value, "__dict__"):  # pynvml's nvmlFriendlyObject (process lists)
-        return {key: to_plain(item) for key, item in vars(value).items() if not key.startswith("_")}
-    raise TypeError(f"cannot record an NVML answer of type {type(value).__name__}")
-
-
 def error_name(error: BaseException) -> str:
     return getattr(error, "type_name", None) or type(error).__name__
 
 
 def _is_nvml_error(name: str) -> bool:
-    return name.startswith("NVMLError") or name == "NVMLLibraryMismatchError"
+    return name.startswith("NVMLError") or name in MISSING_FUNCTION_ERRORS
+
+
+def _binding_version(module: Any) -> str:
+    """The installed nvidia-ml-py's version when `module` is its pynvml, else "(unknown)"."""
+    if getattr(module, "__name__", None) != "pynvml":
+        return "(unknown)"
+    try:
+        return importlib.metadata.version("nvidia-ml-py")
+    except importlib.metadata.PackageNotFoundError:
+        return "(unknown)"
 
 
 class Nvml:
@@ -124,7 +132,13 @@ class Nvml:
         self._lost: set[int] = set()
         self._answers: dict[int, int] = {}
         self._memory_version: str | None = None
+        self._pcie_counter_bits: dict[int, int | None] = {}  # gpu -> counter width; None: unusable
         self._process_names: dict[int, str] = {}
+        # (gpu, list kind) -> the pynvml function that answered it; entry points found missing;
+        # lists the GPU does not support. Per GPU, so concurrent reads probe in a fixed order.
+        self._process_entry: dict[tuple[int, str], str] = {}
+        self._process_missing: set[tuple[int, str]] = set()
+        self._process_unsupported: set[tuple[int, str]] = set()
 
     # --- lifecycle -------------------------------------------------------------------------
     def _ensure_initialized(self) -> None:
@@ -197,12 +211,22 @@ class Nvml:
         """(OK, value), (UNSUPPORTED, None) or (FAILED, None); GpuLostError if the GPU is lost.
 
         `args` describe the call in the key; `call_args`/`call_kwargs` follow the handle."""
+        return self._attempt_named(gpu, function, args, *call_args, **call_kwargs)[:2]
+
+    def _attempt_named(self, gpu: int | None, function: str, args: tuple = (), *call_args: Any,
+                       **call_kwargs: Any) -> tuple[str, Any, str | None]:
+        """_attempt's answer and the error's class name (None on success)."""
         self._ensure_initialized()
         parts = ((gpu,) if gpu is not None else ()) + args
         key = f"nvml.{function}({','.join(str(part) for part in parts)})"
 
         def fetch() -> Any:
-            target = getattr(self._module, function)
+            try:
+                target = getattr(self._module, function)
+            except AttributeError:
+                raise BindingLacksFunctionError(
+                    f"nvidia-ml-py {_binding_version(self._module)} lacks {function}; upgrade to "
+                    f">= {MIN_NVIDIA_ML_PY}") from None
             if gpu is None:
                 return to_plain(target(*call_args, **call_kwargs))
             return to_plain(target(self._handle(gpu), *call_args, **call_kwargs))
@@ -223,14 +247,19 @@ class Nvml:
                 if newly_lost:
                     logger.error("%s (%s in %s)", GpuLostError(gpu), name, function)
                 raise GpuLostError(gpu) from error
+            if name == "BindingLacksFunctionError":
+                # The message (kept as the detail in a trace) names the version to upgrade to.
+                self._log_once(f"unsupported:{function}", "%s; its series are absent",
+                               getattr(error, "detail", None) or error)
+                return UNSUPPORTED, None, name
             if name in UNSUPPORTED_ERRORS:
                 self._log_once(f"unsupported:{function}", "NVML %s is not supported%s (%s: the "
                                "driver is too old or the GPU lacks it); its series are absent",
                                function, where, name, level=logging.INFO)
-                return UNSUPPORTED, None
+                return UNSUPPORTED, None, name
             self._log_once(f"failed:{function}:{name}", "NVML %s failed%s (%s: %s); the value is "
                            "absent until it succeeds", function, where, name, error)
-            return FAILED, None
+            return FAILED, None, name
         if gpu is not None:
             with self._state_lock:
                 self._answers[gpu] = self._answers.get(gpu, 0) + 1
@@ -238,7 +267,7 @@ class Nvml:
                 self._lost.discard(gpu)
             if came_back:
                 logger.warning("GPU %d answers NVML again", gpu)
-        return OK, value
+        return OK, value, None
 
     def _call(self, gpu: int | None, function: str, args: tuple = (), *call_args: Any,
               **call_kwargs: Any) -> Any:
@@ -349,11 +378,62 @@ class Nvml:
         """(host_to_device, device_to_host) over NVML's 20 ms window; each direction blocks ~20 ms.
 
         NVML answers in KB/s; RX is what the GPU receives, i.e. host to device."""
+        self._ensure_initialized()  # loads the module, whose constants name the counters below
         rx = self._call(gpu, "nvmlDeviceGetPcieThroughput", ("rx",),
                         self._module_attr("NVML_PCIE_UTIL_RX_BYTES"))
         tx = self._call(gpu, "nvmlDeviceGetPcieThroughput", ("tx",),
                         self._module_attr("NVML_PCIE_UTIL_TX_BYTES"))
         return (None if rx is None else int(rx) * 1024, None if tx is None else int(tx) * 1024)
+
+    def pcie_byte_counters(self, gpu: int) -> PcieByteCount | None:
+        """The GPU's cumulative PCIe byte counters (NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES) and NVML's
+        timestamp of them, from one nvmlDeviceGetFieldValues call that does not block.
+
+        Whether the GPU has usable counters is decided once, by its first answer: both fields
+        SUCCESS with a 64-bit integer valueType. A field answering an error (drivers before R555
+        do not know the ids; some GPUs lack them) or a 32-bit value (it would wrap every 4 GiB,
+        under 0.1 s at Gen5 x16, so one tick could hide several wraps) means unusable for good,
+        logged once; the agent then samples nvmlDeviceGetPcieThroughput (exporters/pcie_traffic.py).
+        None: unusable, or no answer this time."""
+        if gpu in self._pcie_counter_bits and self._pcie_counter_bits[gpu] is None:
+            return None
+        status, fields = self._attempt(gpu, "nvmlDeviceGetFieldValues", ("pcie_bytes",),
+                                       [NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+                                        NVML_FI_DEV_PCIE_COUNT_TX_BYTES])
+        if status == UNSUPPORTED:
+            self._pcie_counter_bits[gpu] = None
+        if status != OK:
+            return None
+        by_id = {field["fieldId"]: field for field in fields}
+        rx = by_id.get(NVML_FI_DEV_PCIE_COUNT_RX_BYTES, {})
+        tx = by_id.get(NVML_FI_DEV_PCIE_COUNT_TX_BYTES, {})
+        returns = (rx.get("nvmlReturn"), tx.get("nvmlReturn"))
+        bits = {FIELD_VALUE_MEMBERS.get(f.get("valueType"), (None, None))[1] for f in (rx, tx)}
+        integer = all(f.get("valueType") in (1, 2, 3, 4) for f in (rx, tx))
+        decided = self._pcie_counter_bits.get(gpu, 0)
+        if returns == (NVML_SUCCESS, NVML_SUCCESS) and integer and bits == {64}:
+            if decided == 0:
+                self._pcie_counter_bits[gpu] = 64
+            return PcieByteCount(int(rx["value"]), int(tx["value"]),
+                                 max(rx["timestamp"], tx["timestamp"]) / 1e6, 64)
+        if decided == 0:
+            self._pcie_counter_bits[gpu] = None
+            self._log_once(f"pcie_counters:{gpu}", "GPU %d has no usable PCIe byte counters "
+                           "(nvmlDeviceGetFieldValues RX/TX_BYTES answered nvmlReturn %s, value "
+                           "types %s; 64-bit counters need driver R555 or later): its PCIe traffic "
+                           "is sampled with nvmlDeviceGetPcieThroughput instead", gpu, returns,
+                           (rx.get("valueType"), tx.get("valueType")), level=logging.INFO)
+        else:
+            self._log_once(f"pcie_counters_failed:{gpu}", "GPU %d: PCIe byte counters answered "
+                           "nvmlReturn %s this time; their series are absent until they answer",
+                           gpu, returns)
+        return None
+
+    def pcie_byte_counters_usable(self, gpu: int) -> bool | None:
+        """Whether pcie_byte_counters decided the GPU has usable counters; None: not decided yet."""
+        if gpu not in self._pcie_counter_bits:
+            return None
+        return self._pcie_counter_bits[gpu] is not None
 
     def utilization_ratio(self, gpu: int) -> float | None:
         """Share of the last sample period in which a kernel ran (nvmlDeviceGetUtilizationRates)."""
@@ -361,19 +441,94 @@ class Nvml:
         return None if rates is None else rates["gpu"] / 100.0
 
     def numa_node(self, gpu: int) -> int | None:
+        """The NUMA node that IS the GPU's memory, nvmlDeviceGetNumaNodeId: nvml.h says it "only
+        applies to platforms where the GPUs are NUMA nodes" (Grace Hopper/Blackwell, where GPU
+        memory is a CPU-less node) and answers NOT_SUPPORTED elsewhere, e.g. on x86 PCIe hosts.
+        NOT the node nearest the GPU: that is its PCI device's sysfs numa_node."""
         node = self._call(gpu, "nvmlDeviceGetNumaNodeId")
         return None if node is None or node < 0 else int(node)
 
-    def compute_processes(self, gpu: int) -> list[GpuProcess] | None:
-        processes = self._call(gpu, "nvmlDeviceGetComputeRunningProcesses")
-        if processes is None:
+    def mig_enabled(self, gpu: int) -> bool | None:
+        """Whether MIG is on (nvmlDeviceGetMigMode's current mode); None where the GPU has no MIG
+        (NOT_SUPPORTED: only A100/A30/H100-class GPUs have it) or the call failed.
+
+        Read once per GPU: changing the mode needs a GPU reset (nvml.h, nvmlDeviceSetMigMode)."""
+        key = ("nvmlDeviceGetMigMode", gpu)
+        if key in self._static:
+            return self._static[key]
+        status, modes = self._attempt(gpu, "nvmlDeviceGetMigMode")
+        if status == FAILED:
             return None
-        found = []
-        for process in processes:
-            used = process.get("usedGpuMemory")
-            known = used not in (None, NVML_VALUE_NOT_AVAILABLE)
-            found.append(GpuProcess(int(process["pid"]), int(used) if known else None))
-        return found
+        enabled = None if status == UNSUPPORTED else modes[0] == NVML_DEVICE_MIG_ENABLE
+        self._static[key] = enabled
+        return enabled
+
+    def processes(self, gpu: int) -> list[GpuProcess] | None:
+        """Every process NVML lists on the GPU: its compute, graphics and MPS compute lists, one
+        entry per pid (and MIG instance), `kinds` naming the lists it is in. None only when no
+        list could be read (all failed or unsupported); with MIG on, the parent GPU's lists need
+        privileges (nvml.h: NO_PERMISSION otherwise)."""
+        merged: dict[tuple[int, int | None], GpuProcess] = {}
+        answered = False
+        for kind, function in PROCESS_LISTS:
+            listed = self._process_list(gpu, kind, function)
+            if listed is None:
+                continue
+            answered = True
+            for entry in listed:
+                process = gpu_process(entry, kind)
+                key = (process.pid, process.gpu_instance_id)
+                earlier = merged.get(key)
+                if earlier is not None:
+                    # A process in two lists (CUDA-OpenGL interop) holds one set of memory; each
+                    # list reports the same process's usage, so it is kept once, not added.
+                    used = [u for u in (earlier.used_memory_bytes, process.used_memory_bytes)
+                            if u is not None]
+                    process = GpuProcess(process.pid, max(used) if used else None,
+                                         earlier.kinds | process.kinds, process.gpu_instance_id)
+                merged[key] = process
+        return list(merged.values()) if answered else None
+
+    def compute_processes(self, gpu: int) -> list[GpuProcess] | None:
+        """The compute and MPS compute processes of processes() (graphics-only ones left out)."""
+        found = self.processes(gpu)
+        if found is None:
+            return None
+        return [process for process in found if process.kinds & {"compute", "mps"}]
+
+    def _process_list(self, gpu: int, kind: str, function: str) -> list | None:
+        """One list, through the entry point that answered before, else v3, v2, then the
+        unversioned one; an entry point found missing is not asked again."""
+        key = (gpu, kind)
+        if key in self._process_unsupported:
+            return None
+        decided = self._process_entry.get(key)
+        candidates = ((decided,) if decided else
+                      tuple(function + suffix for suffix in PROCESS_ENTRY_POINTS
+                            if (gpu, function + suffix) not in self._process_missing))
+        for name in candidates:
+            status, listed, error = self._attempt_named(gpu, name)
+            if status == OK:
+                with self._state_lock:
+                    self._process_entry[key] = name
+                return listed or []
+            if status == FAILED:
+                return None  # transient (or NO_PERMISSION under MIG): ask again next time
+            if error in MISSING_FUNCTION_ERRORS:
+                with self._state_lock:
+                    self._process_missing.add((gpu, name))
+                continue
+            # NOT_SUPPORTED: the GPU has no such list; an older entry point would not help.
+            with self._state_lock:
+                self._process_unsupported.add(key)
+            return None
+        if not decided:
+            with self._state_lock:
+                self._process_unsupported.add(key)  # every entry point is missing
+            self._log_once(f"process-list:{kind}", "no NVML entry point for the %s process list "
+                           "answered on GPU %d (%s); its processes are not listed", kind, gpu,
+                           ", ".join(function + suffix for suffix in PROCESS_ENTRY_POINTS))
+        return None
 
     def process_names(self, pids: Iterable[int]) -> dict[int, str]:
         """pid -> name from nvmlSystemGetProcessName (kept per pid; the pid when it fails).
@@ -389,3 +544,4 @@ class Nvml:
             names[pid] = name or str(pid)
         self._process_names = {pid: n for pid, n in self._process_names.items() if pid in names}
         return names
+

@@ -31,7 +31,7 @@ GPU_MEMORY = f"process:{gpu_metrics.PROCESS_MEMORY_USED.name}:sum"
 # there is one, it is the load memory growth is judged against, as the detector does.
 SERVER_TOKENS = f"process:{rate_name(BY_FIELD['generated_tokens'].name)}:rate1m"
 SERVER_RUNNING = f"process:{BY_FIELD['requests_running'].name}:avg1m"
-GPU_NODE = f"gpu:{gpu_metrics.NUMA_NODE.name}:nvml_or_sysfs"
+GPU_NODE = "gpu:hybridmon_gpu_nearest_numa_node:sysfs"
 CPUS_OFF_NODE = f"process:{process_metrics.ALLOWED_CPUS.name}_off_gpu_node:ratio"
 MEMORY_OFF_NODE = f"process:{numa.PROCESS_NUMA_RESIDENT.name}_off_gpu_node:ratio"
 PROCESS_ON_GPU_NODE = (
@@ -115,9 +115,8 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
             f"(\n{indent(resource.headroom, 2)}\n)\n/ ({resource.slope(window)} > 0)"))
     rules += [
         Recording(GPU_NODE,
-                  "# the GPU's NUMA node from NVML, else from sysfs through the GPU's PCI address\n"
-                  f"{gpu_metrics.NUMA_NODE.name}\n"
-                  "or\n"
+                  "# the node nearest the GPU: its PCI device's sysfs numa_node, through its PCI address;\n"
+                  "# never NVML's NumaNodeId, which is GPU memory's own node on Grace (nvml.h)\n"
                   "max without (name, pci_bus_id, driver_version) (\n"
                   f"    {gpu_metrics.GPU_INFO.name}\n"
                   "  * on (job, instance, pci_bus_id) group_left ()\n"

@@ -3,7 +3,8 @@
 cross-socket transfers undo the gain of pinning cores). Only hosts with two or more NUMA nodes are
 judged. Runbook: InferenceProcessNumaMisplaced.md.
 
-The GPU's node comes from NVML, else from sysfs through the GPU's PCI address; the rules read it,
+The GPU's node is the one nearest it: its PCI device's sysfs numa_node, through its PCI address
+(never NVML's NumaNodeId, GPU memory's own node on Grace); the rules read it,
 and the per-process off-node shares, from the process group's recordings (rules/process.py).
 """
 from __future__ import annotations
@@ -80,9 +81,13 @@ def alerts(n: Settings) -> list[Alert]:
 
 
 def gpu_numa_nodes(history: History, now: float) -> dict[tuple[str, ...], str]:
-    """(gpu, uuid) -> NUMA node, from NVML, else from sysfs through gpu_info's pci_bus_id."""
-    nodes = {key: str(int(value)) for key, value in
-             common.gpu_latest(history, NUMA_NODE.name, now).items()}
+    """(gpu, uuid) -> the NUMA node nearest the GPU: its PCI device's sysfs numa_node, found
+    through gpu_info's pci_bus_id. GPUs whose device has none (-1, absent) are left out.
+
+    NVML's nvmlDeviceGetNumaNodeId (NUMA_NODE) is never used here: nvml.h says it "only applies to
+    platforms where the GPUs are NUMA nodes", where it is the GPU's own memory node (Grace Hopper:
+    a CPU-less node), so every process's CPUs would be "off" it; on x86 it is NOT_SUPPORTED."""
+    nodes: dict[tuple[str, ...], str] = {}
     by_bus = {}
     for series in history.series(DEVICE_NUMA_NODE.name):
         value = windows.latest(series, now)
@@ -90,7 +95,7 @@ def gpu_numa_nodes(history: History, now: float) -> dict[tuple[str, ...], str]:
             by_bus[series.labels["pci_bus_id"].lower()] = str(int(value))
     for bus_id, labels in common.gpus_by_bus_id(history).items():
         key = (labels.get("gpu", ""), labels.get("uuid", ""))
-        if key not in nodes and bus_id in by_bus:
+        if bus_id in by_bus:
             nodes[key] = by_bus[bus_id]
     return nodes
 
@@ -160,18 +165,18 @@ def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
     at = firing(n.for_seconds)
     off, fine = above(n.share_off_gpu_node), n.share_off_gpu_node / 2
     mapped = 12 * GIB
-    test = Test("NUMA: python3 (pid 4242) on GPU 0 (node 0 per NVML) is moved to node 1's CPUs; "
+    test = Test("NUMA: python3 (pid 4242) on GPU 0 (node 0 per sysfs) is moved to node 1's CPUs; "
                 "llama-server (pid 5151) on GPU 1 (node 1 per sysfs, NVML silent) gets its memory "
-                "on node 0; gpu-host-2 has one NUMA node and stays silent", at + 120, catalog)
+                "on node 0; NVML's GPU-memory node 4 (Grace-like) is ignored; gpu-host-2 has one NUMA node and stays silent", at + 120, catalog)
     for instance, nodes in ((HOST, ("0", "1")), (HOST2, ("0",))):
         for node in nodes:
             test.constant(NODE_MEMORY_TOTAL.name, 64 * GIB, instance, node=node)
-        test.constant(NUMA_NODE.name, 0, instance, **GPU0)
+        test.constant(NUMA_NODE.name, 4, instance, **GPU0)
         for gpu, bus in ((GPU0, BUS0), (GPU1, BUS1)):
             test.constant(GPU_INFO.name, 1, instance, **gpu, name="NVIDIA L40S", pci_bus_id=bus,
                           driver_version="550.54.15")
-        # sysfs disagrees for GPU 0 on purpose: NVML's answer wins
-        test.constant(DEVICE_NUMA_NODE.name, 1, instance, pci_bus_id=BUS0)
+        # NVML names GPU 0's memory node 4 on purpose: only sysfs's nearest node counts
+        test.constant(DEVICE_NUMA_NODE.name, 0, instance, pci_bus_id=BUS0)
         test.constant(DEVICE_NUMA_NODE.name, 1, instance, pci_bus_id=BUS1)
         on_gpu(test, GPU0, VLLM, 20 * GIB, instance)
         on_gpu(test, GPU1, LLAMA, 8 * GIB, instance)

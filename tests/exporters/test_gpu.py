@@ -12,8 +12,9 @@ from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySourc
 from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.gpu import GpuCollector
 from tests.support import fake_nvml
-from tests.support.fake_nvml import (GIB, MIB, UUID0, UUID1, FakeClock, FakeNvml, FakeProcess,
-                             real_nvml_library_loads, uniform_gpus)
+from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, UUID1, XORG_PID, FakeClock,
+                                     FakeNvml, FakeProcess, mig_gpu, real_nvml_library_loads,
+                                     uniform_gpus)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -52,8 +53,9 @@ EXPECTED_GPU0 = {
     ("hybridmon_gpu_pcie_link_max_width_lanes", ("0", UUID0)): 16,
     ("hybridmon_gpu_pcie_replays_total", ("0", UUID0)): 0,
     ("hybridmon_gpu_utilization_ratio", ("0", UUID0)): 0.87,
-    ("hybridmon_gpu_numa_node", ("0", UUID0)): 0,
+    # no hybridmon_gpu_numa_node: NOT_SUPPORTED on x86 hosts; no hybridmon_gpu_mig_mode: no MIG
     ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, "4242", "python3")): 30 * GIB,
+    ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, str(XORG_PID), "Xorg")): 18 * MIB,
 }
 EXPECTED_GPU1 = {
     ("hybridmon_gpu_up", ("1", UUID1)): 1,
@@ -69,29 +71,37 @@ EXPECTED_GPU1 = {
     ("hybridmon_gpu_pcie_link_max_width_lanes", ("1", UUID1)): 16,
     ("hybridmon_gpu_pcie_replays_total", ("1", UUID1)): 17,
     ("hybridmon_gpu_utilization_ratio", ("1", UUID1)): 0.35,
-    ("hybridmon_gpu_numa_node", ("1", UUID1)): 1,
     ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, "5151", "llama-server")): 10 * GIB,
+    ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, str(XORG_PID), "Xorg")): 12 * MIB,
 }
 
 
 def test_collect_exact_samples(collector):
     for _ in range(2):  # the second tick reads cached identity and must not differ
         assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
-    assert collector.gpu_processes() == {4242: "python3", 5151: "llama-server"}
+    assert collector.gpu_processes() == {4242: "python3", 5151: "llama-server", XORG_PID: "Xorg"}
 
 
-def test_metric_specs_declare_every_family(collector):
+def test_metric_specs_declare_every_family(fake):
+    fake.gpus[1].numa_node = 1  # as on a platform where GPU memory is a NUMA node
+    fake.gpus.append(mig_gpu())
+    fake.gpus[0].pcie_byte_counters = True  # counted; the others (driver 550) are sampled
+    collector = GpuCollector(LiveSource(), fake, pcie_samples_per_second=10)
     names = {spec.name for spec in GpuCollector.metric_specs}
-    assert {s.spec.name for s in collector.collect()} == names
+    try:
+        assert {s.spec.name for s in collector.collect()} == names
+    finally:
+        collector.close()
     assert collector.name == "gpu" and collector.default_interval_seconds == 1.0
 
 
 def test_unsupported_call_leaves_only_its_series_out(fake, collector):
-    fake.fail("nvmlDeviceGetNumaNodeId", "NVMLError_NotSupported")
+    fake.fail("nvmlDeviceGetMaxPcieLinkWidth", "NVMLError_NotSupported")
     fake.fail("nvmlDeviceGetPcieReplayCounter", "NVMLError_FunctionNotFound", gpu=1)
     samples = as_dict(collector.collect())
     expected = {**EXPECTED_GPU0, **EXPECTED_GPU1}
-    for key in [("hybridmon_gpu_numa_node", ("0", UUID0)), ("hybridmon_gpu_numa_node", ("1", UUID1)),
+    for key in [("hybridmon_gpu_pcie_link_max_width_lanes", ("0", UUID0)),
+                ("hybridmon_gpu_pcie_link_max_width_lanes", ("1", UUID1)),
                 ("hybridmon_gpu_pcie_replays_total", ("1", UUID1))]:
         del expected[key]
     assert samples == expected
@@ -113,7 +123,7 @@ def test_gpu_lost_mid_run_keeps_only_up_and_others_continue(fake, collector):
     assert samples.value("hybridmon_gpu_up", gpu="1", uuid=UUID1) == 0
     assert gpu_series(samples, "1") == {"hybridmon_gpu_up"}
     assert {k: v for k, v in as_dict(samples).items() if k[1][0] == "0"} == EXPECTED_GPU0
-    assert collector.gpu_processes() == {4242: "python3"}
+    assert collector.gpu_processes() == {4242: "python3", XORG_PID: "Xorg"}
     fake.restore_gpu(1)
     fake.fail("*", "NVMLError_Unknown", gpu=1, times=1)  # NVML's answer right after a loss
     assert gpu_series(collector.collect(), "1") == {"hybridmon_gpu_up"}
@@ -158,8 +168,8 @@ def test_timeout_is_absent_this_tick_then_back(fake, collector):
 
 def test_process_memory_unknown_or_split_across_instances(fake, collector):
     fake.gpus[0].processes = [FakeProcess(4242, "python3", None)]
-    fake.gpus[1].processes = [FakeProcess(5151, "llama-server", 4 * GIB),
-                              FakeProcess(5151, "llama-server", 6 * GIB)]  # two MIG instances
+    fake.gpus[1].processes = [FakeProcess(5151, "llama-server", 4 * GIB, gpu_instance_id=1),
+                              FakeProcess(5151, "llama-server", 6 * GIB, gpu_instance_id=2)]
     samples = collector.collect()
     assert samples.find("hybridmon_gpu_process_memory_used_bytes", gpu="0") == []
     assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="1", pid="5151") == 10 * GIB
@@ -395,8 +405,9 @@ def test_real_pynvml_wrappers_against_a_simulated_library(monkeypatch):
     samples = as_dict(collector.collect())
     collector.close()
     expected = {**EXPECTED_GPU0, **EXPECTED_GPU1}
-    del expected[("hybridmon_gpu_numa_node", ("0", UUID0))]  # the library answers NOT_SUPPORTED
-    del expected[("hybridmon_gpu_numa_node", ("1", UUID1))]
+    # The library answers NumaNodeId NOT_SUPPORTED, lacks MigMode and the graphics/MPS lists.
+    for gpu, uuid in (("0", UUID0), ("1", UUID1)):
+        del expected[("hybridmon_gpu_process_memory_used_bytes", (gpu, uuid, str(XORG_PID), "Xorg"))]
     del expected[("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, "5151", "llama-server"))]
     # RX_BYTES (what the GPU receives) is host to device; GPU1 answers half of GPU0.
     for direction, kilobytes in (("host_to_device", 600_000), ("device_to_host", 150_000)):
@@ -410,3 +421,73 @@ def test_real_pynvml_wrappers_against_a_simulated_library(monkeypatch):
     replay_source = ReplaySource()
     replay_source.load(readings)
     assert as_dict(GpuCollector(replay_source, None).collect()) == samples
+
+
+# --- NVML as real hosts answer it (issue 13) --------------------------------------------------------
+def test_mig_gpu_exports_its_mode_and_leaves_per_instance_signals_out(caplog):
+    fake = FakeNvml([mig_gpu()])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        for _ in range(2):
+            samples = collector.collect()
+    finally:
+        collector.close()
+    assert samples.value("hybridmon_gpu_mig_mode", gpu="0") == 1
+    assert samples.find("hybridmon_gpu_utilization_ratio") == []
+    assert samples.find("hybridmon_gpu_process_memory_used_bytes") == []
+    assert samples.value("hybridmon_gpu_up", gpu="0") == 1
+    assert samples.value("hybridmon_gpu_memory_used_bytes", gpu="0") == 30 * GIB
+    assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="0")) == 2
+    # NVML is not asked what it refuses, and the reason is said once.
+    assert fake.calls["nvmlDeviceGetUtilizationRates"] == 0
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 0
+    assert fake.calls["nvmlDeviceGetMigMode"] == 1
+    assert caplog.text.count("GPU 0 has MIG enabled: utilization and per-process memory are per "
+                             "instance") == 1
+
+
+def test_mig_disabled_is_zero_and_changes_nothing_else(fake, collector):
+    fake.gpus[0].mig_mode = fake_nvml.NVML_DEVICE_MIG_DISABLE
+    assert as_dict(collector.collect()) == {
+        **EXPECTED_GPU0, **EXPECTED_GPU1, ("hybridmon_gpu_mig_mode", ("0", UUID0)): 0}
+
+
+def test_graphics_only_and_foreign_processes_are_exported(fake, collector):
+    # llama.cpp on Vulkan is only in the graphics list; a pid from another pid namespace has no
+    # name NVML can find here, so it is named by its pid.
+    fake.gpus[1].processes = [FakeProcess(5151, "llama-server", 6 * GIB, ("graphics",)),
+                              FakeProcess(FOREIGN_PID, None, 2 * GIB)]
+    samples = collector.collect()
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="1", pid="5151",
+                         process_name="llama-server") == 6 * GIB
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="1", pid=str(FOREIGN_PID),
+                         process_name=str(FOREIGN_PID)) == 2 * GIB
+    assert {5151, FOREIGN_PID} <= set(collector.gpu_processes())
+
+
+def test_processes_on_a_driver_without_the_v3_entry_points():
+    # The old adapter called the unversioned wrapper, which pynvml turns into
+    # NVMLLibraryMismatchError there: processes vanished for good although _v2 works.
+    fake = FakeNvml(process_entry_points=("v2",))
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        for _ in range(2):
+            assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+    finally:
+        collector.close()
+
+
+def test_an_idle_gpu_reports_its_link_at_gen1(fake, collector):
+    fake.gpus[0].utilization_percent = 0
+    fake.gpus[0].pcie_rx_kilobytes_per_second = fake.gpus[0].pcie_tx_kilobytes_per_second = 0
+    samples = collector.collect()
+    assert samples.value("hybridmon_gpu_pcie_link_generation", gpu="0") == 1
+    assert samples.value("hybridmon_gpu_pcie_link_max_generation", gpu="0") == 4
+    assert samples.value("hybridmon_gpu_pcie_link_generation", gpu="1") == 3  # busy: as trained
+
+
+def test_record_replay_round_trip_mig_old_driver_and_old_binding():
+    fake = FakeNvml([*fake_nvml.default_gpus(), mig_gpu()], process_entry_points=("v2",),
+                    binding_lacks=("nvmlDeviceGetNumaNodeId",))
+    round_trip(fake, [lambda f: None, lambda f: None,
+                      lambda f: f.gpus[1].processes.append(FakeProcess(FOREIGN_PID, None, GIB))])

@@ -12,11 +12,12 @@ from hypothesis import strategies as st
 from hybridmon.exporters.sources import (LiveSource, RecordingSource, ReplayedCallError, ReplaySource,
                            TraceMissError)
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
-from hybridmon.exporters.nvml import (NVML_VALUE_NOT_AVAILABLE, GpuLostError, GpuProcess, Nvml,
-                            normalize_pci_bus_id, to_plain)
+from hybridmon.exporters.nvml_answers import NVML_VALUE_NOT_AVAILABLE
+from hybridmon.exporters.nvml import (MIN_NVIDIA_ML_PY, GpuLostError,
+                                      GpuProcess, Nvml, normalize_pci_bus_id, to_plain)
 from tests.support import fake_nvml
-from tests.support.fake_nvml import (GIB, MIB, UUID0, FakeClock, FakeNvml, FakeProcess,
-                             real_nvml_library_loads)
+from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, XORG_PID, FakeClock, FakeNvml,
+                                     FakeProcess, mig_gpu, real_nvml_library_loads)
 
 
 @pytest.fixture
@@ -87,8 +88,20 @@ def test_fake_errors_and_constants_match_pynvml():
         fake_class, real_class = getattr(fake_nvml, name), getattr(pynvml, name)
         assert issubclass(fake_class, fake_nvml.NVMLError)
         assert fake_class().value == real_class().value
-    for name in ("NVML_PCIE_UTIL_RX_BYTES", "NVML_PCIE_UTIL_TX_BYTES", "nvmlMemory_v2"):
+    for name in ("NVML_PCIE_UTIL_RX_BYTES", "NVML_PCIE_UTIL_TX_BYTES", "nvmlMemory_v2",
+                 "NVML_DEVICE_MIG_ENABLE", "NVML_DEVICE_MIG_DISABLE"):
         assert getattr(fake_nvml, name) == getattr(pynvml, name) == getattr(FakeNvml, name)
+    assert issubclass(fake_nvml.NVMLLibraryMismatchError, Exception)
+    assert pynvml.NVMLLibraryMismatchError.__name__ == fake_nvml.NVMLLibraryMismatchError.__name__
+    # Every process-list wrapper the adapter may call exists in pynvml, and answers its fields.
+    for kind in ("Compute", "Graphics", "MPSCompute"):
+        for suffix in ("_v3", "_v2", ""):
+            name = f"nvmlDeviceGet{kind}RunningProcesses{suffix}"
+            assert callable(getattr(pynvml, name)) and callable(getattr(FakeNvml, name))
+    listed = FakeNvml()
+    listed.nvmlInit()
+    entry = listed.nvmlDeviceGetComputeRunningProcesses_v3(fake_nvml.FakeHandle(0))[0]
+    assert list(vars(entry)) == [field[0] for field in pynvml.c_nvmlProcessInfo_v2_t._fields_]
     assert pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value == NVML_VALUE_NOT_AVAILABLE
     for struct in ("c_nvmlMemory_t", "c_nvmlMemory_v2_t", "nvmlPciInfo_t", "c_nvmlUtilization_t"):
         fields = [field[0] for field in getattr(fake_nvml, struct)._fields_]
@@ -109,8 +122,11 @@ def test_identity_and_values(fake):
     assert (nvml.pcie_link_max_generation(1), nvml.pcie_link_max_width_lanes(1)) == (4, 16)
     assert nvml.pcie_replay_count(1) == 17
     assert nvml.utilization_ratio(0) == pytest.approx(0.87)
-    assert (nvml.numa_node(0), nvml.numa_node(1)) == (0, 1)
+    assert (nvml.numa_node(0), nvml.numa_node(1)) == (None, None)  # NOT_SUPPORTED on x86
+    assert (nvml.mig_enabled(0), nvml.mig_enabled(1)) == (None, None)  # no MIG on L40S/A10
     assert nvml.compute_processes(1) == [GpuProcess(5151, 10 * GIB)]
+    assert nvml.processes(1) == [GpuProcess(5151, 10 * GIB),
+                                 GpuProcess(XORG_PID, 12 * MIB, frozenset({"graphics"}))]
     assert nvml.process_names([5151, 4242]) == {4242: "python3", 5151: "llama-server"}
 
 
@@ -169,9 +185,11 @@ def test_process_memory_not_available_is_none(fake, used):
 
 def test_numa_node_negative_or_unsupported_is_none(fake):
     fake.gpus[0].numa_node = -1
-    fake.gpus[1].numa_node = None
+    fake.gpus[1].numa_node = 4  # Grace Hopper: the GPU's memory is node 4
     nvml = make(fake)
-    assert nvml.numa_node(0) is None and nvml.numa_node(1) is None
+    assert nvml.numa_node(0) is None and nvml.numa_node(1) == 4
+    fake.gpus[1].numa_node = None
+    assert make(fake).numa_node(1) is None
 
 
 def test_process_names_cached_pruned_and_fall_back_to_pid(fake):
@@ -197,8 +215,8 @@ def test_unsupported_is_none_and_logged_once(fake, caplog, error):
 
 def test_pynvml_library_mismatch_error_counts_as_unsupported(fake):
     # pynvml turns FunctionNotFound into this for unversioned calls such as the process list.
-    fake.fail("nvmlDeviceGetComputeRunningProcesses_v3", pynvml.NVMLLibraryMismatchError)
-    assert make(fake).compute_processes(0) is None
+    fake.fail("nvmlDeviceGetPcieReplayCounter", pynvml.NVMLLibraryMismatchError)
+    assert make(fake).pcie_replay_count(0) is None
 
 
 def test_timeout_is_absent_once_then_back(fake, caplog):
@@ -355,3 +373,131 @@ def test_replay_imports_nothing_and_tolerates_skipped_init_retries(fake, monkeyp
     source.load([])
     with pytest.raises(TraceMissError):  # a trace miss elsewhere still says so
         Nvml(source, None).device_count()
+
+
+# --- NVML as the real binding and driver behave (issue 13) ---------------------------------------
+def test_a_function_the_binding_lacks_is_unsupported_and_names_the_version_to_install(caplog):
+    # nvidia-ml-py 12.535.x has no nvmlDeviceGetNumaNodeId: the old adapter let AttributeError
+    # out, which failed the whole GPU collection every tick.
+    fake = FakeNvml(binding_lacks=("nvmlDeviceGetNumaNodeId",))
+    nvml = make(fake)
+    with caplog.at_level(logging.INFO):
+        assert [nvml.numa_node(0), nvml.numa_node(1)] == [None, None]
+    assert caplog.text.count(f"lacks nvmlDeviceGetNumaNodeId; upgrade to >= {MIN_NVIDIA_ML_PY}") == 1
+    assert nvml.utilization_ratio(0) == pytest.approx(0.87)
+
+
+def test_the_real_pynvml_missing_a_function_names_its_version(monkeypatch, caplog):
+    from importlib.metadata import version
+
+    monkeypatch.delattr(pynvml, "nvmlDeviceGetNumaNodeId")
+    monkeypatch.setattr(pynvml, "nvmlInit", lambda: None)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda index: index)
+    with caplog.at_level(logging.INFO):
+        assert Nvml(LiveSource(), pynvml).numa_node(0) is None
+    assert f"nvidia-ml-py {version('nvidia-ml-py')} lacks nvmlDeviceGetNumaNodeId" in caplog.text
+
+
+def test_processes_reads_compute_graphics_and_mps_lists_and_merges_by_pid(fake):
+    fake.gpus[0].processes = [
+        FakeProcess(4242, "python3", 30 * GIB),
+        FakeProcess(XORG_PID, "Xorg", 18 * MIB, ("graphics",)),
+        FakeProcess(31, "gl-cuda-app", 2 * GIB, ("compute", "graphics")),  # interop: both lists
+        FakeProcess(32, "mps-client", 1 * GIB, ("mps",)),
+    ]
+    nvml = make(fake)
+    found = {process.pid: process for process in nvml.processes(0)}
+    assert found == {
+        4242: GpuProcess(4242, 30 * GIB, frozenset({"compute"})),
+        XORG_PID: GpuProcess(XORG_PID, 18 * MIB, frozenset({"graphics"})),
+        31: GpuProcess(31, 2 * GIB, frozenset({"compute", "graphics"})),  # once, not 4 GiB
+        32: GpuProcess(32, 1 * GIB, frozenset({"mps"})),
+    }
+    assert {p.pid for p in nvml.compute_processes(0)} == {4242, 31, 32}
+    for kind in ("Compute", "Graphics", "MPSCompute"):
+        assert fake.calls[f"nvmlDeviceGet{kind}RunningProcesses_v3"] == 2  # one per call above
+
+
+def test_a_graphics_only_process_is_listed():
+    # A Vulkan llama.cpp is in the graphics list only; the old adapter read the compute list.
+    fake = FakeNvml()
+    fake.gpus[1].processes = [FakeProcess(5151, "llama-server", 6 * GIB, ("graphics",))]
+    assert make(fake).processes(1) == [GpuProcess(5151, 6 * GIB, frozenset({"graphics"}))]
+
+
+def test_process_lists_fall_back_to_v2_on_drivers_without_v3_and_decide_once(fake):
+    fake.configure(process_entry_points=("v2",))
+    nvml = make(fake)
+    for _ in range(3):
+        assert [p.pid for p in nvml.processes(0)] == [4242, XORG_PID]
+        assert [p.pid for p in nvml.processes(1)] == [5151, XORG_PID]
+    for kind in ("Compute", "Graphics", "MPSCompute"):
+        assert fake.calls[f"nvmlDeviceGet{kind}RunningProcesses_v3"] == 2  # once per GPU
+        assert fake.calls[f"nvmlDeviceGet{kind}RunningProcesses_v2"] == 6
+
+
+def test_process_lists_with_neither_v3_nor_a_v2_wrapper_are_none_and_said_once(caplog):
+    # nvidia-ml-py 12.535.x (no _v2 wrappers) on a driver without the _v3 symbols.
+    lacks = tuple(f"nvmlDeviceGet{kind}RunningProcesses_v2"
+                  for kind in ("Compute", "Graphics", "MPSCompute"))
+    fake = FakeNvml(process_entry_points=(), binding_lacks=lacks)
+    nvml = make(fake)
+    with caplog.at_level(logging.INFO):
+        assert [nvml.processes(0), nvml.processes(0), nvml.compute_processes(1)] == [None] * 3
+    assert caplog.text.count("no NVML entry point for the compute process list answered") == 1
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 4  # _v3 and unversioned, per GPU
+
+
+def test_a_failing_list_is_asked_again_and_the_others_still_answer(fake):
+    fake.fail("nvmlDeviceGetGraphicsRunningProcesses_v3", "NVMLError_Timeout", times=1)
+    nvml = make(fake)
+    assert nvml.processes(0) == [GpuProcess(4242, 30 * GIB)]
+    assert [p.pid for p in nvml.processes(0)] == [4242, XORG_PID]
+    fake.fail("*", "NVMLError_Timeout")
+    assert nvml.processes(0) is None
+
+
+def test_mig_mode_is_read_once_and_the_parent_refuses_processes_and_utilization():
+    fake = FakeNvml([mig_gpu()])
+    nvml = make(fake)
+    assert [nvml.mig_enabled(0) for _ in range(3)] == [True] * 3
+    assert fake.calls["nvmlDeviceGetMigMode"] == 1
+    assert nvml.utilization_ratio(0) is None and nvml.processes(0) is None
+    fake.gpus[0].mig_mode = fake_nvml.NVML_DEVICE_MIG_DISABLE
+    assert make(fake).mig_enabled(0) is False
+    unsupported = FakeNvml()
+    nvml = make(unsupported)
+    assert [nvml.mig_enabled(0), nvml.mig_enabled(0)] == [None, None]
+    assert unsupported.calls["nvmlDeviceGetMigMode"] == 1  # NOT_SUPPORTED is kept too
+
+
+def test_processes_of_mig_instances_stay_apart():
+    fake = FakeNvml([mig_gpu()])
+    fake.gpus[0].mig_mode = fake_nvml.NVML_DEVICE_MIG_DISABLE  # as a privileged caller sees it
+    fake.gpus[0].processes.append(FakeProcess(6161, "python3", 1 * GIB, gpu_instance_id=2))
+    assert sorted(make(fake).processes(0), key=lambda p: (p.pid, p.gpu_instance_id)) == [
+        GpuProcess(6161, 20 * GIB, gpu_instance_id=1), GpuProcess(6161, 1 * GIB, gpu_instance_id=2),
+        GpuProcess(6262, 9 * GIB, gpu_instance_id=2)]
+
+
+def test_a_foreign_pid_is_listed_and_named_by_its_pid(fake):
+    fake.gpus[0].processes.append(FakeProcess(FOREIGN_PID, None, 4 * GIB))
+    nvml = make(fake)
+    assert FOREIGN_PID in {p.pid for p in nvml.processes(0)}
+    assert nvml.process_names([FOREIGN_PID]) == {FOREIGN_PID: str(FOREIGN_PID)}
+
+
+def test_process_list_fallback_and_missing_functions_record_and_replay():
+    fake = FakeNvml(process_entry_points=("v2",), binding_lacks=("nvmlDeviceGetNumaNodeId",))
+    recording = RecordingSource()
+    live = make(fake, recording)
+    answers = [(live.processes(0), live.numa_node(0)) for _ in range(2)]
+    readings = [recording.take_readings()]
+    keys = [reading[1] for reading in readings[0]]
+    assert "nvml.nvmlDeviceGetComputeRunningProcesses_v3(0)" in keys
+    assert "nvml.nvmlDeviceGetComputeRunningProcesses_v2(0)" in keys
+    source = ReplaySource()
+    source.load(readings[0])
+    replay = Nvml(source, None)
+    assert [(replay.processes(0), replay.numa_node(0)) for _ in range(2)] == answers
+

@@ -34,6 +34,7 @@ from hybridmon.exporters.numa import parse_node_meminfo, parse_numa_maps, parse_
 from hybridmon.exporters.nvml import normalize_pci_bus_id
 from hybridmon.exporters.pcie import (parse_aer_counters, parse_hex_id, parse_link_speed, parse_link_width,
                                       parse_numa_node)
+from hybridmon.exporters.pid_namespace import parse_nspid_depth
 from hybridmon.exporters.pressure import parse_pressure
 from hybridmon.exporters.process import parse_boot_time, parse_memlock_limit, parse_proc_stat
 from hybridmon.exporters.procfs import parse_cpu_list, parse_proc_status
@@ -88,6 +89,7 @@ PARSERS = [
     Row(parse_cpu_list, ("0-3,8,10-11\n",) + read(NODES / "node1/cpulist", NODES / "online")),
     Row(parse_proc_status, read(PROC / "4242/status")),
     Row(parse_proc_stat, read(PROC / "4242/stat")),
+    Row(parse_nspid_depth, read(PROC / "4242/status") + ("NSpid:\t81234\t7\n",)),
     Row(parse_boot_time, read(PROC / "stat")),
     Row(parse_memlock_limit, read(PROC / "4242/limits")),
     Row(parse_link_speed, read(GPU0 / "current_link_speed", GPU1 / "current_link_speed")),

@@ -686,7 +686,9 @@ class SyntheticHost:
             "history_seconds": history_seconds,
             "paths": {"procfs": str(self.procfs), "sysfs": str(self.sysfs)},
             "state_dir": str(self.root / "state"),  # no benchmark run unless a scenario stores one
-            "gpu": {"nvml_module": "tests.support.fake_nvml"},
+            # One 20 ms window per tick, no sampler thread: ticks here run faster than real time,
+            # and samples a thread took between two of them could predate the step's traffic.
+            "gpu": {"nvml_module": "tests.support.fake_nvml", "pcie_samples_per_second": 0},
             "pcie": {"udev": False},
             "inference": {"endpoints": [{"url": self.inference_endpoint, "server": "vllm"}]},
             # vLLM is asked every 10 s (30 s on the long scenarios' 10 s ticks), not every 5 s as

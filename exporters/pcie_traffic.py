@@ -1,0 +1,262 @@
+"""PCIe traffic per GPU: exact from NVML's byte counters, else sampled often enough to bound the error.
+
+NVML offers two readings (docs/nvml-cost.md):
+- nvmlDeviceGetFieldValues NVML_FI_DEV_PCIE_COUNT_RX/TX_BYTES (driver R555+): cumulative byte
+  counters with NVML's timestamp. One call, no blocking; the bytes between two readings over the
+  time between them is the exact average, however bursty the traffic.
+- nvmlDeviceGetPcieThroughput: the bytes of one 20 ms window in KB/s, blocking for that window.
+  Read once per 1 s tick, a 1 min average sees 60 windows (1.2 s of the minute): for on/off
+  traffic at 50 % duty its standard error is sqrt(0.25 / 60) = 6.5 % of the burst rate, 13 % of
+  the mean; a 15 s Prometheus scrape keeps 4 windows a minute, 50 %.
+
+So `PcieTraffic.read` uses the counters where the GPU has them. Where it does not, a
+`ThroughputSampler` thread per GPU takes `samples_per_second` window pairs (RX then TX), one at a
+uniformly random moment in each slot of 1/samples_per_second (stratified sampling: unbiased for
+any traffic, however periodic, and no noisier than independent samples), and each tick publishes
+their mean since the last tick and a running estimate of the bytes moved.
+
+Error bound of the sampled reading. A 20 ms window's average of traffic that is between 0 and its
+burst rate B, on for a share d of the time, has variance at most d(1 - d)B^2 (a value in [0, 1]
+with mean d varies at most as a 0/1 one does); n samples at independent uniformly random times
+average with standard error at most
+
+    sigma = B sqrt(d (1 - d) / n)
+
+and stratified sampling does no worse. Assumptions: the traffic's phase is not locked to the
+sampling (the random place in each slot makes this so); samples that overlap the same burst are
+the stratified case, not a violation. At the default 10 samples/s, the agent's 1 min window holds
+n = 600: sigma <= 2.0 % of B at d = 0.5 (2 sigma 4.1 %), 1.2 % at d = 0.9; a Prometheus rate()
+over the sampled byte estimate uses the same 600 samples whatever its scrape interval. The
+simulation in tests/exporters/test_pcie_traffic.py measures it; docs/nvml-cost.md has the figures.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import random
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hybridmon.exporters.base import LogOnce
+from hybridmon.exporters.nvml import GpuLostError, Nvml, PcieByteCount
+
+log = logging.getLogger(__name__)
+
+SAMPLE_WINDOW_SECONDS = 0.020
+"""nvmlDeviceGetPcieThroughput's window (nvml.h: "querying a byte counter over a 20ms interval")."""
+PAIR_SECONDS = 2 * SAMPLE_WINDOW_SECONDS
+"""One sample of both directions: two calls, each blocking for its window."""
+DEFAULT_SAMPLES_PER_SECOND = 10.0
+"""Sample pairs per second per GPU without counters: n = 600 a minute (module docstring), the
+sampler thread blocked in NVML 40 % of the time. 25 is the most (back-to-back windows)."""
+MAX_SAMPLES_PER_SECOND = 1 / PAIR_SECONDS
+WRAP_MARGIN_BYTES = 2**44
+"""A counter that drops from within this of 2**width_bits wrapped; from lower it restarted (a
+driver reload or GPU reset), read as Prometheus reads a counter reset. 16 TiB: more than a Gen6
+x16 link (~121 GB/s) carries in two minutes, far more than one tick's traffic."""
+DIRECTIONS = ("host_to_device", "device_to_host")
+
+
+def counter_increase(previous: int, current: int, width_bits: int) -> int:
+    """Bytes counted between two readings of a counter that wraps at 2**width_bits; never negative."""
+    if current >= previous:
+        return current - previous
+    modulus = 1 << width_bits
+    if modulus - previous <= WRAP_MARGIN_BYTES:
+        return current + modulus - previous
+    return current
+
+
+def share_standard_error(duty: float, samples: int) -> float:
+    """Upper bound on the standard error of on/off traffic's estimated share (in units of its burst
+    rate) from `samples` 20 ms windows at random moments, at duty `duty` (module docstring)."""
+    return math.sqrt(duty * (1 - duty) / samples)
+
+
+@dataclass
+class TrafficReading:
+    """One GPU's PCIe traffic in one tick, per direction (host_to_device, device_to_host).
+
+    bytes_per_second: the gauge, the average since the previous reading (method "counters" or
+    "samples"), or one 20 ms window ("window": the first tick, or samples_per_second 0).
+    counted_bytes: NVML's cumulative counters, None without them. sampled_bytes: the sampler's
+    running estimate of the bytes moved, None without a sampler."""
+
+    bytes_per_second: tuple[float | None, float | None] = (None, None)
+    counted_bytes: tuple[int, int] | None = None
+    sampled_bytes: tuple[float, float] | None = None
+    method: str = "window"
+
+
+class ThroughputSampler:
+    """Samples one GPU's nvmlDeviceGetPcieThroughput pairs, one at a random moment in each slot.
+
+    read_pair() returns (host_to_device, device_to_host) bytes/s, either None when it failed.
+    `sample_slot` is one step; `start` runs it on a daemon thread until `stop`. clock, wait and
+    rng are injected so a simulation runs the same steps on simulated time."""
+
+    def __init__(self, read_pair: Callable[[], tuple[float | None, float | None]],
+                 samples_per_second: float = DEFAULT_SAMPLES_PER_SECOND, *,
+                 clock: Callable[[], float] = time.monotonic,
+                 wait: Callable[[float], Any] | None = None,
+                 rng: random.Random | None = None, name: str = "gpu") -> None:
+        if not 0 < samples_per_second <= MAX_SAMPLES_PER_SECOND:
+            raise ValueError(f"samples_per_second must be in (0, {MAX_SAMPLES_PER_SECOND:g}]: "
+                             f"each sample blocks {PAIR_SECONDS * 1000:g} ms")
+        self._read_pair = read_pair
+        self._slot_seconds = 1.0 / samples_per_second
+        self._clock = clock
+        self._stop = threading.Event()
+        self._wait = wait or self._stop.wait
+        self._rng = rng or random.Random()
+        self._name = name
+        self._lock = threading.Lock()
+        self._grid_start: float | None = None
+        self._slot = 0  # the slot the next sample is taken in
+        self._last_sampled_slot: int | None = None
+        self._sums = [0.0, 0.0]
+        self._counts = [0, 0]
+        self._estimated_bytes = [0.0, 0.0]
+        self._thread: threading.Thread | None = None
+        self._log_once = LogOnce(log)
+
+    def sample_slot(self) -> None:
+        """Take the next slot's sample at a uniformly random moment in it (or as soon as the
+        previous sample ends, if that is later); a slot already past is skipped, not caught up."""
+        now = self._clock()
+        if self._grid_start is None:
+            self._grid_start = now
+        self._slot = max(self._slot, math.floor((now - self._grid_start) / self._slot_seconds))
+        at = self._grid_start + (self._slot + self._rng.random()) * self._slot_seconds
+        if at > now and self._wait(at - now):
+            return  # stopped
+        pair = self._read_pair()
+        # Each sample stands for the slots since the previous one: the byte estimate's weight.
+        slots = 1 if self._last_sampled_slot is None else self._slot - self._last_sampled_slot
+        with self._lock:
+            for direction, value in enumerate(pair):
+                if value is not None:
+                    self._sums[direction] += value
+                    self._counts[direction] += 1
+                    self._estimated_bytes[direction] += value * slots * self._slot_seconds
+        self._last_sampled_slot = self._slot
+        self._slot += 1
+
+    def take(self) -> dict:
+        """Per direction since the previous take: samples, their mean bytes/s (None without any),
+        and the running byte estimate. Plain JSON, so a trace records it."""
+        with self._lock:
+            taken = {direction: {"samples": self._counts[i],
+                                 "mean_bytes_per_second": (self._sums[i] / self._counts[i]
+                                                           if self._counts[i] else None),
+                                 "estimated_bytes": self._estimated_bytes[i]}
+                     for i, direction in enumerate(DIRECTIONS)}
+            self._sums, self._counts = [0.0, 0.0], [0, 0]
+        return taken
+
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, daemon=True,
+                                            name=f"hybridmon-pcie-{self._name}")
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.sample_slot()
+            except Exception as error:  # a sampler must outlive one bad answer; the tick reports
+                self._log_once(type(error).__name__, "PCIe sampler for %s: %s", self._name, error)
+                self._stop.wait(self._slot_seconds)
+
+    def stop(self, timeout: float = 1.0) -> None:
+        """Stop the thread; one stuck in an NVML call is left (it is a daemon) after `timeout`."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+
+class PcieTraffic:
+    """The GPU collector's PCIe traffic reading, per GPU (see the module docstring).
+
+    nvml: the collector's gate (its calls are recorded). sampler_nvml: a second gate on the same
+    library for the sampler threads, on a LiveSource: thousands of samples a minute are not
+    recorded, only each tick's summary (source.call "pcie_traffic.samples(<gpu>)"); None when
+    replaying or with samples_per_second 0, where each tick reads one 20 ms window pair instead."""
+
+    def __init__(self, nvml: Nvml, source: Any, sampler_nvml: Nvml | None,
+                 samples_per_second: float = DEFAULT_SAMPLES_PER_SECOND, *,
+                 replaying: bool = False) -> None:
+        self._nvml = nvml
+        self._source = source
+        self._sampler_nvml = sampler_nvml
+        self._samples_per_second = samples_per_second
+        self._replaying = replaying
+        self._previous: dict[int, PcieByteCount] = {}
+        self._samplers: dict[int, ThroughputSampler] = {}
+        self._lock = threading.Lock()
+
+    def read(self, gpu: int) -> TrafficReading:
+        counted = self._nvml.pcie_byte_counters(gpu)
+        if counted is not None:
+            return self._from_counters(gpu, counted)
+        self._previous.pop(gpu, None)  # a gap: the next rate starts afresh
+        if self._nvml.pcie_byte_counters_usable(gpu) is False and self._samples_per_second > 0:
+            if self._replaying or self._sampler_nvml is not None:
+                return self._from_samples(gpu)
+        return TrafficReading(self._nvml.pcie_throughput_bytes_per_second(gpu))
+
+    def _from_counters(self, gpu: int, counted: PcieByteCount) -> TrafficReading:
+        totals = (counted.host_to_device_bytes, counted.device_to_host_bytes)
+        previous = self._previous.get(gpu)
+        self._previous[gpu] = counted
+        elapsed = None if previous is None else counted.timestamp_seconds - previous.timestamp_seconds
+        if previous is None or elapsed <= 0:
+            # No interval yet (first tick): one 20 ms window, so the gauge is there from the start.
+            return TrafficReading(self._nvml.pcie_throughput_bytes_per_second(gpu), totals)
+        before = (previous.host_to_device_bytes, previous.device_to_host_bytes)
+        rates = tuple(counter_increase(old, new, counted.width_bits) / elapsed
+                      for old, new in zip(before, totals))
+        return TrafficReading(rates, totals, method="counters")
+
+    def _from_samples(self, gpu: int) -> TrafficReading:
+        def take() -> dict:
+            return self._sampler(gpu).take()
+
+        taken = self._source.call(f"pcie_traffic.samples({gpu})", take)
+        means = [taken[d]["mean_bytes_per_second"] for d in DIRECTIONS]
+        sampled = tuple(float(taken[d]["estimated_bytes"]) for d in DIRECTIONS)
+        if None in means:
+            # No sample since the last tick (the sampler just started): one window now.
+            window = self._nvml.pcie_throughput_bytes_per_second(gpu)
+            means = [w if m is None else m for m, w in zip(means, window)]
+            return TrafficReading(tuple(means), None, sampled, method="window")
+        return TrafficReading(tuple(means), None, sampled, method="samples")
+
+    def _sampler(self, gpu: int) -> ThroughputSampler:
+        with self._lock:
+            sampler = self._samplers.get(gpu)
+            if sampler is None:
+                nvml = self._sampler_nvml
+
+                def read_pair() -> tuple[int | None, int | None]:
+                    try:
+                        return nvml.pcie_throughput_bytes_per_second(gpu)
+                    except GpuLostError:
+                        return None, None  # the collector's own calls report the loss
+
+                sampler = self._samplers[gpu] = ThroughputSampler(
+                    read_pair, self._samples_per_second, name=f"gpu{gpu}")
+                sampler.start()
+                log.info("GPU %d: sampling PCIe throughput %g times a second (no byte counters; "
+                         "docs/nvml-cost.md)", gpu, self._samples_per_second)
+        return sampler
+
+    def close(self) -> None:
+        with self._lock:
+            samplers, self._samplers = list(self._samplers.values()), {}
+        for sampler in samplers:
+            sampler.stop()
+        if self._sampler_nvml is not None:
+            self._sampler_nvml.close()

@@ -1,0 +1,32 @@
+"""The status page's NUMA lines: a process card names the node nearest its GPU (the GPU's PCI
+device's sysfs numa_node), not NVML's NumaNodeId, which is GPU memory's own node on Grace."""
+from __future__ import annotations
+
+from hybridmon.agent.status_signals import LatestValues, gpu_rows, processes_html
+from tests.support.detector_history import (GIB, T0, Trace, gpu_rows as gpu_series, numa_rows, pcie_rows,
+                                            process_numa_rows, process_rows)
+
+
+def grace_like_trace() -> Trace:
+    # GPU 0's memory is NUMA node 4 (NVML); its PCI device sits on node 0 (sysfs).
+    trace = Trace()
+    trace.run(T0, T0 + 2,
+              gpu=lambda t: gpu_series(numa_node=4, processes={"4242": ("vllm", 10 * GIB)}),
+              pcie=lambda t: pcie_rows(numa_node=0), numa=lambda t: numa_rows(2),
+              process=lambda t: process_rows("4242", "vllm"),
+              process_numa=lambda t: process_numa_rows("4242", "vllm", cpus={"0": 16, "1": 0},
+                                                       resident={"0": 20 * GIB}))
+    return trace
+
+
+def test_a_process_card_names_the_node_nearest_its_gpu_not_gpu_memorys_node():
+    history = grace_like_trace().history
+    page = processes_html(history, LatestValues(history))
+    assert "(its GPUs: node 0)" in page  # the old page said node 4
+    assert "node 4" not in page
+
+
+def test_the_gpu_card_calls_nvmls_node_gpu_memorys():
+    history = grace_like_trace().history
+    rows = dict((label, value) for label, value, _ in gpu_rows(("0", "GPU-0000"), LatestValues(history)))
+    assert rows["GPU memory NUMA node"] == "4" and "NUMA node" not in rows
