@@ -11,13 +11,19 @@ from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.common import PROCESS_LABELS
 from hybridmon.agent.history import History
 from hybridmon.agent.status_template import Row, card, clock_and_age, key_values, paragraph, table
-from hybridmon.exporters import bench, host_memory, numa, pressure, process
+from hybridmon.exporters import bench, host_memory, numa, pcie, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
-from hybridmon.pcie_rates import link_name, theoretical_capacity
+from hybridmon.pcie_rates import effective_capacity, link_name
 from hybridmon.units import human_bytes, human_rate, percent
 
-DIRECTIONS = {"host_to_device": "host → device", "device_to_host": "device → host", "bidirectional": "both ways"}
+DIRECTIONS = {"host_to_device": "host → device", "device_to_host": "device → host",
+              # hybridmon bench's streams while the other direction copies too (report version 2)
+              "host_to_device_bidirectional": "host → device, both ways at once",
+              "device_to_host_bidirectional": "device → host, both ways at once",
+              # version-1 reports summed both streams over the slower one's time
+              "bidirectional_summed": "both ways, summed (old report)",
+              "bidirectional": "both ways"}
 
 Labels = dict[str, str]
 
@@ -98,15 +104,15 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
     if used is not None and total:
         rows.append(("Memory used", f"{human_bytes(used)} of {human_bytes(total)} ({percent(used / total)})", False))
     generation, width = get(gpu_metrics.PCIE_LINK_GENERATION), get(gpu_metrics.PCIE_LINK_WIDTH)
-    theoretical = theoretical_capacity(generation, width) if generation and width else None
     for direction in ("host_to_device", "device_to_host"):
         rate = traffic.get((*key, direction))
         if rate is None:
             continue
-        capacity, source = measured.get((*key, direction)), "measured"
-        if not capacity:
-            capacity, source = theoretical, "theoretical"
-        of = f" of {human_rate(capacity)} {source} ({percent(rate / capacity)})" if capacity else ""
+        # What GpuPcieStarvation divides by: measured by `hybridmon bench`, else what copies achieve
+        # on the link. The alert sizes the link by the best of its minute; this snapshot page reads
+        # only the latest samples, so it sizes it by the link now (shown in the "PCIe link" row).
+        found = effective_capacity(measured.get((*key, direction)), generation or None, width or None)
+        of = f" of {human_rate(found[0])} {found[1]} ({percent(rate / found[0])})" if found else ""
         rows.append((f"PCIe {DIRECTIONS[direction]}", f"{human_rate(rate)}{of}", False))
     best_generation, best_width = get(gpu_metrics.PCIE_LINK_MAX_GENERATION), get(gpu_metrics.PCIE_LINK_MAX_WIDTH)
     if generation and width:
@@ -115,9 +121,9 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
     replays = get(gpu_metrics.PCIE_REPLAYS)
     if replays is not None:
         rows.append(("PCIe replays", f"{replays:.0f} since the driver loaded", False))
-    node = get(gpu_metrics.NUMA_NODE)
+    node = get(gpu_metrics.NUMA_NODE)  # only where GPU memory is a NUMA node (Grace)
     if node is not None:
-        rows.append(("NUMA node", f"{node:.0f}", False))
+        rows.append(("GPU memory NUMA node", f"{node:.0f}", False))
     return rows
 
 
@@ -130,7 +136,11 @@ def processes_html(history: History, latest: LatestValues) -> str:
     resident = latest.keyed(process.RESIDENT.name, *PROCESS_LABELS)
     swap = latest.keyed(process.SWAP.name, *PROCESS_LABELS)
     faults = counter_rates(history, latest, process.MAJOR_FAULTS.name, PROCESS_LABELS)
-    gpu_nodes = latest.keyed(gpu_metrics.NUMA_NODE.name, "gpu")
+    # The node nearest each GPU is its PCI device's (sysfs); NVML's NumaNodeId is GPU memory's.
+    device_nodes = latest.keyed(pcie.DEVICE_NUMA_NODE.name, "pci_bus_id")
+    gpu_nodes = {(labels["gpu"],): device_nodes[(labels["pci_bus_id"],)]
+                 for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)
+                 if (labels.get("pci_bus_id"),) in device_nodes}
     on_gpus: dict[str, list[tuple[str, float]]] = {}
     for labels, used in latest.all(gpu_metrics.PROCESS_MEMORY_USED.name):
         on_gpus.setdefault(labels["pid"], []).append((labels["gpu"], used))

@@ -11,7 +11,7 @@ from hybridmon.dashboards import gpu_panels
 from hybridmon.dashboards.common import (assemble, graph, link, new_dashboard, override_unit, query, runbook_links,
                                          selector, single_stat, value_table)
 from hybridmon.exporters import bench, gpu, process
-from hybridmon.rules.pcie import MEASURED_CAPACITY
+from hybridmon.rules.pcie import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY
 from hybridmon.rules.process import CPUS_OFF_NODE, MEMORY_OFF_NODE
 
 UID = "hybridmon-gpu"
@@ -40,23 +40,32 @@ def benchmark():
         single_stat("Time since the last benchmark", "s", "When the last `hybridmon bench` run on this GPU finished.",
                     query(f"time() - {selector(bench.TIMESTAMP.name)}", "GPU {{gpu}}"), width=8),
         single_stat("Link capacity during the benchmark", "Bps",
-                    "Theoretical per-direction rate of the link the run saw, and what it measured.",
+                    "Theoretical per-direction rate of the link the run saw, and what it measured: "
+                    "one direction at a time (what GpuPcieStarvation judges each direction against), "
+                    "and each direction while the other copied too (their sum is what it judges "
+                    "both directions together against). Without a run the alert uses what copies "
+                    "achieve on the best link of the minute instead.",
                     query(selector(bench.LINK_CAPACITY.name), "theoretical", "A"),
-                    query(selector(MEASURED_CAPACITY), "measured {{direction}}", "B"), width=16),
+                    query(selector(MEASURED_CAPACITY), "measured {{direction}}", "B"),
+                    query(selector(MEASURED_BIDIRECTIONAL_CAPACITY), "measured {{direction}}, both ways at once",
+                          "C"), width=16),
     ]
 
 
 def processes(runbooks: str):
     columns = {"A": "GPU memory", "B": "resident memory", "C": "swapped out",
                "D": "allowed CPUs off the GPU's node", "E": "resident memory off the GPU's node"}
-    exprs = {"A": f"max by (pid, process_name) ({selector(gpu.PROCESS_MEMORY_USED.name)})",
+    # Only the processes the agent reads in /proc: a graphics client it does not watch, or a pid
+    # from a container without the host's pids, would be a row with GPU memory and nothing else.
+    watched = f"on (job, instance, pid) {selector(process.INFO.name, gpu=False)}"
+    exprs = {"A": f"max by (pid, process_name) ({selector(gpu.PROCESS_MEMORY_USED.name)} and {watched})",
              "B": per_process(selector(process.RESIDENT.name, gpu=False)),
              "C": per_process(selector(process.SWAP.name, gpu=False)),
              "D": per_process(selector(CPUS_OFF_NODE)),
              "E": per_process(selector(MEMORY_OFF_NODE))}
     panel = value_table(
         "Watched processes on this GPU", "bytes",
-        "Each process holding memory on the GPU: its GPU memory (NVML), resident and swapped-out host "
+        "Each watched process holding memory on the GPU: its GPU memory (NVML), resident and swapped-out host "
         "memory (/proc/<pid>/status) and the share of its CPUs and memory off the GPU's NUMA node.",
         {ref: (expr, columns[ref]) for ref, expr in exprs.items()}, height=8,
         links=runbook_links(runbooks, "InferenceProcessNumaMisplaced", "InferenceProcessMemoryGrowth"))

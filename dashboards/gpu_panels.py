@@ -2,8 +2,10 @@
 (one GPU): PCIe traffic against capacity, link state, link errors and GPU memory.
 
 Capacity comes from rules/ recording rules: the theoretical rate of the current generation x width,
-and the effective one GpuPcieStarvation divides by (what `hybridmon bench` measured, pinned local
-copies of the largest size, else the theoretical rate).
+and the one GpuPcieStarvation divides by: what `hybridmon bench` measured (pinned local copies of
+the largest size), else what copies achieve on the best link of the minute (theoretical x the share
+copy engines reach, hybridmon/pcie_rates.py). Traffic and its share of capacity are the rules'
+recordings too, so a panel shows the numbers the alert compares.
 """
 from __future__ import annotations
 
@@ -12,14 +14,14 @@ from grafana_foundation_sdk.models import dashboard as model
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards.common import graph, query, runbook_links, selector, single_stat, value_table
 from hybridmon.exporters import gpu, pcie
+from hybridmon.rules import pcie as recorded
 from hybridmon.rules.pcie import CAPACITY, CAPACITY_THEORETICAL, MAX_CAPACITY, MEASURED_CAPACITY, REPLAY_BOUND
 from hybridmon.rules.promql import number
 
 THROUGHPUT = gpu.PCIE_THROUGHPUT.name
-AVERAGE_TRAFFIC = f"avg_over_time({selector(THROUGHPUT)}[$__rate_interval])"
-# As GpuPcieStarvation judges it: per direction, traffic over the effective capacity; the direction
-# nearest its capacity counts.
-TRAFFIC_SHARE = f"max without (direction) (\n  {AVERAGE_TRAFFIC}\n/\n  {selector(CAPACITY)}\n)"
+# What GpuPcieStarvation compares: each direction over its capacity and both together over the
+# bidirectional one (the recording's direction="both"); the fullest counts.
+TRAFFIC_SHARE = f"max without (direction) ({selector(recorded.TRAFFIC_SHARE)})"
 # The theoretical rate carries no direction (it is the same both ways); name it so legends read well.
 THEORETICAL_BOTH_WAYS = (f'label_replace({selector(CAPACITY_THEORETICAL)}, '
                          '"direction", "each direction", "direction", "")')
@@ -32,11 +34,14 @@ def traffic_vs_capacity(t: Thresholds, runbooks: str, title: str, width: int = 2
     share = t.pcie_starvation.traffic_share_of_capacity
     panel = graph(
         title, "Bps",
-        "PCIe traffic per direction (NVML, 20 ms windows) against what the link carries: the rate "
-        "`hybridmon bench` measured for pinned local copies, and the theoretical rate of the current "
-        "generation and width. The starvation level is traffic_share_of_capacity of the capacity "
-        "GpuPcieStarvation divides by (measured where present, else theoretical).",
-        query(selector(THROUGHPUT), "traffic {{direction}}", "A"),
+        "PCIe traffic per direction over the last minute as GpuPcieStarvation reads it (NVML's byte "
+        "counters, else the agent's sampled-bytes estimate, else the throughput gauge) against what "
+        "the link carries: the rate `hybridmon bench` measured for pinned local copies, and the "
+        "theoretical rate of the current generation and width. The starvation level is "
+        "traffic_share_of_capacity of the capacity the alert divides by: measured where present, "
+        "else what copies achieve on the best link of the minute (not the theoretical rate, which "
+        "no copy reaches).",
+        query(selector(recorded.TRAFFIC), "traffic {{direction}}", "A"),
         query(selector(MEASURED_CAPACITY), "measured capacity {{direction}}", "B"),
         query(THEORETICAL_BOTH_WAYS, "theoretical capacity {{direction}}", "C"),
         query(f"{number(share)} * {selector(CAPACITY)}", "starvation level {{direction}}", "D"),
@@ -49,9 +54,11 @@ def traffic_vs_capacity(t: Thresholds, runbooks: str, title: str, width: int = 2
 def traffic_share(t: Thresholds, runbooks: str, width: int = 12):
     return graph(
         "PCIe traffic, share of capacity", "percentunit",
-        "Traffic (average over the rate interval) over the capacity GpuPcieStarvation divides by, in "
-        "the direction nearest it: measured by the benchmark, else theoretical. The line is "
-        "traffic_share_of_capacity: at or above it while the GPU idles, the GPU waits on the link.",
+        "What GpuPcieStarvation compares (its recording rule): the fuller of each direction's "
+        "traffic over its capacity and both directions together over what the link carries both "
+        "ways at once. Capacity is what `hybridmon bench` measured, else what copies achieve on the "
+        "best link of the minute. The line is traffic_share_of_capacity: at or above it while the "
+        "GPU idles, the GPU waits on the link.",
         query(TRAFFIC_SHARE, "GPU {{gpu}}"),
         threshold=t.pcie_starvation.traffic_share_of_capacity, width=width,
         links=runbook_links(runbooks, "GpuPcieStarvation"))

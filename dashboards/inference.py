@@ -53,7 +53,7 @@ HOST_TO_DEVICE = 'direction="host_to_device"'
 # KV offload loads over the host -> device capacity of the links they cross, with the capacity
 # InferenceKvOffloadPressure divides by (a recording rule of rules/inference.py): the links of the
 # GPUs the server's process holds memory on, else every link of the host; measured by
-# `hybridmon bench` where it has run, else theoretical.
+# `hybridmon bench` where it has run, else what copies achieve on the best link of the minute.
 OFFLOAD_LOADS = _rate(OFFLOAD_BYTES.name, 'direction="load"')
 OFFLOAD_SHARE = f"sum without (direction) ({OFFLOAD_LOADS})\n/\n{_server(SERVER_CAPACITY)}"
 
@@ -131,7 +131,7 @@ def kv_cache(t: Thresholds, runbooks: str):
         graph("KV offload loads, share of host → device capacity", "percentunit",
               "KV offload loads over the host → device capacity of the links they cross: those of "
               "the GPUs the server's process uses (all of the host's where that is not known), "
-              "measured by `hybridmon bench` where it ran, else theoretical. The line is "
+              "measured by `hybridmon bench` where it ran, else what copies achieve on the link. The line is "
               "offload_load_share_of_capacity of [kv_offload_pressure]: at or above it, "
               "InferenceKvOffloadPressure fires with reason offload_link.",
               query(OFFLOAD_SHARE, "{{model}}"),

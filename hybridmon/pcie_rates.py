@@ -6,6 +6,13 @@ Bytes/s per lane per direction after line encoding: 8b/10b for Gen1-2, 128b/130b
 FLIT for Gen6 (PCI-SIG base specifications; e.g. Gen4 16 GT/s x 128/130 / 8 = 1969.2 MB/s, so a Gen4
 x16 link carries 31.5 GB/s per direction). The raw line rate (GT/s = Gbit/s per lane) is what DCGM's
 PCIe replay bound scales with.
+
+No copy reaches the theoretical rate: TLP headers, flow control and the copy engines' own limits
+leave 76-87 % of it. What a link achievably carries is what `hybridmon bench` measured on this
+host, else the theoretical rate x the share copy engines are published to reach at its generation
+(ACHIEVABLE_SHARE below, one direction; BIDIRECTIONAL_SHARE, each direction while both run).
+GpuPcieStarvation and InferenceKvOffloadPressure judge traffic against that, not the theoretical rate,
+which a saturated link never shows.
 """
 from __future__ import annotations
 
@@ -29,9 +36,42 @@ LANE_LINE_RATE_BITS_PER_SECOND_TEXT = {
     5: ("32e9", "Gen5"),
     6: ("64e9", "Gen6"),
 }
+# Generation -> (share of the theoretical rate one direction's copies achieve as a PromQL-ready
+# literal, where it comes from). Each is the LOW end of what is published for a healthy link, so a
+# saturated copy engine (Gen4: 0.82 x theoretical) is at or above it: a link that carries more
+# than we assume only makes a full link look fuller.
+ACHIEVABLE_SHARE_TEXT = {
+    1: ("0.76", "extrapolated from Gen3: no published copy figure; theoretical already nets out 8b/10b"),
+    2: ("0.76", "extrapolated from Gen3: no published copy figure; theoretical already nets out 8b/10b"),
+    3: ("0.76", "Gen3 x16 copies reach 12-13 of 15.75 GB/s (issue 13): 12 / 15.75"),
+    4: ("0.81", "nvbandwidth CE copies on Gen4 x16: 25.5-26.3 GB/s H2D (RTX 4090), 25.9-26.2 "
+                "(README) of 31.5: 25.5 / 31.5"),
+    5: ("0.825", "Azure NHC check_cuda_bw floor for H100 Gen5 x16, 52 of 63 GB/s (nvbandwidth on "
+                 "H800: ~55, 0.87)"),
+    6: ("0.825", "extrapolated from Gen5: no published copy figure; theoretical already nets out FLIT"),
+}
+# Generation -> (share of the theoretical rate EACH direction achieves while both copy at once,
+# where it comes from): bidirectional copies do not add up to twice one direction.
+BIDIRECTIONAL_SHARE_TEXT = {
+    **{generation: ("0.58", "extrapolated from Gen4: no published bidirectional figure")
+       for generation in (1, 2, 3, 5, 6)},
+    4: ("0.58", "nvbandwidth README: 18.5 GB/s per direction bidirectional on Gen4 x16, 18.5 / "
+                "31.5 (issue 13: 18-20; nvbandwidth issue #15 saw 11-16 on some hosts)"),
+}
 LANE_BYTES_PER_SECOND = {generation: float(text) for generation, (text, _) in LANE_BYTES_PER_SECOND_TEXT.items()}
 LANE_LINE_RATE_BITS_PER_SECOND = {
     generation: float(text) for generation, (text, _) in LANE_LINE_RATE_BITS_PER_SECOND_TEXT.items()}
+ACHIEVABLE_SHARE = {generation: float(text) for generation, (text, _) in ACHIEVABLE_SHARE_TEXT.items()}
+BIDIRECTIONAL_SHARE = {generation: float(text) for generation, (text, _) in BIDIRECTIONAL_SHARE_TEXT.items()}
+# Per-lane achievable bytes/s, one direction and both together, as the PromQL rules write them
+# (lane rate x share, then x lanes), so the detectors multiply in the same order and agree exactly.
+LANE_ACHIEVABLE_TEXT = {
+    generation: (f"{LANE_BYTES_PER_SECOND_TEXT[generation][0]} * {share}", f"{share} of theoretical")
+    for generation, (share, _) in ACHIEVABLE_SHARE_TEXT.items()}
+LANE_BIDIRECTIONAL_TEXT = {
+    generation: (f"{LANE_BYTES_PER_SECOND_TEXT[generation][0]} * 2 * {share}",
+                 f"{share} of theoretical each way")
+    for generation, (share, _) in BIDIRECTIONAL_SHARE_TEXT.items()}
 
 
 def theoretical_capacity(generation: float, lanes: float) -> float | None:
@@ -52,14 +92,33 @@ def replay_bound_per_minute(bit_error_rate: float, generation: int, lanes: int) 
     return math.ceil(bit_error_rate * 60 * lanes * LANE_LINE_RATE_BITS_PER_SECOND[generation])
 
 
+def achievable_capacity(generation: float, lanes: float) -> float | None:
+    """Bytes/s one direction of a link at this generation and width carries in practice:
+    theoretical x ACHIEVABLE_SHARE; None for an unknown link."""
+    share = ACHIEVABLE_SHARE.get(int(round(generation)))
+    if share is None or lanes <= 0:
+        return None
+    return lanes * (LANE_BYTES_PER_SECOND[int(round(generation))] * share)
+
+
+def bidirectional_capacity(generation: float, lanes: float) -> float | None:
+    """Bytes/s both directions of a link together carry while both copy at once: 2 x theoretical
+    x BIDIRECTIONAL_SHARE; None for an unknown link."""
+    share = BIDIRECTIONAL_SHARE.get(int(round(generation)))
+    if share is None or lanes <= 0:
+        return None
+    return lanes * (LANE_BYTES_PER_SECOND[int(round(generation))] * 2 * share)
+
+
 def effective_capacity(measured: float | None, generation: float | None,
                        lanes: float | None) -> tuple[float, str] | None:
-    """(bytes/s, "measured" or "theoretical") of one direction of a link: what `hybridmon bench`
-    measured on this host where it has run, else the theoretical rate of the current generation x
-    width (the rules' effective-capacity recording says the same); None when neither is known."""
+    """(bytes/s, "measured" or "achievable") of one direction of a link: what `hybridmon bench`
+    measured on this host where it has run, else achievable_capacity of the generation x width
+    given (the detectors pass the best seen over their traffic window; the rules'
+    effective-capacity recording says the same); None when neither is known."""
     if measured is not None and measured > 0:
         return measured, "measured"
     if generation is None or lanes is None:
         return None
-    theoretical = theoretical_capacity(generation, lanes)
-    return (theoretical, "theoretical") if theoretical else None
+    achievable = achievable_capacity(generation, lanes)
+    return (achievable, "achievable") if achievable else None

@@ -2,13 +2,13 @@
 processes and the inference servers of the test hosts (rules.promtool_cases has the timing and Test)."""
 from __future__ import annotations
 
-from hybridmon.exporters.bench import MEASURED_CAPACITY
+from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY
 from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH,
                                      PCIE_LINK_WIDTH, PROCESS_MEMORY_USED)
 from hybridmon.exporters.host_memory import (MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, SWAP_OUT_BYTES, SWAP_TOTAL,
                                              SYSCTL_VALUE)
 from hybridmon.exporters.pressure import STALLED_SECONDS
-from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND
+from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND, achievable_capacity, bidirectional_capacity
 from hybridmon.rules.promtool_cases import GIB, HOST, Test
 
 HOST2 = "gpu-host-2:9787"
@@ -28,11 +28,23 @@ def capacity(generation: int, width: int) -> float:
     return width * LANE_BYTES_PER_SECOND[generation]
 
 
-def link(test: Test, gpu: dict, generation: float | tuple, width: float | tuple,
+def achievable(generation: int, width: int) -> float:
+    """Bytes/s one direction of a link carries in practice (pcie_rates.achievable_capacity)."""
+    return achievable_capacity(generation, width)
+
+
+def bidirectional(generation: int, width: int) -> float:
+    """Bytes/s both directions of a link carry together (pcie_rates.bidirectional_capacity)."""
+    return bidirectional_capacity(generation, width)
+
+
+def link(test: Test, gpu: dict, generation: float | tuple | list, width: float | tuple | list,
          max_generation: int = 4, max_width: int = 16) -> None:
-    """Link state of one GPU; a (before, after) pair changes at the onset."""
+    """Link state of one GPU; a (before, after) pair changes at the onset, a list gives every sample."""
     for metric, value in ((PCIE_LINK_GENERATION.name, generation), (PCIE_LINK_WIDTH.name, width)):
-        if isinstance(value, tuple):
+        if isinstance(value, list):
+            test.values(metric, value, **gpu)
+        elif isinstance(value, tuple):
             test.gauge(metric, *value, **gpu)
         else:
             test.constant(metric, value, **gpu)
@@ -44,6 +56,14 @@ def measured(test: Test, gpu: dict, host_to_device: float, device_to_host: float
     """What `hybridmon bench` measured on this GPU, per direction."""
     test.constant(MEASURED_CAPACITY.name, host_to_device, direction="host_to_device", **gpu)
     test.constant(MEASURED_CAPACITY.name, device_to_host, direction="device_to_host", **gpu)
+
+
+def measured_bidirectional(test: Test, gpu: dict, host_to_device: float, device_to_host: float | None) -> None:
+    """What `hybridmon bench` measured on this GPU per direction while the other direction copied
+    too; None leaves that direction out (a run whose copy that way failed exports only the other)."""
+    for direction, value in (("host_to_device", host_to_device), ("device_to_host", device_to_host)):
+        if value is not None:
+            test.constant(MEASURED_BIDIRECTIONAL_CAPACITY.name, value, direction=direction, **gpu)
 
 
 def host_memory(test: Test, swap_in: float, swap_out: float, major_faults: float, pressure: float,
@@ -81,6 +101,13 @@ def stepped_counter(test: Test, change_at: int, before: float, after: float) -> 
             total += (before if index * test.interval <= change_at else after) * test.interval
         values.append(total)
     return values
+
+
+def bursts(test: Test, period: int, burst: int, during: float, between: float) -> list[float]:
+    """A gauge at `during` for the first `burst` seconds of every `period` (counted from the
+    sample after each period starts), `between` otherwise: one value per sample."""
+    return [during if 0 < index * test.interval % period <= burst else between
+            for index in range(test.samples)]
 
 
 def stepped(test: Test, change_at: int, before: float, after: float) -> list[float]:

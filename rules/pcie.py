@@ -1,10 +1,14 @@
 """The recording rules of the PCIe and GPU-memory groups: link capacity (theoretical, measured,
-effective), 1 min averages of traffic, utilization and memory, the replay rate and DCGM's bound,
-the memory slope. The alerts that read them are in agent/alerts/ (pcie_*, gpu_*).
+effective; one direction and both together), 1 min averages of traffic, utilization and memory,
+the replay rate and DCGM's bound, the memory slope. The alerts that read them are in
+agent/alerts/ (pcie_*, gpu_*).
 
 Gauges are compared as their 1 min average (avg_over_time), counters as 1 min rates, as in the
 agent's detectors. Link generation and width are states, not measurements: they are read as they
-are now, like the agent reads the latest sample.
+are now, like the agent reads the latest sample, except where they size the traffic of the last
+minute. There the best state over that same minute counts (max_over_time): the link drops to Gen1
+within moments of going idle, and a minute's traffic average divided by the Gen1 rate right after
+a burst would read as a link many times over full.
 """
 from __future__ import annotations
 
@@ -17,17 +21,35 @@ if TYPE_CHECKING:  # the schema is built from the families, which import these r
 from hybridmon.exporters import bench as bench_metrics
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.rules.model import Recording
-from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND_TEXT, LANE_LINE_RATE_BITS_PER_SECOND_TEXT
+from hybridmon.pcie_rates import (LANE_ACHIEVABLE_TEXT, LANE_BIDIRECTIONAL_TEXT, LANE_BYTES_PER_SECOND_TEXT,
+                                  LANE_LINE_RATE_BITS_PER_SECOND_TEXT)
 from hybridmon.rules.promql import (by_generation,
                           SLOPE_NOTE, duration, rate_name, robust_slope)
 
 CAPACITY_THEORETICAL = "gpu:hybridmon_gpu_pcie_link_capacity_bytes_per_second:theoretical"
 MAX_CAPACITY = "gpu:hybridmon_gpu_pcie_link_max_capacity_bytes_per_second:theoretical"
-# The capacity the starvation alert divides by, per direction: what `hybridmon bench` measured on
-# this host where it has run, else the theoretical rate of the current link.
+# What the best link of the last minute carries in practice (theoretical x the copy engines'
+# achievable share at its generation): one direction, and both directions together at once.
+ACHIEVABLE = "gpu:hybridmon_gpu_pcie_link_achievable_bytes_per_second:best1m"
+BIDIRECTIONAL_ACHIEVABLE = "gpu:hybridmon_gpu_pcie_link_bidirectional_achievable_bytes_per_second:best1m"
+# The capacity the starvation and KV-offload alerts divide by, per direction: what `hybridmon bench`
+# measured on this host where it has run, else ACHIEVABLE.
 CAPACITY = "gpu:hybridmon_gpu_pcie_capacity_bytes_per_second:effective"
 MEASURED_CAPACITY = bench_metrics.MEASURED_CAPACITY.name
-THROUGHPUT = f"gpu:{gpu_metrics.PCIE_THROUGHPUT.name}:avg1m"
+# What the starvation alert divides both directions' sum by: the sum of what `hybridmon bench`
+# measured each way while the other way copied too, where it measured both ways, else
+# BIDIRECTIONAL_ACHIEVABLE.
+BIDIRECTIONAL_CAPACITY = "gpu:hybridmon_gpu_pcie_bidirectional_capacity_bytes_per_second:effective"
+MEASURED_BIDIRECTIONAL_CAPACITY = bench_metrics.MEASURED_BIDIRECTIONAL_CAPACITY.name
+DIRECTIONS = ("host_to_device", "device_to_host")
+# PCIe bytes/s per direction over the last minute: the cumulative counter's rate where NVML has it
+# (exact), else the rate of the agent's sampled-bytes estimate (all ~10 samples/s of the minute),
+# else the average of the throughput gauge (only the values Prometheus scraped: 4 a minute at 15 s).
+TRAFFIC = "gpu:hybridmon_gpu_pcie_traffic_bytes_per_second:avg1m"
+# Traffic over capacity per direction, and (direction="both") the sum of both directions over
+# BIDIRECTIONAL_CAPACITY: a link full both ways at once shows neither direction near its own.
+TRAFFIC_SHARE = "gpu:hybridmon_gpu_pcie_traffic_share_of_capacity:avg1m"
+BOTH = "both"
 UTILIZATION = f"gpu:{gpu_metrics.UTILIZATION.name}:avg1m"
 REPLAY_BOUND = "gpu:hybridmon_gpu_pcie_replays_per_minute:dcgm_bound"
 MEMORY_USED = f"gpu:{gpu_metrics.MEMORY_USED.name}:avg1m"
@@ -43,6 +65,50 @@ def capacity_expr(generation: str, width: str) -> str:
             f"{by_generation(generation, LANE_BYTES_PER_SECOND_TEXT, '    ')}\n)")
 
 
+def best_link(table: dict[int, tuple[str, str]]) -> str:
+    """`table`'s per-lane rate of the best generation x best width seen over the last minute."""
+    best_generation = f"max_over_time({gpu_metrics.PCIE_LINK_GENERATION.name}[1m])"
+    return (f"(max_over_time({gpu_metrics.PCIE_LINK_WIDTH.name}[1m]) > 0)\n*\n(\n"
+            f"{by_generation(best_generation, table, '    ')}\n)")
+
+
+def capacity_recordings() -> tuple[Recording, ...]:
+    measured = f'{MEASURED_CAPACITY}{{direction=~"{"|".join(DIRECTIONS)}"}}'
+    # A run that failed one direction's bidirectional copy leaves half a sum: it counts only whole.
+    measured_both_ways = f'{MEASURED_BIDIRECTIONAL_CAPACITY}{{direction=~"{"|".join(DIRECTIONS)}"}} > 0'
+    return (
+        Recording(ACHIEVABLE,
+                  "# bytes/s one direction carries: best generation x width of the last minute,\n"
+                  "# theoretical x the share copy engines achieve (hybridmon/pcie_rates.py)\n"
+                  + best_link(LANE_ACHIEVABLE_TEXT)),
+        Recording(BIDIRECTIONAL_ACHIEVABLE,
+                  "# bytes/s both directions carry together while both copy at once\n"
+                  + best_link(LANE_BIDIRECTIONAL_TEXT)),
+        Recording(CAPACITY,
+                  "# bytes/s per direction: measured by `hybridmon bench`, else achievable\n"
+                  f"{measured}\n"
+                  + "".join(f'or\nlabel_replace({ACHIEVABLE}, "direction", "{direction}", "", "")\n'
+                            for direction in DIRECTIONS).rstrip("\n")),
+        Recording(BIDIRECTIONAL_CAPACITY,
+                  "# bytes/s both directions together: measured each way while both copied, summed,\n"
+                  "# where `hybridmon bench` measured both ways; else the bidirectional share's figure\n"
+                  f"sum without (direction) ({measured_both_ways})\nand\n"
+                  f"count without (direction) ({measured_both_ways}) == {len(DIRECTIONS)}\nor\n"
+                  f"{BIDIRECTIONAL_ACHIEVABLE}"),
+        Recording(TRAFFIC,
+                  "# exact where NVML counts PCIe bytes; else the agent's estimate from all its samples\n"
+                  "# (~10 a second); else the average of the throughput gauge as scraped\n"
+                  f"rate({gpu_metrics.PCIE_BYTES.name}[1m])\nor\n"
+                  f"rate({gpu_metrics.PCIE_SAMPLED_BYTES.name}[1m])\nor\n"
+                  f"avg_over_time({gpu_metrics.PCIE_THROUGHPUT.name}[1m])"),
+        Recording(TRAFFIC_SHARE,
+                  f"# each direction against its own capacity...\n{TRAFFIC} / {CAPACITY}\n"
+                  "# ...and both together against what the link carries both ways at once\nor\n"
+                  f'label_replace(\n  sum without (direction) ({TRAFFIC}) / {BIDIRECTIONAL_CAPACITY},\n'
+                  f'  "direction", "{BOTH}", "", ""\n)'),
+    )
+
+
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
     window = duration(t.pcie_errors.window_seconds)
     line_rates = by_generation(gpu_metrics.PCIE_LINK_GENERATION.name, LANE_LINE_RATE_BITS_PER_SECOND_TEXT,
@@ -55,12 +121,7 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
                   + capacity_expr(gpu_metrics.PCIE_LINK_GENERATION.name, gpu_metrics.PCIE_LINK_WIDTH.name)),
         Recording(MAX_CAPACITY, capacity_expr(gpu_metrics.PCIE_LINK_MAX_GENERATION.name,
                                               gpu_metrics.PCIE_LINK_MAX_WIDTH.name)),
-        Recording(CAPACITY,
-                  "# bytes/s per direction: measured by `hybridmon bench`, else theoretical\n"
-                  f"{MEASURED_CAPACITY}\n"
-                  + "".join(f'or\nlabel_replace({CAPACITY_THEORETICAL}, "direction", "{direction}", "", "")\n'
-                            for direction in ("host_to_device", "device_to_host")).rstrip("\n")),
-        Recording(THROUGHPUT, f"avg_over_time({gpu_metrics.PCIE_THROUGHPUT.name}[1m])"),
+        *capacity_recordings(),
         Recording(UTILIZATION, f"avg_over_time({gpu_metrics.UTILIZATION.name}[1m])"),
         Recording(replay_rate_record(t.pcie_errors.window_seconds), f"rate({gpu_metrics.PCIE_REPLAYS.name}[{window}])"),
         Recording(REPLAY_BOUND,

@@ -19,7 +19,7 @@ from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.pcie_rates import effective_capacity, link_name
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.case_inputs import (
-    LLAMA, LLAMA_SERVER, SGLANG_SERVER, VLLM, VLLM_SERVER, capacity, link, on_gpu, served)
+    LLAMA, LLAMA_SERVER, SGLANG_SERVER, VLLM, VLLM_SERVER, achievable, capacity, link, on_gpu, served)
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
 from hybridmon.rules.promtool_cases import GPU0, GPU1, Test, above, firing, not_yet
@@ -80,8 +80,9 @@ def offload_link_alert(k: Settings) -> Alert:
         f"{recorded.SERVER_NAME} loads <loads|humanize>B/s of offloaded KV cache from host memory into "
         "the GPU (1 min rate): <value|humanizePercentage> of the <capacity|humanize>B/s "
         "host-to-device capacity of the GPUs its process uses (every GPU of the host when the "
-        "server is tied to no process; capacity as hybridmon bench measured it, else the "
-        f"link's theoretical rate; threshold {humanize_percentage(k.offload_load_share_of_capacity)}). "
+        "server is tied to no process; capacity as hybridmon bench measured it, else what copies "
+        "achieve on the best link of the minute, below its theoretical rate; threshold "
+        f"{humanize_percentage(k.offload_load_share_of_capacity)}). "
         "The loads alone fill the link: requests whose blocks were offloaded wait for the copy, and "
         "weights or other transfers queue behind it. Keep the hot blocks in VRAM (more "
         "--gpu-memory-utilization, a quantised KV cache, fewer concurrent long contexts) and check "
@@ -101,18 +102,18 @@ class LinkCapacity:
     """One GPU's host->device capacity (bytes/s) and where it comes from."""
 
     bytes_per_second: float
-    source: str          # "measured" or "theoretical Gen4 x16"
+    source: str          # "measured" or "achievable on Gen4 x16"
 
 
 def link_capacity(measured: float | None, generation: float | None,
                   lanes: float | None) -> LinkCapacity | None:
     """The capacity GpuPcieStarvation and the rules' effective-capacity recording read too, its
-    source naming the link when it is the theoretical rate."""
+    source naming the link when it is what copies achieve on it."""
     found = effective_capacity(measured, generation, lanes)
     if found is None:
         return None
     value, source = found
-    return LinkCapacity(value, source if source == "measured" else f"theoretical {link_name(generation, lanes)}")
+    return LinkCapacity(value, source if source == "measured" else f"{source} on {link_name(generation, lanes)}")
 
 
 def gpus_of(history: History, pid: str, now: float) -> set[tuple[str, str]]:
@@ -131,7 +132,8 @@ class Detector:
     direction) >= offload_load_share_of_capacity x the host->device capacity of the GPUs the
     server's process holds memory on (every GPU when the server is tied to no process, or its
     process holds none); capacity per GPU as GpuPcieStarvation reads it: measured by
-    `hybridmon bench`, else the current link's theoretical rate."""
+    `hybridmon bench`, else what copies achieve on the best link of the last minute
+    (pcie_rates.effective_capacity)."""
 
     name = "kv_offload_pressure"
     alertnames = ("InferenceKvOffloadPressure",)
@@ -163,9 +165,11 @@ class Detector:
         return findings
 
     def capacities(self, history: History, now: float) -> dict[tuple[str, str], LinkCapacity]:
-        """(gpu, uuid) -> its host->device capacity."""
-        generation = common.gpu_latest(history, PCIE_LINK_GENERATION.name, now)
-        width = common.gpu_latest(history, PCIE_LINK_WIDTH.name, now)
+        """(gpu, uuid) -> its host->device capacity, its link sized by the best generation and
+        width of the minute the loads are averaged over (a link idling at Gen1 between loads
+        still carries them at Gen4)."""
+        generation = common.gpu_maxima(history, PCIE_LINK_GENERATION.name, now)
+        width = common.gpu_maxima(history, PCIE_LINK_WIDTH.name, now)
         measured = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
         found = {}
         for gpu in set(generation) | set(measured):
@@ -224,12 +228,13 @@ def kv_cache_full_case(t, catalog) -> Test:
 
 
 def offload_link_case(t, catalog) -> Test:
-    """GPU 0 (python3, pid 4242) at its theoretical Gen4 x16 rate; GPU 1 (llama-server, pid 5151)
-    measured by hybridmon bench at half of it. A server tied to no process is judged against both."""
+    """GPU 0 (python3, pid 4242) at what copies achieve on its Gen4 x16 link; GPU 1 (llama-server,
+    pid 5151) measured by hybridmon bench at half the theoretical rate. A server tied to no process
+    is judged against both."""
     k = t.kv_offload_pressure
     rule = catalog.find("InferenceKvOffloadPressure", reason="offload_link")
     share = above(k.offload_load_share_of_capacity)
-    full, measured = capacity(4, 16), capacity(4, 16) / 2
+    full, measured = achievable(4, 16), capacity(4, 16) / 2
     second_vllm = served(VLLM_SERVER, LLAMA["pid"], "http://127.0.0.1:8001/metrics")
     quiet_vllm = served(VLLM_SERVER, VLLM["pid"], "http://127.0.0.1:8002/metrics")
     test = Test("KV offload loads: vLLM on GPU 0 past the share of its link, a second vLLM past the "

@@ -31,24 +31,31 @@ def gpus_by_bus_id(history: History) -> dict[str, dict[str, str]]:
     return {bus_id: labels for bus_id, (_, labels) in found.items()}
 
 
-def gpu_averages(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
-    """avg_over_time(metric[1m]) per GPU (gpu, uuid), GPUs without points in the minute left out."""
+def gpu_reduced(history: History, metric: str, now: float, reduce) -> dict[tuple[str, ...], float]:
+    """reduce(series, now) per GPU (gpu, uuid); GPUs whose series give no value are left out."""
     found = {}
     for key, series in windows.by_labels(history.series(metric), *GPU_LABELS).items():
-        value = windows.avg_over_time(series, now)
+        value = reduce(series, now)
         if value is not None:
             found[key] = value
     return found
+
+
+def gpu_averages(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
+    """avg_over_time(metric[1m]) per GPU (gpu, uuid), GPUs without points in the minute left out."""
+    return gpu_reduced(history, metric, now, windows.avg_over_time)
+
+
+def gpu_maxima(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
+    """max_over_time(metric[1m]) per GPU: the best state (link generation, width) seen over the
+    window the averages cover, so a link that dropped speed at idle after a burst still counts
+    at the speed it carried the burst with."""
+    return gpu_reduced(history, metric, now, windows.max_over_time)
 
 
 def gpu_latest(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
     """The current value of a state gauge (link generation, width, up) per GPU."""
-    found = {}
-    for key, series in windows.by_labels(history.series(metric), *GPU_LABELS).items():
-        value = windows.latest(series, now)
-        if value is not None:
-            found[key] = value
-    return found
+    return gpu_reduced(history, metric, now, windows.latest)
 
 
 def gpu_directions(history: History, metric: str, now: float,
@@ -61,6 +68,21 @@ def gpu_directions(history: History, metric: str, now: float,
         if value is not None:
             key = (series.labels["gpu"], series.labels["uuid"])
             found.setdefault(key, {})[series.labels["direction"]] = value
+    return found
+
+
+def gpu_traffic(history: History, counter: str, sampled_counter: str, gauge: str,
+                now: float) -> dict[tuple[str, ...], dict[str, float]]:
+    """{(gpu, uuid): {direction: bytes/s}} over the last minute, per direction the first that has
+    a value, as the rules' `rate(counter[1m]) or rate(sampled_counter[1m]) or
+    avg_over_time(gauge[1m])` reads it: NVML's cumulative byte counter (exact), else the agent's
+    running estimate from all its 20 ms throughput samples, else the throughput gauge's average
+    (the agent keeps every tick; Prometheus keeps only the ticks it scraped)."""
+    found = gpu_directions(history, gauge, now, windows.avg_over_time)
+    # Later sources overwrite earlier ones, so the most exact is applied last.
+    for source in (sampled_counter, counter):
+        for key, directions in gpu_directions(history, source, now, windows.rate).items():
+            found.setdefault(key, {}).update(directions)
     return found
 
 

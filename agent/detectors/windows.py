@@ -4,6 +4,7 @@ Every window is closed at both ends, [now - window, now], and only points inside
 detector asked about the past (a replayed trace) never sees the future. The equivalents:
 
 - `avg_over_time(series, now, 60)`   avg_over_time(x[1m])
+- `max_over_time(series, now, 60)`   max_over_time(x[1m])
 - `latest(series, now)`              an instant selector `x` (the last point at most a minute old)
 - `rate(series, now, 60)`            rate(x[1m]); a drop is a counter reset, as in Prometheus
 - `increase(series, now, w)`         increase(x[w]) without extrapolation
@@ -56,6 +57,13 @@ def avg_over_time(series: SeriesHistory, now: float,
     """Mean of the points in the window; None when there are none (the series is absent)."""
     _, values = window(series, now, seconds)
     return sum(values) / len(values) if values else None
+
+
+def max_over_time(series: SeriesHistory, now: float,
+                  seconds: float = AVERAGE_SECONDS) -> float | None:
+    """Largest point in the window; None when there are none (the series is absent)."""
+    _, values = window(series, now, seconds)
+    return max(values) if values else None
 
 
 def latest(series: SeriesHistory, now: float,

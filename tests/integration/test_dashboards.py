@@ -338,6 +338,8 @@ def test_runbook_base_url_is_an_option(tmp_path):
 
 GOLDEN_SAMPLE = re.compile(r"^(\w+)(?:\{(.*)\})? ([^<\s]\S*)$")  # not the <timing> placeholders
 MEASURED_GPU0 = {"host_to_device": 25.0e9, "device_to_host": 24.0e9}
+# each direction while both copied: low, as nvbandwidth issue #15 saw on some Gen4 hosts (11-16 GB/s)
+MEASURED_BOTH_WAYS_GPU0 = {"host_to_device": 13.0e9, "device_to_host": 12.0e9}
 UUID0 = "GPU-0a1b2c3d-0000-4000-8000-000000000000"
 
 
@@ -351,6 +353,9 @@ def fixture_host_scrapes(count: int) -> list[dict]:
             golden[(name, tuple(sorted(re.findall(r'(\w+)="([^"]*)"', labels or ""))))] = float(value)
     for direction, value in MEASURED_GPU0.items():
         golden[("hybridmon_gpu_pcie_measured_capacity_bytes_per_second",
+                (("direction", direction), ("gpu", "0"), ("uuid", UUID0)))] = value
+    for direction, value in MEASURED_BOTH_WAYS_GPU0.items():
+        golden[("hybridmon_gpu_pcie_measured_bidirectional_capacity_bytes_per_second",
                 (("direction", direction), ("gpu", "0"), ("uuid", UUID0)))] = value
     aer = ("hybridmon_pcie_aer_errors_total", (("pci_bus_id", "0000:17:00.0"), ("severity", "correctable")))
     return [{**golden, aer: golden[aer] + n} for n in range(count)]
@@ -384,7 +389,7 @@ def sample(scrape: dict, name: str, **labels: str) -> float:
 
 
 def test_panel_joins_compute_what_they_say(tmp_path):
-    from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND
+    from hybridmon.pcie_rates import achievable_capacity, bidirectional_capacity
 
     scrapes = fixture_host_scrapes(41)
     last = scrapes[-1]
@@ -408,8 +413,9 @@ def test_panel_joins_compute_what_they_say(tmp_path):
         assert len({str(sets) for sets in label_sets.values()}) == 1, (title, label_sets)
         assert "__name__" not in str(label_sets), title
 
-    for pid, gpu in (("4242", "0"), ("5151", "1")):
-        node = str(int(sample(last, "hybridmon_gpu_numa_node", gpu=gpu)))
+    # The GPU's node is its PCI device's sysfs numa_node (NVML's NumaNodeId is GPU memory's own).
+    for pid, bus in (("4242", "0000:17:00.0"), ("5151", "0000:ca:00.0")):
+        node = str(int(sample(last, "hybridmon_pcie_device_numa_node", pci_bus_id=bus)))
         resident = {dict(pairs)["node"]: v for (n, pairs), v in last.items()
                     if n == "hybridmon_process_numa_resident_bytes" and dict(pairs)["pid"] == pid}
         expected = {
@@ -426,15 +432,26 @@ def test_panel_joins_compute_what_they_say(tmp_path):
 
     traffic = {(gpu, d): sample(last, "hybridmon_gpu_pcie_throughput_bytes_per_second", gpu=gpu, direction=d)
                for gpu in "01" for d in MEASURED_GPU0}
-    theoretical_gpu1 = (LANE_BYTES_PER_SECOND[int(sample(last, "hybridmon_gpu_pcie_link_generation", gpu="1"))]
-                        * sample(last, "hybridmon_gpu_pcie_link_width_lanes", gpu="1"))
+    # GPU 1 has no benchmark: its capacity is what copies achieve on its link (constant here)
+    capacity_gpu1 = achievable_capacity(sample(last, "hybridmon_gpu_pcie_link_generation", gpu="1"),
+                                           sample(last, "hybridmon_gpu_pcie_link_width_lanes", gpu="1"))
+    # What GpuPcieStarvation compares: the fuller of each direction over its capacity and both
+    # together over the bidirectional capacity: GPU 0's measured sum (which here is the fuller), GPU
+    # 1's from the bidirectional factor.
+    both_ways = {"0": sum(MEASURED_BOTH_WAYS_GPU0.values()),
+                 "1": bidirectional_capacity(sample(last, "hybridmon_gpu_pcie_link_generation", gpu="1"),
+                                             sample(last, "hybridmon_gpu_pcie_link_width_lanes", gpu="1"))}
+    assert sum(traffic[("0", d)] for d in MEASURED_GPU0) / both_ways["0"] > max(
+        traffic[("0", d)] / MEASURED_GPU0[d] for d in MEASURED_GPU0)
     assert by(results[("PCIe traffic, share of capacity", "A")], "gpu") == pytest.approx({
-        ("0",): max(traffic[("0", d)] / MEASURED_GPU0[d] for d in MEASURED_GPU0),
-        ("1",): max(traffic[("1", d)] for d in MEASURED_GPU0) / theoretical_gpu1})
+        ("0",): max(*(traffic[("0", d)] / MEASURED_GPU0[d] for d in MEASURED_GPU0),
+                    sum(traffic[("0", d)] for d in MEASURED_GPU0) / both_ways["0"]),
+        ("1",): max(*(traffic[("1", d)] / capacity_gpu1 for d in MEASURED_GPU0),
+                    sum(traffic[("1", d)] for d in MEASURED_GPU0) / both_ways["1"])})
     share = load_thresholds().pcie_starvation.traffic_share_of_capacity
     assert by(results[("PCIe traffic vs capacity", "D")], "gpu", "direction") == pytest.approx({
         **{("0", d): share * v for d, v in MEASURED_GPU0.items()},
-        **{("1", d): share * theoretical_gpu1 for d in MEASURED_GPU0}})
+        **{("1", d): share * capacity_gpu1 for d in MEASURED_GPU0}})
     # one correctable error per 15 s scrape, on GPU0's PCI function only
     assert by(results[("PCIe AER errors per hour", "A")], "gpu", "pci_bus_id", "severity") == pytest.approx({
         ("0", "0000:17:00.0", "correctable"): 240.0, ("0", "0000:17:00.0", "nonfatal"): 0.0,
@@ -468,7 +485,7 @@ def with_inference_servers(scrapes: list[dict]) -> list[dict]:
 
 
 def test_inference_panels_compute_what_they_say(tmp_path):
-    from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND
+    from hybridmon.pcie_rates import achievable_capacity
 
     scrapes = with_inference_servers(fixture_host_scrapes(9))
     last = scrapes[-1]
@@ -480,11 +497,12 @@ def test_inference_panels_compute_what_they_say(tmp_path):
     results = {(q.panel_title, q.ref_id): r for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
 
     loads = 30e9 / 15
-    theoretical_gpu1 = (LANE_BYTES_PER_SECOND[int(sample(last, "hybridmon_gpu_pcie_link_generation", gpu="1"))]
-                        * sample(last, "hybridmon_gpu_pcie_link_width_lanes", gpu="1"))
+    # GPU 1 has no benchmark: its capacity is what copies achieve on its link (constant here)
+    capacity_gpu1 = achievable_capacity(sample(last, "hybridmon_gpu_pcie_link_generation", gpu="1"),
+                                           sample(last, "hybridmon_gpu_pcie_link_width_lanes", gpu="1"))
     # pid 4242 holds memory on GPU0 only: its loads cross GPU0's link, at the rate measured there.
     # Without a pid, or with one on no GPU, the loads are set against every link of the host.
-    every_link = MEASURED_GPU0["host_to_device"] + theoretical_gpu1
+    every_link = MEASURED_GPU0["host_to_device"] + capacity_gpu1
     assert by(results[("KV offload loads, share of host → device capacity", "A")], "endpoint", "pid") == pytest.approx({
         (SERVED_BY_4242, "4242"): loads / MEASURED_GPU0["host_to_device"],
         (NO_PID, ""): loads / every_link, (OFF_GPU, "7777"): loads / every_link})

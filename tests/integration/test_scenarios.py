@@ -190,8 +190,11 @@ def test_process_memory_adds_up(name, scenarios):
         assert all(value % page == 0 for value in one(history, metric).values)
     for gpu in ("0", "1"):
         used = one(history, "hybridmon_gpu_memory_used_bytes", gpu=gpu)
-        processes = one(history, "hybridmon_gpu_process_memory_used_bytes", gpu=gpu)
-        assert all(u >= p for u, p in zip(used.values, processes.values))
+        # the server and a graphics client (Xorg) on each GPU: together within what the GPU has used
+        processes = history.series("hybridmon_gpu_process_memory_used_bytes", gpu=gpu)
+        assert len(processes) >= 2
+        for index, u in enumerate(used.values):
+            assert u >= sum(p.values[index] for p in processes)
 
 
 def test_generation_is_fast(scenarios):
@@ -220,8 +223,9 @@ def test_pcie_starvation_pins_the_link_while_the_gpu_stalls(scenarios):
     h2d = one(history, "hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="0", direction="host_to_device")
     utilization = one(history, "hybridmon_gpu_utilization_ratio", gpu="0")
     assert max(between(h2d, 0, onset)) < 0.5 * GEN4_X16 and min(between(utilization, 0, onset)) >= 0.8
-    assert min(between(h2d, onset, onset + 600)) >= 0.9 * GEN4_X16
-    assert max(between(h2d, onset, onset + 600)) <= GEN4_X16
+    # a saturated copy engine: ~0.82 of the theoretical rate (nvbandwidth, Gen4 x16: 25.5-26.3 GB/s)
+    assert min(between(h2d, onset, onset + 600)) >= 0.8 * GEN4_X16
+    assert max(between(h2d, onset, onset + 600)) <= 0.84 * GEN4_X16
     assert max(between(utilization, onset + 30, onset + 600)) <= 0.25
     # Ten minutes later the offload stops and the GPU works again.
     assert max(between(h2d, onset + 600, 1e9)) < 0.5 * GEN4_X16
@@ -316,7 +320,8 @@ def test_numa_misplacement_moves_the_server_off_its_gpu_node(scenarios):
     history = scenarios.replayed("numa_misplacement").history
     onset = SCENARIOS["numa_misplacement"].onset_seconds
     pid = str(VLLM)
-    assert set(between(one(history, "hybridmon_gpu_numa_node", gpu="0"), 0, 1e9)) == {0}
+    # x86: NVML's NumaNodeId is not supported (nvml.h); the GPU's node is its PCI device's
+    assert history.series("hybridmon_gpu_numa_node", gpu="0") == []
     assert set(between(one(history, "hybridmon_pcie_device_numa_node", pci_bus_id=GPU0_ADDRESS), 0, 1e9)) == {0}
     cpus0 = one(history, "hybridmon_process_allowed_cpus_on_node", pid=pid, node="0")
     cpus1 = one(history, "hybridmon_process_allowed_cpus_on_node", pid=pid, node="1")

@@ -291,9 +291,9 @@ def test_kv_offload_link_loads_near_the_links_capacity_while_the_gpu_works(scena
     onset = SCENARIOS["kv_offload_link"].onset_seconds
     loads = server(history, "kv_offload_bytes_total", direction="load")
     assert rate(loads, 0, onset) < 0.2 * GEN4_X16
-    assert rate(loads, onset + 30, 600) == pytest.approx(0.86 * GEN4_X16, rel=0.01)
+    assert rate(loads, onset + 30, 600) == pytest.approx(0.76 * GEN4_X16, rel=0.01)
     traffic = one(history, "hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="0", direction="host_to_device")
-    assert min(between(traffic, onset + 20, 1e9)) >= 0.9 * GEN4_X16
+    assert min(between(traffic, onset + 20, 1e9)) >= 0.79 * GEN4_X16
     assert min(between(one(history, "hybridmon_gpu_utilization_ratio", gpu="0"), onset + 20, 1e9)) >= 0.7
     assert max(server(history, "kv_cache_usage_ratio").values) < 0.95
 

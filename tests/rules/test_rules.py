@@ -243,7 +243,8 @@ def test_recording_rule_names_are_level_metric_operation():
         assert RECORD_NAME.fullmatch(name), name
     assert {
         "gpu:hybridmon_gpu_pcie_link_capacity_bytes_per_second:theoretical",
-        "gpu:hybridmon_gpu_pcie_throughput_bytes_per_second:avg1m",
+        "gpu:hybridmon_gpu_pcie_traffic_bytes_per_second:avg1m",
+        "gpu:hybridmon_gpu_pcie_capacity_bytes_per_second:effective",
         "instance:hybridmon_swap_in_bytes:rate1m",
         "gpu:hybridmon_gpu_pcie_replays_per_minute:dcgm_bound",
     } <= set(names)

@@ -86,9 +86,11 @@ def kv_cache_full(host: SyntheticHost) -> Step:
 @scenario("kv_offload_link", tick_seconds=1, duration_seconds=600, onset_seconds=60,
           expected=[("InferenceKvOffloadPressure", {**VLLM_SERVER, "reason": "offload_link"})])
 def kv_offload_link(host: SyntheticHost) -> Step:
-    """vLLM's KV offload connector reloads more than the link carries: from onset, over 20 s, its
-    KV offload loads rise from 4 GB/s to 27 GB/s (86 % of Gen4 x16's 31.5 GB/s) and stay there, and
-    GPU0's host-to-device traffic shows it, 40 % -> 93 % of the link. GPU0 stays busy (~78 %), so
+    """vLLM's KV offload connector reloads all the link carries: from onset, over 20 s, its KV
+    offload loads rise from 4 GB/s to 24 GB/s (76 % of Gen4 x16's theoretical 31.5 GB/s, 94 % of
+    the 25.5 GB/s copies achieve on it) and stay there, and GPU0's host-to-device traffic shows it,
+    40 % -> 82 % of the theoretical rate (the loads plus the model's own transfers: a saturated
+    copy engine, nvbandwidth's 25.5-26.3 GB/s). GPU0 stays busy (~78 %), so
     this is not PCIe starvation; the KV cache is 90 % full without preemptions; inter-token latency
     p50 rises from 38 ms to 52 ms and time to first token p50 from 0.15 s to 0.25 s."""
     healthy_host(host)
@@ -96,12 +98,12 @@ def kv_offload_link(host: SyntheticHost) -> Step:
 
     def step(t: float) -> None:
         load = healthy_load()
-        load.gpus[0] = GpuLoad(ramp(t, onset, onset + 20, 0.88, 0.78), ramp(t, onset, onset + 20, 0.40, 0.93),
+        load.gpus[0] = GpuLoad(ramp(t, onset, onset + 20, 0.88, 0.78), ramp(t, onset, onset + 20, 0.40, 0.82),
                                ramp(t, onset, onset + 20, 0.12, 0.15))
         load.server = ServerLoad(
             inter_token_latency_seconds=ramp(t, onset, onset + 20, 0.038, 0.052),
             time_to_first_token_seconds=ramp(t, onset, onset + 20, 0.15, 0.25), kv_cache_usage=0.90,
-            kv_offload_load_bytes_per_second=ramp(t, onset, onset + 20, 4e9, 0.86 * GEN4_X16),
+            kv_offload_load_bytes_per_second=ramp(t, onset, onset + 20, 4e9, 0.76 * GEN4_X16),
             kv_offload_store_bytes_per_second=ramp(t, onset, onset + 20, 2e9, 3e9))
         apply(host, load)
     return step

@@ -181,7 +181,8 @@ def ramp(t: float, start: float, end: float, first: float, last: float) -> float
 def pcie_starvation(host: SyntheticHost) -> Step:
     """Incident 1. GPU0 (Gen4 x16) runs vLLM at ~88 % utilization with host-to-device traffic at
     40 % of the link. From onset, KV-cache offload saturates the link: host-to-device traffic pinned
-    at 96 % of 31.5 GB/s while GPU0's utilization falls from ~90 % to ~20 % over 20 s; after 10 min
+    at 82 % of 31.5 GB/s (25.8 GB/s, what copy engines top out at on Gen4 x16: nvbandwidth measures
+    25.5-26.3) while GPU0's utilization falls from ~90 % to ~20 % over 20 s; after 10 min
     (onset + 600 s) the offload stops and both return to normal. vLLM feels it over the same 20 s:
     KV offload loads rise from 4 to 11 GB/s (the rest of the link is weights streamed from host
     memory, which vLLM counts nowhere), its inter-token latency p50 from 38 ms to 210 ms with the
@@ -193,7 +194,7 @@ def pcie_starvation(host: SyntheticHost) -> Step:
     def step(t: float) -> None:
         load = healthy_load()
         if onset <= t < end:
-            load.gpus[0] = GpuLoad(ramp(t, onset, onset + 20, 0.90, 0.20), 0.96, 0.30)
+            load.gpus[0] = GpuLoad(ramp(t, onset, onset + 20, 0.90, 0.20), 0.82, 0.30)
             load.processes[VLLM].cpu_cores = 3.0   # the copy threads are busy, the decode is not
             server = load.server
             server.inter_token_latency_seconds = ramp(t, onset, onset + 20, 0.038, 0.210)
@@ -204,7 +205,7 @@ def pcie_starvation(host: SyntheticHost) -> Step:
             server.kv_cache_usage = 0.8
         apply(host, load)
         if onset <= t < end:  # pinned: a saturated link shows almost no noise
-            host.set_traffic_share(0, host.jitter(0.96, 0.003), host.jitter(0.30, 0.02))
+            host.set_traffic_share(0, host.jitter(0.82, 0.003), host.jitter(0.30, 0.02))
     return step
 
 
