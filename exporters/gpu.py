@@ -9,11 +9,12 @@ the other ~320 ms; later ticks take the samples a sampler thread took meanwhile
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from pydantic import Field
 
@@ -23,7 +24,8 @@ from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, C
 from hybridmon.exporters.nvml import GpuLostError, GpuProcess, Nvml
 from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, DIRECTIONS,
                                               MAX_SAMPLES_PER_SECOND, PcieTraffic, TrafficReading)
-from hybridmon.exporters.sources import LiveSource
+from hybridmon.exporters.pid_namespace import PidView, pid_view
+from hybridmon.exporters.sources import LiveSource, TraceMissError
 
 log = logging.getLogger(__name__)
 
@@ -116,8 +118,8 @@ PROCESS_MEMORY_USED = MetricSpec(
     "hybridmon_gpu_process_memory_used_bytes",
     "GPU memory a process uses on the GPU (bytes), usedGpuMemory from NVML's compute, graphics "
     "(OpenGL/Vulkan) and MPS compute process lists, a process in several lists counted once and "
-    "summed over MIG instances; process_name from nvmlSystemGetProcessName (the pid when "
-    "unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
+    "summed over MIG instances; process_name the comm of /proc/<pid>/comm, as on every process "
+    "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
 
 METRIC_SPECS = (GPU_INFO, GPU_UP, MEMORY_USED, MEMORY_TOTAL, MEMORY_RESERVED, PCIE_THROUGHPUT,
@@ -147,10 +149,14 @@ class GpuCollector:
 
     def __init__(self, source: RawSource, nvml_module: str | Any | None = "pynvml",
                  max_workers: int = 8, clock: Callable[[], float] = time.monotonic,
-                 pcie_samples_per_second: float = 0.0) -> None:
+                 pcie_samples_per_second: float = 0.0, procfs: str | None = None) -> None:
         """pcie_samples_per_second: background samples of GPUs without PCIe byte counters (the
-        agent's [gpu] setting defaults to 10); 0 reads one 20 ms window per tick instead."""
+        agent's [gpu] setting defaults to 10); 0 reads one 20 ms window per tick instead.
+        procfs: where each GPU process's comm is read, so that its process_name is the one the
+        process collector gives the same pid; None labels with NVML's name only."""
         self._nvml = Nvml(source, nvml_module, clock=clock)
+        self._source, self._procfs = source, procfs
+        self._pid_view: PidView | None = None
         # The sampler threads' own gate on the same library: their samples are not recorded.
         sampler_nvml = (Nvml(LiveSource(), nvml_module, clock=clock)
                         if nvml_module is not None and pcie_samples_per_second > 0 else None)
@@ -177,12 +183,32 @@ class GpuCollector:
         nvml.memory_info_version()
         readings = self._read_all(count)
         # Names resolved here rather than per GPU thread: a pid on two GPUs is looked up once.
-        names = nvml.process_names(p.pid for r in readings for p in r.processes)
+        names = self._process_names(p.pid for r in readings for p in r.processes)
         self._processes = names
         samples = Samples()
         for reading in readings:
             self._add(samples, reading, driver_version, names)
         return samples
+
+    def _process_names(self, pids: Iterable[int]) -> dict[int, str]:
+        """pid -> the comm of /proc/<pid>/comm, the name every process series and alert carries;
+        NVML's name (often the interpreter's path, e.g. /usr/bin/python3) where comm cannot be
+        read: a pid gone, or NVML's host pids seen from a container's pid namespace."""
+        names = self._nvml.process_names(pids)
+        if self._procfs is None or not names:
+            return names
+        if self._pid_view is None:
+            self._pid_view = pid_view(self._source, self._procfs)
+        if self._pid_view is PidView.CONTAINER:
+            return names
+        for pid in names:
+            try:
+                comm = self._source.read_text(os.path.join(self._procfs, str(pid), "comm")).rstrip("\n")
+            except (OSError, TraceMissError):  # gone, or a trace recorded before comm was read
+                continue
+            if comm:
+                names[pid] = comm
+        return names
 
     def _read_all(self, count: int) -> list[GpuReading]:
         if count == 1:
@@ -293,7 +319,8 @@ def _gpu_collector(context: CollectorContext) -> GpuCollector:
     # In a replay NVML is not loaded: the trace answers.
     return GpuCollector(context.source, nvml_module=None if context.replay else settings.nvml_module,
                         max_workers=settings.max_workers,
-                        pcie_samples_per_second=settings.pcie_samples_per_second)
+                        pcie_samples_per_second=settings.pcie_samples_per_second,
+                        procfs=context.procfs)
 
 
 REGISTRATION = CollectorRegistration(GpuCollector, _gpu_collector, settings=GpuSettings)

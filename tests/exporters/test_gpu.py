@@ -491,3 +491,28 @@ def test_record_replay_round_trip_mig_old_driver_and_old_binding():
                     binding_lacks=("nvmlDeviceGetNumaNodeId",))
     round_trip(fake, [lambda f: None, lambda f: None,
                       lambda f: f.gpus[1].processes.append(FakeProcess(FOREIGN_PID, None, GIB))])
+
+
+def gpu_process_names(samples) -> dict[str, str]:
+    return {s.label_values[2]: s.label_values[3]
+            for s in samples.find("hybridmon_gpu_process_memory_used_bytes")}
+
+
+def test_a_gpu_process_is_named_by_its_comm_as_every_process_series_is(fake, fixture_procfs, tmp_path):
+    """NVML names a process by its executable path (nvidia-smi's process table shows the same,
+    e.g. /usr/bin/python3); the process collector and every process alert by comm. One pid, one
+    name: the GPU series takes comm where /proc has it (issue 14, item 6)."""
+    fake.gpus[0].processes[0].name = "/usr/bin/python3"
+    fake.gpus[1].processes[0].name = "/opt/llama.cpp/build/bin/llama-server"
+    named = GpuCollector(LiveSource(), fake, procfs=fixture_procfs).collect()
+    # Xorg (pid 2101) is not in the fixture's /proc: NVML's name stays
+    assert gpu_process_names(named) == {"4242": "python3", "5151": "llama-server", str(XORG_PID): "Xorg"}
+    # a container's own pid namespace: NVML's host pids are not looked up in it
+    container = tmp_path / "proc"
+    (container / "self" / "ns").mkdir(parents=True)
+    (container / "self" / "status").write_text("NSpid:\t7\n")
+    os.symlink("pid:[4026532511]", container / "self" / "ns" / "pid")
+    (container / "4242").mkdir()
+    (container / "4242" / "comm").write_text("unrelated\n")
+    unnamed = GpuCollector(LiveSource(), fake, procfs=str(container)).collect()
+    assert gpu_process_names(unnamed)["4242"] == "/usr/bin/python3"
