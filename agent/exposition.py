@@ -66,12 +66,13 @@ LOOP_LAG = _spec("hybridmon_loop_lag_seconds", "gauge", "How late the sampling l
 LOOP_MAX_LAG = _spec("hybridmon_loop_max_lag_seconds", "gauge", "The largest tick lag since the agent started, in seconds.")
 LOOP_TICKS = _spec("hybridmon_loop_ticks_total", "counter", "Ticks of the sampling loop since the agent started.")
 LOOP_SKIPPED = _spec("hybridmon_loop_skipped_ticks_total", "counter", "Ticks skipped because the loop fell a whole interval behind (an overloaded host).")
+LOOP_SCHEDULED = _spec("hybridmon_loop_scheduled_ticks_total", "counter", "Ticks the loop's interval has scheduled since the loop started (seconds since then / interval_seconds, read at scrape time); absent in a replay and before the loop starts. rate(hybridmon_loop_ticks_total) / rate(this) is the share of its ticks the loop ran.")
 HISTORY_SERIES = _spec("hybridmon_history_series", "gauge", "Series held in the in-memory history.")
 BUILD_INFO = _spec("hybridmon_build_info", "gauge", "hybridmon's version and mode (live, record or replay); always 1.", "version", "mode")
 
 SELF_METRICS = (
     COLLECTOR_SUCCESS, COLLECTOR_NO_DATA, COLLECTOR_DURATION, COLLECTOR_RUNNING, COLLECTOR_LAST_ERROR,
-    COLLECTOR_ERRORS, COLLECTOR_RUNS, LOOP_LAG, LOOP_MAX_LAG, LOOP_TICKS, LOOP_SKIPPED, HISTORY_SERIES,
+    COLLECTOR_ERRORS, COLLECTOR_RUNS, LOOP_LAG, LOOP_MAX_LAG, LOOP_TICKS, LOOP_SKIPPED, LOOP_SCHEDULED, HISTORY_SERIES,
     BUILD_INFO, *ALERTMANAGER_METRICS,
 )
 
@@ -103,6 +104,11 @@ class AgentHealthCollector:
         samples.add(LOOP_MAX_LAG, loop.max_lag_seconds)
         samples.add(LOOP_TICKS, loop.ticks)
         samples.add(LOOP_SKIPPED, loop.skipped_ticks)
+        if loop.started_at is not None:  # a replay's loop never runs: nothing to judge it by
+            # A counter growing with time whether or not the loop ticks: divided by it, the ticks'
+            # rate is a share that Prometheus's extrapolation does not bias on a young series.
+            elapsed = self._sampler.monotonic() - loop.started_at
+            samples.add(LOOP_SCHEDULED, max(0.0, elapsed) / self._sampler.interval_seconds)
         samples.add(HISTORY_SERIES, self._sampler.history.series_count())
         samples.add(BUILD_INFO, 1.0, __version__, self._mode)
         return families(samples, sort=False)

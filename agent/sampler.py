@@ -53,6 +53,12 @@ class LoopState:
     last_lag_seconds: float = 0.0
     max_lag_seconds: float = 0.0
     skipped_ticks: int = 0
+    # Monotonic times, for /healthz and HybridmonSamplingLagging: when run_forever began (None in a
+    # replay, which runs collectors itself at recorded times, and before start), when the last
+    # tick finished and when a collector last committed (from any thread).
+    started_at: float | None = None
+    last_tick_at: float | None = None
+    last_commit_at: float | None = None
 
 
 class Sampler:
@@ -116,6 +122,7 @@ class Sampler:
             state.last_duration_seconds = self._monotonic() - started
             state.running_since = None
         self.history.commit(item.collector.name, at, samples if samples is not None else Samples())
+        self.loop.last_commit_at = self._monotonic()
         for callback in self.on_commit:
             callback(at)
         if self._recorder is not None:
@@ -143,6 +150,12 @@ class Sampler:
                 except RuntimeError:
                     return  # stop() shut the pool down between the check and the submit
         self.loop.ticks += 1
+        self.loop.last_tick_at = self._monotonic()
+
+    def monotonic(self) -> float:
+        """The sampler's clock (time.monotonic unless a test injected one), in seconds: what the
+        loop's times above are read on."""
+        return self._monotonic()
 
     def _dependencies_ready(self, item: Scheduled, now: float) -> bool:
         """A dependency is ready once its first run finished, or when it has hung for an interval:
@@ -159,6 +172,7 @@ class Sampler:
     def run_forever(self) -> None:
         """Tick every interval until stop() is called; the lag is how late each tick woke up."""
         next_tick = self._monotonic()
+        self.loop.started_at = next_tick
         while not self._stop.is_set():
             lag = max(0.0, self._monotonic() - next_tick)
             self.loop.last_lag_seconds = lag

@@ -13,11 +13,11 @@ from pathlib import Path
 
 from pydantic import ValidationError, create_model
 
-from hybridmon.agent.alerts import (alert_delivery, collector_failing, gpu_lost, gpu_memory_headroom,
-                                    host_config, inference_scrape, kv_offload_pressure, memory_growth,
-                                    numa_misplacement, pcie_bandwidth_low, pcie_errors,
-                                    pcie_link_degraded, pcie_starvation, swap_thrash,
-                                    throughput_decay)
+from hybridmon.agent.alerts import (agent_down, alert_delivery, collector_failing, gpu_lost,
+                                    gpu_memory_headroom, host_config, inference_scrape,
+                                    kv_offload_pressure, memory_growth, numa_misplacement,
+                                    pcie_bandwidth_low, pcie_errors, pcie_link_degraded,
+                                    pcie_starvation, sampling_lag, swap_thrash, throughput_decay)
 from hybridmon.agent.alerts.family import AlertFamily, Section
 from hybridmon.agent.detectors.base import Detector
 from hybridmon.rules import recordings
@@ -44,6 +44,8 @@ FAMILIES: tuple[AlertFamily, ...] = (
     inference_scrape.FAMILY,
     alert_delivery.FAMILY,
     collector_failing.FAMILY,
+    sampling_lag.FAMILY,
+    agent_down.FAMILY,
 )
 # Rule groups in file order, each with the recording rules its alerts share (rules/recordings.py).
 GROUPS: tuple[tuple[str, Callable[..., tuple[Recording, ...]]], ...] = (
@@ -104,8 +106,9 @@ def family(section: str) -> AlertFamily:
 
 
 def all_detectors(thresholds) -> list[Detector]:
-    """One detector per family, built from its section, in catalogue order."""
-    return [f.detector(getattr(thresholds, f.section)) for f in FAMILIES]
+    """One detector per family that has one (not the rule-only ones), built from its section, in
+    catalogue order."""
+    return [f.detector(getattr(thresholds, f.section)) for f in FAMILIES if f.detector is not None]
 
 
 def all_alertnames() -> list[str]:

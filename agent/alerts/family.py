@@ -8,7 +8,8 @@ module holds, side by side (as a monitoring mixin keeps an alert's rule, test an
 - its PromQL alerting rule(s) (`rules.model.Alert`), each with ONE summary and description written
   with markers (`rules.templates`): Prometheus renders them as Go templates, the agent renders the
   same text in Python from the finding's values (`finding()` below), so both doors say the same words;
-- its in-agent detector, a pure function of the history (`evaluate(history, now)`);
+- its in-agent detector, a pure function of the history (`evaluate(history, now)`), unless the
+  agent cannot see that trouble from inside (its own death: agent_down has `detector=None`);
 - its promtool cases (`rules.promtool_cases.Test`), inputs just past and just inside each threshold;
 - the collectors it judges (so `hybridmon check` can say why it skipped it) and how much history
   it reads.
@@ -49,7 +50,9 @@ class AlertFamily:
     inputs: tuple[MetricSpec, ...]                  # the series it reads, as the exporters declare them
     alertnames: tuple[str, ...]                     # every alertname it raises: one runbook each
     group: str                                      # the Prometheus rule group its alerts join
-    detector: Callable[[Any], Detector]             # built from its settings
+    # built from its settings; None for a rule-only family, whose trouble the agent cannot see
+    # from inside (agent_down: its own death)
+    detector: Callable[[Any], Detector] | None
     alerts: Callable[[Any], tuple[Alert, ...]]      # built from the whole Thresholds
     cases: Callable[[Any, Any], list] = lambda thresholds, catalog: []   # promtool Tests
     collectors: tuple[str, ...] = ()                # what it judges; `check` skips it without them

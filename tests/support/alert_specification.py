@@ -15,4 +15,6 @@ SPECIFIED_ALERTS = (
     "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
     # the agent itself (issue 11; issue 12's example of adding an alert)
     "HybridmonAlertDeliveryFailing", "HybridmonCollectorFailing",
+    # watching the watcher (issue 14): its loop, and its death (a Prometheus rule only)
+    "HybridmonSamplingLagging", "HybridmonAgentDown",
 )

@@ -69,7 +69,9 @@ class Scraper:
             self.scrapes.append(self._snapshot())
 
     def _snapshot(self) -> dict[SeriesKey, float]:
-        scrape = {}
+        # Prometheus writes `up` itself for every scrape, 1 when it succeeded ("Jobs and
+        # instances", Prometheus documentation); HybridmonAgentDown's rules read it.
+        scrape = {("up", ()): 1.0}
         for _collector, (_at, samples) in self._served.items():
             for sample in samples:
                 labels = tuple(zip(sample.spec.label_names, sample.label_values))
