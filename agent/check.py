@@ -160,6 +160,10 @@ def render_table(result: CheckResult, out: TextIO) -> None:
             out.write(f"{finding.alertname}: {finding.summary}\n  runbook: {runbook_path(finding.alertname)}\n")
     elif result.could_not_read:
         out.write("No findings, but not healthy either: the check could not read this host.\n")
+    elif result.skipped:
+        # A skipped detector never judged: its silence is not health (issue 14, item 9).
+        out.write("No findings from the detectors that judged this window; the ones skipped below "
+                  "did not look, so this says nothing about them.\n")
     else:
         out.write("No findings: nothing wrong was seen in this window.\n")
     by_reason: dict[str, list[str]] = {}

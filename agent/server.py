@@ -1,4 +1,5 @@
-"""HTTP API: /metrics for Prometheus and /healthz for liveness checks.
+"""HTTP API: /metrics for Prometheus and /healthz for liveness checks (503 once the agent stalled:
+agent/liveness.py).
 
 The routes live here; the server under them, and what it does against hostile clients, in
 agent/httpserver.py.
@@ -16,8 +17,10 @@ from hybridmon import __version__
 from hybridmon.agent.bench_api import BenchService, router as bench_router
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.findings import findings_json, iso_time
+from hybridmon.agent import liveness
 from hybridmon.agent.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
 from hybridmon.agent.runbooks import RunbookLibrary
+from hybridmon.agent.warmup import warming_up
 
 log = logging.getLogger(__name__)
 
@@ -37,11 +40,18 @@ def create_app(agent: Agent) -> FastAPI:
                 "no_data": item.state.no_data_reason,
                 "last_error": item.state.last_error,
                 "runs": item.state.runs,
+                "running_seconds": (None if item.state.running_since is None
+                                    else round(agent.sampler.monotonic() - item.state.running_since, 1)),
             }
             for item in agent.sampler.scheduled
         }
-        return JSONResponse({"status": "ok", "mode": agent.mode, "version": __version__, "collectors": collectors,
-                             "alertmanager": _alertmanager_health(agent)})
+        # 503 with the reasons when the loop, every collector or the detectors stalled
+        # (agent/liveness.py): the liveness probe restarts the agent, a person reads why.
+        stalled = liveness.problems(agent)
+        return JSONResponse({"status": "stalled" if stalled else "ok", "problems": stalled,
+                             "mode": agent.mode, "version": __version__, "collectors": collectors,
+                             "alertmanager": _alertmanager_health(agent)},
+                            status_code=503 if stalled else 200)
 
     finding_states = ("pending", "firing", "resolved")
 
@@ -54,8 +64,13 @@ def create_app(agent: Agent) -> FastAPI:
                 {"error": f"state must be a comma-separated subset of {', '.join(finding_states)}"},
                 status_code=400,
             )
+        # An empty list is "nothing wrong" only once every detector has judged: until then,
+        # warming_up names the ones that have not (agent/warmup.py), and status says so.
+        warming = warming_up(agent.engine, agent.sampler.scheduled)
         return JSONResponse({
             "evaluated_at": iso_time(agent.engine.last_evaluated_at),
+            "status": "warming_up" if warming else "judged",
+            "warming_up": [w.to_json() for w in warming],
             "findings": findings_json(agent.engine, agent.runbook_base_url, wanted),
         })
 

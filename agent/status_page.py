@@ -21,6 +21,7 @@ from hybridmon.agent.status_signals import LatestValues, bench_html, gpus_html, 
 from hybridmon.agent.status_template import (
     Row, card, clock, clock_and_age, esc, key_values, link, page, paragraph, section,
 )
+from hybridmon.agent.warmup import summary as warming_summary, warming_up
 from hybridmon.units import human_duration
 
 if TYPE_CHECKING:
@@ -64,7 +65,15 @@ def banner(agent: Agent, states: list[FindingState], latest: LatestValues,
     if agent.engine.last_evaluated_at is None:
         return "off", f"{host}: not evaluated yet", detail
     worst = next((severity for severity in SEVERITIES if firing[severity]), None)
+    # Silence from a detector that has not judged yet is not health (agent/warmup.py).
+    warming = warming_up(agent.engine, agent.sampler.scheduled)
+    if warming:
+        detail = f"{warming_summary(warming)} · {detail}"
     if worst is None:
+        if warming:
+            seconds = max(w.seconds_left for w in warming)
+            return ("warming", f"{host}: warming up ({seconds:.0f} s): {len(warming)} of "
+                    f"{len(agent.engine.detectors)} detectors have not judged yet", detail)
         return "ok", f"{host}: no findings firing", detail
     counts = " · ".join(f"{firing[s]} {s}" for s in SEVERITIES if firing[s])
     return worst, f"{host}: {counts} firing", detail

@@ -15,9 +15,11 @@ from typing import Iterable, Sequence
 from hybridmon.units import human_duration
 
 
-# One colour per banner state (the worst severity firing; ok: none; off: detectors not running),
+# One colour per banner state (the worst severity firing; ok: none; off: detectors not running;
+# warming: nothing firing, but some detectors have not judged yet, so not green),
 # shared by the banner and the findings' left borders. The headless browser test looks for them.
-SEVERITY_COLOURS = {"critical": "#c62828", "warning": "#f9a825", "info": "#1565c0", "ok": "#2e7d32", "off": "#616161"}
+SEVERITY_COLOURS = {"critical": "#c62828", "warning": "#f9a825", "info": "#1565c0", "ok": "#2e7d32", "off": "#616161",
+                   "warming": "#455a64"}
 
 CSS = """
 body { margin: 0; font: 15px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, sans-serif;

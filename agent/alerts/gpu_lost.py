@@ -1,7 +1,18 @@
 """GpuLost: NVML reports a GPU lost, or its PCI function has left the bus. Everything running on it
 has failed or will; it does not come back without a GPU reset or a reboot. Runbook: GpuLost.md.
+
+One lost GPU is one alert. NVML's view (hybridmon_gpu_up, labels gpu and uuid) and the bus's view
+(hybridmon_pcie_device_present, label pci_bus_id) of the same GPU both fire when it falls off the
+bus; each is named with the other half of the identity the GPU reported in hybridmon_gpu_info while
+it still answered (within IDENTITY_LOOKBACK_SECONDS), so both carry gpu, uuid AND pci_bus_id, and
+the bus's view of an address NVML's view already names is dropped: the same labels, one alert, one
+Alertmanager group. Where the identity is not known (the agent started after the loss, or the loss
+is older than the lookback) the two views stay separate alerts; Alertmanager's GpuLost route groups
+by machine (deploy/alertmanager/alertmanager.yml), so they still make one notification.
 """
 from __future__ import annotations
+
+from bisect import bisect_right
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
@@ -11,43 +22,98 @@ from hybridmon.exporters.gpu import GPU_INFO, GPU_UP
 from hybridmon.exporters.pcie import DEVICE_PRESENT
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.promtool_cases import BUS0, BUS1, GPU0, GPU1, Test, firing, not_yet
+from hybridmon.rules.promtool_cases import BUS0, BUS1, GPU0, GPU1, GPU2, Test, firing, not_yet
 
 INPUTS = (GPU_UP, DEVICE_PRESENT, GPU_INFO)
+# How far back a GPU's identity (gpu_info: index, UUID, PCI address) is looked up. A lost GPU stops
+# reporting gpu_info at once (exporters/gpu.py), and Prometheus marks the series stale at the next
+# scrape, so the rule reads last_over_time over this window. An hour covers the time an on-call
+# engineer takes to drain and reset the host, while keeping the range read small on a large fleet
+# (8 gpu_info series per host, 240 samples each at a 15 s scrape). Past it the views fall apart into
+# two alerts, which Alertmanager's per-machine GpuLost grouping still keeps in one notification.
+IDENTITY_LOOKBACK_SECONDS = 3600.0
 
 
 class Settings(Section):
     for_seconds: float
 
 
+def _identity(lookback: str, keep: str) -> str:
+    """One gpu_info identity per entity: `keep` the labels the join adds; `topk` keeps a single
+    series per entity even if the lookback saw two (a GPU replaced in the same slot), where a
+    duplicate on the `one` side of group_left would fail the whole rule."""
+    return (f"topk without ({keep}) (1,\n"
+            f"  max without (name, driver_version) (last_over_time({GPU_INFO.name}[{lookback}]))\n"
+            ")")
+
+
 def alert(settings: Settings) -> Alert:
     wait = settings.for_seconds
     when = "at once" if wait == 0 else f"after {duration(wait)}"
+    lookback = duration(IDENTITY_LOOKBACK_SECONDS)
     return Alert(
         "GpuLost",
-        "# NVML reports the GPU lost (labels gpu, uuid)...\n"
-        f"{GPU_UP.name} == 0\n"
-        "# ...or its PCI function has left the bus (label pci_bus_id)\n"
-        "or\n"
-        f"{DEVICE_PRESENT.name} == 0",
+        f"# NVML reports the GPU lost (labels gpu, uuid), named with the PCI address its gpu_info\n"
+        f"# gave while it answered ({lookback}), so both views of one GPU carry the same labels...\n"
+        "(\n"
+        f"    ({GPU_UP.name} == 0)\n"
+        "  * ignoring (pci_bus_id) group_left (pci_bus_id)\n"
+        f"    {_identity(lookback, 'pci_bus_id')}\n"
+        "  or ignoring (pci_bus_id)\n"
+        f"    ({GPU_UP.name} == 0)\n"
+        ")\n"
+        "# ...or its PCI function has left the bus (label pci_bus_id), named with the GPU that had\n"
+        "# that address; an address NVML's view already names is the same GPU: one alert\n"
+        "or ignoring (gpu, uuid)\n"
+        "(\n"
+        f"    ({DEVICE_PRESENT.name} == 0)\n"
+        "  * ignoring (gpu, uuid) group_left (gpu, uuid)\n"
+        f"    {_identity(lookback, 'gpu, uuid')}\n"
+        "  or ignoring (gpu, uuid)\n"
+        f"    ({DEVICE_PRESENT.name} == 0)\n"
+        ")",
         wait, "critical",
-        "<if gpu>GPU <gpu> on <instance> is lost: NVML reports it gone"
+        "<if gpu>GPU <gpu> on <instance> is lost: NVML reports it gone or it left the PCI bus"
         "<else>GPU PCI function <pci_bus_id> on <instance> has left the PCI bus<end>",
-        f"<if gpu>NVML reports GPU <gpu> (<uuid>) lost ({GPU_UP.name} <value>): it fell off the "
-        "bus or stopped answering.<else>The NVIDIA PCI function <pci_bus_id> was on the bus earlier "
-        f"and is gone from sysfs now ({DEVICE_PRESENT.name} <value>): the GPU fell off the "
-        f"bus or was removed.<end> Threshold: any loss, alerting {when}. Every process using it "
-        "has failed or will, and it does not come back without a GPU reset or a reboot. Drain the "
-        "host, read the kernel log for Xid 79 (fallen off the bus), AER and pciehp messages "
-        "(dmesg | grep -i -e xid -e aer -e pciehp), then reset the GPU (nvidia-smi -r) or reboot; "
-        "if it happens again, reseat or replace the riser or card and check its power and cooling.",
+        f"<if gpu>GPU <gpu> (<uuid>) is lost: NVML reports it lost ({GPU_UP.name} 0) or its PCI "
+        f"function has left the bus ({DEVICE_PRESENT.name} 0); it fell off the bus or stopped "
+        "answering.<else>The NVIDIA PCI function <pci_bus_id> was on the bus earlier and is gone "
+        f"from sysfs now ({DEVICE_PRESENT.name} <value>): the GPU fell off the bus or was "
+        f"removed.<end> <if pci_bus_id>PCI address <pci_bus_id>.<else>PCI address unknown (no "
+        f"gpu_info from it in the last {lookback}).<end> Threshold: any loss, alerting {when}. "
+        "Every process using it has failed or will, and it does not come back without a GPU reset "
+        "or a reboot. Drain the host, read the kernel log for Xid 79 (fallen off the bus), AER and "
+        "pciehp messages (dmesg | grep -i -e xid -e aer -e pciehp), then reset the GPU "
+        "(nvidia-smi -r) or reboot; if it happens again, reseat or replace the riser or card and "
+        "check its power and cooling.",
     )
 
 
+def identities(history: History, now: float) -> tuple[dict[tuple[str, str], str],
+                                                       dict[str, tuple[str, str]]]:
+    """((gpu, uuid) -> pci_bus_id, pci_bus_id -> (gpu, uuid)) from the gpu_info series with a
+    point in the last IDENTITY_LOOKBACK_SECONDS, as the rule's last_over_time reads them; where
+    two compete, the one seen last wins (the rule's topk keeps either: they differ only for a GPU
+    moved or replaced within the hour)."""
+    seen = []
+    for series in history.series(GPU_INFO.name):
+        end = bisect_right(series.times, now)
+        if end and now - series.times[end - 1] <= IDENTITY_LOOKBACK_SECONDS:
+            seen.append((series.times[end - 1], series.labels))
+    by_gpu: dict[tuple[str, str], str] = {}
+    by_bus: dict[str, tuple[str, str]] = {}
+    for _, labels in sorted(seen, key=lambda pair: pair[0]):
+        gpu, bus_id = (labels["gpu"], labels["uuid"]), labels.get("pci_bus_id", "")
+        if bus_id:
+            by_gpu[gpu] = bus_id
+            by_bus[bus_id] = gpu
+    return by_gpu, by_bus
+
+
 class Detector:
-    """GpuLost: GPU_UP == 0 (NVML reports the GPU lost; labels gpu, uuid) or DEVICE_PRESENT == 0
-    (the PCI function left the bus; label pci_bus_id), current values. The details name the
-    other half of the GPU's identity where gpu_info ever reported it (bus id, or gpu and uuid)."""
+    """GpuLost: GPU_UP == 0 (NVML reports the GPU lost) or DEVICE_PRESENT == 0 (the PCI function
+    left the bus), current values, each labelled with gpu, uuid and pci_bus_id where gpu_info gave
+    the GPU's identity in the last hour; one finding per GPU, as the rule's `or` merges them."""
 
     name = "gpu_lost"
     alertnames = ("GpuLost",)
@@ -59,36 +125,58 @@ class Detector:
 
     def evaluate(self, history: History, now: float) -> list[Finding]:
         findings = []
-        gpus = common.gpus_by_bus_id(history)
-        bus_ids = {labels.get("uuid"): bus_id for bus_id, labels in gpus.items()}
+        bus_of, gpu_at = identities(history, now)
+        named_buses = set()
         for key, up in sorted(common.gpu_latest(history, GPU_UP.name, now).items()):
             if up != 0:
                 continue
-            details = {"pci_bus_id": bus_ids[key[1]]} if key[1] in bus_ids else {}
-            findings.append(finding(self.alert, common.gpu_entity(key), 0.0, 1.0, details=details))
+            labels = common.gpu_entity(key)
+            bus_id = bus_of.get((key[0], key[1]))
+            if bus_id:
+                labels["pci_bus_id"] = bus_id
+                named_buses.add(bus_id)
+            findings.append(finding(self.alert, labels, 0.0, 1.0))
         for series in sorted(history.series(DEVICE_PRESENT.name), key=lambda s: s.labels["pci_bus_id"]):
-            if windows.latest(series, now) != 0:
-                continue
             bus_id = series.labels["pci_bus_id"]
-            gpu = gpus.get(bus_id.lower())
-            details = {"gpu": gpu["gpu"], "uuid": gpu.get("uuid", "")} if gpu else {}
-            findings.append(finding(self.alert, {"pci_bus_id": bus_id}, 0.0, 1.0, details=details))
+            if windows.latest(series, now) != 0 or bus_id in named_buses:
+                continue
+            labels = {"pci_bus_id": bus_id}
+            if bus_id in gpu_at:
+                labels.update(common.gpu_entity(gpu_at[bus_id]))
+            findings.append(finding(self.alert, labels, 0.0, 1.0))
         return findings
 
 
 def cases(t, catalog) -> list[Test]:
     wait = t.gpu_lost.for_seconds
     rule = catalog.find("GpuLost")
-    test = Test("GPU lost: NVML loses GPU 1 and its PCI function leaves the bus; GPU 0 stays",
-                firing(wait) + 120, catalog)
-    test.constant(GPU_UP.name, 1, **GPU0)
-    test.gauge(GPU_UP.name, 1, 0, **GPU1)
-    test.constant(DEVICE_PRESENT.name, 1, pci_bus_id=BUS0)
-    test.gauge(DEVICE_PRESENT.name, 1, 0, pci_bus_id=BUS1)
-    test.expect(not_yet(wait), rule.alert)
-    test.expect(firing(wait), rule.alert, test.alert(rule, GPU1, value=0),
-                test.alert(rule, {"pci_bus_id": BUS1}, value=0))
-    return [test]
+    both = Test("GPU lost: NVML loses GPU 1 and its PCI function leaves the bus: one alert with "
+                "both identities; GPU 0 stays", firing(wait) + 120, catalog)
+    for gpu, bus in ((GPU0, BUS0), (GPU1, BUS1)):
+        # gpu_info stops with the loss (exporters/gpu.py reports only GPU_UP for a lost GPU)
+        both.gauge(GPU_INFO.name, 1, 1 if gpu is GPU0 else None, **gpu, name="NVIDIA H100 80GB HBM3",
+                   pci_bus_id=bus, driver_version="550.54.15")
+    both.constant(GPU_UP.name, 1, **GPU0)
+    both.gauge(GPU_UP.name, 1, 0, **GPU1)
+    both.constant(DEVICE_PRESENT.name, 1, pci_bus_id=BUS0)
+    both.gauge(DEVICE_PRESENT.name, 1, 0, pci_bus_id=BUS1)
+    both.expect(not_yet(wait), rule.alert)
+    both.expect(firing(wait), rule.alert, both.alert(rule, {**GPU1, "pci_bus_id": BUS1}, value=0))
+
+    bus_only = Test("GPU lost: a PCI function leaves the bus before NVML notices: named with its GPU",
+                    firing(wait) + 120, catalog)
+    bus_only.gauge(GPU_INFO.name, 1, None, **GPU1, name="NVIDIA H100 80GB HBM3", pci_bus_id=BUS1,
+                   driver_version="550.54.15")
+    bus_only.gauge(DEVICE_PRESENT.name, 1, 0, pci_bus_id=BUS1)
+    bus_only.expect(firing(wait), rule.alert, bus_only.alert(rule, {**GPU1, "pci_bus_id": BUS1}, value=0))
+
+    unknown = Test("GPU lost: no identity from before the loss (agent started after it): two views",
+                   firing(wait) + 120, catalog)
+    unknown.gauge(GPU_UP.name, 1, 0, **GPU2)
+    unknown.gauge(DEVICE_PRESENT.name, 1, 0, pci_bus_id=BUS0)
+    unknown.expect(firing(wait), rule.alert, unknown.alert(rule, GPU2, value=0),
+                   unknown.alert(rule, {"pci_bus_id": BUS0}, value=0))
+    return [both, bus_only, unknown]
 
 
 FAMILY = AlertFamily(
@@ -101,5 +189,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.gpu_lost),),
     cases=cases,
     collectors=("gpu",),
-    lookback_seconds=lambda settings: 0.0,
+    lookback_seconds=lambda settings: IDENTITY_LOOKBACK_SECONDS,
 )

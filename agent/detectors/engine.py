@@ -123,6 +123,11 @@ class Engine:
         self.on_change: list[ChangeCallback] = []
         self.evaluations = 0
         self.last_evaluated_at: float | None = None
+        # What "warming up" is judged by (agent/warmup.py): the first evaluation, which the agent
+        # runs at its first commit, starts the history span; and the collectors that had committed
+        # once by the last evaluation, i.e. whose samples it could read.
+        self.first_evaluated_at: float | None = None
+        self.collectors_seen: frozenset[str] = frozenset()
         self.last_duration_seconds: float | None = None
         self._detector_errors: dict[str, int] = {d.name: 0 for d in self.detectors}
         self._logged_failures: set[str] = set()
@@ -144,6 +149,7 @@ class Engine:
             started = time.perf_counter()
             returned: dict[tuple, tuple[str, Finding]] = {}
             failed: set[str] = set()
+            seen = frozenset(self.history.latest())
             since = None if self.lookback_seconds is None else now - self.lookback_seconds
             view = EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS)
             for detector in self.detectors:
@@ -161,6 +167,9 @@ class Engine:
                 changes = self._update(now, returned, failed)
                 self.evaluations += 1
                 self.last_evaluated_at = now
+                if self.first_evaluated_at is None:
+                    self.first_evaluated_at = now
+                self.collectors_seen = seen
                 self.last_duration_seconds = time.perf_counter() - started
                 firing = self._select("firing")
             for state, change in changes:

@@ -218,3 +218,71 @@ def test_readers_on_another_thread_see_consistent_snapshots():
         reader.join()
     assert problems == []
     assert engine.evaluations == 2000
+
+
+# --- warming up (issue 14, item 9) ---------------------------------------------------------------
+
+class _State:
+    def __init__(self, runs=0, last_success=None, no_data_reason=None):
+        self.runs, self.last_success, self.no_data_reason = runs, last_success, no_data_reason
+
+
+class _Collector:
+    def __init__(self, name, *specs):
+        self.name, self.metric_specs = name, specs
+
+
+class _Scheduled:
+    def __init__(self, collector, state):
+        self.collector, self.state = collector, state
+
+
+def test_a_detector_warms_up_until_its_history_and_its_collectors_first_report():
+    """host_config (min_history 0) reads host_memory's sysctls; swap_thrash needs a 1 min average.
+    Before issue 14 the engine kept no record of either, so its silence read as health."""
+    from hybridmon.agent.warmup import warming_up
+    from hybridmon.exporters.base import Samples
+    from hybridmon.exporters.host_memory import SYSCTL_VALUE, SWAP_IN_BYTES
+
+    host_config, swap_thrash = Scripted("host_config"), Scripted("swap_thrash")
+    swap_thrash.min_history_seconds = 60.0
+    history = History(600)
+    history.add_collector("gpu", 1.0)
+    history.add_collector("host_memory", 10.0)
+    engine = Engine([host_config, swap_thrash], history)
+    state = _State()
+    scheduled = [_Scheduled(_Collector("gpu"), _State(runs=1, last_success=True)),
+                 _Scheduled(_Collector("host_memory", SYSCTL_VALUE, SWAP_IN_BYTES), state)]
+    # Before the first evaluation nobody has judged.
+    assert {w.detector for w in warming_up(engine, scheduled)} == {"host_config", "swap_thrash"}
+
+    history.commit("gpu", 1000, Samples())
+    engine.evaluate(1000)
+    assert engine.first_evaluated_at == 1000 and engine.collectors_seen == {"gpu"}
+    warming = {w.detector: w for w in warming_up(engine, scheduled)}
+    assert warming["host_config"].waiting_for == ("host_memory",) and warming["host_config"].seconds_left == 0
+    assert warming["swap_thrash"].seconds_left == 60
+
+    # host_memory commits after that evaluation: waited for until an evaluation has read it.
+    state.runs, state.last_success = 1, True
+    history.commit("host_memory", 1001, Samples())
+    assert "host_config" in {w.detector for w in warming_up(engine, scheduled)}
+    engine.evaluate(1015)
+    warming = {w.detector: w for w in warming_up(engine, scheduled)}
+    assert set(warming) == {"swap_thrash"} and warming["swap_thrash"].seconds_left == 45
+    engine.evaluate(1060)
+    assert warming_up(engine, scheduled) == []
+
+
+def test_a_collector_that_failed_or_has_nothing_to_read_is_not_waited_for():
+    """Waiting for it would say "warming up" forever; its failure is reported on its own."""
+    from hybridmon.agent.warmup import warming_up
+    from hybridmon.exporters.host_memory import SYSCTL_VALUE
+
+    engine = Engine([Scripted("host_config")], History(60))
+    engine.evaluate(1000)
+    for state in (_State(runs=3, last_success=False), _State(runs=1, last_success=True, no_data_reason="none")):
+        assert warming_up(engine, [_Scheduled(_Collector("host_memory", SYSCTL_VALUE), state)]) == []
+    waiting = _State(runs=0)
+    assert [w.waiting_for for w in warming_up(engine, [_Scheduled(_Collector("host_memory", SYSCTL_VALUE),
+                                                                  waiting)])] == [("host_memory",)]

@@ -60,7 +60,7 @@ import pytest
 
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from tests.support.scenarios import SCENARIOS, START_TIME
-from tests.support.scenarios.library import GPU1_UUID
+from tests.support.scenarios.library import GPU1_ADDRESS, GPU1_UUID
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, free_port
 from tests.support.alertmanager_helpers import Alertmanager, WebhookReceiver
 from tests.support.bench_helpers import BENCH_FIXTURES
@@ -73,7 +73,8 @@ from tests.support.live_stack import (
 INCIDENT, HEALTHY = "gpu_lost_and_reset", "healthy_busy_offload"
 SPEED = 6.0
 HEALTHY_WINDOW_SECONDS = 30.0
-LOST_GPU = {"gpu": "1", "uuid": GPU1_UUID}
+# Named with both identities: NVML's (gpu, uuid) and the bus's (pci_bus_id, from its gpu_info).
+LOST_GPU = {"gpu": "1", "uuid": GPU1_UUID, "pci_bus_id": GPU1_ADDRESS}
 # Each door's delivery, from the onset (or the reset): the intervals it waits on (scrape and rule
 # evaluation, or detector evaluation; group_wait or group_interval) add up to 2-3 s here.
 DELIVERY_LIMIT_SECONDS = 10.0

@@ -395,3 +395,49 @@ def test_a_recorded_trace_keeps_no_secret_of_a_command_line_and_replays_the_iden
     identity = [line for line in live_metrics.splitlines()
                 if line.startswith("hybridmon_process_info{") and 'pid="7777"' in line]
     assert identity and identity[0] in replayed_metrics.splitlines()
+
+
+# --- never "healthy" before looking (issue 14, item 9) ------------------------------------------
+
+def test_first_evaluation_before_the_host_collectors_report_says_warming_up_not_healthy(tmp_path):
+    """The agent evaluates right after the first commit (the GPU collector's), before the host
+    settings are read: the fixture host's static risks (swappiness 60, THP always) are there but
+    unseen. Before issue 14 the page was green ("no findings firing") and the API's findings empty
+    with nothing saying the detectors had not looked."""
+    fake_nvml.reset()
+    agent = Agent(fixture_config(state_dir=str(tmp_path / "state")))
+    try:
+        (gpu_collector,) = [item for item in agent.sampler.scheduled if item.collector.name == "gpu"]
+        agent.sampler.run_collector(gpu_collector, at=NOW)
+        agent.engine.evaluate(NOW)
+        assert [s for s in agent.engine.states() if s.state == "firing"] == []  # nothing seen yet
+        client = TestClient(create_app(agent))
+        page = client.get("/").text
+        assert 'class="banner ok"' not in page and "no findings firing" not in page
+        assert 'class="banner warming"' in page and "warming up (" in PageStructure(page).text
+        body = client.get("/api/v1/findings").json()
+        firing = client.get("/api/v1/findings", params={"state": "firing"}).json()
+        assert firing["findings"] == [] and firing["status"] == "warming_up"
+        assert body["status"] == "warming_up"
+        host_config = [w for w in body["warming_up"] if w["detector"] == "host_config"]
+        assert host_config and "host_memory" in host_config[0]["waiting_for"]
+
+        # Every collector reports, the next evaluation sees the risks; detectors that compare
+        # windows still lack history, so the API keeps naming them.
+        run_every_collector_once(agent, at=NOW + 15)
+        agent.engine.evaluate(NOW + 15)
+        body = client.get("/api/v1/findings").json()
+        assert "HostSwappinessHigh" in {f["alertname"] for f in body["findings"]}
+        assert all(w["waiting_for"] == [] and w["seconds_left"] > 0 for w in body["warming_up"])
+        assert "host_config" not in {w["detector"] for w in body["warming_up"]}
+
+        # Once the span covers the longest min_history_seconds, every detector has judged.
+        longest = max(getattr(d, "min_history_seconds", 0.0) for d in agent.engine.detectors)
+        run_every_collector_once(agent, at=NOW + longest)
+        agent.engine.evaluate(NOW + longest)
+        body = client.get("/api/v1/findings").json()
+        assert body["status"] == "judged" and body["warming_up"] == []
+        assert "warming up" not in client.get("/").text
+    finally:
+        agent.stop()
+        fake_nvml.reset()
