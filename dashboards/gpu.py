@@ -54,7 +54,7 @@ def benchmark():
 
 def processes(runbooks: str):
     columns = {"A": "GPU memory", "B": "resident memory", "C": "swapped out",
-               "D": "allowed CPUs off the GPU's node", "E": "resident memory off the GPU's node"}
+               "D": "CPU time off the GPU's node (2 min)", "E": "resident memory off the GPU's node"}
     # Only the processes the agent reads in /proc: a graphics client it does not watch, or a pid
     # from a container without the host's pids, would be a row with GPU memory and nothing else.
     watched = f"on (job, instance, pid) {selector(process.INFO.name, gpu=False)}"
@@ -66,7 +66,7 @@ def processes(runbooks: str):
     panel = value_table(
         "Watched processes on this GPU", "bytes",
         "Each watched process holding memory on the GPU: its GPU memory (NVML), resident and swapped-out host "
-        "memory (/proc/<pid>/status) and the share of its CPUs and memory off the GPU's NUMA node.",
+        "memory (/proc/<pid>/status) and the share of its CPU time and memory off the GPU's NUMA node.",
         {ref: (expr, columns[ref]) for ref, expr in exprs.items()}, height=8,
         links=runbook_links(runbooks, "InferenceProcessNumaMisplaced", "InferenceProcessMemoryGrowth"))
     for name in (columns["D"], columns["E"]):

@@ -96,11 +96,12 @@ def host_memory(t: Thresholds, runbooks: str):
 
 
 def numa_placement(t: Thresholds, runbooks: str):
-    shares = {"A": (CPUS_OFF_NODE, "allowed CPUs"), "B": (MEMORY_OFF_NODE, "resident memory")}
+    shares = {"A": (CPUS_OFF_NODE, "CPU time (2 min)"), "B": (MEMORY_OFF_NODE, "resident memory")}
     placement = value_table(
         "Watched processes vs their GPUs' NUMA nodes", "percentunit",
         "For each watched process and each GPU it holds memory on: the GPU's NUMA node (node), and "
-        "the share of the process's allowed CPUs and of its resident memory on other nodes.",
+        "the share of the CPU time its threads ran (last 2 min) and of its resident memory on other "
+        "nodes.",
         {ref: (selector(record), f"{what} off the GPU's node") for ref, (record, what) in shares.items()},
         labels={"node": "GPU's NUMA node"}, width=12, height=8,
         links=runbook_links(runbooks, "InferenceProcessNumaMisplaced"))
@@ -113,9 +114,10 @@ def numa_placement(t: Thresholds, runbooks: str):
         placement,
         override_unit(by_node, "allowed CPUs", "short"),
         graph("Watched processes: share off their GPU's NUMA node", "percentunit",
-              "Share of each watched process's allowed CPUs and resident memory on other NUMA nodes "
-              "than the GPU it uses (recording rules). The line is share_off_gpu_node of "
-              "[numa_misplacement].",
+              "Share of each watched process's CPU time (last 2 min) and resident memory on other "
+              "NUMA nodes than the GPU it uses (recording rules). The line is share_off_gpu_node of "
+              "[numa_misplacement], the memory threshold; CPU time fires above 1 - "
+              "cpu_time_on_gpu_node_of_even_spread / (nodes with CPUs): 75 % on 2 nodes.",
               *(query(selector(record), f"{{{{process_name}}}} ({{{{pid}}}}) on GPU {{{{gpu}}}}: {what}", ref)
                 for ref, (record, what) in shares.items()),
               threshold=t.numa_misplacement.share_off_gpu_node, width=24,

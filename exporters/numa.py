@@ -2,8 +2,9 @@
 
 An inference server whose threads run on one node while its offloaded weights or KV blocks sit on
 another pays a remote access on every touch. NumaCollector reports each node (/sys/devices/system/
-node); ProcessNumaCollector reports, per process watched by process.py, how many of its allowed CPUs
-and how many of its pages are on each node (/proc/<pid>/numa_maps).
+node); ProcessNumaCollector reports, per process watched by process.py, how many of its allowed CPUs,
+how much of its CPU time (its threads' /proc/<pid>/task/<tid>/stat) and how many of its pages
+(/proc/<pid>/numa_maps) are on each node.
 """
 from __future__ import annotations
 
@@ -48,6 +49,13 @@ PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
                                    "Bytes of the process's mapped pages that sit on the NUMA node "
                                    "(N<node>= page counts of /proc/<pid>/numa_maps times each mapping's "
                                    "kernelpagesize_kB).", "gauge", _PROCESS_ON_NODE)
+PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
+    "hybridmon_process_cpu_seconds_on_node_total",
+    "CPU seconds the process's threads ran on the NUMA node, counted from when the agent first saw "
+    "the process: at each reading, each thread's utime + stime (fields 14-15 of "
+    "/proc/<pid>/task/<tid>/stat, over SC_CLK_TCK) gained since the previous reading is counted on "
+    "the node of the CPU it last ran on (field 39, processor). Where the process actually runs, "
+    "not where it may.", "counter", _PROCESS_ON_NODE)
 PROCESS_NUMA_MAPS_READ = MetricSpec("hybridmon_process_numa_maps_read_seconds",
                                     "Seconds the last collection spent reading and parsing "
                                     "/proc/<pid>/numa_maps: the kernel walks the process's page tables, "
@@ -133,6 +141,24 @@ def parse_numa_maps(text: str) -> dict[int, int]:
     return per_node
 
 
+# /proc/<pid>/task/<tid>/stat (proc(5)): "<tid> (<comm>) <state> ...": after the ")" that ends
+# comm, field 3 is the first; utime and stime are fields 14 and 15, processor field 39.
+_TASK_UTIME, _TASK_STIME, _TASK_PROCESSOR = 14 - 3, 15 - 3, 39 - 3
+_TASK_DIGITS = re.compile(r"[0-9]{1,20}")
+
+
+def parse_task_stat(text: str) -> tuple[int, int]:
+    """(CPU ticks used, CPU last run on) of one thread from /proc/<pid>/task/<tid>/stat."""
+    close = text.rfind(")")  # comm may hold spaces and parentheses; it ends at the last ")"
+    fields = text[close + 1:].split() if close >= 0 else []
+    if len(fields) <= _TASK_PROCESSOR:
+        raise ParseError(f"task stat has no processor field: {text[:80]!r}")
+    values = [fields[i] for i in (_TASK_UTIME, _TASK_STIME, _TASK_PROCESSOR)]
+    if not all(_TASK_DIGITS.fullmatch(value) for value in values):
+        raise ParseError(f"task stat fields 14, 15, 39 are not counts: {values}")
+    return int(values[0]) + int(values[1]), int(values[2])
+
+
 def node_root(sysfs: str) -> str:
     return os.path.join(sysfs, "devices", "system", "node")
 
@@ -210,11 +236,15 @@ class ProcessNumaCollector:
     # in 4 KiB pages over 5,000 mappings, 105 ms for 8 GiB over 20,000 (benchmarks/numa_maps_cost.py,
     # 2-vCPU Xeon VM), so a few hundred ms of a core for a 30 GB server: not every second.
     default_interval_seconds = 30.0
-    metric_specs = (PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_NUMA_RESIDENT, PROCESS_NUMA_MAPS_READ)
+    # Each thread's stat is read at every collection too: 34 us a thread, 6.8 ms for 200 threads
+    # (this 2-vCPU VM, loaded; a Python process's own threads), far less than numa_maps.
+    metric_specs = (PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT,
+                    PROCESS_NUMA_MAPS_READ)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys",
                  watched: Callable[[], Mapping[int, str]] = lambda: {},
-                 timer: Callable[[], float] = time.perf_counter) -> None:
+                 timer: Callable[[], float] = time.perf_counter,
+                 clock_ticks_per_second: int | None = None) -> None:
         self._source = source
         self._procfs = procfs
         self._sysfs = sysfs
@@ -222,6 +252,9 @@ class ProcessNumaCollector:
         self._timer = timer
         self._nodes: list[int] | None = None
         self._log_once = LogOnce(logger)
+        self._ticks_per_second = clock_ticks_per_second
+        # pid -> (process_name, {tid: CPU ticks at the last reading}, {node: CPU seconds counted})
+        self._threads: dict[int, tuple[str, dict[int, int], dict[int, float]]] = {}
 
     def collect(self) -> Samples:
         if self._nodes is None:
@@ -229,9 +262,12 @@ class ProcessNumaCollector:
         node_cpus = {node: read_node_cpus(self._source, self._sysfs, node, self._log_once)
                      for node in self._nodes}
         samples = Samples()
-        for pid, process_name in sorted(self._watched().items()):
+        watched = self._watched()
+        self._threads = {pid: state for pid, state in self._threads.items() if pid in watched}
+        for pid, process_name in sorted(watched.items()):
             try:  # the timer goes through the source so that a replay reports the recorded cost
                 status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
+                tasks = self._read_tasks(pid)
                 started = self._source.call("process_numa.timer", self._timer)
                 maps_text = self._read_numa_maps(pid)
                 per_node = parse_logged(parse_numa_maps, maps_text, self._path(pid, "numa_maps"),
@@ -244,11 +280,72 @@ class ProcessNumaCollector:
             for node, cpus in node_cpus.items():
                 on_node = None if allowed is None or cpus is None else len(allowed & cpus)
                 samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, process_name, node)
+            if tasks is not None:
+                for node, seconds in sorted(self._count_cpu_time(pid, process_name, tasks, node_cpus).items()):
+                    samples.add(PROCESS_CPU_SECONDS_ON_NODE, seconds, pid, process_name, node)
             if per_node is not None:
                 for node in sorted(set(self._nodes) | set(per_node)):
                     samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, process_name, node)
                 samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, process_name)
         return samples
+
+    def _read_tasks(self, pid: int) -> dict[int, tuple[int, int]] | None:
+        """tid -> (CPU ticks used, CPU last run on) of each thread of the process; None when the
+        task directory cannot be read (logged once). A process that exits meanwhile is caught by
+        the numa_maps read that follows (ProcessGone); a thread that exits between the listing and
+        its read is left out."""
+        directory = self._path(pid, "task")
+        try:
+            entries = self._source.list_dir(directory)
+        except OSError as error:
+            self._log_once(f"error:{directory}", "cannot list %s: %s; where its threads run is left "
+                           "out", directory, error)
+            return None
+        tasks = {}
+        for entry in entries:
+            if not entry.isdigit():
+                continue
+            path = os.path.join(directory, entry, "stat")
+            try:
+                text = self._source.read_text(path)
+            except OSError as error:
+                if error.errno not in (errno.ENOENT, errno.ESRCH):
+                    self._log_once(f"error:{path}", "cannot read %s: %s", path, error)
+                continue
+            parsed = parse_logged(parse_task_stat, text, path, self._log_once)
+            if parsed is not None:
+                tasks[int(entry)] = parsed
+        return tasks
+
+    def _count_cpu_time(self, pid: int, process_name: str, tasks: dict[int, tuple[int, int]],
+                        node_cpus: Mapping[int, frozenset[int] | None]) -> dict[int, float]:
+        """The process's CPU seconds per node so far: each thread's ticks since the previous
+        reading go to the node of the CPU it is on now. The first reading of a process (or of a
+        pid that now names another process) only sets the baseline: every node starts at 0. A
+        thread born since the previous reading counts all its ticks; one that exited since loses
+        its last interval's. A thread that migrated meanwhile is counted on its new node: over
+        many readings the shares converge on where the time was spent."""
+        ticks_per_second = self._clock_ticks()
+        node_of = {cpu: node for node, cpus in node_cpus.items() for cpu in (cpus or ())}
+        known = self._threads.get(pid)
+        if known is None or known[0] != process_name:
+            counted = {node: 0.0 for node in node_cpus}
+            self._threads[pid] = (process_name, {tid: ticks for tid, (ticks, _) in tasks.items()}, counted)
+            return counted
+        _, previous, counted = known
+        for tid, (ticks, cpu) in tasks.items():
+            gained = ticks - previous.get(tid, 0)
+            node = node_of.get(cpu)
+            if gained > 0 and node is not None:
+                counted[node] = counted.get(node, 0.0) + gained / ticks_per_second
+        self._threads[pid] = (process_name, {tid: ticks for tid, (ticks, _) in tasks.items()}, counted)
+        return counted
+
+    def _clock_ticks(self) -> int:
+        if self._ticks_per_second is None:
+            self._ticks_per_second = int(self._source.call("os.sysconf(SC_CLK_TCK)",
+                                                           lambda: os.sysconf("SC_CLK_TCK")))
+        return self._ticks_per_second
 
     def _read_numa_maps(self, pid: int) -> str | None:
         """/proc/<pid>/numa_maps, None when unreadable, ProcessGone when the process exited.

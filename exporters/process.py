@@ -81,6 +81,16 @@ CMDLINE_INFO = MetricSpec("hybridmon_process_cmdline_info",
                           "pwd, auth, credential or cookie; of -p and -k; URL user-info; bearer "
                           "tokens; hf_, sk-, ghp_, AKIA... token shapes), cut to 200 characters.",
                           "gauge", ("pid", "process_name", "cmdline"))
+TREE_ROOT = MetricSpec("hybridmon_process_tree_root_info",
+                       "Always 1: root_pid is the watched process at the root of this one's tree of "
+                       "watched processes, found by following the parent pid (field 4 of "
+                       "/proc/<pid>/stat) while the parent is watched too; the process itself when "
+                       "its parent is not watched. The processes of one inference server share it "
+                       "(vLLM's engine core and workers under its API server, SGLang's scheduler "
+                       "under launch_server, TGI's router and shards under its launcher, Ollama's "
+                       "runner under ollama serve), so each is judged with the load of the server "
+                       "that listens in its tree.",
+                       "gauge", ("pid", "process_name", "root_pid"))
 _PID_ENTRY = re.compile(r"[0-9]{1,10}")
 _STAT_FIELDS_AFTER_COMM = 20  # state (field 3) .. starttime (field 22)
 
@@ -91,6 +101,7 @@ class ProcessStat:
 
     pid: int
     comm: str
+    parent_pid: int
     minor_faults: int
     major_faults: int
     user_ticks: int
@@ -107,11 +118,26 @@ def parse_proc_stat(text: str) -> ProcessStat:
     if len(rest) < _STAT_FIELDS_AFTER_COMM:
         raise ParseError(f"/proc/<pid>/stat has {len(rest)} fields after comm, expected 20 or more")
     try:
-        numbers = [int(field) for field in [text[:open_paren]] + rest[7:13] + rest[19:20]]
+        numbers = [int(field) for field in [text[:open_paren]] + rest[1:2] + rest[7:13] + rest[19:20]]
     except ValueError:
         raise ParseError(f"non-numeric field in /proc/<pid>/stat text {text[:80]!r}") from None
-    pid, minflt, _cminflt, majflt, _cmajflt, utime, stime, starttime = numbers
-    return ProcessStat(pid, text[open_paren + 1:close_paren], minflt, majflt, utime, stime, starttime)
+    pid, ppid, minflt, _cminflt, majflt, _cmajflt, utime, stime, starttime = numbers
+    return ProcessStat(pid, text[open_paren + 1:close_paren], ppid, minflt, majflt, utime, stime,
+                       starttime)
+
+
+def tree_roots(parents: Mapping[int, int]) -> dict[int, int]:
+    """pid -> the root of its tree among `parents` (pid -> parent pid of the watched processes):
+    the farthest ancestor reached by parent links that stay inside the watched set. A loop (a
+    garbled or racing read) ends at the first pid seen twice, so every walk terminates."""
+    roots = {}
+    for pid in parents:
+        seen, at = {pid}, pid
+        while parents[at] in parents and parents[at] not in seen:
+            at = parents[at]
+            seen.add(at)
+        roots[pid] = at
+    return roots
 
 
 def parse_boot_time(text: str) -> int:
@@ -153,7 +179,7 @@ class ProcessCollector:
     name = "process"
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
-                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, INFO, CMDLINE_INFO)
+                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, INFO, CMDLINE_INFO, TREE_ROOT)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
@@ -200,7 +226,7 @@ class ProcessCollector:
             watch.setdefault(pid, "gpu")  # config wins: it is stable, GPU holders come and go
         ticks = self._clock_ticks()
         boot_time = self._read_boot_time()
-        samples, current = Samples(), {}
+        samples, current, parents = Samples(), {}, {}
         for pid, reason in sorted(watch.items()):
             try:  # all three before any sample, so that an exiting process leaves no partial series
                 stat_text = read_process_file(self._source, self._procfs, pid, "stat", self._log_once)
@@ -218,6 +244,7 @@ class ProcessCollector:
                     continue
                 self._discovered[pid] = stat.start_ticks
             current[pid] = stat.comm
+            parents[pid] = stat.parent_pid
             status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
             samples.add(MEMLOCK_LIMIT, self._memlock_limit(pid), pid, stat.comm)
@@ -227,6 +254,8 @@ class ProcessCollector:
                             reason)
                 if self._export_cmdline:
                     samples.add(CMDLINE_INFO, 1, pid, stat.comm, cmdline_label(cmdline_text))
+        for pid, root in sorted(tree_roots(parents).items()):
+            samples.add(TREE_ROOT, 1, pid, current[pid], root)
         self._current = current
         return samples
 

@@ -131,15 +131,28 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
 
 
 def memory_recordings(t: Thresholds) -> tuple[Recording, ...]:
+    window = t.gpu_memory_headroom.trend_window_seconds
     return (
         Recording(MEMORY_USED, f"avg_over_time({gpu_metrics.MEMORY_USED.name}[1m])"),
-        Recording(memory_slope_record(t.gpu_memory_headroom.trend_window_seconds), SLOPE_NOTE + robust_slope(
-            gpu_metrics.MEMORY_USED.name, t.gpu_memory_headroom.trend_window_seconds)),
+        Recording(memory_slope_record(window), SLOPE_NOTE + robust_slope(gpu_metrics.MEMORY_USED.name, window)),
+        Recording(memory_recent_slope_record(window),
+                  "# bytes/s: least-squares slope over the newest of the trend window's local slopes\n"
+                  f"deriv({gpu_metrics.MEMORY_USED.name}[{duration(local_slope_seconds(window))}])"),
     )
+
+
+def local_slope_seconds(window_seconds: float) -> float:
+    """The span of each local slope robust_slope takes the median of: a sixth of the window."""
+    return window_seconds / 6
 
 
 def memory_slope_record(window_seconds: float) -> str:
     """The used memory's slope over the trend window (gpu_memory_headroom.trend_window_seconds)."""
     return f"gpu:{gpu_metrics.MEMORY_USED.name}:slope{duration(window_seconds)}"
+
+
+def memory_recent_slope_record(window_seconds: float) -> str:
+    """The used memory's slope over the trend window's last sixth: growth that goes on now."""
+    return f"gpu:{gpu_metrics.MEMORY_USED.name}:deriv{duration(local_slope_seconds(window_seconds))}"
 
 

@@ -32,7 +32,14 @@ GPU_MEMORY = f"process:{gpu_metrics.PROCESS_MEMORY_USED.name}:sum"
 SERVER_TOKENS = f"process:{rate_name(BY_FIELD['generated_tokens'].name)}:rate1m"
 SERVER_RUNNING = f"process:{BY_FIELD['requests_running'].name}:avg1m"
 GPU_NODE = "gpu:hybridmon_gpu_nearest_numa_node:sysfs"
-CPUS_OFF_NODE = f"process:{process_metrics.ALLOWED_CPUS.name}_off_gpu_node:ratio"
+# Where the process's threads ran, not where they may: its CPU time off the GPU's node over
+# CPU_TIME_WINDOW. process_numa reads every 30 s, so the window holds four readings and a rate
+# survives a missed one.
+CPU_TIME_WINDOW_SECONDS = 120.0
+CPUS_OFF_NODE = (f"process:{rate_name(numa.PROCESS_CPU_SECONDS_ON_NODE.name).replace('_on_node', '_off_gpu_node')}"
+                 f":ratio_rate{duration(CPU_TIME_WINDOW_SECONDS)}")
+# The host's NUMA nodes that have CPUs: an unpinned process's threads spread over these.
+CPU_NODES = f"count without (node) ({numa.NODE_CPUS.name} > 0)"
 MEMORY_OFF_NODE = f"process:{numa.PROCESS_NUMA_RESIDENT.name}_off_gpu_node:ratio"
 PROCESS_ON_GPU_NODE = (
     # value 1 per (process, GPU it holds memory on), labelled with the GPU's NUMA node
@@ -59,19 +66,25 @@ class Resource:
 
 
 def resources() -> tuple[Resource, ...]:
+    # What bounds a process is not the total but what it can still take: MemAvailable on top of
+    # its own resident memory (the kernel's estimate of what can be allocated without swapping,
+    # /proc/meminfo), and on its GPUs the memory no one holds (nvmlDeviceGetMemoryInfo v2:
+    # free = total - reserved - used; v1's used includes the reserved part). The headroom is
+    # that bound less its own use: MemAvailable, or the free memory of its GPUs.
     def host(label: str, what: str, metric: str) -> Resource:
-        return Resource(label, what, metric, metric, "the host's MemTotal",
-                        f"{host_memory.MEMORY_TOTAL.name} - on (job, instance) group_right () {metric}")
+        return Resource(label, what, metric, metric, "MemAvailable plus its own use",
+                        f"{host_memory.MEMORY_AVAILABLE.name} + on (job, instance) group_right () ({metric} * 0)")
     process_gpu_memory = gpu_metrics.PROCESS_MEMORY_USED.name
+    free = (f"{gpu_metrics.MEMORY_TOTAL.name} - {gpu_metrics.MEMORY_USED.name}"
+            f" - ({gpu_metrics.MEMORY_RESERVED.name} or {gpu_metrics.MEMORY_TOTAL.name} * 0)")
     return (
         Resource("gpu_memory", "GPU memory (NVML, summed over its GPUs)", GPU_MEMORY,
-                 process_gpu_memory, "the memory total of its GPUs",
+                 process_gpu_memory, "the free memory of its GPUs plus its own use",
                  "sum without (gpu, uuid) (\n"
-                 f"    {gpu_metrics.MEMORY_TOTAL.name}\n"
+                 f"    ({free})\n"
                  "  * on (job, instance, gpu, uuid) group_right ()\n"
                  f"    ({process_gpu_memory} * 0 + 1)\n"
-                 ")\n"
-                 f"- {GPU_MEMORY}"),
+                 ")"),
         host("resident", "resident host memory (VmRSS)", process_metrics.RESIDENT.name),
         host("locked", "locked host memory (VmLck)", process_metrics.LOCKED.name),
     )
@@ -90,6 +103,81 @@ def server_slopes(window: str) -> tuple[str, str]:
             f"process:{BY_FIELD['requests_running'].name}:slope{window}_avg1m")
 
 
+def load_rise(window: str) -> str:
+    """Recording: how fast the process's load rises, as a share of its mean over the window per
+    hour, never below 0 (labels job, instance, pid)."""
+    return f"process:{process_metrics.CPU_SECONDS.name.rsplit('_cpu', 1)[0]}:load_rise_per_hour_ratio{window}"
+
+
+def tied_to_tree(per_listening_pid: str) -> str:
+    """A server figure summed by the pid that listens (labels job, instance, pid), handed to every
+    watched process of the same tree (hybridmon_process_tree_root_info: vLLM's engine core gets its
+    API server's load); a listening pid without a tree keeps it alone, as before trees were read."""
+    tree = f"max without (process_name) ({process_metrics.TREE_ROOT.name})"
+    return (
+        "sum by (job, instance, pid) (\n"
+        f"    {tree}\n"
+        "  * on (job, instance, root_pid) group_left ()\n"
+        "    sum by (job, instance, root_pid) (\n"
+        f"        {per_listening_pid}\n"
+        "      * on (job, instance, pid) group_left (root_pid)\n"
+        f"        {tree}\n"
+        "    )\n"
+        ")\n"
+        f"or\n{per_listening_pid}"
+    )
+
+
+def half_window_rise(series: str, window_seconds: float) -> str:
+    """PromQL: how fast `series` (a per-minute rate or average) rose over the window, as a share of
+    its mean per hour: the line through the means (of values and of times) of the window's newer
+    and older halves. Means of up to 30 per-minute figures, not a slope of each: a trend of
+    one-minute figures moved by ~1 %/h from noise alone in the simulated scenarios. Through the
+    halves' mean times, it holds while the older half is still filling (a process up for 45 min)."""
+    half = duration(window_seconds / 2)
+    newer, older = f"avg_over_time({series}[{half}])", f"avg_over_time({series}[{half}] offset {half})"
+    newer_time = f"avg_over_time(timestamp({series})[{half}:1m])"
+    older_time = f"avg_over_time(timestamp({series})[{half}:1m] offset {half})"
+    return (f"({newer} - {older}) * 3600 / (({newer_time} - {older_time}) > 0)"
+            f" / (({newer} + {older}) / 2 > 0)")
+
+
+def settled(recorded: str) -> str:
+    """The recording of `recorded` without its first minute: a 1 m rate over a series that has
+    just appeared holds one or two samples, and from a scrape that repeats the last reading it
+    reads low (0 from two equal samples), enough to fake a rise of 20 %/h in a half window."""
+    return f"{recorded}_settled"
+
+
+def _settled_recordings() -> list[Recording]:
+    return [Recording(settled(name), f"{name} and ({name} offset 1m)")
+            for name in (CPU, SERVER_TOKENS, SERVER_RUNNING)]
+
+
+def _load_rise(window_seconds: float) -> str:
+    """Where a server is tied to the process: the larger rise of its generation tokens/s and its
+    running requests (memory follows the batch: at saturation the batch grows while tokens/s
+    stay flat); else that of its own CPU time; 0 when the load falls or idles. Absent, and the
+    process not judged, until its CPU figures reach into the window's older half."""
+    cpu = f"max by (job, instance, pid) ({half_window_rise(settled(CPU), window_seconds)})"
+    half = duration(window_seconds / 2)
+    tokens = half_window_rise(settled(SERVER_TOKENS), window_seconds)
+    running = half_window_rise(settled(SERVER_RUNNING), window_seconds)
+    return (
+        "clamp_min(\n"
+        "    # the servers tied to it: their tokens/s or running requests, whichever rose more\n"
+        f"    ({tokens} >= {running})\n"
+        f"  or {running}\n"
+        f"  or {tokens}\n"
+        "    # no server tied to it: its own CPU time\n"
+        f"  or ({cpu} unless on (job, instance, pid) {SERVER_TOKENS})\n"
+        "    # an idle server: nothing explains growth; judged once the older half has CPU figures\n"
+        f"  or max by (job, instance, pid) (avg_over_time({settled(CPU)}[{half}] offset {half}) * 0),\n"
+        "  0\n"
+        ")"
+    )
+
+
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
     seconds = t.memory_growth.window_seconds
     window = duration(seconds)
@@ -101,12 +189,15 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         Recording(FAULTS_PER_CPU, f"{FAULTS} / ({CPU} > 0)"),
         Recording(fault_slope(window), robust_slope(FAULTS_PER_CPU, seconds)),
         Recording(GPU_MEMORY, f"sum without (gpu, uuid) ({gpu_metrics.PROCESS_MEMORY_USED.name})"),
-        Recording(SERVER_TOKENS, "sum by (job, instance, pid) "
-                                 f'(rate({BY_FIELD["generated_tokens"].name}{{pid!=""}}[1m]))'),
+        Recording(SERVER_TOKENS, tied_to_tree("sum by (job, instance, pid) "
+                                              f'(rate({BY_FIELD["generated_tokens"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[0], robust_slope(SERVER_TOKENS, seconds)),
-        Recording(SERVER_RUNNING, "sum by (job, instance, pid) "
-                                  f'(avg_over_time({BY_FIELD["requests_running"].name}{{pid!=""}}[1m]))'),
+        Recording(SERVER_RUNNING, tied_to_tree(
+            "sum by (job, instance, pid) "
+            f'(avg_over_time({BY_FIELD["requests_running"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[1], robust_slope(SERVER_RUNNING, seconds)),
+        *_settled_recordings(),
+        Recording(load_rise(window), _load_rise(seconds)),
     ]
     for resource in resources():
         rules.append(Recording(resource.slope(window), SLOPE_NOTE + robust_slope(resource.current, seconds)))
@@ -123,7 +214,9 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
                   f"    {pcie.DEVICE_NUMA_NODE.name}\n"
                   ")"),
         Recording(CPUS_OFF_NODE, _off_node_share(
-            numa.PROCESS_ALLOWED_CPUS_ON_NODE.name, process_metrics.ALLOWED_CPUS.name)),
+            f"rate({numa.PROCESS_CPU_SECONDS_ON_NODE.name}[{duration(CPU_TIME_WINDOW_SECONDS)}])",
+            f"sum without (node) (rate({numa.PROCESS_CPU_SECONDS_ON_NODE.name}"
+            f"[{duration(CPU_TIME_WINDOW_SECONDS)}]))")),
         Recording(MEMORY_OFF_NODE, _off_node_share(
             f"avg_over_time({numa.PROCESS_NUMA_RESIDENT.name}[1m])",
             f"sum without (node) (avg_over_time({numa.PROCESS_NUMA_RESIDENT.name}[1m]))")),

@@ -1,24 +1,40 @@
 """GpuMemoryHeadroomLow: a GPU whose memory is nearly full (reason=used), or will be within the
-horizon at its current trend (reason=forecast). A full GPU cannot grow the KV cache: this is the
+horizon at its current growth (reason=forecast). A full GPU cannot grow the KV cache: this is the
 point to offload. Runbook: GpuMemoryHeadroomLow.md.
+
+The forecast must come before the fact and end with the growth (issue 14, item 4). Its slope is the
+slower of two, both computed alike by the rule and the detector:
+
+- the trend: the median of local least-squares slopes, each over a sixth of `trend_window_seconds`,
+  one a minute (rules.promql.robust_slope), so one jump such as a model load does not count;
+- the latest of those local slopes, at the evaluation time itself, so the forecast resolves within
+  a sixth of the window once growth stops, instead of lingering while the window's median still
+  remembers it.
+
+Both are read on the rule's subquery grid: the steps of `[w:1m]` are the multiples of 60 s within
+[now - w, now] (Prometheus 2.x closes both ends; 3.x leaves the start open, one step of eleven
+fewer), each `deriv(x[l])` over the samples in [step - l, step].
 """
 from __future__ import annotations
 
 import math
+import statistics
 from textwrap import dedent
+from typing import Sequence
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.history import History, SeriesHistory
 from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
 from hybridmon.rules import pcie as recorded  # its MEMORY_USED: the group's 1 min average of ours
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import data_spans, duration, gpu_query, number
+from hybridmon.rules.promql import data_spans, duration, gpu_query, number, selector
 from hybridmon.rules.promtool_cases import GIB, GPU0, GPU1, GPU2, GPU3, MIB, Test, above, firing, not_yet, num
 from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (MEMORY_USED, MEMORY_TOTAL)
+SUBQUERY_STEP_SECONDS = 60.0  # robust_slope's `[w:1m]`: one local slope a minute
 
 
 class Settings(Section):
@@ -26,11 +42,17 @@ class Settings(Section):
     for_seconds: float
     forecast_horizon_seconds: float
     trend_window_seconds: float
+    forecast_for_seconds: float
 
 
 def slope_record(h: Settings) -> str:
     """The group's shared recording of the used memory's slope over this section's trend window."""
     return recorded.memory_slope_record(h.trend_window_seconds)
+
+
+def recent_slope_record(h: Settings) -> str:
+    """The group's shared recording of the used memory's slope over the window's last sixth."""
+    return recorded.memory_recent_slope_record(h.trend_window_seconds)
 
 
 def used_alert(h: Settings) -> Alert:
@@ -54,32 +76,43 @@ def used_alert(h: Settings) -> Alert:
     )
 
 
+def slower_slope(trend: str, recent: str) -> str:
+    """PromQL for the smaller of two vectors with the same labels: `a` where a < b, else `b`."""
+    return f"({trend} < {recent} or {recent})"
+
+
 def forecast_alert(h: Settings) -> Alert:
     trend = duration(h.trend_window_seconds)
-    slope = slope_record(h)
+    local = duration(recorded.local_slope_seconds(h.trend_window_seconds))
+    slope = slower_slope(slope_record(h), recent_slope_record(h))
+    trend_selector, names = selector(slope_record(h), "gpu")
+    recent_selector, _ = selector(recent_slope_record(h), "gpu")
     spans = data_spans(MEMORY_USED.name, h.trend_window_seconds, h.trend_window_seconds / 2)
     return Alert(
         "GpuMemoryHeadroomLow",
         dedent(f"""\
-            # seconds until full at the current slope...
+            # seconds until full at the slower of the window's median slope and the latest
+            # slope (growth must go on now)...
             ({MEMORY_TOTAL.name} - {recorded.MEMORY_USED})
               / ({slope} > 0)
               <= {number(h.forecast_horizon_seconds)}
             # ...measured over at least half the trend window
             and
             {spans}"""),
-        h.for_seconds, "warning",
+        h.forecast_for_seconds, "warning",
         "GPU <gpu> on <instance>: memory full in <value|humanizeDuration> at the current trend "
         "(growing <per_hour|humanize1024>B per hour)",
-        "GPU <gpu> (<uuid>) memory use rises by <per_hour|humanize1024>B per hour "
-        f"(a median of slopes over {trend}, so one jump such as a model load does not count); "
-        "with <free|humanize1024>B left it is full in "
+        "GPU <gpu> (<uuid>) memory use rises by <per_hour|humanize1024>B per hour (the slower of "
+        f"the median of its {local} slopes over {trend}, so one jump such as a model load does not "
+        f"count, and its slope over the last {local}, so this ends when the growth does); with "
+        "<free|humanize1024>B left it is full in "
         f"<value|humanizeDuration> (threshold {duration(h.forecast_horizon_seconds)}). When it "
         "fills, requests are preempted or fail. Find the process that grows "
         "(nvidia-smi --query-compute-apps=pid,used_memory --format=csv) and whether it grows "
         "with its load or without it.",
         labels={"reason": "forecast"},
-        queries={"per_hour": gpu_query("{} * 3600", slope),
+        # slower_slope names the recent slope twice: three selectors, each filled with the labels
+        queries={"per_hour": (f"{slower_slope(trend_selector, recent_selector)} * 3600", names * 3),
                  "free": gpu_query(f"{{}} - {recorded.MEMORY_USED}", MEMORY_TOTAL.name)},
     )
 
@@ -88,11 +121,45 @@ def alerts(h: Settings) -> list[Alert]:
     return [used_alert(h), forecast_alert(h)]
 
 
+def least_squares_slope(times: Sequence[float], values: Sequence[float]) -> float | None:
+    """PromQL's deriv(): the slope of the least-squares line through the points, per second;
+    None with fewer than two points at distinct times."""
+    if len(times) < 2:
+        return None
+    mean_time = sum(times) / len(times)
+    mean_value = sum(values) / len(values)
+    spread = sum((t - mean_time) ** 2 for t in times)
+    if spread == 0:
+        return None
+    return sum((t - mean_time) * (v - mean_value) for t, v in zip(times, values)) / spread
+
+
+def subquery_steps(now: float, window_seconds: float, step: float = SUBQUERY_STEP_SECONDS) -> list[float]:
+    """The evaluation times of a `[window:step]` subquery at `now`: the multiples of `step`
+    within [now - window, now] (Prometheus aligns subquery steps to absolute time)."""
+    first = math.ceil((now - window_seconds) / step) * step
+    return [first + k * step for k in range(int((now - first) // step) + 1)]
+
+
+def trend_slope(series: SeriesHistory, now: float, window_seconds: float) -> float | None:
+    """robust_slope(x, window) as Prometheus computes it: the median of deriv(x[window/6]) at each
+    step of the `[window:1m]` subquery that has two points; None when none has."""
+    local = recorded.local_slope_seconds(window_seconds)
+    slopes = [slope for at in subquery_steps(now, window_seconds)
+              if (slope := least_squares_slope(*windows.window(series, at, local))) is not None]
+    return statistics.median(slopes) if slopes else None
+
+
+def recent_slope(series: SeriesHistory, now: float, window_seconds: float) -> float | None:
+    """deriv(x[window/6]) at `now`: the growth going on at the end of the window."""
+    return least_squares_slope(*windows.window(series, now, recorded.local_slope_seconds(window_seconds)))
+
+
 class Detector:
-    """GpuMemoryHeadroomLow per GPU: reason=used when used/total (avg 1m each) >= used_share;
-    reason=forecast when the Theil-Sen slope of used memory over trend_window_seconds (with at
-    least half that window of data) is positive and reaches total within
-    forecast_horizon_seconds. Both must hold for for_seconds."""
+    """GpuMemoryHeadroomLow per GPU: reason=used when used/total (avg 1m each) >= used_share for
+    for_seconds; reason=forecast when the slower of the trend slope and the recent slope (module
+    docstring) is positive and reaches total within forecast_horizon_seconds, with at least half
+    of trend_window_seconds of data, for forecast_for_seconds."""
 
     name = "gpu_memory_headroom"
     alertnames = ("GpuMemoryHeadroomLow",)
@@ -121,21 +188,29 @@ class Detector:
                 findings.append(finding(self.used, common.gpu_entity(key), share, config.used_share,
                                         unit="ratio", values={"used": used, "total": total},
                                         details=base))
-            times, values = windows.window(series, now, config.trend_window_seconds)
-            if len(times) < 2 or times[-1] - times[0] < config.trend_window_seconds / 2:
-                continue
-            slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
-            if slope is None or slope <= 0:
-                continue
-            full_in = windows.seconds_until(used, slope, total)
-            if full_in > config.forecast_horizon_seconds:
-                continue
-            details = dict(base, slope_bytes_per_second=slope, forecast_seconds_to_full=full_in)
-            findings.append(finding(self.forecast, common.gpu_entity(key), full_in,
-                                    config.forecast_horizon_seconds, unit="s",
-                                    values={"per_hour": slope * 3600, "free": total - used},
-                                    details=details))
+            forecast = self.forecast_finding(key, series, now, used, total, base)
+            if forecast is not None:
+                findings.append(forecast)
         return findings
+
+    def forecast_finding(self, key, series: SeriesHistory, now: float, used: float, total: float,
+                         base: dict) -> Finding | None:
+        window = self.config.trend_window_seconds
+        times, _ = windows.window(series, now, window)
+        if len(times) < 2 or times[-1] - times[0] < window / 2:
+            return None
+        trend, recent = trend_slope(series, now, window), recent_slope(series, now, window)
+        if trend is None or recent is None or min(trend, recent) <= 0:
+            return None
+        slope = min(trend, recent)
+        full_in = windows.seconds_until(used, slope, total)
+        if full_in > self.config.forecast_horizon_seconds:
+            return None
+        details = dict(base, slope_bytes_per_second=slope, trend_slope_bytes_per_second=trend,
+                       recent_slope_bytes_per_second=recent, forecast_seconds_to_full=full_in)
+        return finding(self.forecast, common.gpu_entity(key), full_in,
+                       self.config.forecast_horizon_seconds, unit="s",
+                       values={"per_hour": slope * 3600, "free": total - used}, details=details)
 
 
 def used_case(t, catalog) -> Test:
@@ -155,31 +230,39 @@ def used_case(t, catalog) -> Test:
 
 
 def forecast_case(t, catalog) -> Test:
-    """GPU 0 fills at a steady rate from t=0; the rule judges once half the trend window has data."""
+    """GPU 0 fills at a steady rate from t=0: the rule judges once half the trend window has data
+    and fires after forecast_for_seconds; its growth then stops and the forecast resolves as soon
+    as the last local slope's span is flat (a window's median alone would keep it for minutes)."""
     h = t.gpu_memory_headroom
     rule = catalog.find("GpuMemoryHeadroomLow", reason="forecast")
     total, start = 24 * GIB + MIB, 12 * GIB
+    local = recorded.local_slope_seconds(h.trend_window_seconds)
     active = int(math.ceil(h.trend_window_seconds / 2 / 60) * 60)
-    at = active + math.ceil(h.for_seconds / 60) * 60 + 60
+    at = active + math.ceil(h.forecast_for_seconds / 60) * 60 + 60
     left_at_eval = h.forecast_horizon_seconds / 2 + 0.5   # never a whole second: int() is safe
     rate = (total - start) / (at - 30 + left_at_eval)     # the 1 min average lags by 30 s
     if (total - start) / rate - (active - 30) > h.forecast_horizon_seconds:
-        raise ValueError("forecast test: for_seconds too long for forecast_horizon_seconds")
-    test = Test("GPU memory forecast: GPU 0 fills within the horizon; GPU 1 rises too slowly, "
-                "GPU 2 is flat, GPU 3 loads a model (one jump) just before the rule can judge",
-                at + 120, catalog)
+        raise ValueError("forecast test: forecast_for_seconds too long for forecast_horizon_seconds")
+    stop = at + 60                                         # growth stops here
+    resolved = stop + int(math.ceil(local / 60) * 60)      # the last local slope's span is all flat
+    test = Test("GPU memory forecast: GPU 0 fills within the horizon, then stops growing; GPU 1 "
+                "rises too slowly, GPU 2 is flat, GPU 3 loads a model (one jump) just before the "
+                "rule can judge", resolved + 120, catalog)
     for gpu in (GPU0, GPU1, GPU2, GPU3):
         test.constant(MEMORY_TOTAL.name, total, **gpu)
-    test.add(MEMORY_USED.name, f"{start}+{rate * test.interval!r}x{test.samples - 1}", **GPU0)
+    test.values(MEMORY_USED.name, [start + rate * min(k * test.interval, stop) for k in range(test.samples)],
+                **GPU0)
     slow = (total - start) / (4 * h.forecast_horizon_seconds) * test.interval
     test.add(MEMORY_USED.name, f"{start}+{slow!r}x{test.samples - 1}", **GPU1)
     test.constant(MEMORY_USED.name, 0.8 * total, **GPU2)
     jump = (active - 60) // test.interval   # samples before the jump
     test.add(MEMORY_USED.name,
              f"{num(0.1 * total)}x{jump - 1} {num(0.7 * total)}x{test.samples - jump - 1}", **GPU3)
-    test.expect(active + int(h.for_seconds) - 60 if h.for_seconds >= 60 else active - 60, rule.alert)
+    if h.forecast_for_seconds >= 60:
+        test.expect(active + int(h.forecast_for_seconds) - 60, rule.alert)
     test.expect(at, rule.alert, test.alert(rule, GPU0, value=left_at_eval, per_hour=rate * 3600,
                                            free=rate * left_at_eval))
+    test.expect(resolved, rule.alert)
     return test
 
 

@@ -1,7 +1,19 @@
-"""InferenceProcessNumaMisplaced: a GPU process whose allowed CPUs (reason=cpus) or resident memory
-(reason=memory) sit mostly on another NUMA node than its GPU's (incident 1's NUMA note:
-cross-socket transfers undo the gain of pinning cores). Only hosts with two or more NUMA nodes are
-judged. Runbook: InferenceProcessNumaMisplaced.md.
+"""InferenceProcessNumaMisplaced: a GPU process that runs (reason=cpus) or keeps its resident memory
+(reason=memory) away from its GPU's NUMA node (incident 1's NUMA note: cross-socket transfers undo
+the gain of pinning cores). Judged on where the process IS, not on the CPUs it MAY use: an unpinned
+process on a 2-socket host may use every CPU, half of them remote, and is where the kernel put it,
+which with first-touch allocation is mostly local (issue 14). Only hosts with two or more NUMA
+nodes are judged. Runbook: InferenceProcessNumaMisplaced.md.
+
+- cpus: the share of its CPU time over the last 2 min (its threads' CPU time, on the node of the
+  CPU each last ran on: exporters/numa.py) that ran off the GPU's node is above
+  1 - cpu_time_on_gpu_node_of_even_spread / (NUMA nodes with CPUs). An unpinned process's threads
+  spread over every node (the scheduler balances load without regard to the GPU), so it runs
+  about 1/nodes of its time on the GPU's node; the alert wants it to run there less than half of
+  that (2 nodes: more than 75 % off the node; 4 nodes: 87.5 %), which a process bound away from
+  the node does (100 %) and the scheduler's wandering does not.
+- memory: the share of its resident pages off the GPU's node (1 min average) is more than
+  share_off_gpu_node: most of its memory, strictly.
 
 The GPU's node is the one nearest it: its PCI device's sysfs numa_node, through its PCI address
 (never NVML's NumaNodeId, GPU memory's own node on Grace); the rules read it,
@@ -14,41 +26,52 @@ from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.history import History
 from hybridmon.exporters.gpu import GPU_INFO, NUMA_NODE, PROCESS_MEMORY_USED
-from hybridmon.exporters.numa import NODE_MEMORY_TOTAL, PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_NUMA_RESIDENT
+from hybridmon.exporters.numa import (NODE_CPUS, NODE_MEMORY_TOTAL, PROCESS_ALLOWED_CPUS_ON_NODE,
+                                      PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT)
 from hybridmon.exporters.pcie import DEVICE_NUMA_NODE
 from hybridmon.exporters.process import ALLOWED_CPUS
 from hybridmon.rules import process as recorded
-from hybridmon.rules.case_inputs import HOST2, LLAMA, VLLM, on_gpu
+from hybridmon.rules.case_inputs import HOST2, LLAMA, SGLANG, VLLM, on_gpu
 from hybridmon.rules.host import NUMA_NODES
 from hybridmon.rules.model import Alert
-from hybridmon.rules.promql import number, query
-from hybridmon.rules.promtool_cases import BUS0, BUS1, GIB, GPU0, GPU1, HOST, Catalog, Test, above, firing, not_yet
+from hybridmon.rules.promql import duration, number, query
+from hybridmon.rules.promtool_cases import BUS0, BUS1, GIB, GPU0, GPU1, HOST, Catalog, Test, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
-INPUTS = (NUMA_NODE, DEVICE_NUMA_NODE, GPU_INFO, PROCESS_MEMORY_USED, ALLOWED_CPUS,
-          PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_NUMA_RESIDENT, NODE_MEMORY_TOTAL)
-# reason label -> the per-node series the share is taken of
-PER_NODE = {"cpus": PROCESS_ALLOWED_CPUS_ON_NODE, "memory": PROCESS_NUMA_RESIDENT}
+INPUTS = (NUMA_NODE, DEVICE_NUMA_NODE, GPU_INFO, PROCESS_MEMORY_USED, ALLOWED_CPUS, NODE_CPUS,
+          PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT, NODE_MEMORY_TOTAL)
+CPU_WINDOW = duration(recorded.CPU_TIME_WINDOW_SECONDS)
 
 
 class Settings(Section):
     share_off_gpu_node: float
+    cpu_time_on_gpu_node_of_even_spread: float
     for_seconds: float
+
+
+def cpu_limit(n: Settings, cpu_nodes: int) -> float:
+    """The off-node share of CPU time above which reason=cpus fires on a host with `cpu_nodes`
+    NUMA nodes that have CPUs."""
+    return 1 - n.cpu_time_on_gpu_node_of_even_spread / cpu_nodes
 
 
 def alerts(n: Settings) -> list[Alert]:
     threshold = humanize_percentage(n.share_off_gpu_node)
+    even = humanize_percentage(n.cpu_time_on_gpu_node_of_even_spread)
     # The recordings keep the GPU's uuid and node; the alert names the process and the GPU.
-    cpus, memory = (f"max without (uuid, node) (\n"
-                    f"  {record} >= {number(n.share_off_gpu_node)}\n"
-                    f"  and on (job, instance)\n"
-                    f"  {NUMA_NODES} >= 2\n"
-                    ")"
-                    for record in (recorded.CPUS_OFF_NODE, recorded.MEMORY_OFF_NODE))
+    gate = f"  and on (job, instance)\n  {NUMA_NODES} >= 2\n"
+    cpus = ("max without (uuid, node) (\n"
+            f"  {recorded.CPUS_OFF_NODE}\n"
+            f"  > on (job, instance) group_left ()\n"
+            f"  (1 - {number(n.cpu_time_on_gpu_node_of_even_spread)} / {recorded.CPU_NODES})\n"
+            + gate + ")")
+    memory = (f"max without (uuid, node) (\n  {recorded.MEMORY_OFF_NODE} > {number(n.share_off_gpu_node)}\n"
+              + gate + ")")
     node = query("{}", recorded.GPU_NODE, "gpu")
     fix = ("Every host-device copy of offloaded KV cache or weights then crosses the socket "
            "interconnect and is staged in far memory, which costs bandwidth and latency. First: "
-           "numactl --hardware, grep Cpus_allowed_list /proc/<pid>/status and numastat -p <pid>. "
+           "numactl --hardware, grep Cpus_allowed_list /proc/<pid>/status, numastat -p <pid> and "
+           "ps -L -o psr,pcpu -p <pid> (the CPU each thread runs on). "
            "Then bind the server to the GPU's node: numactl --cpunodebind=<node> --membind=<node> "
            "(or taskset with the node's CPUs from numactl --hardware), and restart it.")
     return [
@@ -56,13 +79,20 @@ def alerts(n: Settings) -> list[Alert]:
             "InferenceProcessNumaMisplaced",
             cpus,
             n.for_seconds, "warning",
-            "<process_name> (pid <pid>) on <instance>: <value|humanizePercentage> of its CPUs are "
-            "off GPU <gpu>'s NUMA node <node>",
-            "<value|humanizePercentage> of the <cpus|humanize> CPUs watched process <process_name> "
-            "(pid <pid>) may run on are outside NUMA node <node>, the node of GPU <gpu> that it "
-            f"uses (threshold {threshold}). " + fix,
+            "<process_name> (pid <pid>) on <instance>: <value|humanizePercentage> of its CPU time "
+            "runs off GPU <gpu>'s NUMA node <node>",
+            f"<value|humanizePercentage> of the CPU time watched process <process_name> (pid <pid>) "
+            f"used over the last {CPU_WINDOW} (<cores|humanize> cores) ran on CPUs outside NUMA node "
+            "<node>, the node of GPU <gpu> that it uses; it may run on <cpus|humanize> CPUs "
+            "(threshold <limit|humanizePercentage> off the node: it runs there less than "
+            f"{even} of the time an unpinned process, spread evenly over the host's NUMA nodes with "
+            "CPUs, would). " + fix,
             labels={"reason": "cpus"},
-            queries={"node": node, "cpus": query("{}", ALLOWED_CPUS.name, "pid")},
+            queries={"node": node, "cpus": query("{}", ALLOWED_CPUS.name, "pid"),
+                     "cores": query(f"sum without (node) (rate({{}}[{CPU_WINDOW}]))",
+                                    PROCESS_CPU_SECONDS_ON_NODE.name, "pid"),
+                     "limit": query(f"1 - {number(n.cpu_time_on_gpu_node_of_even_spread)} / "
+                                    "count without (node) ({} > 0)", NODE_CPUS.name)},
         ),
         Alert(
             "InferenceProcessNumaMisplaced",
@@ -72,7 +102,7 @@ def alerts(n: Settings) -> list[Alert]:
             "off GPU <gpu>'s NUMA node <node>",
             "<value|humanizePercentage> of the <mapped|humanize1024>B of memory watched process "
             "<process_name> (pid <pid>) has mapped sits outside NUMA node <node>, the node of GPU "
-            f"<gpu> that it uses (1 min average; threshold {threshold}). " + fix,
+            f"<gpu> that it uses (1 min average; threshold: more than {threshold}). " + fix,
             labels={"reason": "memory"},
             queries={"node": node, "mapped": query(
                 "sum without (node) ({})", PROCESS_NUMA_RESIDENT.name, "pid")},
@@ -103,9 +133,9 @@ def gpu_numa_nodes(history: History, now: float) -> dict[tuple[str, ...], str]:
 class Detector:
     """InferenceProcessNumaMisplaced, only on hosts with at least two NUMA nodes: for every process
     using a GPU (NVML's per-process memory) and every such GPU whose node is known, the share of
-    the process's allowed CPUs (reason=cpus) or of its resident pages (reason=memory) that is NOT
-    on the GPU's node, from per-node values averaged over the last minute, is at least
-    share_off_gpu_node."""
+    the process's CPU time over the last CPU_WINDOW (reason=cpus; PromQL's rate() of its per-node
+    CPU seconds) or of its resident pages averaged over the last minute (reason=memory) that is NOT
+    on the GPU's node, against cpu_limit() and share_off_gpu_node, both strictly."""
 
     name = "numa_misplacement"
     alertnames = ("InferenceProcessNumaMisplaced",)
@@ -118,6 +148,11 @@ class Detector:
     def evaluate(self, history: History, now: float) -> list[Finding]:
         if common.numa_node_count(history, now) < 2:
             return []
+        cpu_nodes = sum(1 for series in history.series(NODE_CPUS.name)
+                        if (windows.latest(series, now) or 0) > 0)
+        limits = {"memory": self.config.share_off_gpu_node}
+        if cpu_nodes:
+            limits["cpus"] = cpu_limit(self.config, cpu_nodes)
         gpu_nodes = gpu_numa_nodes(history, now)
         gpus_of: dict[str, set[tuple[str, str]]] = {}
         for series in history.series(PROCESS_MEMORY_USED.name):
@@ -125,37 +160,53 @@ class Detector:
                 gpus_of.setdefault(series.labels["pid"], set()).add(
                     (series.labels["gpu"], series.labels["uuid"]))
         findings = []
-        for reason, spec in PER_NODE.items():
-            per_process: dict[tuple[str, str], dict[str, float]] = {}
-            for series in history.series(spec.name):
-                value = windows.avg_over_time(series, now)
-                if value is not None:
-                    key = (series.labels["pid"], series.labels["process_name"])
-                    per_process.setdefault(key, {})[series.labels["node"]] = value
-            for (pid, process_name), by_node in sorted(per_process.items(),
+        for reason, limit in limits.items():
+            for (pid, process_name), by_node in sorted(self._per_node(history, now, reason).items(),
                                                        key=lambda item: common.process_order(item[0])):
                 total = sum(by_node.values())
-                if total <= 0:
+                if total <= 0:   # an idle process ran nowhere: nothing to judge
                     continue
                 for gpu in sorted(gpus_of.get(pid, ())):
                     node = gpu_nodes.get(gpu)
                     if node is None:
                         continue
                     off = sum(value for other, value in by_node.items() if other != node) / total
-                    if off >= self.config.share_off_gpu_node:
-                        findings.append(self._finding(pid, process_name, gpu, node, reason, off, by_node,
-                                                      total))
+                    if off > limit:
+                        findings.append(self._finding(history, now, pid, process_name, gpu, node, reason,
+                                                      off, limit, by_node, total))
         return findings
 
-    def _finding(self, pid, process_name, gpu, node, reason, off, by_node, total) -> Finding:
+    @staticmethod
+    def _per_node(history: History, now: float, reason: str) -> dict[tuple[str, str], dict[str, float]]:
+        """(pid, process_name) -> node -> CPU seconds per second (cpus) or resident bytes (memory)."""
+        per_process: dict[tuple[str, str], dict[str, float]] = {}
+        spec = PROCESS_CPU_SECONDS_ON_NODE if reason == "cpus" else PROCESS_NUMA_RESIDENT
+        for series in history.series(spec.name):
+            value = (windows.rate(series, now, recorded.CPU_TIME_WINDOW_SECONDS) if reason == "cpus"
+                     else windows.avg_over_time(series, now))
+            if value is not None:
+                key = (series.labels["pid"], series.labels["process_name"])
+                per_process.setdefault(key, {})[series.labels["node"]] = value
+        return per_process
+
+    def _finding(self, history, now, pid, process_name, gpu, node, reason, off, limit, by_node,
+                 total) -> Finding:
         details: dict[str, float | str] = {"gpu_numa_node": node, "uuid": gpu[1]}
         for n, value in by_node.items():
-            details[f"node{n}_{'bytes' if reason == 'memory' else 'cpus'}"] = value
-        # the figures the rule's queries fetch: the GPU's node and the process's CPUs or memory
-        values = {"node": node, "cpus" if reason == "cpus" else "mapped": total}
+            details[f"node{n}_{'bytes' if reason == 'memory' else 'cpu_cores'}"] = value
+        # the figures the rule's queries fetch
+        if reason == "cpus":
+            allowed = [windows.latest(series, now) for series in history.series(ALLOWED_CPUS.name, pid=pid)]
+            values = {"node": node, "cores": total, "limit": limit,
+                      "cpus": next((value for value in allowed if value is not None), None)}
+            for series in history.series(PROCESS_ALLOWED_CPUS_ON_NODE.name, pid=pid):
+                value = windows.latest(series, now)
+                if value is not None:
+                    details[f"node{series.labels['node']}_allowed_cpus"] = value
+        else:
+            values = {"node": node, "mapped": total}
         labels = {"pid": pid, "process_name": process_name, "gpu": gpu[0]}
-        return finding(self.alerts[reason], labels, off, self.config.share_off_gpu_node, unit="ratio",
-                       values=values, details=details)
+        return finding(self.alerts[reason], labels, off, limit, unit="ratio", values=values, details=details)
 
 
 def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
@@ -163,14 +214,20 @@ def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
     cpus_rule = catalog.find("InferenceProcessNumaMisplaced", reason="cpus")
     memory_rule = catalog.find("InferenceProcessNumaMisplaced", reason="memory")
     at = firing(n.for_seconds)
-    off, fine = above(n.share_off_gpu_node), n.share_off_gpu_node / 2
+    limit = cpu_limit(n, 2)
     mapped = 12 * GIB
     test = Test("NUMA: python3 (pid 4242) on GPU 0 (node 0 per sysfs) is moved to node 1's CPUs; "
                 "llama-server (pid 5151) on GPU 1 (node 1 per sysfs, NVML silent) gets its memory "
-                "on node 0; NVML's GPU-memory node 4 (Grace-like) is ignored; gpu-host-2 has one NUMA node and stays silent", at + 120, catalog)
+                "on node 0; sglang (pid 6161) on GPU 0 runs unpinned, the default layout: it may "
+                "use all 16 CPUs, half of them remote, its threads run half, then 70 %, of their time "
+                "on node 1 and its memory is 97 % local, then exactly half remote, and it stays "
+                "silent; NVML's GPU-memory node 4 (Grace-like) is ignored; gpu-host-2 has one NUMA "
+                "node and stays silent", at + 120, catalog)
+    cores = 1.5
     for instance, nodes in ((HOST, ("0", "1")), (HOST2, ("0",))):
         for node in nodes:
             test.constant(NODE_MEMORY_TOTAL.name, 64 * GIB, instance, node=node)
+            test.constant(NODE_CPUS.name, 8, instance, node=node)
         test.constant(NUMA_NODE.name, 4, instance, **GPU0)
         for gpu, bus in ((GPU0, BUS0), (GPU1, BUS1)):
             test.constant(GPU_INFO.name, 1, instance, **gpu, name="NVIDIA L40S", pci_bus_id=bus,
@@ -180,27 +237,41 @@ def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
         test.constant(DEVICE_NUMA_NODE.name, 1, instance, pci_bus_id=BUS1)
         on_gpu(test, GPU0, VLLM, 20 * GIB, instance)
         on_gpu(test, GPU1, LLAMA, 8 * GIB, instance)
-        # python3: 16 CPUs, all on node 0 until the onset, all on node 1 after; memory stays put
-        test.constant(ALLOWED_CPUS.name, 16, instance, **VLLM)
-        test.gauge(PROCESS_ALLOWED_CPUS_ON_NODE.name, 16, 0, instance, **VLLM, node="0")
-        test.gauge(PROCESS_ALLOWED_CPUS_ON_NODE.name, 0, 16, instance, **VLLM, node="1")
-        test.constant(PROCESS_NUMA_RESIDENT.name, (1 - fine) * mapped, instance, **VLLM, node="0")
-        test.constant(PROCESS_NUMA_RESIDENT.name, fine * mapped, instance, **VLLM, node="1")
-        # llama-server: CPUs on node 1 throughout; memory moves to node 0 at the onset
+        on_gpu(test, GPU0, SGLANG, 10 * GIB, instance)
+        # python3: 8 CPUs, node 0's until the onset, node 1's after; its CPU time follows;
+        # its memory stays put
+        test.constant(ALLOWED_CPUS.name, 8, instance, **VLLM)
+        test.gauge(PROCESS_ALLOWED_CPUS_ON_NODE.name, 8, 0, instance, **VLLM, node="0")
+        test.gauge(PROCESS_ALLOWED_CPUS_ON_NODE.name, 0, 8, instance, **VLLM, node="1")
+        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, cores, 0, instance, **VLLM, node="0")
+        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 0, cores, instance, **VLLM, node="1")
+        test.constant(PROCESS_NUMA_RESIDENT.name, 0.97 * mapped, instance, **VLLM, node="0")
+        test.constant(PROCESS_NUMA_RESIDENT.name, 0.03 * mapped, instance, **VLLM, node="1")
+        # llama-server: CPUs and CPU time on node 1 throughout; memory moves to node 0 at the onset
         test.constant(ALLOWED_CPUS.name, 8, instance, **LLAMA)
         test.constant(PROCESS_ALLOWED_CPUS_ON_NODE.name, 0, instance, **LLAMA, node="0")
         test.constant(PROCESS_ALLOWED_CPUS_ON_NODE.name, 8, instance, **LLAMA, node="1")
-        test.gauge(PROCESS_NUMA_RESIDENT.name, fine * mapped, off * mapped, instance,
-                   **LLAMA, node="0")
-        test.gauge(PROCESS_NUMA_RESIDENT.name, (1 - fine) * mapped, (1 - off) * mapped,
-                   instance, **LLAMA, node="1")
+        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 0, 0, instance, **LLAMA, node="0")
+        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 6, 6, instance, **LLAMA, node="1")
+        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.02 * mapped, 0.8 * mapped, instance, **LLAMA, node="0")
+        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.98 * mapped, 0.2 * mapped, instance, **LLAMA, node="1")
+        # sglang, unpinned: all 16 CPUs allowed (half remote: the old rule fired on that); CPU
+        # time 50/50, then 70 % remote (under the 2-node limit of 75 %); memory 97 % local, then
+        # exactly half remote (not "mostly")
+        test.constant(ALLOWED_CPUS.name, 16, instance, **SGLANG)
+        for node in ("0", "1"):
+            test.constant(PROCESS_ALLOWED_CPUS_ON_NODE.name, 8, instance, **SGLANG, node=node)
+        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 1.0, 0.6, instance, **SGLANG, node="0")
+        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 1.0, 1.4, instance, **SGLANG, node="1")
+        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.97 * mapped, 0.5 * mapped, instance, **SGLANG, node="0")
+        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.03 * mapped, 0.5 * mapped, instance, **SGLANG, node="1")
     test.expect_samples(60, recorded.GPU_NODE, (GPU0, 0), (GPU1, 1),
                         ({**GPU0, "instance": HOST2}, 0), ({**GPU1, "instance": HOST2}, 1))
     test.expect(not_yet(n.for_seconds), "InferenceProcessNumaMisplaced")
     test.expect(at, "InferenceProcessNumaMisplaced",
-                test.alert(cpus_rule, {**VLLM, "gpu": "0"}, value=1, cpus=16, node=0),
-                test.alert(memory_rule, {**LLAMA, "gpu": "1"},
-                           value=1 - (1 - off) * mapped / mapped, mapped=mapped, node=1))
+                test.alert(cpus_rule, {**VLLM, "gpu": "0"}, value=1, cpus=8, cores=cores, node=0,
+                           limit=limit),
+                test.alert(memory_rule, {**LLAMA, "gpu": "1"}, value=0.8, mapped=mapped, node=1))
     return test
 
 

@@ -6,8 +6,11 @@ pending_since): for the CORRELATED alerts it adds the servers' figures over two 
 (the BEFORE_SECONDS before the condition began, ending a minute before it, as the condition is
 judged on 1 min averages) and "now" (the last minute), as Finding.details keys and one sentence
 that ends the description. A finding about one process (label pid) reads the servers tied to that
-pid; a GPU or host finding reads every server scraped on the host. With no server scraped the
-finding is returned unchanged.
+pid; a GPU finding (label gpu) reads the servers using that GPU: those whose process, or the
+process at the root of its tree (vLLM's engine core and workers under the API server that
+listens), holds memory on it by NVML's per-process list. When no server on the host can be tied to
+any GPU that way, a GPU finding reads every server and its sentence says so. A host finding reads
+every server scraped on the host. With no server to read the finding is returned unchanged.
 
 Figures: generation tokens/s from the generated-tokens counter; inter-token latency and time to
 first token p50 as the mean of the collector's per-scrape p50 gauges (llama.cpp publishes no
@@ -23,6 +26,8 @@ from hybridmon.agent.detectors import servers, windows
 from hybridmon.agent.detectors.base import Finding, add_note
 from hybridmon.agent.detectors.servers import Server
 from hybridmon.agent.history import History
+from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
+from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.units import human_duration, human_rate
 
 CORRELATED = frozenset({"GpuPcieStarvation", "GpuPcieLinkDegraded", "HostSwapThrash",
@@ -39,19 +44,64 @@ def correlate(history: History, finding: Finding, began: float, now: float) -> F
     server scraped, no figure known)."""
     if finding.alertname not in CORRELATED:
         return finding
-    chosen = servers.for_process(servers.scraped(history, now), finding.labels.get("pid"))
+    chosen, untied = servers_concerned(history, finding, now)
     measured = [(server, measure(history, server, began, now)) for server in chosen]
     measured = [(server, figures) for server, figures in measured if server_parts(figures)]
     if not measured:
         return finding
     measured.sort(key=lambda item: -_hurt(item[1]))
-    sentence = impact_sentence(measured)
+    sentence = impact_sentence(measured, untied)
     details = dict(finding.details)
     first, figures = measured[0]
     details.update(server=first.server, server_endpoint=first.endpoint, server_model=first.model)
     details.update({f"server_{key}": value for key, value in figures.items()})
     details["server_impact"] = sentence
     return add_note(replace(finding, details=details), sentence)
+
+
+def servers_concerned(history: History, finding: Finding, now: float) -> tuple[list[Server], bool]:
+    """The servers whose figures belong with `finding`, and whether they are every server of the
+    host only because none could be tied to a GPU (the sentence then says so)."""
+    scraped = servers.scraped(history, now)
+    pid, gpu = finding.labels.get("pid"), finding.labels.get("gpu")
+    if pid is not None or gpu is None:
+        return servers.for_process(scraped, pid), False
+    by_gpu = servers_by_gpu(history, scraped, now)
+    if not any(by_gpu.values()):
+        return scraped, bool(scraped)
+    uuid = finding.labels.get("uuid")
+    return sorted({server for (index, gpu_uuid), tied in by_gpu.items() for server in tied
+                   if index == gpu and uuid in (None, gpu_uuid)},
+                  key=lambda s: (s.server, s.endpoint, s.model, s.pid)), False
+
+
+def servers_by_gpu(history: History, scraped: list[Server], now: float
+                   ) -> dict[tuple[str, str], set[Server]]:
+    """(gpu, uuid) -> the scraped servers using it: a server uses a GPU when the process it is tied
+    to (its pid label), or a process in that process's tree (same root_pid of
+    hybridmon_process_tree_root_info), holds memory on it now (NVML's per-process memory). vLLM's
+    API server, which listens, holds no GPU memory; its engine core child does."""
+    roots = {}
+    for series in history.series(TREE_ROOT.name):
+        if windows.latest(series, now) is not None:
+            roots[series.labels["pid"]] = series.labels["root_pid"]
+    by_pid: dict[str, list[Server]] = {}
+    for server in scraped:
+        if server.pid:
+            by_pid.setdefault(server.pid, []).append(server)
+    tied: dict[tuple[str, str], set[Server]] = {}
+    for series in history.series(PROCESS_MEMORY_USED.name):
+        if windows.latest(series, now) is None:
+            continue
+        pid = series.labels["pid"]
+        key = (series.labels.get("gpu", ""), series.labels.get("uuid", ""))
+        found = tied.setdefault(key, set())
+        for candidate in {pid, roots.get(pid, pid)}:
+            found.update(by_pid.get(candidate, ()))
+        # a server tied to the root of this process's tree: the process is one of its children
+        found.update(server for other, root in roots.items() if root == roots.get(pid)
+                     for server in by_pid.get(other, ()))
+    return tied
 
 
 def measure(history: History, server: Server, began: float, now: float) -> Figures:
@@ -151,11 +201,14 @@ def server_parts(figures: Figures) -> list[str]:
     return parts
 
 
-def impact_sentence(measured: list[tuple[Server, Figures]]) -> str:
+def impact_sentence(measured: list[tuple[Server, Figures]], untied: bool = False) -> str:
     """One sentence over every server: 'Server side, the 10 min before this began against the last
-    minute: vLLM (model m at http://...): inter-token latency p50 rose from 38 ms to 210 ms, ...'"""
+    minute: vLLM (model m at http://...): inter-token latency p50 rose from 38 ms to 210 ms, ...'.
+    `untied`: the servers are every one on the host because none could be tied to a GPU."""
     clauses = [f"{server.name}: {', '.join(parts)}"
                for server, figures in measured if (parts := server_parts(figures))]
     window = human_duration(BEFORE_SECONDS)
-    return (f"Server side, the {window} before this began against the last minute: "
+    scope = (" (every server on the host: none could be tied to a GPU through the processes "
+             "holding GPU memory)") if untied else ""
+    return (f"Server side{scope}, the {window} before this began against the last minute: "
             + "; ".join(clauses) + ".")

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.exporters.inference_names import BY_FIELD, HISTOGRAM_SPECS
 from hybridmon.exporters.inference_names import OFFLOAD_BYTES as OFFLOAD_BYTES_SPEC
 from hybridmon.exporters.inference_names import SCRAPE_ERROR as SCRAPE_ERROR_SPEC
@@ -71,13 +72,33 @@ def scraped(history: History, now: float) -> list[Server]:
     return sorted(found, key=lambda s: (s.server, s.endpoint, s.model, s.pid))
 
 
-def for_process(servers: list[Server], pid: str | None) -> list[Server]:
-    """The servers a finding about process `pid` is about: those tied to it; when no server is
-    tied to any process (every pid label empty: the agent could not see who listens), all of
-    them. None (a GPU or host finding): all of them."""
+def tree_roots(history: History, now: float) -> dict[str, str]:
+    """pid -> the root of its tree of watched processes (hybridmon_process_tree_root_info), as
+    the process collector saw it last."""
+    roots = {}
+    for series in history.series(TREE_ROOT.name):
+        if windows.latest(series, now) is not None:
+            roots[series.labels["pid"]] = series.labels["root_pid"]
+    return roots
+
+
+def tied_pids(pid: str, roots: dict[str, str]) -> set[str]:
+    """The listening pids whose servers are tied to process `pid`: its own and every pid of the
+    same process tree (vLLM V1's engine core is tied to its API server's /metrics;
+    rules.process.tied_to_tree does the same in PromQL)."""
+    if pid not in roots:
+        return {pid}
+    return {pid} | {other for other, root in roots.items() if root == roots[pid]}
+
+
+def for_process(servers: list[Server], pid: str | None, tied: set[str] | None = None) -> list[Server]:
+    """The servers a finding about process `pid` is about: those tied to it (listening at `pid`,
+    or at a pid of `tied`: tied_pids(pid, tree_roots(...))); when no server is tied to any
+    process (every pid label empty: the agent could not see who listens), all of them. None (a
+    GPU or host finding): all of them."""
     if pid is None:
         return servers
-    tied = [s for s in servers if s.pid == pid]
+    tied = [s for s in servers if s.pid == pid or s.pid in (tied or ())]
     if tied or any(s.pid for s in servers):
         return tied
     return servers

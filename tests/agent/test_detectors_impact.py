@@ -7,7 +7,8 @@ from hybridmon.agent.detectors import impact
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.pcie_rates import theoretical_capacity
-from tests.support.detector_history import (T0, THRESHOLDS, VLLM_ENDPOINT, Trace, gpu_rows,
+from hybridmon.exporters.process import TREE_ROOT
+from tests.support.detector_history import (GIB, T0, THRESHOLDS, VLLM_ENDPOINT, Trace, gpu_rows,
                                           inference_rows)
 
 ONSET = T0 + 900
@@ -23,7 +24,8 @@ def starving_host(with_server: bool = True):
 
     def gpu(t):
         after = t > ONSET
-        return gpu_rows(utilization=0.3 if after else 0.9, h2d=(0.95 if after else 0.2) * GEN4_X16)
+        return gpu_rows(utilization=0.3 if after else 0.9, h2d=(0.95 if after else 0.2) * GEN4_X16,
+                        processes={"4242": ("python3", 20 * GIB)})
 
     def server(t):
         after = t > ONSET
@@ -106,6 +108,55 @@ def test_a_process_finding_reads_its_own_server_and_a_host_finding_every_server(
     # Alerts that are not about the link, swap or NUMA are left alone.
     growth = finding("GpuMemoryHeadroomLow", gpu="0")
     assert impact.correlate(trace.history, growth, now - 300, now) == growth
+
+
+def gpus_in_use(trace: Trace, now: float, holders: dict[str, tuple[str, str]],
+                roots: dict[str, str] | None = None) -> None:
+    """NVML's per-process memory at `now`: holders pid -> (gpu, uuid); roots pid -> root_pid as
+    the process collector's tree info gives it."""
+    rows = []
+    for pid, (index, uuid) in holders.items():
+        rows += [row for row in gpu_rows(index, uuid, processes={pid: ("python3", 8 * GIB)})
+                 if row[0].name.startswith("hybridmon_gpu_process")]
+    trace.commit("gpu", now, rows)
+    trace.commit("process", now, [(TREE_ROOT, 1, pid, "python3", root) for pid, root in (roots or {}).items()])
+
+
+def test_a_gpu_finding_reads_only_the_servers_using_that_gpu():
+    # vLLM (pid 4242) holds GPU 0, llama.cpp (pid 5151) GPU 1: the old correlation named both
+    # servers under a finding about GPU 0.
+    trace = Trace()
+    now = two_servers(trace)
+    gpus_in_use(trace, now, {"4242": ("0", "GPU-0000"), "5151": ("1", "GPU-1111")})
+    starving = impact.correlate(trace.history, finding("GpuPcieStarvation", gpu="0"), now - 300, now)
+    assert starving.details["server"] == "vllm"
+    assert "vLLM (model llama-3-8b at" in starving.description and "llama.cpp" not in starving.description
+    degraded = impact.correlate(trace.history, finding("GpuPcieLinkDegraded", gpu="1"), now - 300, now)
+    assert degraded.details["server"] == "llamacpp" and "vLLM" not in degraded.description
+    assert "every server on the host" not in degraded.description
+    # a GPU no server uses: nothing to say
+    idle = finding("GpuPcieLinkDegraded", gpu="2")
+    assert impact.correlate(trace.history, idle, now - 300, now) == idle
+
+
+def test_a_server_uses_the_gpu_its_child_process_holds():
+    # vLLM V1: the API server (pid 4242) listens, its engine core (pid 4300) holds the GPU memory.
+    trace = Trace()
+    now = two_servers(trace)
+    gpus_in_use(trace, now, {"4300": ("0", "GPU-0000"), "5151": ("1", "GPU-1111")},
+                roots={"4242": "4242", "4300": "4242", "5151": "5151"})
+    starving = impact.correlate(trace.history, finding("GpuPcieStarvation", gpu="0"), now - 300, now)
+    assert "vLLM" in starving.description and "llama.cpp" not in starving.description
+
+
+def test_servers_tied_to_no_gpu_are_all_read_and_the_sentence_says_so():
+    trace = Trace()
+    now = two_servers(trace)   # no process holds GPU memory by NVML's list
+    starving = impact.correlate(trace.history, finding("GpuPcieStarvation", gpu="0"), now - 300, now)
+    assert "vLLM" in starving.description and "llama.cpp" in starving.description
+    assert starving.details["server_impact"].startswith(
+        "Server side (every server on the host: none could be tied to a GPU through the processes "
+        "holding GPU memory), the 10 min before")
 
 
 def test_servers_tied_to_no_process_are_read_for_every_process_finding():

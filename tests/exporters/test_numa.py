@@ -4,6 +4,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -366,3 +367,97 @@ def test_numa_and_process_modules_do_not_import_each_other(fixture_procfs, fixtu
                                 text=True, timeout=60)
         assert result.returncode == 0, result.stderr
         assert result.stdout.split() == [f"['hybridmon.exporters.{module}']"]
+
+
+# --- where the threads run: /proc/<pid>/task/<tid>/stat ------------------------------------------
+
+# A thread's stat line as a 6.x kernel prints it (proc(5); copied from /proc/self/task/<tid>/stat
+# with the numbers changed): utime 14 = 300, stime 15 = 20, processor 39 = 9. The comm holds a
+# space and a ")" as thread names may ("pt_main_thread" and friends are set with prctl).
+TASK_STAT = ("4243 (VLLM::Engine) x) S 4200 4200 4200 0 -1 4194560 1523 0 89 0 300 20 0 0 20 0 "
+             "64 0 1234500 60129542144 7340032 18446744073709551615 94869763698688 94869763718569 "
+             "140722159901680 0 0 0 0 4096 17642 1 0 0 17 9 0 0 0 0 0 94869763734576 94869763736192 "
+             "94870318735360 140722159909603 140722159909623 140722159909623 140722159910891 0\n")
+
+
+def test_parse_task_stat_reads_cpu_ticks_and_the_cpu_it_last_ran_on():
+    from hybridmon.exporters.numa import parse_task_stat
+    assert parse_task_stat(TASK_STAT) == (320, 9)
+
+
+@pytest.mark.parametrize("text", ["", "4243 (python3) S 1 2 3\n", TASK_STAT.replace(" 17 9 ", " 17 x ")])
+def test_parse_task_stat_rejects_garbage(text):
+    from hybridmon.exporters.numa import parse_task_stat
+    with pytest.raises(ParseError):
+        parse_task_stat(text)
+
+
+def write_threads(host: Path, pid: int, threads: dict[int, tuple[int, int]]) -> None:
+    """/proc/<pid>/task/<tid>/stat for each tid -> (CPU ticks, CPU it last ran on)."""
+    task = host / "proc" / str(pid) / "task"
+    shutil.rmtree(task, ignore_errors=True)
+    for tid, (ticks, cpu) in threads.items():
+        (task / str(tid)).mkdir(parents=True)
+        line = TASK_STAT.replace("4243 (VLLM::Engine) x)", f"{tid} (python3)")
+        line = line.replace(" 300 20 ", f" {ticks} 0 ").replace(" 17 9 ", f" 17 {cpu} ")
+        (task / str(tid) / "stat").write_text(line)
+
+
+def test_process_numa_counts_cpu_seconds_on_the_node_each_thread_runs_on(host_copy):
+    # vLLM (pid 4242) may run on node 0's CPUs only in the fixture; its threads are put where the
+    # scheduler would put an unpinned process: one on CPU 2 (node 0), two on CPUs 9 and 12 (node 1).
+    write_threads(host_copy, 4242, {4242: (1000, 2), 4250: (500, 9), 4251: (700, 12)})
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
+                                     sysfs=str(host_copy / "sys"), watched=lambda: {4242: "python3"},
+                                     clock_ticks_per_second=100)
+    first = collector.collect()   # the baseline: what ran before the agent looked is not counted
+    assert [(s.label_values, s.value) for s in first.find("hybridmon_process_cpu_seconds_on_node_total")] == [
+        (("4242", "python3", "0"), 0.0), (("4242", "python3", "1"), 0.0)]
+    # 30 s later: the main thread ran 3 s on node 0, a worker 6 s on node 1, one thread moved to
+    # CPU 3 (node 0) after 1 s more, and a new thread (born since) ran 2 s on CPU 10.
+    write_threads(host_copy, 4242, {4242: (1300, 2), 4250: (1100, 9), 4251: (800, 3), 4260: (200, 10)})
+    second = collector.collect()
+    assert second.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == pytest.approx(4.0)
+    assert second.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="1") == pytest.approx(8.0)
+    # a thread that exited, and one idle since: the counters only keep what was counted
+    write_threads(host_copy, 4242, {4242: (1300, 2), 4260: (200, 10)})
+    third = collector.collect()
+    assert third.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == pytest.approx(4.0)
+    assert third.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="1") == pytest.approx(8.0)
+
+
+def test_process_numa_without_a_task_directory_keeps_the_other_series(host_copy, caplog):
+    # the fixture's processes have no task/ directory: said once, the rest is reported
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
+                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED)
+    with caplog.at_level(logging.WARNING):
+        samples = collector.collect()
+    assert samples.find("hybridmon_process_cpu_seconds_on_node_total") == []
+    assert samples.value("hybridmon_process_numa_resident_bytes", pid="4242", node="1") == VLLM_NODE1_BYTES
+    assert any("4242/task" in r.getMessage() for r in caplog.records)
+
+
+def test_process_numa_counts_this_processs_own_cpu_time():
+    me = os.getpid()
+    if not os.path.exists("/sys/devices/system/node/online"):
+        pytest.skip("no NUMA sysfs here")
+    collector = ProcessNumaCollector(LiveSource(), watched=lambda: {me: "pytest"})
+    collector.collect()
+    deadline = time.process_time() + 0.3
+    while time.process_time() < deadline:   # burn 0.3 s of CPU on whatever node we are on
+        pass
+    counted = collector.collect().find("hybridmon_process_cpu_seconds_on_node_total", pid=str(me))
+    assert 0.2 <= sum(s.value for s in counted) <= 5
+
+
+def test_process_numa_record_then_replay_counts_cpu_time_alike(host_copy):
+    write_threads(host_copy, 4242, {4242: (1000, 2), 4250: (500, 9)})
+    paths = dict(procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"), watched=lambda: {4242: "python3"})
+    recording, replay = RecordingSource(LiveSource()), ReplaySource()
+    recorder, replayer = ProcessNumaCollector(recording, **paths), ProcessNumaCollector(replay, **paths)
+    for ticks in (1000, 1600):
+        write_threads(host_copy, 4242, {4242: (ticks, 2), 4250: (500, 9)})
+        recorded = as_tuples(recorder.collect())
+        replay.load(recording.take_readings())
+        assert as_tuples(replayer.collect()) == recorded
+    assert sum(value for name, _, value in recorded if name.endswith("cpu_seconds_on_node_total")) > 0

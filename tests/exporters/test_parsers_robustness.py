@@ -30,7 +30,7 @@ from hybridmon.exporters.bench_runs import parse_stored_run
 from hybridmon.exporters.host_memory import parse_meminfo, parse_selected_mode, parse_sysctl_int, parse_vmstat
 from hybridmon.exporters.inference_formats import parse_ollama_ps, parse_prometheus
 from hybridmon.exporters.inference_scrape import parse_proc_net_tcp
-from hybridmon.exporters.numa import parse_node_meminfo, parse_numa_maps, parse_numastat
+from hybridmon.exporters.numa import parse_node_meminfo, parse_numa_maps, parse_numastat, parse_task_stat
 from hybridmon.exporters.nvml import normalize_pci_bus_id
 from hybridmon.exporters.pcie import (parse_aer_counters, parse_hex_id, parse_link_speed, parse_link_width,
                                       parse_numa_node)
@@ -89,6 +89,8 @@ PARSERS = [
     Row(parse_cpu_list, ("0-3,8,10-11\n",) + read(NODES / "node1/cpulist", NODES / "online")),
     Row(parse_proc_status, read(PROC / "4242/status")),
     Row(parse_proc_stat, read(PROC / "4242/stat")),
+    # a thread's stat has the process stat's layout (proc(5)): the fixture's stat is a real sample
+    Row(parse_task_stat, read(PROC / "4242/stat", PROC / "5151/stat")),
     Row(parse_nspid_depth, read(PROC / "4242/status") + ("NSpid:\t81234\t7\n",)),
     Row(parse_boot_time, read(PROC / "stat")),
     Row(parse_memlock_limit, read(PROC / "4242/limits")),

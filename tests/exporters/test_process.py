@@ -17,6 +17,8 @@ from hybridmon.exporters.process import (
     format_cmdline,
     parse_boot_time,
     parse_proc_stat,
+    TREE_ROOT,
+    tree_roots,
 )
 from hybridmon.exporters.process_cmdline import (ProcessIdentity, arguments_of, cmdline_label, identify, readable_model,
                                        redact)
@@ -76,6 +78,11 @@ LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 17, 8, 234
                               987654 + 45678, LLAMA_IDENTITY, "config", float("inf"))
 
 
+# Neither fixture process's parent (4200, 1) is watched: each is the root of its own tree.
+VLLM_TREE = [(TREE_ROOT.name, ("4242", "python3", "4242"), 1)]
+LLAMA_TREE = [(TREE_ROOT.name, ("5151", "llama-server", "5151"), 1)]
+
+
 def without_start_time(samples):
     return [t for t in as_tuples(samples) if t[0] != START_TIME]
 
@@ -118,7 +125,7 @@ def fixture_collector(source, procfs, **overrides):
 
 def test_parse_proc_stat_fixture():
     assert parse_proc_stat(VLLM_STAT) == ProcessStat(
-        pid=4242, comm="python3", minor_faults=15234567, major_faults=8912, user_ticks=4567890,
+        pid=4242, comm="python3", parent_pid=4200, minor_faults=15234567, major_faults=8912, user_ticks=4567890,
         system_ticks=123456, start_ticks=1234500,
     )
 
@@ -325,7 +332,7 @@ def test_collector_on_fixture_host_finds_servers_by_name_and_command_line(live_s
     samples = collector.collect()
     # Start times need btime from /proc/stat, which the shared fixture tree may or may not hold;
     # test_start_time_from_btime checks them.
-    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES
+    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES + VLLM_TREE + LLAMA_TREE
     assert collector.watched() == {4242: "python3", 5151: "llama-server"}
     assert {s.spec for s in samples} <= set(ProcessCollector.metric_specs)
 
@@ -343,7 +350,7 @@ def test_without_proc_stat_start_times_are_absent(procfs_copy, caplog):
         samples = collector.collect()
         collector.collect()
     assert samples.find(START_TIME) == []
-    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES
+    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES + VLLM_TREE + LLAMA_TREE
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"cannot get btime from {procfs_copy}/stat"]
 
 
@@ -365,7 +372,7 @@ def test_failing_gpu_process_list_leaves_the_rest(live_source, fixture_procfs, c
                                  clock_ticks_per_second=100)
     with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = collector.collect()
-    assert without_start_time(samples) == VLLM_SERIES
+    assert without_start_time(samples) == VLLM_SERIES + VLLM_TREE
     assert any("NVML went away" in r.getMessage() for r in caplog.records)
 
 
@@ -543,7 +550,7 @@ def test_record_then_replay_gives_identical_samples(procfs_copy):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 24
+        assert len(recorded) == 26   # 13 series each, the tree root included
     assert replayer.watched() == recorder.watched() == {4242: "python3", 5151: "llama-server"}
 
 
@@ -587,3 +594,30 @@ def test_memlock_limit_is_read_from_limits_with_unlimited_as_infinity(fixture_pr
         parse_memlock_limit("Max locked memory         lots      lots      bytes\n")
     with pytest.raises(ParseError):
         parse_memlock_limit("Max open files 1024 1024 files\n")
+
+
+# --- process trees: which server a process belongs to (issue 14 item 1) -----------------------
+
+def test_parse_proc_stat_reads_the_parent_pid_from_field_4():
+    # proc(5): "(4) ppid %d The PID of the parent of this process."
+    assert parse_proc_stat(VLLM_STAT).parent_pid == 4200
+    assert parse_proc_stat(VLLM_STAT.replace("(python3) S 4200", "(a) S (b) S 77")).parent_pid == 77
+
+
+def test_tree_roots_follow_parents_while_they_are_watched():
+    # vLLM V1: API server 100 (parent: a shell, not watched) -> EngineCore 101 -> TP workers 102, 103;
+    # a lone llama-server 200 whose parent is not watched; a garbled loop 300 <-> 301 ends.
+    parents = {100: 90, 101: 100, 102: 101, 103: 101, 200: 1, 300: 301, 301: 300}
+    assert tree_roots(parents) == {100: 100, 101: 100, 102: 100, 103: 100, 200: 200,
+                                   300: 301, 301: 300}
+
+
+def test_a_child_of_a_watched_server_is_tied_to_it(procfs_copy):
+    # llama-server's parent becomes the watched vLLM python3 (4242): both are in 4242's tree.
+    stat = procfs_copy / "5151/stat"
+    pid, rest = stat.read_text().split(") ", 1)
+    state, _parent, tail = rest.split(" ", 2)
+    stat.write_text(f"{pid}) {state} 4242 {tail}")
+    samples = fixture_collector(LiveSource(), procfs_copy).collect()
+    roots = {s.label_values[0]: s.label_values[2] for s in samples.find(TREE_ROOT.name)}
+    assert roots == {"4242": "4242", "5151": "4242"}

@@ -358,7 +358,18 @@ def fixture_host_scrapes(count: int) -> list[dict]:
         golden[("hybridmon_gpu_pcie_measured_bidirectional_capacity_bytes_per_second",
                 (("direction", direction), ("gpu", "0"), ("uuid", UUID0)))] = value
     aer = ("hybridmon_pcie_aer_errors_total", (("pci_bus_id", "0000:17:00.0"), ("severity", "correctable")))
-    return [{**golden, aer: golden[aer] + n} for n in range(count)]
+    # The fixture has no task/ directories, so no CPU time per node: the servers' threads run as
+    # CPU_CORES_ON_NODE says, counted from the first scrape.
+    def cpu(n: int) -> dict:
+        return {("hybridmon_process_cpu_seconds_on_node_total",
+                 (("node", node), ("pid", pid), ("process_name", name))): cores * 15 * n
+                for (pid, name, node), cores in CPU_CORES_ON_NODE.items()}
+    return [{**golden, aer: golden[aer] + n, **cpu(n)} for n in range(count)]
+
+
+# (pid, process_name, node) -> cores its threads run there
+CPU_CORES_ON_NODE = {("4242", "python3", "0"): 1.2, ("4242", "python3", "1"): 0.3,
+                     ("5151", "llama-server", "0"): 0.0, ("5151", "llama-server", "1"): 6.0}
 
 
 def evaluate(queries, scrapes: list[dict], directory: Path) -> list[list[tuple[dict, float]]]:
@@ -422,8 +433,8 @@ def test_panel_joins_compute_what_they_say(tmp_path):
             "A": sample(last, "hybridmon_gpu_process_memory_used_bytes", pid=pid),
             "B": sample(last, "hybridmon_process_resident_bytes", pid=pid),
             "C": sample(last, "hybridmon_process_swap_bytes", pid=pid),
-            "D": 1 - sample(last, "hybridmon_process_allowed_cpus_on_node", pid=pid, node=node)
-                   / sample(last, "hybridmon_process_allowed_cpus", pid=pid),
+            "D": 1 - sum(cores for (p, _, n), cores in CPU_CORES_ON_NODE.items() if p == pid and n == node)
+                   / sum(cores for (p, _, _), cores in CPU_CORES_ON_NODE.items() if p == pid),
             "E": 1 - resident[node] / sum(resident.values()),
         }
         for ref, value in expected.items():

@@ -30,14 +30,15 @@ resolves before the scenario ends), the sum of three terms:
 - window, 15 s or 60 s: a 1 m average or rate over 15 s scrapes holds 4-5 samples against the
   agent's 60 (or 6), so it moves in steps of one scrape and crosses a threshold up to 15 s off the
   agent's. Trends the rules compute on a 1 m subquery grid (`[1h:1m]`: InferenceProcessMemoryGrowth;
-  `[30m:1m]`: GpuMemoryHeadroomLow's forecast) change only once a minute: 60 s.
+  `[10m:1m]`: GpuMemoryHeadroomLow's forecast) change only once a minute: 60 s.
 
 So 15 + 15 + 15 = 45 s for every alert on a 1 s scenario and 15 + 20 + 60 = 95 s for
 InferenceProcessMemoryGrowth on memory_growth. Measured (detector / rule, seconds from the start):
 pcie_starvation 240/240; pcie_link_degraded 390/390; GpuPcieReplayErrors 120/120; PcieAerErrors
 nonfatal 105/90, correctable 195/180; gpu_lost 60/60 and 75/75; swap_thrash 195/195;
 memory_growth 1800/1860 and 1820/1860 (the rule's median of 10 m slopes reaches 5 %/h at the first
-1 m step after the detector's Theil-Sen); numa_misplacement 375/360 and 465/465;
+1 m step after the detector's Theil-Sen); numa_misplacement 435/450 (cpus: CPU time over 2 min)
+and 465/465; numa_unpinned_memory_remote 315/300;
 gpu_memory_headroom 645/645; static info alerts 15/0 (the agent evaluates right after the GPU
 collector's commit, so it sees the host collectors one tick late); throughput_decay 7420/7410;
 kv_cache_full 285/285; kv_offload_link 255/255; inference_server_down 195/180.
@@ -282,3 +283,45 @@ def test_nothing_fires_that_the_scenario_does_not_expect_or_allow(name, door, do
                   if not any(f.alertname == a and labels.items() <= f.labels.items() for a, labels in permitted)]
     assert not unexpected, f"{name}: the {door} fired what the scenario does not allow: {unexpected}"
 
+
+
+# --- the VRAM forecast before the fact (issue 14, item 4) ----------------------------------------
+
+def forecast_and_used(seen: Doors, door: str) -> tuple[list, list]:
+    """(forecast firings, used firings) of GPU 0 through one door."""
+    def of(reason: str) -> list:
+        expectation = ("GpuMemoryHeadroomLow", {"gpu": "0", "reason": reason})
+        return seen.agent_matching(expectation) if door == "detectors" else seen.rules_matching(expectation)
+    return of("forecast"), of("used")
+
+
+def resolved_at(seen: Doors, firing) -> float | None:
+    return firing.resolved if isinstance(firing, AgentFiring) else seen.rule_resolved(firing)
+
+
+@pytest.mark.parametrize("door", ["detectors", "rules"])
+def test_gpu_memory_forecast_comes_before_used_and_ends_with_the_growth(door, doors):
+    """gpu_memory_fills: the forecast fires before `used` and resolves once the growth stops (the
+    GPU stays full: `used` goes on). gpu_memory_ramp_stops: it resolves within the last local
+    slope's span plus a scrape and an evaluation of the stop, in both doors. A 30 min trend fired
+    after `used` and lingered for 15 min."""
+    from tests.support.scenarios.library import FILLS_GROWTH_STOPS, RAMP_STOPS_GROWTH_STOPS
+    from hybridmon.rules.pcie import local_slope_seconds
+    from hybridmon.agent.alerts.catalogue import load_thresholds
+    local = local_slope_seconds(load_thresholds().gpu_memory_headroom.trend_window_seconds)
+    bound = local + SCRAPE_SECONDS + RULE_EVALUATION_SECONDS + AGENT_EVALUATION_SECONDS
+    fills = doors("gpu_memory_fills")
+    (forecast,), (used,) = forecast_and_used(fills, door)
+    lead = used.first - forecast.first
+    print(f"{door}: gpu_memory_fills forecast at {forecast.first:g} s, used at {used.first:g} s "
+          f"(lead {lead:g} s); forecast resolved {resolved_at(fills, forecast) - FILLS_GROWTH_STOPS:g} s "
+          "after growth stopped")
+    assert lead > 0
+    assert resolved_at(fills, used) is None
+    assert 0 < resolved_at(fills, forecast) - FILLS_GROWTH_STOPS <= bound
+    stops = doors("gpu_memory_ramp_stops")
+    (forecast,), used = forecast_and_used(stops, door)
+    after = resolved_at(stops, forecast) - RAMP_STOPS_GROWTH_STOPS
+    print(f"{door}: gpu_memory_ramp_stops forecast at {forecast.first:g} s, resolved {after:g} s "
+          "after growth stopped")
+    assert used == [] and forecast.first < RAMP_STOPS_GROWTH_STOPS and 0 < after <= bound

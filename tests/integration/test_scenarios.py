@@ -333,6 +333,43 @@ def test_numa_misplacement_moves_the_server_off_its_gpu_node(scenarios):
     assert all(b / (a + b) >= 0.9 for a, b in zip(between(node0, onset + 120, 1e9), between(node1, onset + 120, 1e9)))
 
 
+def cpu_share_on(history, pid: int, node: str, start: float, end: float) -> float:
+    """The share of the process's CPU time between two readings that ran on `node`."""
+    counted = {s.labels["node"]: rate(s, start, end)
+               for s in history.series("hybridmon_process_cpu_seconds_on_node_total", pid=str(pid))}
+    return counted[node] / sum(counted.values())
+
+
+def test_numa_misplacement_moves_the_servers_cpu_time_with_its_cpus(scenarios):
+    history = scenarios.replayed("numa_misplacement").history
+    total = one(history, "hybridmon_process_cpu_seconds_total", pid=str(VLLM))
+    assert cpu_share_on(history, VLLM, "0", 0, 30) == 1.0
+    # the reading at the onset counts the 30 s before it on node 1, where the threads are now: a
+    # thread's time since the last reading is counted where it runs (exporters/numa.py)
+    assert cpu_share_on(history, VLLM, "1", 90, 690) == 1.0
+    # the threads' CPU time is the process's (1.5 cores), less what ran before the agent looked
+    counted = sum(rate(s, 90, 690) for s in history.series("hybridmon_process_cpu_seconds_on_node_total",
+                                                          pid=str(VLLM)))
+    assert counted == pytest.approx(rate(total, 90, 690), rel=0.01)
+
+
+@pytest.mark.parametrize("name", ["healthy_unpinned_local_memory", "numa_unpinned_memory_remote"])
+def test_unpinned_servers_run_on_both_nodes(name, scenarios):
+    """The default layout: all 16 CPUs allowed, busy threads wandering around half on each node
+    (37.5 % to 62.5 % per minute), never mostly on the far one for long."""
+    history = scenarios.replayed(name).history
+    for pid, node in ((VLLM, "0"), (LLAMA, "1")):
+        for other in ("0", "1"):
+            assert set(one(history, "hybridmon_process_allowed_cpus_on_node", pid=str(pid), node=other).values) == {8}
+        shares = [cpu_share_on(history, pid, node, start, start + 120) for start in range(0, 360, 30)]
+        assert all(0.3 <= share <= 0.7 for share in shares), (pid, shares)
+        assert max(shares) - min(shares) >= 0.05   # it wanders
+    local = one(history, "hybridmon_process_numa_resident_bytes", pid=str(VLLM), node="0").values
+    remote = one(history, "hybridmon_process_numa_resident_bytes", pid=str(VLLM), node="1").values
+    expected = 0.03 if name == "healthy_unpinned_local_memory" else 0.65
+    assert all(r / (l + r) == pytest.approx(expected, abs=0.005) for l, r in zip(local, remote))
+
+
 def test_gpu_memory_headroom_climbs_past_96_percent(scenarios):
     history = scenarios.replayed("gpu_memory_headroom").history
     onset = SCENARIOS["gpu_memory_headroom"].onset_seconds
@@ -425,9 +462,11 @@ def test_healthy_hosts_are_configured_as_recommended(name, scenarios):
         assert set(between(one(history, "hybridmon_sysctl_value", sysctl=sysctl), 0, 1e9)) == {value}
     assert one(history, "hybridmon_transparent_hugepage_mode", setting="enabled").labels["mode"] == "madvise"
     assert min(one(history, "hybridmon_swap_total_bytes").values) > 0
-    # Each server runs and lives on its GPU's node: 4242 with GPU0 on node 0, 5151 with GPU1 on node 1.
+    # Each server lives on its GPU's node: 4242 with GPU0 on node 0, 5151 with GPU1 on node 1; it
+    # runs there too, pinned, but for the unpinned default layout (which may run anywhere).
+    pinned = {0} if name != "healthy_unpinned_local_memory" else {8}
     for pid, node, other in ((VLLM, "0", "1"), (LLAMA, "1", "0")):
-        assert set(one(history, "hybridmon_process_allowed_cpus_on_node", pid=str(pid), node=other).values) == {0}
+        assert set(one(history, "hybridmon_process_allowed_cpus_on_node", pid=str(pid), node=other).values) == pinned
         local = one(history, "hybridmon_process_numa_resident_bytes", pid=str(pid), node=node).values
         remote = one(history, "hybridmon_process_numa_resident_bytes", pid=str(pid), node=other).values
         assert all(r / (l + r) < 0.05 for l, r in zip(local, remote))
@@ -447,7 +486,7 @@ def test_command_line_lists_and_writes(tmp_path):
                             env=environment, cwd=tmp_path, timeout=60, check=True).stdout
     for name, scenario in SCENARIOS.items():
         assert name in listed
-    assert "must stay silent" in listed and 'GpuLost{pci_bus_id="0000:ca:00.0"}' in listed
+    assert "must stay silent" in listed and 'pci_bus_id="0000:ca:00.0"}' in listed
     written = subprocess.run([HYBRIDMON[0], "-m", "tests.support.scenarios", "write", "host_config_risks", "--output",
                               str(tmp_path / "t.jsonl.gz")], capture_output=True, text=True, env=environment,
                              cwd=tmp_path, timeout=120, check=True).stdout
@@ -456,3 +495,22 @@ def test_command_line_lists_and_writes(tmp_path):
     unknown = subprocess.run([HYBRIDMON[0], "-m", "tests.support.scenarios", "write", "nope", "-o", str(tmp_path / "x")],
                              capture_output=True, text=True, env=environment, cwd=tmp_path, timeout=60)
     assert unknown.returncode == 2 and "unknown scenario" in unknown.stderr
+
+
+@pytest.mark.parametrize("name, before, after, stops", [
+    ("gpu_memory_fills", 0.80, 0.97, "FILLS_GROWTH_STOPS"),
+    ("gpu_memory_ramp_stops", 0.70, 0.88, "RAMP_STOPS_GROWTH_STOPS")])
+def test_gpu_memory_ramps_grow_steadily_then_hold(name, before, after, stops, scenarios):
+    """The VRAM forecast scenarios (issue 14, item 4): flat before onset, rising every tick until
+    the growth stops, flat at `after` from then to the end."""
+    from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
+    from tests.support.scenarios import library
+    stop = getattr(library, stops)
+    history = scenarios.replayed(name).history
+    onset = SCENARIOS[name].onset_seconds
+    used = one(history, MEMORY_USED.name, gpu="0")
+    total = value_at(one(history, MEMORY_TOTAL.name, gpu="0"), 0)
+    assert {round(v / total, 3) for v in between(used, 0, onset + 1)} == {before}
+    growing = between(used, onset + 1, stop)
+    assert all(b > a for a, b in zip(growing, growing[1:]))
+    assert {round(v / total, 3) for v in between(used, stop, 1e9)} == {after}

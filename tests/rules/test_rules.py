@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "rules"
 RULES_FILE = RULES / "hybridmon.rules.yml"
 # Alerts on a state, whose value (0 or 1) says nothing more than the alert itself.
-STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways", "InferenceServerScrapeFailing"}
+STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways", "InferenceServerScrapeFailing", "HybridmonAgentDown"}
 RECORD_NAME = re.compile(r"(gpu|instance|process|server):hybridmon_[a-z0-9_]+:[a-z0-9_]+")
 DURATION = re.compile(r"([0-9]+(ms|s|m|h|d))+")
 # Other values for the thresholds; sections and keys left out keep thresholds.toml's defaults.
@@ -59,7 +59,8 @@ process_major_faults_per_second = 5
 window_seconds = 7200
 min_window_seconds = 3600
 growth_per_hour_share = 0.1
-load_flat_per_hour_share = 0.2
+growth_bytes_per_hour = 268435456
+load_following_factor = 2.0
 exhaustion_horizon_seconds = 3600
 [numa_misplacement]
 share_off_gpu_node = 0.6
@@ -219,7 +220,8 @@ def test_every_alert_rule_has_for_severity_summary_description_and_runbook():
         assert DURATION.fullmatch(rule["for"]), name
         assert rule["labels"]["severity"] in {"info", "warning", "critical"}, name
         assert set(annotations) == {"summary", "description", "runbook_url"}, name
-        assert "$labels." in annotations["summary"], name
+        if not rule["expr"].lstrip().startswith("absent("):  # absent() has no labels to name
+            assert "$labels." in annotations["summary"], name
         assert "threshold" in annotations["description"].lower(), name
         if name not in STATE_ALERTS:
             assert "$value" in annotations["summary"] + annotations["description"], name
@@ -232,7 +234,8 @@ def test_rule_for_durations_come_from_the_thresholds():
     assert durations[("GpuPcieStarvation", "")] == "2m" and t.pcie_starvation.for_seconds == 120
     assert durations[("GpuPcieLinkDegraded", "")] == "5m" and t.pcie_link_degraded.for_seconds == 300
     assert durations[("InferenceProcessNumaMisplaced", "cpus")] == "5m"
-    assert durations[("GpuMemoryHeadroomLow", "forecast")] == "5m"
+    assert durations[("GpuMemoryHeadroomLow", "forecast")] == "2m" and t.gpu_memory_headroom.forecast_for_seconds == 120
+    assert durations[("GpuMemoryHeadroomLow", "used")] == "5m" and t.gpu_memory_headroom.for_seconds == 300
     assert durations[("GpuLost", "")] == "0s"
 
 
@@ -265,8 +268,9 @@ def test_rules_read_only_metrics_the_agent_exports():
 
 
 def test_generated_test_inputs_have_the_exported_labels():
-    """The promtool tests feed series shaped exactly as the agent exports them (plus job, instance)."""
-    known = exported_metrics()
+    """The promtool tests feed series shaped exactly as the agent exports them (plus job, instance),
+    and Prometheus's own `up`, which it writes for every target on every scrape."""
+    known = {**exported_metrics(), "up": ()}
     series = [s["series"] for path in (RULES / "tests").glob("generated_*.yml")
               for test in yaml.safe_load(path.read_text())["tests"] for s in test["input_series"]]
     assert series

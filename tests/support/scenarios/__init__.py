@@ -119,7 +119,7 @@ def _drive(scenario: Scenario, step, host: SyntheticHost, agent: Agent, start: f
         step(t)
         if tick:
             host.advance(scenario.tick_seconds)
-        host.write(fake_nvml.DEFAULT)
+        host.write(fake_nvml.DEFAULT, threads=t + 1e-9 >= next_due.get("process_numa", 0.0))
         for item in agent.sampler.scheduled:  # the agent's order: gpu first, process after it
             name = item.collector.name
             if t + 1e-9 >= next_due[name]:

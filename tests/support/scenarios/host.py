@@ -10,6 +10,11 @@ the real collectors then make are consistent by construction:
   exactly the bytes the scenario asked for; SwapFree follows the net swap traffic;
 - a process's VmRSS is RssAnon + RssFile, its numa_maps pages add up to them, and memory it swaps
   out leaves RssAnon;
+- a process has one /proc/<pid>/task/<tid>/stat per thread (Threads: of its status); its busiest
+  threads carry its CPU time, their utime + stime add up to no more than the process's, and each
+  shows the CPU it last ran on (field 39) among its allowed CPUs, on the nodes its
+  `thread_node_shares` say (default: spread over its allowed CPUs' nodes, as the scheduler spreads
+  an unpinned process);
 - a GPU's used memory is its processes' memory plus a fixed context overhead, and its PCIe link is
   written the same to NVML and to sysfs (current_link_speed, current_link_width);
 - a removed PCI function loses both its bus/pci/devices link and its device directory;
@@ -48,6 +53,9 @@ LINK_SPEED_TEXT = {1: "2.5 GT/s PCIe", 2: "5.0 GT/s PCIe", 3: "8.0 GT/s PCIe", 4
 _SPEED_TO_GENERATION = {text.split()[0]: generation for generation, text in LINK_SPEED_TEXT.items()}
 
 PSI_RESOURCES = ("memory", "io", "cpu")
+# Threads of a process that carry its CPU time; the others sleep (their task stat never changes,
+# so it is written once).
+BUSY_THREADS = 8
 PSI_WINDOWS_SECONDS = (10.0, 60.0, 300.0)
 SYSCTL_FILES = {"vm.swappiness": "sys/vm/swappiness", "vm.dirty_ratio": "sys/vm/dirty_ratio",
                 "vm.dirty_background_ratio": "sys/vm/dirty_background_ratio",
@@ -166,10 +174,27 @@ class ProcessState:
     weights_path: str = "/models/weights.bin"  # the file mapping that holds most of RssFile
     loaded_placement: tuple | None = None  # memory and placement as the fixture's numa_maps shows them
     limits_text: str | None = None  # the fixture's /proc/<pid>/limits, whose memlock line is rewritten
+    # Its threads: tid -> CPU seconds. The first BUSY_THREADS carry its CPU time (a server's
+    # engine loop, tokenizer and copy threads); the rest are idle pool threads.
+    thread_cpu_seconds: dict[int, float] = field(default_factory=dict)
+    # Where its busy threads run: node -> share of them; None: over its allowed CPUs' nodes in
+    # proportion to its allowed CPUs there (an unpinned process on 2 nodes: half on each).
+    thread_node_shares: dict[int, float] | None = None
 
     @property
     def resident_bytes(self) -> float:
         return self.rss_anon_bytes + self.rss_file_bytes
+
+    def busy_tids(self) -> list[int]:
+        return list(self.thread_cpu_seconds)[:BUSY_THREADS]
+
+    def set_thread_count(self, threads: int) -> None:
+        """Threads: of its status, with a task/<tid> for each: tids are the pid and the numbers after
+        it (the kernel gives a process's threads ids from the same space as pids)."""
+        self.threads = threads
+        spread = self.cpu_seconds / threads  # what the threads ran before: the sum is the process's
+        self.thread_cpu_seconds = {self.pid + i: self.thread_cpu_seconds.get(self.pid + i, spread)
+                                   for i in range(threads)}
 
     def swap_out(self, target_swap_bytes: float) -> None:
         """Move anonymous memory between RAM and swap so that VmSwap becomes the target."""
@@ -253,6 +278,9 @@ class SyntheticHost:
         self.clock_ticks = clock_ticks or os.sysconf("SC_CLK_TCK")
         self._root_text = str(self.root)
         self._written: dict[str, str] = {}  # relative path -> text last written there
+        self._thread_lines: dict[str, tuple] = {}  # task stat path -> (ticks, cpu, threads) written
+        self._thread_cpus: dict[int, tuple] = {}   # pid -> (placement, thread_cpus()) last computed
+        self._threads_due = True
         self._load()
         # vLLM (pid 4242) serves /metrics at ENDPOINT; its noise comes from a generator of its own.
         self.inference = InferenceServer(seed + 1)
@@ -287,6 +315,7 @@ class SyntheticHost:
         self.processes = {pid: self._load_process(pid) for pid in self._pids()}
         for process in self.processes.values():
             process.loaded_placement = _placement(process)
+            process.set_thread_count(process.threads)
         self.nodes = {}
         node_root = self.sysfs / "devices/system/node"
         for entry in sorted(node_root.glob("node[0-9]*")):
@@ -454,6 +483,17 @@ class SyntheticHost:
         process.allowed_cpus = frozenset().union(*(self.node_cpus[node] for node in nodes))
         total = sum(memory_node_shares.values())
         process.memory_node_shares = {node: share / total for node, share in memory_node_shares.items()}
+        process.thread_node_shares = None  # its threads run where it may now
+
+    def set_thread_placement(self, pid: int, node_shares: dict[int, float] | None) -> None:
+        """Where the process's busy threads run: node -> share of them (each node must hold some of
+        its allowed CPUs); None: spread over its allowed CPUs' nodes."""
+        process = self.processes[pid]
+        if node_shares is not None:
+            for node in node_shares:
+                if not process.allowed_cpus & self.node_cpus[node]:
+                    raise ValueError(f"pid {pid} may not run on node {node}")
+        process.thread_node_shares = node_shares
 
     # --- a bigger host: PCI functions and processes copied from the fixture's ----------------
     def add_pci_function_like(self, template: str, address: str, root_port: str, node: int) -> PciDevice:
@@ -473,7 +513,9 @@ class SyntheticHost:
         """A copy of process `template` as `pid`: its /proc directory (fd/ socket links and all),
         with the pid in stat and status (Pid, Tgid and their namespace forms) from the next write()."""
         shutil.copytree(self.procfs / str(template), self.procfs / str(pid), symlinks=True)
+        shutil.rmtree(self.procfs / str(pid) / "task", ignore_errors=True)  # the template's threads
         process = self._load_process(pid)
+        process.set_thread_count(process.threads)
         process.status_lines = [_with_pid(line, template, pid) for line in process.status_lines]
         process.loaded_placement = _placement(process)
         self.processes[pid] = process
@@ -484,6 +526,8 @@ class SyntheticHost:
         del self.processes[pid]
         shutil.rmtree(self.procfs / str(pid))
         self._written = {path: text for path, text in self._written.items() if not path.startswith(f"proc/{pid}/")}
+        self._thread_lines = {path: line for path, line in self._thread_lines.items()
+                              if not path.startswith(f"proc/{pid}/")}
 
     # --- time ------------------------------------------------------------------------------
     def advance(self, dt: float) -> None:
@@ -504,6 +548,9 @@ class SyntheticHost:
             if process.cpu_rate < 0:
                 raise ValueError(f"pid {process.pid}: negative CPU rate")
             process.cpu_seconds += process.cpu_rate * dt
+            busy = process.busy_tids()
+            for tid in busy:
+                process.thread_cpu_seconds[tid] += process.cpu_rate * dt / len(busy)
         for gpu in self.gpus:
             gpu.replays.advance(dt, f"GPU {gpu.index} replays")
         for node in self.nodes.values():
@@ -518,9 +565,13 @@ class SyntheticHost:
                 handle.write(text)
             self._written[relative] = text
 
-    def write(self, nvml: FakeNvml | None = None) -> None:
+    def write(self, nvml: FakeNvml | None = None, threads: bool = True) -> None:
         """Render the state into the tree, into `nvml` (the fake library the agent calls) and into
-        the inference server's answer."""
+        the inference server's answer. threads=False leaves the processes' task/<tid>/stat files
+        as they were: only process_numa reads them, every 30 s, and rewriting a busy thread's file
+        on every tick cost as much as the rest of the tick (write_trace passes False on the ticks
+        where process_numa does not run, so every reading is of the state at its tick)."""
+        self._threads_due = threads
         self._write_memory()
         for resource in PSI_RESOURCES:
             lines = []
@@ -607,6 +658,55 @@ class SyntheticHost:
         if _placement(process) != process.loaded_placement:
             self._put(f"{base}/numa_maps", self._numa_maps(process, anon_kb // 4, file_kb // 4))
         self._put(f"{base}/limits", _limits_text(process.memlock_limit_bytes, process.limits_text))
+        if self._threads_due:
+            self._write_threads(process)
+
+    def thread_cpus(self, process: ProcessState) -> dict[int, int]:
+        """tid -> the CPU it last ran on: busy threads over the nodes of `thread_node_shares`
+        (largest remainder, in node order), each node's threads round-robin over its allowed CPUs;
+        idle threads round-robin over every allowed CPU."""
+        allowed = sorted(process.allowed_cpus)
+        by_node = {node: sorted(process.allowed_cpus & cpus) for node, cpus in self.node_cpus.items()}
+        shares = process.thread_node_shares or {
+            node: len(cpus) / len(allowed) for node, cpus in by_node.items() if cpus}
+        busy = process.busy_tids()
+        wanted = {node: share * len(busy) for node, share in shares.items()}
+        counts = {node: math.floor(value) for node, value in wanted.items()}
+        for node in sorted(wanted, key=lambda n: (counts[n] - wanted[n], n))[:len(busy) - sum(counts.values())]:
+            counts[node] += 1
+        placed = [node for node in sorted(counts) for _ in range(counts[node])]
+        cpus = {}
+        for number, (tid, node) in enumerate(zip(busy, placed)):
+            cpus[tid] = by_node[node][number % len(by_node[node])]
+        for number, tid in enumerate(list(process.thread_cpu_seconds)[len(busy):]):
+            cpus[tid] = allowed[number % len(allowed)]
+        return cpus
+
+    def _write_threads(self, process: ProcessState) -> None:
+        """/proc/<pid>/task/<tid>/stat of each thread: the fixture's stat line of the process with
+        the thread's own tid, utime and stime (95 % user, as the process's), processor (field 39)
+        and the thread count. Its other fields (faults, sizes) stay the fixture's: nothing reads a
+        thread's, and a line that does not change is not rewritten (56 of vLLM's 64 threads idle)."""
+        task = self.procfs / str(process.pid) / "task"
+        shares = process.thread_node_shares
+        key = (process.allowed_cpus, tuple(sorted(shares.items())) if shares else None, process.threads)
+        cached = self._thread_cpus.get(process.pid)
+        if cached is None or cached[0] != key:
+            cached = self._thread_cpus[process.pid] = (key, self.thread_cpus(process))
+        for tid, cpu in cached[1].items():
+            ticks = math.floor(process.thread_cpu_seconds[tid] * self.clock_ticks)
+            relative = f"proc/{process.pid}/task/{tid}/stat"
+            if self._thread_lines.get(relative) == (ticks, cpu, process.threads):
+                continue
+            self._thread_lines[relative] = (ticks, cpu, process.threads)
+            system = math.floor(ticks * 0.05)
+            fields = process.stat_fields
+            if relative not in self._written:
+                (task / str(tid)).mkdir(parents=True, exist_ok=True)
+            # fields 3-13 | utime stime | 16-19 | num_threads | 21-38 | processor | 40-
+            self._put(relative, f"{tid} ({process.comm}) {' '.join(fields[:11])} {ticks - system} {system} "
+                                f"{' '.join(fields[13:17])} {process.threads} {' '.join(fields[18:36])} "
+                                f"{cpu} {' '.join(fields[37:])}\n")
 
     def _numa_maps(self, process: ProcessState, anon_pages: int, file_pages: int) -> str:
         """Mappings shaped like the fixture's: binary, heap, one large anonymous region (model

@@ -13,13 +13,17 @@ from tests.support.scenarios.library import (GEN4_X16, VLLM, VLLM_SERVER, GpuLoa
 
 
 @scenario("throughput_decay", tick_seconds=10, duration_seconds=8100, onset_seconds=600,
-          expected=[("InferenceThroughputDecay", VLLM_SERVER)])
+          expected=[("InferenceThroughputDecay", VLLM_SERVER)],
+          # The host-side KV tier's 1 GiB/h is 4.3 GB a day: past memory growth's absolute rate
+          # (issue 14), though under its relative one in a 28 GiB process. Right either way.
+          allowed=[("InferenceProcessMemoryGrowth", {"resource": "resident", "pid": str(VLLM)})])
 def throughput_decay(host: SyntheticHost) -> Step:
     """Incident 3's silent decay. vLLM serves 32 running requests (±1) at 40 ms per token: 25
     tokens/s per request, 800 tokens/s. From onset, for 2 h, each request's tokens/s falls steadily
     to 15 (-40 %; inter-token latency p50 40 ms -> 67 ms, generation 800 -> 480 tokens/s) while the
     running requests stay where they were; then it holds to the end (2 h 15 min). The host moves with
-    it, every signal below its own alert: vLLM's host-side KV tier grows by 1 GiB/h while 1 GiB of
+    it, every signal but one below its own alert: vLLM's host-side KV tier grows by 1 GiB/h (past
+    memory growth's absolute rate, so InferenceProcessMemoryGrowth may fire) while 1 GiB of
     its anonymous memory goes to swap over the 2 h (~140 KiB/s out; resident 28 -> 29.2 GiB,
     under 3 %/h), it major-faults its pages back at 0.1/s rising to 6/s (the swap-ins), KV offload
     loads rise from 4 to 10 GB/s (GPU0 host-to-device traffic 40 % -> 58 % of the link), PSI
