@@ -244,7 +244,12 @@ def test_process_numa_on_fixture_host(live_source, fixture_procfs, fixture_sysfs
     collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
                                      watched=lambda: FIXTURE_WATCHED, timer=fake_timer())
     samples = collector.collect()
-    assert as_tuples(samples) == [
+    # the first reading of each thread's CPU time is the counters' baseline: 0 on the thread's node
+    on_node = [t for t in as_tuples(samples) if t[0] == "hybridmon_process_cpu_seconds_on_node_total"]
+    assert [(labels, value) for _, labels, value in on_node] == [
+        (("4242", "python3", "0"), 0.0), (("4242", "python3", "1"), 0.0),
+        (("5151", "llama-server", "0"), 0.0), (("5151", "llama-server", "1"), 0.0)]
+    assert [t for t in as_tuples(samples) if t not in on_node] == [
         ("hybridmon_process_allowed_cpus_on_node", ("4242", "python3", "0"), 8),
         ("hybridmon_process_allowed_cpus_on_node", ("4242", "python3", "1"), 0),
         ("hybridmon_process_numa_resident_bytes", ("4242", "python3", "0"), VLLM_NODE0_BYTES),
@@ -350,7 +355,7 @@ def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs,
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 10
+        assert len(recorded) == 14  # 10, and CPU time on each of 2 nodes for each of 2 processes
 
 
 def test_numa_and_process_modules_do_not_import_each_other(fixture_procfs, fixture_sysfs):
@@ -427,7 +432,10 @@ def test_process_numa_counts_cpu_seconds_on_the_node_each_thread_runs_on(host_co
 
 
 def test_process_numa_without_a_task_directory_keeps_the_other_series(host_copy, caplog):
-    # the fixture's processes have no task/ directory: said once, the rest is reported
+    # processes without a task/ directory (the fixture's have one: taken away here): said once,
+    # the rest is reported
+    for pid in ("4242", "5151"):
+        shutil.rmtree(host_copy / "proc" / pid / "task")
     collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
                                      sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED)
     with caplog.at_level(logging.WARNING):
