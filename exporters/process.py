@@ -22,6 +22,9 @@ from pydantic import Field, field_validator
 
 from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, CollectorContext, CollectorRegistration,
                                       CollectorSettings, LogOnce, MetricSpec, ParseError, Samples, parse_logged)
+from hybridmon.exporters.cgroup_memory import (CGROUP_MEMORY_HEADROOM, CGROUP_MEMORY_LIMIT, CgroupMemoryBound,
+                                               CgroupMount, memory_bound, parse_memory_mounts,
+                                               parse_process_cgroups, rebase)
 from hybridmon.exporters.pid_namespace import MISMATCH_ADVICE, PidView, pid_view
 from hybridmon.exporters.process_cmdline import cmdline_label, identity_of
 from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
@@ -179,15 +182,17 @@ class ProcessCollector:
     name = "process"
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
-                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, INFO, CMDLINE_INFO, TREE_ROOT)
+                    CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, CGROUP_MEMORY_LIMIT, CGROUP_MEMORY_HEADROOM,
+                    INFO, CMDLINE_INFO, TREE_ROOT)
 
-    def __init__(self, source: RawSource, procfs: str = "/proc", pids: Iterable[int] = (),
+    def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
                  gpu_processes: Callable[[], Mapping[int, str]] = lambda: {},
                  discovery_interval_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic,
                  clock_ticks_per_second: int | None = None, export_cmdline: bool = False) -> None:
         self._source = source
         self._procfs = procfs
+        self._sysfs = sysfs
         self._pids = tuple(int(pid) for pid in pids)
         self._names = frozenset(names)
         self._patterns = []
@@ -209,6 +214,10 @@ class ProcessCollector:
         self._current: dict[int, str] = {}
         self._log_once = LogOnce(logger)
         self._pid_view: PidView | None = None  # decided at the first GPU process; fixed for the run
+        self._cgroup_mounts: list[CgroupMount] | None = None
+        # pid -> (when read, its bound): limits change rarely and the forecast they bound spans
+        # hours, so each pid's cgroup files are read once per discovery interval, not every tick.
+        self._cgroup_bounds: dict[int, tuple[float, CgroupMemoryBound | None]] = {}
 
     def watched(self) -> dict[int, str]:
         """pid -> process_name (comm) of the processes read on the last collection."""
@@ -248,6 +257,10 @@ class ProcessCollector:
             status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
             samples.add(MEMLOCK_LIMIT, self._memlock_limit(pid), pid, stat.comm)
+            bound = self._cgroup_bound(pid, now)
+            if bound is not None:
+                samples.add(CGROUP_MEMORY_LIMIT, bound.limit_bytes, pid, stat.comm)
+                samples.add(CGROUP_MEMORY_HEADROOM, bound.headroom_bytes, pid, stat.comm)
             if cmdline_text is not None:
                 identity = identity_of(cmdline_text)
                 samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
@@ -257,7 +270,41 @@ class ProcessCollector:
         for pid, root in sorted(tree_roots(parents).items()):
             samples.add(TREE_ROOT, 1, pid, current[pid], root)
         self._current = current
+        self._cgroup_bounds = {pid: read for pid, read in self._cgroup_bounds.items() if pid in current}
         return samples
+
+    def _cgroup_bound(self, pid: int, now: float) -> CgroupMemoryBound | None:
+        """Optional like the memlock limit: unreadable cgroup files leave the series out."""
+        if pid in self._cgroup_bounds and now - self._cgroup_bounds[pid][0] < self._discovery_interval:
+            return self._cgroup_bounds[pid][1]
+        bound = None
+        mounts = self._memory_cgroup_mounts()
+        if mounts:
+            try:
+                cgroups = parse_process_cgroups(self._source.read_text(self._path(pid, "cgroup")))
+                bound = memory_bound(self._source, mounts, cgroups)
+            except (OSError, ParseError, ValueError) as error:
+                self._log_once(f"cgroup:{pid}", "cannot read the memory cgroup of pid %s: %s; its "
+                               "cgroup limit is left out and MemAvailable alone bounds it", pid, error)
+        self._cgroup_bounds[pid] = (now, bound)
+        return bound
+
+    def _memory_cgroup_mounts(self) -> list[CgroupMount]:
+        if self._cgroup_mounts is None:
+            path = os.path.join(self._procfs, "self", "mountinfo")
+            try:
+                mounts = parse_memory_mounts(self._source.read_text(path))
+            except FileNotFoundError:
+                # Only a procfs tree made for a test lacks it; a live /proc always has it.
+                logger.debug("no %s: cgroup memory limits are left out", path)
+                mounts = []
+            except OSError as error:
+                self._log_once("mountinfo", "cannot read %s: %s; cgroup memory limits are left out",
+                               path, error)
+                mounts = []
+            self._cgroup_mounts = [CgroupMount(m.version, rebase(m.mount_point, self._sysfs), m.root)
+                                   for m in mounts]
+        return self._cgroup_mounts
 
     def _memlock_limit(self, pid: int) -> float | None:
         """Optional: a limit we cannot read leaves its series out, the process's others stay."""
@@ -392,6 +439,7 @@ def _process_collector(context: CollectorContext) -> ProcessCollector:
     return ProcessCollector(
         context.source,
         procfs=context.procfs,
+        sysfs=context.sysfs,
         pids=settings.pids,
         names=settings.names,
         cmdline_patterns=settings.cmdline_patterns,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:  # the schema is built from the families, which import these r
 from dataclasses import dataclass
 
 from hybridmon.exporters import gpu as gpu_metrics
-from hybridmon.exporters import host_memory, numa, pcie
+from hybridmon.exporters import cgroup_memory, host_memory, numa, pcie
 from hybridmon.exporters import process as process_metrics
 from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.rules.model import Recording
@@ -71,9 +71,14 @@ def resources() -> tuple[Resource, ...]:
     # /proc/meminfo), and on its GPUs the memory no one holds (nvmlDeviceGetMemoryInfo v2:
     # free = total - reserved - used; v1's used includes the reserved part). The headroom is
     # that bound less its own use: MemAvailable, or the free memory of its GPUs.
+    # A cgroup limit (a container's, a systemd unit's MemoryMax) bounds the process before
+    # MemAvailable does when it leaves less room: the headroom is the tighter of the two.
     def host(label: str, what: str, metric: str) -> Resource:
-        return Resource(label, what, metric, metric, "MemAvailable plus its own use",
-                        f"{host_memory.MEMORY_AVAILABLE.name} + on (job, instance) group_right () ({metric} * 0)")
+        available = f"({host_memory.MEMORY_AVAILABLE.name} + on (job, instance) group_right () ({metric} * 0))"
+        cgroup = f"({cgroup_memory.CGROUP_MEMORY_HEADROOM.name} + ({metric} * 0))"
+        return Resource(label, what, metric, metric,
+                        "the tighter of MemAvailable and its cgroup's memory limit, plus its own use",
+                        f"({available} <= {cgroup}) or {cgroup} or {available}")
     process_gpu_memory = gpu_metrics.PROCESS_MEMORY_USED.name
     free = (f"{gpu_metrics.MEMORY_TOTAL.name} - {gpu_metrics.MEMORY_USED.name}"
             f" - ({gpu_metrics.MEMORY_RESERVED.name} or {gpu_metrics.MEMORY_TOTAL.name} * 0)")

@@ -34,6 +34,7 @@ from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL
 from hybridmon.exporters.gpu import MEMORY_USED as GPU_MEMORY_USED
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
+from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,
                                          TREE_ROOT)
@@ -47,7 +48,7 @@ GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
 REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
 INPUTS = (PROCESS_MEMORY_USED, RESIDENT, LOCKED, PINNED, CPU_SECONDS, MINOR_FAULTS, MAJOR_FAULTS,
           TREE_ROOT, GENERATED_TOKENS, REQUESTS_RUNNING, GPU_MEMORY_TOTAL, GPU_MEMORY_USED,
-          GPU_MEMORY_RESERVED, MEMORY_AVAILABLE)
+          GPU_MEMORY_RESERVED, MEMORY_AVAILABLE, CGROUP_MEMORY_HEADROOM)
 
 
 class Settings(Section):
@@ -70,13 +71,13 @@ class Resource:
     limit: str          # what bounds it
 
 
+_HOST_BOUND = "the tighter of MemAvailable and its cgroup's memory limit, plus its own use"
 RESOURCES = (
     Resource("gpu_memory", PROCESS_MEMORY_USED, "GPU memory", "GPU memory (NVML, summed over its GPUs)",
              "the free memory of its GPUs plus its own use"),
     Resource("resident", RESIDENT, "resident memory", "resident host memory (VmRSS)",
-             "MemAvailable plus its own use"),
-    Resource("locked", LOCKED, "locked memory", "locked host memory (VmLck)",
-             "MemAvailable plus its own use"),
+             _HOST_BOUND),
+    Resource("locked", LOCKED, "locked memory", "locked host memory (VmLck)", _HOST_BOUND),
 )
 
 
@@ -191,8 +192,9 @@ class Detector:
     servers tied to the process (its pid or a pid of its process tree, summed), else of its CPU
     seconds per second. Without CPU figures for the
     process (not visible in this PID namespace) nothing is reported. The forecast is the time
-    until it takes what bounds it: MemAvailable for host memory, the free memory of its GPUs for
-    GPU memory (both on top of its own use); the horizon is reported, not a condition."""
+    until it takes what bounds it: for host memory the tighter of MemAvailable and what its cgroup
+    (or an ancestor's) limit leaves, for GPU memory the free memory of its GPUs (all on top of its
+    own use); the horizon is reported, not a condition."""
 
     name = "memory_growth"
     alertnames = ("InferenceProcessMemoryGrowth",)
@@ -209,7 +211,9 @@ class Detector:
                                   *common.PROCESS_LABELS)
         gpu_memory = windows.group_by(history.series(PROCESS_MEMORY_USED.name), "pid")
         available = common.host_series(history, MEMORY_AVAILABLE.name)
-        host_headroom = None if available is None else windows.latest(available, now)
+        host_available = None if available is None else windows.latest(available, now)
+        cgroup_headroom = windows.by_labels(history.series(CGROUP_MEMORY_HEADROOM.name),
+                                            *common.PROCESS_LABELS)
         roots = servers.tree_roots(history, now)
         # NVML's per-process memory is keyed by pid alone: judge it once, with the process that
         # was seen last under that pid (a pid whose comm changed has two CPU series).
@@ -224,6 +228,8 @@ class Detector:
             if load is None:
                 continue
             candidates: list[tuple[str, str, list[float], list[float], float | None]] = []
+            host_headroom = _tighter(host_available, None if key not in cgroup_headroom
+                                     else windows.latest(cgroup_headroom[key], now))
             if key in resident:
                 times, values = windows.window_since(resident[key], now, self.config.window_seconds,
                                                      since)
@@ -376,6 +382,12 @@ class Detector:
                 return None
             free += total - used - (reserved or 0.0)
         return free if uuids else None
+
+
+def _tighter(*headrooms: float | None) -> float | None:
+    """The least of the known headrooms: a cgroup limit bounds a process before MemAvailable does."""
+    known = [headroom for headroom in headrooms if headroom is not None]
+    return min(known) if known else None
 
 
 def _summed_window(series: list[SeriesHistory], now: float, seconds: float,

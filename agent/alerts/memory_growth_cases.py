@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL
 from hybridmon.exporters.gpu import MEMORY_USED as GPU_MEMORY_USED
+from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, RESIDENT,
@@ -171,7 +172,8 @@ def _real_deployments(t, catalog: Catalog) -> Test:
     tokens/s +30 %/h, on a flat CPU: silent (it used to be judged on its CPU). sglang (pid 6161):
     memory exactly proportional to its tokens/s, which rise 7 %/h, between the growth and the old
     "flat" bands: silent. llama-server (pid 5151): 12 GiB resident leaking 3 MB/min (1.4 %/h,
-    under the share) on a flat load: fires on the absolute rate."""
+    under the share) on a flat load: fires on the absolute rate, and its forecast counts down to
+    what its container's cgroup limit leaves (about 1.5 GiB), not to MemAvailable (64 GiB)."""
     g = t.memory_growth
     rule = catalog.find("InferenceProcessMemoryGrowth", resource="resident")
     at = int(g.min_window_seconds) + 300
@@ -185,6 +187,8 @@ def _real_deployments(t, catalog: Catalog) -> Test:
     leak = max(3e6 / 60, 1.4 * g.growth_bytes_per_hour / 3600)
     available = _headroom([leak], 64 * GIB)
     test.constant(MEMORY_AVAILABLE.name, available)
+    cgroup_headroom = _headroom([leak], 1.5 * GIB)
+    test.constant(CGROUP_MEMORY_HEADROOM.name, cgroup_headroom, **LLAMA)
     for proc, root in ((VLLM, VLLM), (ENGINE, VLLM), (SGLANG, SGLANG), (LLAMA, LLAMA)):
         test.constant(TREE_ROOT.name, 1, **proc, root_pid=root["pid"])
         test.values(CPU_SECONDS.name, [1.0 * 60 * m for m in minutes], **proc)   # busy loops
@@ -202,7 +206,7 @@ def _real_deployments(t, catalog: Catalog) -> Test:
     mean = 12 * GIB + leak * (max(0, at - g.window_seconds) + at) / 2
     test.expect(at, "InferenceProcessMemoryGrowth", test.alert(
         rule, LLAMA, value=leak * 3600, per_hour=leak * 3600, mean=mean,
-        current=12 * GIB + leak * at, load_rise=0, exhaustion=available / leak, cpu=1.0,
+        current=12 * GIB + leak * at, load_rise=0, exhaustion=cgroup_headroom / leak, cpu=1.0,
         tokens=None, running=None))
     return test
 

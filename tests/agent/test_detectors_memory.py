@@ -4,6 +4,7 @@ from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.alerts import gpu_memory_headroom
 from hybridmon.agent.alerts import memory_growth
 from hybridmon.agent.detectors import servers
+from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT
 from tests.support.detector_history import (assert_says_its_rules_words, GIB, MIB, T0, THRESHOLDS,
                                             Trace, gpu_rows, host_memory_rows, inference_rows,
@@ -46,7 +47,7 @@ def test_steady_growth_under_flat_load_fires_with_slope_and_forecast():
     mean = 8 * GIB + GIB * 0.5
     assert finding.details["growth_share_per_hour"] == pytest.approx(GIB / mean, rel=1e-3)
     assert "resident memory grows 1GiB per hour more than its load explains" in finding.summary
-    assert "takes MemAvailable plus its own use in 1d 7h 59m" in finding.description
+    assert "takes the tighter of MemAvailable and its cgroup's memory limit, plus its own use in 1d 7h 59m" in finding.description
 
 
 def test_memory_growing_with_load_is_silent():
@@ -310,6 +311,25 @@ def test_a_leak_in_a_big_process_fires_on_the_absolute_rate():
         (row[0], 12 * GIB + leak_per_second / 2 * (t - T0), *row[2:])
         if row[0].name == RESIDENT.name else row for row in big(t)])
     assert growth().evaluate(trace.history, now) == []
+
+
+def test_a_cgroup_limit_bounds_the_forecast_before_memavailable():
+    """Issue 14 item 3: in a container whose limit leaves 2 GiB, the same leak runs out in
+    2 GiB / rate, though the host has 200 GiB available."""
+    leak_per_second = 3e6 / 60
+    trace = Trace()
+
+    def contained(t):
+        rows = process_rows("5151", "llama-server", resident=12 * GIB + leak_per_second * (t - T0),
+                            cpu_seconds=1.0 * (t - T0), minor_faults=100 * (t - T0))
+        return rows + [(CGROUP_MEMORY_HEADROOM, 2 * GIB - leak_per_second * (t - T0), "5151",
+                        "llama-server")]
+    now = trace.run(T0, T0 + HOUR, STEP, process=contained,
+                    host_memory=lambda t: host_memory_rows(memory_total=256 * GIB,
+                                                           memory_available=200 * GIB))
+    (finding,) = growth().evaluate(trace.history, now)
+    assert finding.details["forecast_seconds_to_exhaustion"] == pytest.approx(
+        (2 * GIB - leak_per_second * HOUR) / leak_per_second, rel=0.01)
 
 
 # --- GpuMemoryHeadroomLow ------------------------------------------------------------------

@@ -407,7 +407,9 @@ def test_a_trace_holds_the_discovery_matches_and_no_other_process(procfs_copy):
     assert discovery[2:] == [True, {"4242": "cmdline", "5151": "name"}]
     assert not any(kind == "dir" for kind, *_ in readings)
     read = {path.removeprefix(f"{procfs_copy}/") for kind, path, *_ in readings if kind == "text"}
-    assert read == {"stat"} | {f"{pid}/{name}" for pid in (4242, 5151) for name in ("stat", "status", "cmdline", "limits")}
+    # self/mountinfo: where the memory cgroup trees are (this fixture has none, so no cgroup files)
+    assert read == {"stat", "self/mountinfo"} | {
+        f"{pid}/{name}" for pid in (4242, 5151) for name in ("stat", "status", "cmdline", "limits")}
     assert "/sbin/init" not in str(readings)  # pid 1, read by the scan, is not in the trace
 
 
