@@ -20,6 +20,7 @@ service): the bound is the ancestor with the least headroom.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 
 from hybridmon.exporters.base import MetricSpec, ParseError
@@ -181,5 +182,8 @@ def rebase(mount_point: str, sysfs: str) -> str:
 
 
 def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal (\\040 ...)."""
-    return field.encode().decode("unicode_escape") if "\\" in field else field
+    """mountinfo escapes space, tab, newline and backslash as three octal digits (\\040 ...)."""
+    return _OCTAL_ESCAPE.sub(lambda match: chr(int(match.group(1), 8)), field)
+
+
+_OCTAL_ESCAPE = re.compile(r"\\([0-7]{3})")

@@ -27,6 +27,8 @@ import hybridmon.exporters
 from hybridmon.exporters.base import LogOnce, ParseError, parse_logged
 from hybridmon.exporters.bench_report import ReportError, parse_error, parse_progress, parse_report
 from hybridmon.exporters.bench_runs import parse_stored_run
+from hybridmon.exporters.cgroup_memory import (parse_inactive_file, parse_limit, parse_memory_mounts,
+                                               parse_process_cgroups)
 from hybridmon.exporters.host_memory import parse_meminfo, parse_selected_mode, parse_sysctl_int, parse_vmstat
 from hybridmon.exporters.inference_formats import parse_ollama_ps, parse_prometheus
 from hybridmon.exporters.inference_scrape import parse_proc_net_tcp
@@ -49,6 +51,7 @@ GPU0 = FIXTURE_HOST / "sys/bus/pci/devices/0000:17:00.0"
 GPU1 = FIXTURE_HOST / "sys/bus/pci/devices/0000:ca:00.0"
 THP = FIXTURE_HOST / "sys/kernel/mm/transparent_hugepage"
 INFERENCE = FIXTURES / "inference"
+CGROUP = FIXTURES / "cgroup"
 BENCH = FIXTURES / "bench"
 
 PROGRESS_LINE = ('{"progress": {"step": 3, "steps": 20, "direction": "h2d", "memory": "pinned", '
@@ -94,6 +97,12 @@ PARSERS = [
     Row(parse_nspid_depth, read(PROC / "4242/status") + ("NSpid:\t81234\t7\n",)),
     Row(parse_boot_time, read(PROC / "stat")),
     Row(parse_memlock_limit, read(PROC / "4242/limits")),
+    Row(parse_memory_mounts, read(CGROUP / "mountinfo-hybrid")),
+    Row(parse_process_cgroups, read(CGROUP / "cgroup-hybrid")),
+    # limits only: "max" and v1's PAGE_COUNTER_MAX read as None (no limit), tested in test_cgroup_memory
+    Row(parse_limit, ("268435456\n", "17179869184\n")),
+    Row(parse_inactive_file, read(CGROUP / "memory.stat-v1"),
+        call=functools.partial(parse_inactive_file, version=1)),
     Row(parse_link_speed, read(GPU0 / "current_link_speed", GPU1 / "current_link_speed")),
     Row(parse_link_width, read(GPU0 / "current_link_width", GPU1 / "current_link_width")),
     Row(parse_hex_id, read(GPU0 / "vendor", GPU0 / "device", GPU0 / "class")),
