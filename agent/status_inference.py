@@ -10,6 +10,7 @@ say: status_template.py escapes them.
 from __future__ import annotations
 
 from hybridmon.agent.alerts.inference_scrape import SCRAPE_REASONS
+from hybridmon.agent.status_offload import link_share_now
 from hybridmon.agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SERVER, human_latency
 from hybridmon.agent.history import History
 from hybridmon.agent.status_signals import LatestValues, counter_rates
@@ -73,6 +74,15 @@ class ServerRates:
         self.offload = rates(OFFLOAD_BYTES.name, "direction")
 
 
+def offload_elsewhere_rows(in_lmcache: float | None) -> list[Row]:
+    """vLLM with --kv-offloading-backend lmcache publishes no offload family: say where the
+    traffic is counted instead of letting an absent row read as "no offload" (issue 15)."""
+    if not in_lmcache:
+        return []
+    return [("KV offload", "by LMCache's multiprocess server: vLLM publishes no offload series, "
+             "LMCache's exporter does (port 9090 unless --prometheus-port; scraped as server lmcache)", False)]
+
+
 def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates) -> list[Row]:
     def gauge(field: str) -> float | None:
         return latest.keyed(BY_FIELD[field].name, *SERVER).get(key)
@@ -105,9 +115,19 @@ def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates) 
     if load is not None or store is not None:
         rows.append(("KV offload", " · ".join(f"{what} {human_rate(rate)}" for rate, what in (
             (load, "loads"), (store, "stores")) if rate is not None), False))
+    # the loads beside the GPUs' NVML host->device traffic and capacity (issue 15; no history read)
+    share = None if load is None else link_share_now(load, key[3], latest)
+    if share is not None and (share.of_traffic is not None or share.of_capacity is not None):
+        parts = []
+        if share.of_traffic is not None:
+            parts.append(f"{percent(share.of_traffic)} of the {human_rate(share.traffic or 0.0)} NVML counts now")
+        if share.of_capacity is not None:
+            parts.append(f"{percent(share.of_capacity)} of its {human_rate(share.capacity or 0.0)} capacity")
+        rows.append((f"KV loads on GPU {', '.join(share.gpus)} host→device link", " · ".join(parts), False))
     host_cache = gauge("kv_offload_host_cache_bytes")
     if host_cache is not None:
         rows.append(("KV offload tier", f"{human_bytes(host_cache)} in host memory", False))
+    rows += offload_elsewhere_rows(gauge("kv_offload_in_lmcache"))
     size, in_host = gauge("model_size_bytes"), gauge("model_host_memory_bytes")
     if size and in_host is not None:
         rows.append(("Model in host memory", f"{human_bytes(in_host)} of {human_bytes(size)} ({percent(in_host / size)})", False))

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders import dashboard as grafana
 
+from hybridmon.agent.alerts import offload_host_memory, weight_offload
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards.common import graph, override_unit, query, runbook_links, selector, value_table
 from hybridmon.dashboards.gpu_panels import DASHED, THROUGHPUT
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, SCRAPE_DURATION,
                                                  SCRAPE_ERROR, SCRAPE_SUCCESS)
+from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
+from hybridmon.rules.inference import OFFLOAD_LOADS as RECORDED_LOADS
 from hybridmon.rules.inference import SERVER_CAPACITY
-from hybridmon.rules.pcie import MEASURED_CAPACITY
+from hybridmon.rules.pcie import MEASURED_CAPACITY, TRAFFIC
 
 ENDPOINT = 'endpoint=~"$endpoint"'
 TOKENS_PER_SECOND = "suffix: tokens/s"
 ROW = grafana.Row("Inference server: $endpoint").repeat("endpoint")
 DECAY, PRESSURE, SCRAPE = "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing"
+WEIGHTS, HOST_TIER = "InferenceWeightsCrossingBus", "InferenceOffloadHostMemoryShort"
 
 
 def _server(metric: str, *matchers: str) -> str:
@@ -56,6 +60,18 @@ HOST_TO_DEVICE = 'direction="host_to_device"'
 # `hybridmon bench` where it has run, else what copies achieve on the best link of the minute.
 OFFLOAD_LOADS = _rate(OFFLOAD_BYTES.name, 'direction="load"')
 OFFLOAD_SHARE = f"sum without (direction) ({OFFLOAD_LOADS})\n/\n{_server(SERVER_CAPACITY)}"
+# The same loads (1 min rate, as recorded) over the host -> device bytes/s NVML counted on the same
+# GPUs (those the server's process holds memory on, else every GPU of the host, as SERVER_CAPACITY
+# picks them): the loads' share of what really crossed; the rest is weights, activations and other
+# processes. The agent's LinkShare (agent/alerts/kv_offload_pressure.py) computes the same.
+_H2D = f'{TRAFFIC}{{{HOST_TO_DEVICE}}}'
+_LOADS = _server(RECORDED_LOADS)
+OFFLOAD_SHARE_OF_TRAFFIC = (
+    f"{_LOADS}\n/\n(\n"
+    f"  {_LOADS} * 0 + on (job, instance, pid) group_left ()\n"
+    f"    sum by (job, instance, pid) ({_H2D} * on (job, instance, gpu, uuid) group_right ()\n"
+    f"      max without (process_name) ({PROCESS_MEMORY_USED.name} * 0 + 1))\n"
+    f"  or\n  {_LOADS} * 0 + on (job, instance) group_left () sum by (job, instance) ({_H2D})\n)")
 
 
 def load_and_latency(runbooks: str):
@@ -134,8 +150,28 @@ def kv_cache(t: Thresholds, runbooks: str):
               "measured by `hybridmon bench` where it ran, else what copies achieve on the link. The line is "
               "offload_load_share_of_capacity of [kv_offload_pressure]: at or above it, "
               "InferenceKvOffloadPressure fires with reason offload_link.",
-              query(OFFLOAD_SHARE, "{{model}}"),
+              query(OFFLOAD_SHARE, "{{model}} of capacity", "A"),
+              query(OFFLOAD_SHARE_OF_TRAFFIC, "{{model}} of NVML host → device traffic", "B"),
               threshold=pressure.offload_load_share_of_capacity, width=8, links=runbook_links(runbooks, PRESSURE)),
+        graph("Host → device bytes per generated token, KV loads taken off", "bytes",
+              "PCIe bytes the server's GPUs received from the host (NVML) less the KV offload loads "
+              "the servers there report, over the tokens/s generated on those GPUs (a tensor-parallel "
+              "server's GPUs summed; servers sharing a GPU share its traffic). A token's KV is at "
+              "most ~1.6 MiB; far above the line, weights cross the bus every step (vLLM "
+              "--cpu-offload-gb): InferenceWeightsCrossingBus, when also at least "
+              "min_unexplained_bytes_per_second and min_generated_tokens_per_second of [weight_offload].",
+              query(weight_offload.bytes_per_token(_server(_field("generated_tokens"), 'pid!=""')), "{{model}}"),
+              threshold=t.weight_offload.unexplained_bytes_per_token_above, width=12,
+              links=runbook_links(runbooks, WEIGHTS)),
+        graph("Host KV tier still to allocate, share of MemAvailable", "percentunit",
+              "The configured host-memory KV tier x pinned_overhead_factor of [offload_host_memory] "
+              "(1.92: pinned buffers round up, vllm#53042), less what the server's processes hold "
+              "resident, over the host's MemAvailable. At or above the line, "
+              "InferenceOffloadHostMemoryShort fires before the tier fills and the OOM killer acts.",
+              query(offload_host_memory.share_of_available(
+                  t.offload_host_memory, _server(_field("kv_offload_host_tier_bytes"), 'pid!=""')), "{{model}}"),
+              threshold=t.offload_host_memory.remaining_share_of_free_at_least, width=12,
+              links=runbook_links(runbooks, HOST_TIER)),
     ]
 
 

@@ -6,6 +6,10 @@ Which servers: the configured endpoints; with none, those found beside the watch
 process's pid. Where no watched process listens anywhere (or its fds cannot be read), the usual
 ports on 127.0.0.1 are tried instead. Ports are looked up again every discovery interval.
 
+Ollama runs each loaded model in a child (`ollama runner`, or upstream llama-server started by
+ollama) on a random loopback port without --metrics. Such a child is not asked: its parent's
+/api/ps reports the model, so the parent's ports are looked at in its place.
+
 inference_formats.py turns each answer into one ServerStats per server and model;
 inference_scrape.py makes the bounded GET and finds the listening ports.
 """
@@ -23,13 +27,13 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, field_validator
 
 from hybridmon.exporters.sources import RawSource, ReplayedCallError
-from hybridmon.exporters import inference_scrape
+from hybridmon.exporters import inference_llamacpp, inference_scrape
 from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, MIN_HTTP_TIMEOUT_SECONDS, CollectorContext,
                                       CollectorRegistration, CollectorSettings, LogOnce, NoDataError, Samples)
 from hybridmon.exporters.inference_formats import PERCENTILES, Histogram, ServerStats, interpret, recent_quantile
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
-                                         OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS,
-                                         SERVERS, USUAL_PORTS)
+                                         OFFLOAD_DROPPED_TOKENS, OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR,
+                                         SCRAPE_SUCCESS, SERVERS, USUAL_PORTS)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +72,9 @@ class InferenceCollector:
                  fetch: Callable[[str, float, int], dict] = inference_scrape.fetch) -> None:
         self._source = source
         self._procfs = procfs
+        # llama-server's derived token counter can dip by a few tokens between scrapes (6-digit
+        # printing): hold it so that rate() never sees a reset (inference_llamacpp.RisingCounter).
+        self._rising_tokens = inference_llamacpp.RisingCounter()
         configured = {endpoint_url(url, server): server for url, server in endpoints}
         self._configured = [Target(url, server, None, "config", True) for url, server in configured.items()]
         self._discover = discover and not self._configured
@@ -83,6 +90,8 @@ class InferenceCollector:
         self._searched = ""  # where the last discovery looked, for the no-data message
         self._previous: dict[tuple[str, str, str, str], Histogram] = {}
         self._log_once = LogOnce(logger)
+        self._ollama_parent: dict[int, int | None] = {}  # watched pid -> its Ollama server if a runner
+        self._lmcache_backend: dict[int, bool] = {}  # vLLM pid -> offloads through LMCache's server
 
     def collect(self) -> Samples:
         # The clock goes through the source so that a replay looks around on the same runs.
@@ -137,12 +146,29 @@ class InferenceCollector:
             pids = []
         if not pids:
             return {}
+        pids = sorted(set(self._instead_of_ollama_runners(pids)))
         try:
             return self._source.call("inference.listeners", lambda: inference_scrape.find_listeners(
                 self._source, self._procfs, pids))
         except (OSError, ReplayedCallError) as error:
             self._log_once("listeners", "cannot find the ports of the watched processes: %s", error)
             return {}
+
+    def _instead_of_ollama_runners(self, pids: list[int]) -> list[int]:
+        """The pids, each Ollama runner child replaced by its Ollama server. Each pid's command
+        line is read once while it is watched."""
+        self._ollama_parent = {pid: self._ollama_parent[pid] for pid in pids if pid in self._ollama_parent}
+        replaced = []
+        for pid in pids:
+            if pid not in self._ollama_parent:
+                self._ollama_parent[pid] = ollama_runner_parent(self._source, self._procfs, pid)
+            parent = self._ollama_parent[pid]
+            if parent is not None:
+                self._log_once(f"ollama-runner:{pid}", "pid %s is an Ollama runner (child of pid %s): "
+                               "read through Ollama's /api/ps, its own port is not asked", pid, parent,
+                               level=logging.DEBUG)
+            replaced.append(pid if parent is None else parent)
+        return replaced
 
     def _get_all(self, urls: list[str]) -> dict[str, dict]:
         """Every URL at once, so that slow servers cost one timeout per run, not one each."""
@@ -154,8 +180,9 @@ class InferenceCollector:
 
     def _get(self, url: str) -> dict:
         try:
-            return self._source.call(f"inference.get {url}",
-                                     lambda: self._fetch(url, self._timeout, self._max_bytes))
+            # llama-server without --metrics answers 501: say so (inference_llamacpp).
+            return inference_llamacpp.with_metrics_hint(self._source.call(
+                f"inference.get {url}", lambda: self._fetch(url, self._timeout, self._max_bytes)))
         except ReplayedCallError as error:  # a fetch that failed in an unforeseen way while recording
             return {"url": url, "error": "connection", "detail": str(error), "seconds": None}
 
@@ -194,12 +221,18 @@ class InferenceCollector:
                            target.url, reading.error, reading.detail)
         pid = "" if target.pid is None else str(target.pid)
         for stats in reading.stats:
+            if stats.server == "vllm" and target.pid is not None and self._offloads_to_lmcache(target.pid):
+                stats.kv_offload_in_lmcache = 1.0
             self._add_stats(samples, target.url, pid, stats)
 
     def _add_stats(self, samples: Samples, url: str, pid: str, stats: ServerStats) -> None:
         labels = (stats.server, url, stats.model, pid)
+        if stats.server == "llamacpp":
+            stats.generated_tokens = self._rising_tokens.keep(labels, stats.generated_tokens)
         for field_name, spec in BY_FIELD.items():
             samples.add(spec, getattr(stats, field_name), *labels)
+        for reason, tokens in sorted((stats.kv_offload_dropped_tokens or {}).items()):
+            samples.add(OFFLOAD_DROPPED_TOKENS, tokens, *labels, reason)
         for direction in ("store", "load"):
             samples.add(OFFLOAD_BYTES, getattr(stats, f"kv_offload_{direction}_bytes"), *labels, direction)
             samples.add(OFFLOAD_SECONDS, getattr(stats, f"kv_offload_{direction}_seconds"), *labels, direction)
@@ -214,6 +247,16 @@ class InferenceCollector:
             for percentile, quantile in PERCENTILES.items():
                 samples.add(percentile_spec, recent_quantile(previous, histogram, quantile), *labels, percentile)
 
+    def _offloads_to_lmcache(self, pid: int) -> bool:
+        """Whether this vLLM's command line gives its KV offload to LMCache's multiprocess server
+        (vllm/config/vllm.py: --kv-offloading-backend lmcache sets LMCacheMPConnector). Read once
+        per pid; a pid that cannot be read counts as not."""
+        if pid not in self._lmcache_backend:
+            if len(self._lmcache_backend) > 1024:  # pids of servers long gone
+                self._lmcache_backend.clear()
+            self._lmcache_backend[pid] = offloads_to_lmcache(_argv(self._source, self._procfs, pid))
+        return self._lmcache_backend[pid]
+
     def _nothing_found(self) -> str:
         if not self._discover:
             return "no inference endpoint is configured and discovery is off ([inference] discover)"
@@ -221,6 +264,47 @@ class InferenceCollector:
 
     def close(self) -> None:
         pass
+
+
+def _argv(source: RawSource, procfs: str, pid: int) -> list[str]:
+    try:
+        return [arg for arg in source.read_text(f"{procfs}/{pid}/cmdline").split("\0") if arg]
+    except (OSError, ReplayedCallError):
+        return []
+
+
+def offloads_to_lmcache(argv: list[str]) -> bool:
+    """--kv-offloading-backend lmcache (or =lmcache), or a --kv-transfer-config naming
+    LMCacheMPConnector: vLLM's KV offload then runs in LMCache's server, which vLLM does not count."""
+    for position, arg in enumerate(argv):
+        if arg == "--kv-offloading-backend" and argv[position + 1:position + 2] == ["lmcache"]:
+            return True
+        if arg == "--kv-offloading-backend=lmcache" or "LMCacheMPConnector" in arg:
+            return True
+    return False
+
+
+def _is_ollama(argv: list[str]) -> bool:
+    return bool(argv) and argv[0].rsplit("/", 1)[-1] == "ollama"
+
+
+def ollama_runner_parent(source: RawSource, procfs: str, pid: int) -> int | None:
+    """The pid of the Ollama server whose model runner `pid` is, else None: `ollama runner ...`
+    (Ollama's own runner, its cmdline per process_cmdline.py), or llama-server whose parent
+    (/proc/<pid>/stat field 4) is an `ollama` executable (the upstream runner newer Ollama starts
+    on a random loopback port, without --metrics)."""
+    argv = _argv(source, procfs, pid)
+    runner = _is_ollama(argv) and argv[1:2] == ["runner"]
+    if not runner and not (argv and argv[0].rsplit("/", 1)[-1].startswith("llama-server")):
+        return None
+    try:
+        stat = source.read_text(f"{procfs}/{pid}/stat")
+        parent = int(stat[stat.rindex(")") + 1:].split()[1])
+    except (OSError, ReplayedCallError, ValueError, IndexError):
+        return None
+    if not _is_ollama(_argv(source, procfs, parent)):
+        return None
+    return parent
 
 
 def endpoint_url(url: str, server: str | None) -> str:

@@ -12,12 +12,13 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridmon.exporters.base import ParseError
-from hybridmon.exporters.inference_names import EXPECTED, PREFIXES, RULES, Rule
+from hybridmon.exporters.inference_names import ALL_PREFIXES, EXPECTED, PREFIXES, RULES, Rule
+from hybridmon.exporters import inference_llamacpp
 
 MODEL_LABELS = ("model_name", "model")
 PERCENTILES = {"p50": 0.5, "p95": 0.95}
@@ -61,6 +62,23 @@ class ServerStats:
     kv_offload_store_seconds: float | None = None  # counter
     kv_offload_load_seconds: float | None = None  # counter
     kv_offload_host_cache_bytes: float | None = None
+    kv_offload_host_tier_bytes: float | None = None  # gauge, configured size of the host KV tier
+    kv_offload_host_tier_tokens: float | None = None
+    kv_offload_host_tier_used_tokens: float | None = None
+    kv_offload_host_tier_blocks: float | None = None
+    kv_offload_host_tier_pinned_ratio: float | None = None  # pinned by in-flight transfers, not fullness
+    kv_offload_host_tier_pinned_by_store_ratio: float | None = None
+    kv_offload_allocation_failures: float | None = None  # counter
+    kv_offload_load_blocks: float | None = None  # counter
+    kv_offload_store_dropped_blocks: float | None = None  # counter, host pool full
+    kv_offload_dropped_tokens: dict[str, float] | None = None  # counters by reason
+    kv_cache_evicted_tokens: float | None = None  # counter
+    prefix_cache_host_hit_tokens: float | None = None  # counter
+    requests_waiting_deferred: float | None = None
+    weights_offloaded: float | None = None  # 0 or 1
+    batch_reserved_tokens: float | None = None
+    batch_max_tokens: float | None = None
+    kv_offload_in_lmcache: float | None = None  # 1: vLLM hands its KV offload to LMCache's server (cmdline)
     model_size_bytes: float | None = None
     model_host_memory_bytes: float | None = None
 
@@ -89,7 +107,7 @@ def keep_known_families(text: str) -> str:
     """Only the lines of the servers' own families (vLLM's /metrics also carries Python, process
     and HTTP families), so that a recorded trace keeps what is read; the text unchanged when it
     holds no known family at all, so that an HTML page or another exporter is told apart later."""
-    kept = [line for line in text.splitlines() if _line_metric(line).startswith(tuple(PREFIXES.values()))]
+    kept = [line for line in text.splitlines() if _line_metric(line).startswith(ALL_PREFIXES)]
     return "\n".join(kept) + "\n" if kept else text
 
 
@@ -102,7 +120,7 @@ def _line_metric(line: str) -> str:
 
 def detect_servers(index: SampleIndex) -> list[str]:
     """The servers whose prefix some sample carries, in PREFIXES order."""
-    return [server for server, prefix in PREFIXES.items() if any(name.startswith(prefix) for name in index)]
+    return [server for server, prefixes in PREFIXES.items() if any(name.startswith(prefixes) for name in index)]
 
 
 def normalise(server: str, index: SampleIndex) -> list[ServerStats]:
@@ -111,7 +129,8 @@ def normalise(server: str, index: SampleIndex) -> list[ServerStats]:
     for rule in RULES[server]:
         for model, value in _read(rule, index).items():
             by_model.setdefault(model, {}).setdefault(rule.field, value)
-    return [ServerStats(server, model, **values) for model, values in sorted(by_model.items())]
+    stats = [ServerStats(server, model, **values) for model, values in sorted(by_model.items())]
+    return inference_llamacpp.refine(server, index, stats)  # llama.cpp's tokens during a request
 
 
 def _model(labels: dict[str, str]) -> str:
@@ -120,20 +139,61 @@ def _model(labels: dict[str, str]) -> str:
 
 def _matching(index: SampleIndex, name: str, rule: Rule) -> list[tuple[dict[str, str], float]]:
     return [(labels, value) for labels, value in index.get(name, ())
-            if all(labels.get(key) == wanted for key, wanted in rule.labels)]
+            if all(labels.get(key) == wanted for key, wanted in rule.labels)
+            and not (rule.total_under_empty and labels.get(rule.total_under_empty, ""))]
+
+
+def _one_per_rank_group(samples: list[tuple[dict[str, str], float]], rule: Rule) -> list[tuple[dict[str, str], float]]:
+    """The largest of the series that differ only in rank labels (every rank reports the same
+    logical count there), so that TP ranks are not added up."""
+    if not rule.same_on_every_rank:
+        return samples
+    groups: dict[tuple, tuple[dict[str, str], float]] = {}
+    for labels, value in samples:
+        key = tuple(sorted((k, v) for k, v in labels.items() if k not in rule.same_on_every_rank))
+        if key not in groups or value > groups[key][1]:
+            groups[key] = (labels, value)
+    return list(groups.values())
 
 
 def _combined(index: SampleIndex, name: str, rule: Rule) -> dict[str, float]:
     grouped: dict[str, list[float]] = {}
-    for labels, value in _matching(index, name, rule):
+    for labels, value in _one_per_rank_group(_matching(index, name, rule), rule):
         grouped.setdefault(_model(labels), []).append(value)
     combine = {"sum": sum, "max": max, "mean": lambda values: sum(values) / len(values)}[rule.combine]
     return {model: combine(values) for model, values in grouped.items()}
 
 
+def _from_label(index: SampleIndex, rule: Rule) -> dict[str, float]:
+    """A number carried in a label of an info-style series (vLLM's kv_offload_config_info), summed
+    over the series of one model (one per engine). A label that is empty or "None" is absent."""
+    found: dict[str, float] = {}
+    for labels, _ in _matching(index, rule.sample, rule):
+        try:
+            number = float(labels.get(rule.label, ""))
+        except ValueError:
+            continue
+        if math.isfinite(number) and number >= 0:
+            found[_model(labels)] = found.get(_model(labels), 0.0) + number
+    return found
+
+
+def _by_label(index: SampleIndex, rule: Rule) -> dict[str, dict[str, float]]:
+    found: dict[str, dict[str, float]] = {}
+    for value_of_label in sorted({labels.get(rule.label, "") for labels, _ in _matching(index, rule.sample, rule)}):
+        narrowed = replace(rule, how="value", labels=(*rule.labels, (rule.label, value_of_label)))
+        for model, value in _combined(index, rule.sample, narrowed).items():
+            found.setdefault(model, {})[value_of_label] = value
+    return found
+
+
 def _read(rule: Rule, index: SampleIndex) -> dict[str, object]:
     if rule.how == "value":
         return _combined(index, rule.sample, rule)
+    if rule.how == "label":
+        return _from_label(index, rule)
+    if rule.how == "by_label":
+        return _by_label(index, rule)
     sums = _combined(index, rule.sample + "_sum" if rule.how != "sum_count" else rule.sample, rule)
     if rule.how == "histogram_sum":
         return sums
@@ -154,6 +214,20 @@ def _read(rule: Rule, index: SampleIndex) -> dict[str, object]:
         if math.inf in by_bound and model in sums and model in counts:
             found[model] = Histogram(tuple(sorted(by_bound.items())), sums[model], counts[model])
     return found
+
+
+def _join_lmcache_to_vllm(stats: list[ServerStats]) -> list[ServerStats]:
+    """LMCache inside vLLM labels its series with the model path (LMCache's model_name), vLLM with
+    the served name, so under --served-model-name the two differ. One vLLM process serves one
+    model, so LMCache's series in the same body are that model's: they take vLLM's name."""
+    vllm_models = {s.model for s in stats if s.server == "vllm"}
+    if len(vllm_models) != 1 or sum(s.server == "lmcache" for s in stats) != 1:
+        return stats  # not one model each: which belongs to which is not known
+    (served,) = vllm_models
+    for entry in stats:
+        if entry.server == "lmcache":
+            entry.model = served
+    return stats
 
 
 def parse_ollama_ps(text: str) -> list[ServerStats]:
@@ -245,10 +319,10 @@ def interpret(answer: dict, server: str | None) -> Interpretation:
         return Interpretation(error="not_prometheus", detail=str(error))
     found = detect_servers(index)
     if not found or (server is not None and server not in found):
-        wanted = PREFIXES[server] if server else ", ".join(PREFIXES.values())
+        wanted = "*, ".join(PREFIXES[server] if server else ALL_PREFIXES)
         return Interpretation(error="unknown_server", detail=f"no family named {wanted}*")
     primary = server or found[0]
-    stats = [stats for kind in found for stats in normalise(kind, index)]
+    stats = _join_lmcache_to_vllm([stats for kind in found for stats in normalise(kind, index)])
     known = set().union(*(s.known_fields() for s in stats if s.server == primary))
     missing = [name for name in EXPECTED[primary] if name not in known]
     if missing or not known:

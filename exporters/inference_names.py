@@ -16,11 +16,21 @@ from hybridmon.exporters.base import MetricSpec
 SERVERS = ("vllm", "sglang", "llamacpp", "tgi", "lmcache", "ollama")
 # Metric-name prefix of each server that publishes /metrics, in the order a mixed body is read:
 # LMCache runs inside vLLM and publishes through vLLM's /metrics, so vLLM comes first.
-PREFIXES = {"vllm": "vllm:", "sglang": "sglang:", "llamacpp": "llamacpp:", "tgi": "tgi_",
-            "lmcache": "lmcache:"}
+# LMCache in multiprocess mode (the default behind vLLM's lmcache backend) runs a standalone server
+# whose OpenTelemetry instruments (lmcache_mp.*) reach Prometheus through the OTel exporter on its
+# own port (9090 unless --prometheus-port), with dots as underscores and no "lmcache:" prefix.
+PREFIXES: dict[str, tuple[str, ...]] = {
+    "vllm": ("vllm:",), "sglang": ("sglang:",), "llamacpp": ("llamacpp:",), "tgi": ("tgi_",),
+    "lmcache": ("lmcache:", "lmcache_mp_")}
+ALL_PREFIXES = tuple(prefix for prefixes in PREFIXES.values() for prefix in prefixes)
 # The ports inference servers listen on unless told otherwise: vLLM, llama.cpp's llama-server and
 # TGI's container image, SGLang, Ollama.
+# TGI's --prometheus-port (9000) and LMCache MP's exporter (9090) are not probed: 9090 is
+# Prometheus's own port on many hosts, and both are found among a watched process's ports.
 USUAL_PORTS = (8000, 8080, 30000, 11434)
+# Labels of SGLang's scheduler series that tell its ranks apart (observability/metrics_collector.py
+# SchedulerMetricsCollector.init_new); dp_rank is not one: data-parallel ranks serve other requests.
+SGLANG_RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 
 
 @dataclass(frozen=True)
@@ -28,19 +38,34 @@ class Rule:
     """Where one ServerStats field comes from on one server.
 
     how: "value" (a gauge or counter sample), "histogram" (the _bucket/_sum/_count of `sample`),
-    "histogram_sum" (only its _sum), "sum_count" (sum in `sample`, count in `count_sample`).
+    "histogram_sum" (only its _sum), "sum_count" (sum in `sample`, count in `count_sample`),
+    "label" (the number in label `label` of an info-style series, e.g. a configured size),
+    "by_label" (a {value of label `label`: number} mapping, e.g. drops per reason).
     Series of one model (other labels: engine, worker, transfer type) are combined by `combine`.
+    same_on_every_rank: labels (SGLang's tp_rank, pp_rank...) under which every rank reports the
+    same logical count: the largest rank's value is taken before combining, never their sum.
+    total_under_empty: a label whose empty value holds the total and whose other values break the
+    same total down (SGLang's queue gauges by priority): only the total is read.
     """
 
     field: str
     sample: str
-    how: Literal["value", "histogram", "histogram_sum", "sum_count"] = "value"
+    how: Literal["value", "histogram", "histogram_sum", "sum_count", "label", "by_label"] = "value"
     labels: tuple[tuple[str, str], ...] = ()
     combine: Literal["sum", "max", "mean"] = "sum"
     count_sample: str = ""
+    label: str = ""
+    same_on_every_rank: tuple[str, ...] = ()
+    total_under_empty: str = ""
 
 
 _GPU_TO_CPU, _CPU_TO_GPU = (("transfer_type", "GPU_to_CPU"),), (("transfer_type", "CPU_to_GPU"),)
+
+
+def _sglang(field: str, sample: str, how: str = "value", **options) -> Rule:
+    """An SGLang rule whose series repeat the same count on every TP/PP rank."""
+    return Rule(field, sample, how, same_on_every_rank=SGLANG_RANK_LABELS, **options)  # type: ignore[arg-type]
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "vllm": (
         Rule("requests_running", "vllm:num_requests_running"),
@@ -64,31 +89,71 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("kv_offload_store_seconds", "vllm:kv_offload_total_time_total", labels=_GPU_TO_CPU),
         Rule("kv_offload_load_seconds", "vllm:kv_offload_load_time_total"),
         Rule("kv_offload_load_seconds", "vllm:kv_offload_total_time_total", labels=_CPU_TO_GPU),
+        # 0.33: the CPU tier's configuration and state (OffloadingConnector, CPUOffloadingSpec).
+        Rule("kv_offload_host_tier_bytes", "vllm:kv_offload_config_info", "label",
+             label="cpu_kv_cache_size_bytes"),
+        Rule("kv_offload_host_tier_tokens", "vllm:kv_offload_config_info", "label",
+             label="cpu_kv_cache_size_tokens"),
+        Rule("kv_offload_host_tier_pinned_ratio", "vllm:kv_offload_cpu_cache_usage_perc", combine="max"),
+        Rule("kv_offload_host_tier_pinned_by_store_ratio", "vllm:kv_offload_cpu_cache_write_usage_perc",
+             combine="max"),
+        Rule("kv_offload_allocation_failures", "vllm:kv_offload_allocation_failure_total"),
+        Rule("prefix_cache_host_hit_tokens", "vllm:prompt_tokens_cached_by_source_total",
+             labels=(("source", "host"),)),
+        Rule("requests_waiting_deferred", "vllm:num_requests_waiting_by_reason",
+             labels=(("reason", "deferred"),)),
+        Rule("weights_offloaded", "vllm:engine_sleep_state", labels=(("sleep_state", "weights_offloaded"),),
+             combine="max"),
+        # VLLM_USE_SIMPLE_KV_OFFLOAD=1: SimpleCPUOffloadConnector counts blocks, not bytes.
+        Rule("kv_offload_load_blocks", "vllm:simple_kv_offload_load_blocks_total"),
+        Rule("kv_offload_store_dropped_blocks", "vllm:simple_kv_offload_save_outcomes_total",
+             labels=(("outcome", "dropped_cpu_full"),)),
+        Rule("kv_offload_host_tier_blocks", "vllm:simple_kv_offload_info", "label", label="capacity_blocks"),
     ),
     "sglang": (
-        Rule("requests_running", "sglang:num_running_reqs"),
-        Rule("requests_waiting", "sglang:num_queue_reqs"),
-        Rule("kv_cache_usage_ratio", "sglang:token_usage", combine="max"),
-        Rule("prompt_tokens", "sglang:prompt_tokens_total"),
-        Rule("generated_tokens", "sglang:generation_tokens_total"),
-        Rule("preemptions", "sglang:num_retracted_requests_total"),
-        Rule("time_to_first_token", "sglang:time_to_first_token_seconds", "histogram"),
-        Rule("inter_token_latency", "sglang:inter_token_latency_seconds", "histogram"),
-        Rule("inter_token_latency", "sglang:time_per_output_token_seconds", "histogram"),
-        # The radix cache is looked up with every prompt token; cached_tokens are its hits.
-        Rule("prefix_cache_queried_tokens", "sglang:prompt_tokens_total"),
-        Rule("prefix_cache_hit_tokens", "sglang:cached_tokens_total"),
-        Rule("prefix_cache_hit_ratio", "sglang:cache_hit_rate", combine="mean"),
+        # With --enable-priority-scheduling the queue gauges hold the total under priority="" and
+        # the same requests again under priority="<n>" (metrics_collector.py _log_gauge_queue_count);
+        # the token counters, filled per request, hold each priority's share once (no total).
+        _sglang("requests_running", "sglang:num_running_reqs", total_under_empty="priority"),
+        _sglang("requests_waiting", "sglang:num_queue_reqs", total_under_empty="priority"),
+        _sglang("kv_cache_usage_ratio", "sglang:token_usage", combine="max"),
+        _sglang("prompt_tokens", "sglang:prompt_tokens_total"),
+        _sglang("generated_tokens", "sglang:generation_tokens_total"),
+        _sglang("preemptions", "sglang:num_retracted_requests_total"),
+        _sglang("time_to_first_token", "sglang:time_to_first_token_seconds", "histogram"),
+        _sglang("inter_token_latency", "sglang:inter_token_latency_seconds", "histogram"),
+        _sglang("inter_token_latency", "sglang:time_per_output_token_seconds", "histogram"),
+        # The radix cache is looked up with every prompt token; cached_tokens are its hits (0.5.23:
+        # by cache_source device/host/storage, all of them hits).
+        _sglang("prefix_cache_queried_tokens", "sglang:prompt_tokens_total"),
+        _sglang("prefix_cache_hit_tokens", "sglang:cached_tokens_total"),
+        _sglang("prefix_cache_host_hit_tokens", "sglang:cached_tokens_total", labels=(("cache_source", "host"),)),
+        _sglang("prefix_cache_hit_ratio", "sglang:cache_hit_rate", combine="mean"),
+        # HiCache: backup = GPU -> host (store), load back = host -> GPU (load). Bytes are each
+        # rank's own KV shard ("sum ranks for the physical total"), so they are summed.
+        Rule("kv_offload_store_bytes", "sglang:hicache_backup_bytes_total"),
+        Rule("kv_offload_load_bytes", "sglang:load_back_bytes_total"),
+        Rule("kv_offload_store_seconds", "sglang:hicache_backup_duration_seconds", "histogram_sum"),
+        Rule("kv_offload_load_seconds", "sglang:load_back_duration_seconds", "histogram_sum"),
+        _sglang("kv_offload_host_tier_used_tokens", "sglang:hicache_host_used_tokens", combine="max"),
+        _sglang("kv_offload_host_tier_tokens", "sglang:hicache_host_total_tokens", combine="max"),
+        _sglang("kv_cache_evicted_tokens", "sglang:evicted_tokens_total"),
+        _sglang("kv_offload_dropped_tokens", "sglang:hicache_dropped_tokens_total", "by_label", label="reason"),
     ),
     "llamacpp": (
         Rule("requests_running", "llamacpp:requests_processing"),
         Rule("requests_waiting", "llamacpp:requests_deferred"),
         Rule("kv_cache_usage_ratio", "llamacpp:kv_cache_usage_ratio", combine="max"),  # removed
         Rule("prompt_tokens", "llamacpp:prompt_tokens_total"),
+        # Moves only when a request finishes; inference_llamacpp.refine() replaces it with
+        # n_decode_total x n_busy_slots_per_decode, which rises with every decode, where published.
         Rule("generated_tokens", "llamacpp:tokens_predicted_total"),
-        # Its tokens/s gauges restart on every scrape; generation seconds over tokens do not.
+        # Its tokens/s gauges restart on every scrape; generation seconds over tokens do not. The
+        # mean reads low by (n - 1) / n per request: the server divides t_gen by n - 1.
         Rule("inter_token_latency", "llamacpp:tokens_predicted_seconds_total", "sum_count",
              count_sample="llamacpp:tokens_predicted_total"),
+        # Prompt tokens reused from the prefix cache (b11434 has it); queried = these + processed.
+        Rule("prefix_cache_hit_tokens", "llamacpp:prompt_tokens_cached_total"),
     ),
     "tgi": (
         Rule("requests_running", "tgi_batch_current_size"),
@@ -96,6 +161,10 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("prompt_tokens", "tgi_request_input_length", "histogram_sum"),
         Rule("generated_tokens", "tgi_request_generated_tokens", "histogram_sum"),
         Rule("inter_token_latency", "tgi_request_mean_time_per_token_duration", "histogram"),
+        # Tokens the running batch may still grow to (its KV reservation) against the most the
+        # router lets a batch hold (--max-batch-total-tokens, or what the warmup found fits).
+        Rule("batch_reserved_tokens", "tgi_batch_current_max_tokens"),
+        Rule("batch_max_tokens", "tgi_batch_max_total_tokens", combine="max"),
     ),
     "lmcache": (
         Rule("prefix_cache_queried_tokens", "lmcache:num_requested_tokens_total"),
@@ -104,6 +173,12 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("kv_offload_store_seconds", "lmcache:time_to_store", "histogram_sum"),
         Rule("kv_offload_load_seconds", "lmcache:time_to_retrieve", "histogram_sum"),
         Rule("kv_offload_host_cache_bytes", "lmcache:local_cache_usage"),
+        # MP mode's standalone server (OTel instruments; L0 = GPU, L1 = host DRAM, L2 = storage).
+        Rule("prefix_cache_queried_tokens", "lmcache_mp_lookup_requested_tokens_total"),
+        Rule("prefix_cache_hit_tokens", "lmcache_mp_lookup_hit_tokens_total"),
+        Rule("prefix_cache_host_hit_tokens", "lmcache_mp_lookup_hit_l1_tokens_total"),
+        Rule("kv_offload_host_cache_bytes", "lmcache_mp_l1_memory_usage_bytes"),
+        Rule("kv_offload_allocation_failures", "lmcache_mp_l1_allocation_failure_chunks_total"),
     ),
 }
 # Fields every version of a server publishes: one of them missing means the names changed.
@@ -169,6 +244,76 @@ BY_FIELD = {
     "kv_offload_host_cache_bytes": _spec(
         "hybridmon_inference_kv_offload_host_cache_bytes", "gauge",
         "Bytes of KV cache the offload tier holds in host memory (lmcache:local_cache_usage)."),
+    "kv_offload_host_tier_bytes": _spec(
+        "hybridmon_inference_kv_offload_host_tier_bytes", "gauge",
+        "Configured size in bytes of the server's host-memory KV cache tier (vLLM 0.33: the "
+        "cpu_kv_cache_size_bytes label of vllm:kv_offload_config_info, per engine, summed). Absent "
+        "where the server publishes no size in bytes: SGLang gives its HiCache host tier in tokens "
+        "only (..._host_tier_tokens), LMCache only its usage (..._host_cache_bytes)."),
+    "kv_offload_host_tier_tokens": _spec(
+        "hybridmon_inference_kv_offload_host_tier_tokens", "gauge",
+        "Capacity of the host-memory KV tier in tokens (sglang:hicache_host_total_tokens; vLLM: "
+        "the cpu_kv_cache_size_tokens label of vllm:kv_offload_config_info, at max_model_len)."),
+    "kv_offload_host_tier_used_tokens": _spec(
+        "hybridmon_inference_kv_offload_host_tier_used_tokens", "gauge",
+        "Tokens held in the host-memory KV tier (sglang:hicache_host_used_tokens; one TP rank, "
+        "every rank holds its shard of the same tokens)."),
+    "kv_offload_host_tier_blocks": _spec(
+        "hybridmon_inference_kv_offload_host_tier_blocks", "gauge",
+        "Capacity in KV blocks of vLLM's simple CPU offload pool (VLLM_USE_SIMPLE_KV_OFFLOAD: the "
+        "capacity_blocks label of vllm:simple_kv_offload_info)."),
+    "kv_offload_host_tier_pinned_ratio": _spec(
+        "hybridmon_inference_kv_offload_host_tier_pinned_ratio", "gauge",
+        "Share 0-1 of the host KV tier's chunks pinned by in-flight transfers (being written or "
+        "read), not how full it is: cached chunks that may be evicted are not counted "
+        "(vllm:kv_offload_cpu_cache_usage_perc, named usage by vLLM; the fullest engine)."),
+    "kv_offload_host_tier_pinned_by_store_ratio": _spec(
+        "hybridmon_inference_kv_offload_host_tier_pinned_by_store_ratio", "gauge",
+        "Share 0-1 of the host KV tier's chunks pinned by stores not yet complete (GPU to host; "
+        "vllm:kv_offload_cpu_cache_write_usage_perc). Pinned minus this is pinned by loads."),
+    "kv_offload_allocation_failures": _spec(
+        "hybridmon_inference_kv_offload_allocation_failures_total", "counter",
+        "Stores into the host KV tier that could not get space (vllm:kv_offload_allocation_"
+        "failure_total; LMCache MP lmcache_mp_l1_allocation_failure_chunks_total, in chunks)."),
+    "kv_offload_load_blocks": _spec(
+        "hybridmon_inference_kv_offload_load_blocks_total", "counter",
+        "KV blocks loaded back to the GPU from vLLM's simple CPU offload pool "
+        "(vllm:simple_kv_offload_load_blocks_total)."),
+    "kv_offload_store_dropped_blocks": _spec(
+        "hybridmon_inference_kv_offload_store_dropped_blocks_total", "counter",
+        "KV blocks vLLM's simple CPU offload did not store because the pool was full "
+        "(vllm:simple_kv_offload_save_outcomes_total{outcome=\"dropped_cpu_full\"})."),
+    "kv_cache_evicted_tokens": _spec(
+        "hybridmon_inference_kv_cache_evicted_tokens_total", "counter",
+        "GPU KV token slots freed by eviction, backed up to host or not (sglang:evicted_tokens_"
+        "total; one TP rank)."),
+    "prefix_cache_host_hit_tokens": _spec(
+        "hybridmon_inference_prefix_cache_host_hit_tokens_total", "counter",
+        "Prompt tokens whose KV was found in host memory (the offload tier) rather than on the GPU "
+        "(vllm:prompt_tokens_cached_by_source_total{source=\"host\"}, sglang:cached_tokens_total"
+        "{cache_source=\"host\"}, LMCache MP lmcache_mp_lookup_hit_l1_tokens_total)."),
+    "requests_waiting_deferred": _spec(
+        "hybridmon_inference_requests_waiting_deferred", "gauge",
+        "Waiting requests held back by a transient constraint (KV transfer, LoRA budget) rather "
+        "than capacity (vllm:num_requests_waiting_by_reason{reason=\"deferred\"})."),
+    "weights_offloaded": _spec(
+        "hybridmon_inference_weights_offloaded", "gauge",
+        "1 while the engine sleeps with its weights offloaded to host memory (sleep level 1; "
+        "vllm:engine_sleep_state{sleep_state=\"weights_offloaded\"}), else 0."),
+    "batch_reserved_tokens": _spec(
+        "hybridmon_inference_batch_reserved_tokens", "gauge",
+        "Tokens the running batch may grow to, the KV cache it reserves (tgi_batch_current_max_"
+        "tokens)."),
+    "batch_max_tokens": _spec(
+        "hybridmon_inference_batch_max_tokens", "gauge",
+        "Most tokens a batch may hold (tgi_batch_max_total_tokens): reserved over this is how "
+        "full TGI's KV cache is."),
+    "kv_offload_in_lmcache": _spec(
+        "hybridmon_inference_kv_offload_in_lmcache", "gauge",
+        "1 where vLLM hands its KV offload to LMCache's multiprocess server (its command line has "
+        "--kv-offloading-backend lmcache or LMCacheMPConnector): vLLM then publishes no offload "
+        "family at all, and the traffic is on LMCache's own exporter (port 9090 unless "
+        "--prometheus-port), not zero; absent otherwise."),
     "model_size_bytes": _spec(
         "hybridmon_inference_model_size_bytes", "gauge",
         "Bytes of a loaded model (Ollama /api/ps size)."),
@@ -181,12 +326,19 @@ OFFLOAD_BYTES = _spec(
     "hybridmon_inference_kv_offload_bytes_total", "counter",
     "KV cache bytes moved by the offload connector, by direction: store = GPU to host, load = host "
     "to GPU (vllm:kv_offload_store_bytes_total / load_bytes_total, before them "
-    "vllm:kv_offload_total_bytes_total{transfer_type=GPU_to_CPU|CPU_to_GPU}).", "direction")
+    "vllm:kv_offload_total_bytes_total{transfer_type=GPU_to_CPU|CPU_to_GPU}; SGLang HiCache "
+    "sglang:hicache_backup_bytes_total / load_back_bytes_total, summed over ranks).", "direction")
+OFFLOAD_DROPPED_TOKENS = _spec(
+    "hybridmon_inference_kv_offload_dropped_tokens_total", "counter",
+    "GPU KV tokens evicted without a host copy, by reason (sglang:hicache_dropped_tokens_total: "
+    "host_pressure, write_through_unbacked_eviction; one TP rank, every rank counts the same "
+    "logical tokens).", "reason")
 OFFLOAD_SECONDS = _spec(
     "hybridmon_inference_kv_offload_seconds_total", "counter",
     "Seconds the offload connector spent moving KV cache, by direction (vllm:kv_offload_store_time_"
     "total / load_time_total or kv_offload_total_time_total; the _sum of lmcache:time_to_store and "
-    "time_to_retrieve). Bytes over seconds is the transfer rate the copies achieved.", "direction")
+    "time_to_retrieve, of sglang:hicache_backup_duration_seconds and load_back_duration_seconds). "
+    "Bytes over seconds is the transfer rate the copies achieved.", "direction")
 
 
 def _latency(name: str, what: str, sources: str) -> tuple[MetricSpec, MetricSpec, MetricSpec]:
@@ -231,6 +383,6 @@ SCRAPE_ERROR = MetricSpec(
     "of the expected server; missing_families: a family every version of the server publishes is "
     "missing (its names changed).", "gauge", ("endpoint", "reason"))
 
-METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS,
+METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS, OFFLOAD_DROPPED_TOKENS,
                 *(spec for specs in HISTOGRAM_SPECS.values() for spec in specs),
                 SCRAPE_SUCCESS, SCRAPE_DURATION, SCRAPE_ERROR)

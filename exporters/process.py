@@ -406,6 +406,9 @@ DEFAULT_CMDLINE_PATTERNS = (
     r"sglang\.launch_server",
     r"text-generation-launcher|text-generation-router",
     r"(^|/)ollama (serve|runner)",
+    # LMCache's standalone (multiprocess) server: `lmcache server` (console script of lmcache 0.5.6,
+    # lmcache/cli/commands/server.py) or `python -m lmcache.v1.multiprocess.server|http_server`.
+    r"(^|/)lmcache server\b|lmcache\.v1\.multiprocess\.(http_)?server",
 )
 
 

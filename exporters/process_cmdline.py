@@ -64,6 +64,7 @@ _SERVER_FAMILIES = (
     ("llamacpp", re.compile(r"(^|/)llama-server\b")),
     ("tgi", re.compile(r"(^|[\s/])text-generation-(launcher|router|server)\b")),
     ("ollama", re.compile(r"(^|[\s/])ollama (serve|runner)\b")),
+    ("lmcache", re.compile(r"(^|[\s/])lmcache server\b|lmcache\.v1\.multiprocess\.(http_)?server")),
 )
 
 
@@ -84,6 +85,7 @@ _MODEL_OPTIONS = {
                                                  "--model-url")),
     "tgi": ModelOptions(("--served-model-name",), ("--model-id",), "serve"),
     "ollama": ModelOptions((), ("--model",)),
+    "lmcache": ModelOptions((), ()),  # one LMCache server serves every model its engines send
     # A GPU holder of no known family: the long options most servers share. Not -m, which is
     # python's module flag.
     "": ModelOptions(("--served-model-name",), ("--model", "--model-path", "--model-id")),

@@ -17,7 +17,8 @@ from hybridmon.agent.alerts import (agent_down, alert_delivery, collector_failin
                                     gpu_memory_headroom, host_config, inference_scrape,
                                     kv_offload_pressure, memory_growth, numa_misplacement,
                                     pcie_bandwidth_low, pcie_errors, pcie_link_degraded,
-                                    pcie_starvation, sampling_lag, swap_thrash, throughput_decay)
+                                    pcie_starvation, sampling_lag, swap_thrash, throughput_decay,
+                                    offload_host_memory, weight_offload)
 from hybridmon.agent.alerts.family import AlertFamily, Section
 from hybridmon.agent.detectors.base import Detector
 from hybridmon.rules import recordings
@@ -41,6 +42,8 @@ FAMILIES: tuple[AlertFamily, ...] = (
     numa_misplacement.FAMILY,
     throughput_decay.FAMILY,
     kv_offload_pressure.FAMILY,
+    weight_offload.FAMILY,
+    offload_host_memory.FAMILY,
     inference_scrape.FAMILY,
     alert_delivery.FAMILY,
     collector_failing.FAMILY,

@@ -1,20 +1,23 @@
 """InferenceKvOffloadPressure: an inference server's KV cache under pressure, for one of two reasons.
 kv_cache_full: the GPU KV cache is (almost) full while requests are preempted, so they stop and are
 recomputed or reloaded. offload_link: loads of offloaded KV cache from host memory alone fill the
-host-to-device PCIe link of the server's GPUs. Runbook: InferenceKvOffloadPressure.md.
+host-to-device PCIe link of the server's GPUs. The agent's offload_link finding adds the loads'
+share of the host->device traffic NVML counted on the same GPUs (LinkShare; the status page
+shows it too, agent/status_offload.py); the rule's text keeps the capacity side. Runbook: InferenceKvOffloadPressure.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import Finding, add_note
 from hybridmon.agent.detectors.servers import Server
 from hybridmon.agent.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY
-from hybridmon.exporters.gpu import PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PROCESS_MEMORY_USED
+from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
+                                     PCIE_THROUGHPUT, PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.pcie_rates import effective_capacity, link_name
 from hybridmon.rules import inference as recorded
@@ -24,12 +27,12 @@ from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
 from hybridmon.rules.promtool_cases import GPU0, GPU1, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize, humanize_percentage
-from hybridmon.units import human_rate
+from hybridmon.units import human_rate, percent
 
 KV_CACHE_USAGE = BY_FIELD["kv_cache_usage_ratio"]
 PREEMPTIONS = BY_FIELD["preemptions"]
 INPUTS = (KV_CACHE_USAGE, PREEMPTIONS, OFFLOAD_BYTES, PROCESS_MEMORY_USED, PCIE_LINK_GENERATION,
-          PCIE_LINK_WIDTH, MEASURED_CAPACITY)
+          PCIE_LINK_WIDTH, MEASURED_CAPACITY, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT)
 HOST_TO_DEVICE = "host_to_device"
 
 
@@ -116,6 +119,67 @@ def link_capacity(measured: float | None, generation: float | None,
     return LinkCapacity(value, source if source == "measured" else f"{source} on {link_name(generation, lanes)}")
 
 
+@dataclass(frozen=True)
+class LinkShare:
+    """How much of its GPUs' host->device link a server's KV offload loads take, over the last
+    minute: beside what NVML counted crossing it (the loads' share of the real traffic; the rest
+    is weights, activations and other processes) and beside what it carries (capacity)."""
+
+    loads: float                   # the server's KV offload loads, bytes/s (its own /metrics)
+    traffic: float | None          # NVML host->device bytes/s of the same GPUs (counter, sampled, gauge)
+    capacity: float | None         # their host->device capacity, bytes/s (measured, else achievable)
+    gpus: tuple[str, ...]          # the GPU indexes, as the finding names them
+
+    @property
+    def of_traffic(self) -> float | None:
+        return self.loads / self.traffic if self.traffic else None
+
+    @property
+    def of_capacity(self) -> float | None:
+        return self.loads / self.capacity if self.capacity else None
+
+    def sentence(self) -> str | None:
+        """The finding's note: the loads beside the traffic NVML counted on the same GPUs."""
+        if self.of_traffic is None:
+            return None
+        return (f"NVML counted {human_rate(self.traffic or 0.0)} host to device on GPU "
+                f"{', '.join(self.gpus)} over the same minute: the server's KV loads were "
+                f"{percent(self.of_traffic)} of it (the rest: weights, activations, other processes).")
+
+
+def link_share(history: History, server: Server, now: float,
+               capacities: dict[tuple[str, str], LinkCapacity],
+               traffic: dict[tuple[str, ...], dict[str, float]]) -> LinkShare | None:
+    """The LinkShare of `server` over the GPUs the offload_link reason judges it on (those its
+    process holds memory on, else every GPU of the host); None without KV loads."""
+    loads = servers.rate(servers.series_of(history, OFFLOAD_BYTES.name, server, direction="load"),
+                         now, windows.AVERAGE_SECONDS)
+    if loads is None:
+        return None
+    known = set(capacities) or set(traffic)  # as the finding's capacity is summed, where there is one
+    mine = sorted(gpus_of(history, server.pid, now) & known or known)
+    to_gpu = [traffic[gpu][HOST_TO_DEVICE] for gpu in mine if HOST_TO_DEVICE in traffic.get(gpu, {})]
+    carried = [capacities[gpu].bytes_per_second for gpu in mine if gpu in capacities]
+    return LinkShare(loads, sum(to_gpu) if to_gpu else None, sum(carried) if carried else None,
+                     tuple(gpu[0] for gpu in mine))
+
+
+def gpu_capacities(history: History, now: float) -> dict[tuple[str, str], LinkCapacity]:
+    """(gpu, uuid) -> its host->device capacity, its link sized by the best generation and
+    width of the minute the loads are averaged over (a link idling at Gen1 between loads
+    still carries them at Gen4)."""
+    generation = common.gpu_maxima(history, PCIE_LINK_GENERATION.name, now)
+    width = common.gpu_maxima(history, PCIE_LINK_WIDTH.name, now)
+    measured = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
+    found = {}
+    for gpu in set(generation) | set(measured):
+        capacity = link_capacity(measured.get(gpu, {}).get(HOST_TO_DEVICE),
+                                 generation.get(gpu), width.get(gpu))
+        if capacity is not None:
+            found[gpu] = capacity
+    return found
+
+
 def gpus_of(history: History, pid: str, now: float) -> set[tuple[str, str]]:
     """(gpu, uuid) of the GPUs process `pid` holds memory on now (NVML per-process memory)."""
     if not pid:
@@ -147,6 +211,7 @@ class Detector:
     def evaluate(self, history: History, now: float) -> list[Finding]:
         findings = []
         capacities: dict[tuple[str, str], LinkCapacity] | None = None
+        traffic: dict[tuple[str, ...], dict[str, float]] | None = None
         for server in servers.scraped(history, now):
             full = self._cache_full(history, server, now)
             if full:
@@ -160,24 +225,15 @@ class Detector:
             mine = gpus_of(history, server.pid, now) & set(capacities) or set(capacities)
             total = sum(capacities[gpu].bytes_per_second for gpu in mine)
             if total > 0 and loads >= self.config.offload_load_share_of_capacity * total:
-                findings.append(self._link_full(server, loads, total,
-                                                {gpu: capacities[gpu] for gpu in sorted(mine)}))
+                found = self._link_full(server, loads, total, {gpu: capacities[gpu] for gpu in sorted(mine)})
+                if traffic is None:
+                    traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name,
+                                                 PCIE_THROUGHPUT.name, now)
+                findings.append(self._with_link_share(found, history, server, now, capacities, traffic))
         return findings
 
     def capacities(self, history: History, now: float) -> dict[tuple[str, str], LinkCapacity]:
-        """(gpu, uuid) -> its host->device capacity, its link sized by the best generation and
-        width of the minute the loads are averaged over (a link idling at Gen1 between loads
-        still carries them at Gen4)."""
-        generation = common.gpu_maxima(history, PCIE_LINK_GENERATION.name, now)
-        width = common.gpu_maxima(history, PCIE_LINK_WIDTH.name, now)
-        measured = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
-        found = {}
-        for gpu in set(generation) | set(measured):
-            capacity = link_capacity(measured.get(gpu, {}).get(HOST_TO_DEVICE),
-                                     generation.get(gpu), width.get(gpu))
-            if capacity is not None:
-                found[gpu] = capacity
-        return found
+        return gpu_capacities(history, now)
 
     def _cache_full(self, history: History, server: Server, now: float) -> Finding | None:
         c = self.config
@@ -193,6 +249,20 @@ class Detector:
             values={"preemptions": preemptions},
             details={"kv_cache_usage_ratio": usage, "preemptions_per_second": preemptions,
                      "pid": server.pid})
+
+    @staticmethod
+    def _with_link_share(found: Finding, history: History, server: Server, now: float,
+                         capacities: dict[tuple[str, str], LinkCapacity],
+                         traffic: dict[tuple[str, ...], dict[str, float]]) -> Finding:
+        """The loads' share of the traffic NVML counted, which only the agent adds: the rule's
+        text has the capacity side (the dashboard's inference panel shows both)."""
+        share = link_share(history, server, now, capacities, traffic)
+        sentence = share.sentence() if share else None
+        if share is None or sentence is None:
+            return found
+        noted = add_note(found, sentence)
+        return replace(noted, details={**noted.details, "host_to_device_bytes_per_second": share.traffic or 0.0,
+                                       "loads_share_of_host_to_device_traffic": share.of_traffic or 0.0})
 
     def _link_full(self, server: Server, loads: float, total: float,
                    gpus: dict[tuple[str, str], LinkCapacity]) -> Finding:

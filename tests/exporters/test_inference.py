@@ -21,6 +21,7 @@ from hybridmon.agent.config import AgentConfig, ConfigError, load_config, tomlli
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.history import History
+from hybridmon.agent.status_inference import offload_elsewhere_rows
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import NoDataError, ParseError
 from hybridmon.exporters.inference import InferenceCollector, endpoint_url
@@ -64,7 +65,7 @@ def refused(url: str) -> dict:
 def scalars(stats: ServerStats) -> dict:
     """The fields that are numbers, absent ones left out."""
     return {name: getattr(stats, name) for name in sorted(stats.known_fields())
-            if not isinstance(getattr(stats, name), Histogram)}
+            if not isinstance(getattr(stats, name), (Histogram, dict))}
 
 
 def values(samples, name: str, **labels: str) -> dict[tuple[str, ...], float]:
@@ -139,7 +140,7 @@ def test_tgi_is_read_from_histogram_sums():
     (stats,) = interpret(ok("u", body("tgi.1.prom")), None).stats
     assert (stats.server, stats.model) == ("tgi", "")
     assert scalars(stats) == {"requests_running": 8, "requests_waiting": 2, "prompt_tokens": 250000,
-                              "generated_tokens": 100000}
+                              "generated_tokens": 100000, "batch_reserved_tokens": 12000}
     assert (stats.inter_token_latency.sum, stats.inter_token_latency.count) == (12.45, 498)
     assert stats.time_to_first_token is None
 
@@ -181,6 +182,118 @@ def test_only_known_families_are_kept_and_other_bodies_stay_whole():
     assert normalise("vllm", parse_prometheus(kept)) == normalise("vllm", whole)
     page = "<html>\n<body>vllm:</body></html>\n"
     assert keep_known_families(page) == page
+
+
+# --- the servers as released (issue 15): fixtures written from the wheels' metric definitions -----
+# (docs/server-metric-names/*.txt; tests/fixtures/inference/README.md says which file stands for what)
+
+SERVED_NAME = "llama-3-8b"  # vLLM started with --served-model-name llama-3-8b
+
+
+def only(name: str, server: str | None = None) -> ServerStats:
+    reading = interpret(ok("u", body(name)), server)
+    assert reading.error is None, reading.detail
+    (stats,) = reading.stats
+    return stats
+
+
+def test_vllm_033_offloading_connector_counts_each_byte_once():
+    """0.33 emits the flat kv_offload_{store,load}_* and, deprecated, kv_offload_total_*{transfer_type}
+    with the same bytes (offloading/metrics.py _increase_counter): read once, not added."""
+    stats = only("vllm-0.33-offloading.prom")
+    assert (stats.server, stats.model) == ("vllm", SERVED_NAME)
+    assert scalars(stats) == {
+        "requests_running": 6, "requests_waiting": 4, "requests_waiting_deferred": 3,
+        "kv_cache_usage_ratio": 0.91, "preemptions": 2, "prompt_tokens": 50000, "generated_tokens": 20000,
+        "prefix_cache_queried_tokens": 50000, "prefix_cache_hit_tokens": 30000,
+        "prefix_cache_host_hit_tokens": 8000, "weights_offloaded": 0,
+        "kv_offload_store_bytes": 4e9, "kv_offload_load_bytes": 2e9,
+        "kv_offload_store_seconds": 0.5, "kv_offload_load_seconds": 0.25,
+        "kv_offload_host_tier_bytes": 34359738368, "kv_offload_host_tier_tokens": 262144,
+        "kv_offload_host_tier_pinned_ratio": 0.25, "kv_offload_host_tier_pinned_by_store_ratio": 0.15,
+        "kv_offload_allocation_failures": 3,
+    }
+
+
+def test_vllm_config_info_without_a_size_leaves_the_tier_size_absent():
+    text = body("vllm-0.33-offloading.prom").replace('cpu_kv_cache_size_tokens="262144"', 'cpu_kv_cache_size_tokens="None"')
+    (stats,) = interpret(ok("u", text), None).stats
+    assert stats.kv_offload_host_tier_tokens is None and stats.kv_offload_host_tier_bytes == 34359738368
+
+
+def test_vllm_033_weights_offloaded_while_asleep():
+    text = body("vllm-0.33-offloading.prom").replace(
+        'sleep_state="weights_offloaded"} 0.0', 'sleep_state="weights_offloaded"} 1.0')
+    (stats,) = interpret(ok("u", text), None).stats
+    assert stats.weights_offloaded == 1
+
+
+def test_vllm_033_simple_cpu_offload_block_counters():
+    stats = only("vllm-0.33-simple-offload.prom")
+    assert (stats.kv_offload_load_blocks, stats.kv_offload_store_dropped_blocks, stats.kv_offload_host_tier_blocks) == (
+        3100, 250, 8192)
+    assert stats.kv_offload_store_bytes is None  # blocks only: no bytes to show as zero
+
+
+def test_sglang_0523_priority_totals_and_tp_ranks_are_not_added_up():
+    """Priority scheduling writes each queue's total under priority="" and again per priority; with
+    --enable-metrics-for-all-schedulers both TP ranks report the same requests. Bytes are per-rank
+    shards and are summed, as SGLang's HELP says; the token counters are per-priority shares."""
+    stats = only("sglang-0.5.23-hicache.prom")
+    assert (stats.server, stats.model) == ("sglang", QWEN_14B)
+    assert scalars(stats) == {
+        "requests_running": 10, "requests_waiting": 3, "kv_cache_usage_ratio": 0.8, "preemptions": 2,
+        "prompt_tokens": 50000, "generated_tokens": 15000, "prefix_cache_queried_tokens": 50000,
+        "prefix_cache_hit_tokens": 22000, "prefix_cache_host_hit_tokens": 8000,
+        "kv_offload_store_bytes": 6e9, "kv_offload_load_bytes": 2e9,
+        "kv_offload_store_seconds": pytest.approx(1.2), "kv_offload_load_seconds": pytest.approx(0.4),
+        "kv_offload_host_tier_used_tokens": 400000, "kv_offload_host_tier_tokens": 1e6,
+        "kv_cache_evicted_tokens": 50000,
+    }
+    assert stats.kv_offload_dropped_tokens == {"host_pressure": 1200, "write_through_unbacked_eviction": 300}
+    assert stats.kv_offload_host_tier_bytes is None  # SGLang gives the host tier in tokens only
+
+
+def test_sglang_priority_total_reads_10_not_20():
+    text = "".join(f'sglang:num_running_reqs{{model_name="m",priority="{p}"}} {v}\n'
+                   for p, v in (("", 10), ("0", 4), ("1", 6)))
+    (stats,) = interpret(ok("u", text + 'sglang:generation_tokens_total{model_name="m"} 1\n'), None).stats
+    assert stats.requests_running == 10
+
+
+def test_lmcache_mp_exporter_is_recognised_as_lmcache():
+    """The standalone MP server's OTel instruments, as opentelemetry-exporter-prometheus names them."""
+    reading = interpret(ok("u", body("lmcache-mp.prom")), None)
+    assert reading.error is None
+    by_model = {(s.server, s.model): s for s in reading.stats}
+    # The L1 (host DRAM) pool carries no model: it serves every model.
+    assert scalars(by_model["lmcache", ""]) == {"kv_offload_host_cache_bytes": 2.4e10}
+    assert scalars(by_model["lmcache", "/models/Meta-Llama-3-8B-Instruct"]) == {
+        "prefix_cache_queried_tokens": 200000, "prefix_cache_hit_tokens": 90000,
+        "prefix_cache_host_hit_tokens": 70000, "kv_offload_allocation_failures": 7}
+    kept = keep_known_families(body("lmcache-mp.prom"))
+    assert "lmcache_mp_l1_memory_usage_bytes" in kept and "python_gc" not in kept and "target_info" not in kept
+
+
+def test_lmcache_takes_vllms_served_name_from_the_same_body():
+    """LMCache labels with the model path, vLLM with --served-model-name; one vLLM serves one model."""
+    reading = interpret(ok("u", body("vllm-0.33-offloading.prom") + body("lmcache.1.prom")), None)
+    assert [(s.server, s.model) for s in reading.stats] == [("vllm", SERVED_NAME), ("lmcache", SERVED_NAME)]
+
+
+def test_tgi_batch_tokens_against_its_maximum():
+    stats = only("tgi-3.3.prom")
+    assert (stats.batch_reserved_tokens, stats.batch_max_tokens) == (12000, 48000)
+
+
+def test_new_fields_are_exported_with_their_labels():
+    url = "http://127.0.0.1:30000/metrics"
+    samples = InferenceCollector(LiveSource(), endpoints=[(url, "sglang")],
+                                 fetch=lambda u, t, m: ok(u, body("sglang-0.5.23-hicache.prom"))).collect()
+    assert values(samples, "hybridmon_inference_kv_offload_dropped_tokens_total") == {
+        ("sglang", url, QWEN_14B, "", "host_pressure"): 1200, ("sglang", url, QWEN_14B, "", "write_through_unbacked_eviction"): 300}
+    assert values(samples, "hybridmon_inference_kv_offload_bytes_total", direction="store") == {
+        ("sglang", url, QWEN_14B, "", "store"): 6e9}
 
 
 # --- recent quantiles and rates between two scrapes ------------------------------------------------
@@ -515,6 +628,88 @@ def test_a_listening_socket_of_this_process_is_found_on_the_real_proc():
         port = listening.getsockname()[1]
         found = find_listeners(LiveSource(), "/proc", [os.getpid()])
     assert ["127.0.0.1", port] in found[str(os.getpid())]
+
+
+def fake_process(procfs: Path, pid: int, parent: int, argv: list[str], port: int | None = None) -> None:
+    """/proc/<pid> as find_listeners and the runner check read it: cmdline (NUL-terminated
+    arguments), stat (field 4 the parent pid; comm in parentheses), and, with a port, one listening
+    socket: an fd linking socket:[inode] and that inode in net/tcp (127.0.0.1, state 0A)."""
+    base = procfs / str(pid)
+    (base / "fd").mkdir(parents=True)
+    (base / "net").mkdir()
+    (base / "cmdline").write_text("\0".join(argv) + "\0")
+    (base / "stat").write_text(f"{pid} ({Path(argv[0]).name[:15]}) S {parent} {pid} {pid} 0 -1 4194560" + " 0" * 44 + "\n")
+    header = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n"
+    rows = ""
+    if port is not None:
+        inode = 700000 + pid
+        os.symlink(f"socket:[{inode}]", base / "fd" / "3")
+        rows = (f"   0: 0100007F:{port:04X} 00000000:0000 0A 00000000:00000000 00:00000000 00000000"
+                f"     0        0 {inode} 1 0000000000000000 100 0 0 10 0\n")
+    (base / "net" / "tcp").write_text(header + rows)
+
+
+def test_an_ollama_runner_child_is_read_through_ollamas_api_ps_not_probed(tmp_path, caplog):
+    """Ollama (pid 700, port 11434) runs upstream llama-server (pid 701) on a random loopback port
+    without --metrics, and an older `ollama runner` (pid 702): neither child is asked, the
+    parent's /api/ps is, once per scrape, and no "does not answer" line is logged."""
+    procfs = tmp_path / "proc"
+    fake_process(procfs, 700, 1, ["/usr/local/bin/ollama", "serve"], 11434)
+    fake_process(procfs, 701, 700, ["/usr/lib/ollama/llama-server", "--model", "/root/.ollama/models/blobs/sha256-1",
+                                    "--port", "41234", "--host", "127.0.0.1"], 41234)
+    fake_process(procfs, 702, 700, ["/usr/local/bin/ollama", "runner", "--model", "/root/.ollama/models/blobs/sha256-2",
+                                    "--port", "38211"], 38211)
+    asked, now = [], [0.0]
+
+    def answer(url, timeout, limit):
+        asked.append(url)
+        if url.endswith(":11434/api/ps"):
+            return ok(url, body("ollama-ps.1.json"), "application/json; charset=utf-8")
+        return {**refused(url), "error": None, "status": 404, "body": "404 page not found"}
+
+    collector = InferenceCollector(LiveSource(), procfs=str(procfs), fetch=answer, clock=lambda: now[0],
+                                   watched=lambda: {700: "ollama", 701: "llama-server", 702: "ollama"})
+    with caplog.at_level(logging.DEBUG):
+        for cycle in range(4):  # two discoveries (every 30 s), four scrapes
+            samples = collector.collect()
+            now[0] += 15.0
+    assert not [url for url in asked if ":41234" in url or ":38211" in url]
+    assert asked.count("http://127.0.0.1:11434/api/ps") == 4  # one a scrape (the first also confirms it)
+    assert values(samples, "hybridmon_inference_model_host_memory_bytes", model="llama3.1:70b") == {
+        ("ollama", "http://127.0.0.1:11434/api/ps", "llama3.1:70b", "700"): 25e9}
+    assert "does not answer as an inference server" not in caplog.text
+
+
+def test_a_llama_server_not_started_by_ollama_is_still_asked(tmp_path):
+    procfs = tmp_path / "proc"
+    fake_process(procfs, 800, 1, ["/bin/bash"])
+    fake_process(procfs, 801, 800, ["/opt/llama.cpp/llama-server", "--metrics", "--port", "8080"], 8080)
+    asked = []
+    collector = InferenceCollector(LiveSource(), procfs=str(procfs), watched=lambda: {801: "llama-server"},
+                                   fetch=lambda u, t, m: asked.append(u) or ok(u, body("llamacpp.1.prom")))
+    collector.collect()
+    assert asked == ["http://127.0.0.1:8080/metrics"]
+
+
+@pytest.mark.parametrize("argv, in_lmcache", [
+    (["vllm", "serve", "m", "--kv-offloading-size", "64", "--kv-offloading-backend", "lmcache"], 1.0),
+    (["vllm", "serve", "m", "--kv-offloading-backend=lmcache"], 1.0),
+    (["python3", "-m", "vllm.entrypoints.openai.api_server", "--kv-transfer-config",
+      '{"kv_connector":"LMCacheMPConnector","kv_role":"kv_both"}'], 1.0),
+    (["vllm", "serve", "m", "--kv-offloading-size", "64"], None),  # native: vLLM counts it itself
+])
+def test_vllm_offloading_through_lmcache_is_said_not_shown_as_zero(tmp_path, argv, in_lmcache):
+    procfs = tmp_path / "proc"
+    fake_process(procfs, 900, 1, argv, 8000)
+    collector = InferenceCollector(LiveSource(), procfs=str(procfs), watched=lambda: {900: "vllm"},
+                                   fetch=lambda u, t, m: ok(u, body("vllm-v1-names.1.prom").replace(
+                                       "vllm:kv_offload", "vllm:other")))
+    samples = collector.collect()
+    found = values(samples, "hybridmon_inference_kv_offload_in_lmcache")
+    assert found == ({} if in_lmcache is None else {("vllm", "http://127.0.0.1:8000/metrics", LLAMA_3, "900"): 1.0})
+    assert samples.find("hybridmon_inference_kv_offload_bytes_total") == []  # absent, not zero
+    rows = offload_elsewhere_rows(in_lmcache)
+    assert bool(rows) == (in_lmcache is not None) and all("LMCache" in text for _, text, _ in rows)
 
 
 # --- record and replay ----------------------------------------------------------------------------

@@ -304,7 +304,8 @@ def test_every_default_cmdline_pattern_is_a_known_server_family():
     from hybridmon.exporters.inference_names import SERVERS
 
     examples = ["python3 -m vllm.entrypoints.openai.api_server", "vllm serve m", "/opt/llama-server -m x",
-                "python3 -m sglang.launch_server", "text-generation-launcher", "/usr/bin/ollama runner"]
+                "python3 -m sglang.launch_server", "text-generation-launcher", "/usr/bin/ollama runner",
+                "/venv/bin/lmcache server --l1-size-gb 100", "python -m lmcache.v1.multiprocess.server"]
     for pattern in DEFAULT_CMDLINE_PATTERNS:
         matched = [line for line in examples if re.search(pattern, line)]
         assert matched, pattern

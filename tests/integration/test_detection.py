@@ -34,6 +34,8 @@ FOR_SECONDS = {
     "InferenceThroughputDecay": THRESHOLDS.throughput_decay.for_seconds,
     "InferenceKvOffloadPressure": THRESHOLDS.kv_offload_pressure.for_seconds,
     "InferenceServerScrapeFailing": THRESHOLDS.inference_scrape.for_seconds,
+    "InferenceWeightsCrossingBus": THRESHOLDS.weight_offload.for_seconds,
+    "InferenceOffloadHostMemoryShort": THRESHOLDS.offload_host_memory.for_seconds,
 }
 # Seconds from onset until the scenario's signal is past its threshold (docs/scenarios.md).
 RAMP = {

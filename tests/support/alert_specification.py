@@ -13,6 +13,8 @@ SPECIFIED_ALERTS = (
     "InferenceProcessMemoryGrowth", "InferenceProcessNumaMisplaced",
     # the inference servers' own view (issue 6)
     "InferenceThroughputDecay", "InferenceKvOffloadPressure", "InferenceServerScrapeFailing",
+    # both sides of the bus (issue 15): weights read over PCIe each step, a host KV tier that won't fit
+    "InferenceWeightsCrossingBus", "InferenceOffloadHostMemoryShort",
     # the agent itself (issue 11; issue 12's example of adding an alert)
     "HybridmonAlertDeliveryFailing", "HybridmonCollectorFailing",
     # watching the watcher (issue 14): its loop, and its death (a Prometheus rule only)

@@ -60,6 +60,9 @@ class ServerLoad:
     kv_offload_load_bytes_per_second: float | None = 4e9    # host -> GPU
     kv_offload_store_bytes_per_second: float | None = 2e9   # GPU -> host
     kv_offload_copy_bytes_per_second: float = 27.7e9  # what one copy achieves (Gen4 x16: 88 %)
+    # The configured CPU KV tier (vLLM 0.33's vllm:kv_offload_config_info, label
+    # cpu_kv_cache_size_bytes; docs/server-metric-names/vllm-0.33.0.txt); None: not published.
+    kv_offload_host_tier_bytes: float | None = None
     answer: str = "metrics"  # metrics, html (a login page), unavailable (HTTP 503), down (refused)
 
     @property
@@ -243,4 +246,16 @@ class InferenceServer:
             for direction, verb in (("store", "storing"), ("load", "loading")):
                 family(f"vllm:kv_offload_{direction}_time_total", "counter", f"Time spent {verb} KV data, in seconds.",
                        round(self.kv_offload_seconds[direction], 6))
+        if load.kv_offload_host_tier_bytes is not None:
+            # an info series: the figures are labels, the value 1; HELP and label names as in
+            # tests/fixtures/inference/vllm-0.33-offloading.prom (the collector reads only the label)
+            lines.extend(("# HELP vllm:kv_offload_config_info Static configuration of the KV offload "
+                          "managers of this engine instance. The configured offloading spec declares the "
+                          "label names, and each manager fills the values, so a series appears from the "
+                          "first scheduler step of its engine. A manager reports one series for each "
+                          "configuration it holds, and a label of its own tells the series apart. Each "
+                          "engine reports its own configuration, not the instance total.",
+                          "# TYPE vllm:kv_offload_config_info gauge",
+                          f'vllm:kv_offload_config_info{{{labels},cpu_kv_cache_size_bytes='
+                          f'"{int(load.kv_offload_host_tier_bytes)}"}} 1.0'))
         return "\n".join(lines) + "\n"
