@@ -1,7 +1,25 @@
-"""Scenario traces generated once per test session and shared by the tests that replay them."""
+"""Scenario traces generated once per test session and shared by the tests that replay them.
+
+Generating a trace drives a real agent over the synthetic host for every tick, which is most of
+what the scenario tests cost. A trace depends only on the code and fixtures that make it (the
+scenario, the simulator, the collectors, the fixture host: tests/integration/test_scenarios.py
+checks that the same code generates the same values), so traces are kept under the user's cache
+directory keyed by a digest of those files and the installed packages' versions: a warm run of
+the same code reuses them, any change to them generates afresh, and the two test workers share
+one generation through a lock. HYBRIDMON_SCENARIO_CACHE=0 turns the cache off.
+"""
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import functools
+import hashlib
+import importlib.metadata
+import json
 import math
+import os
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,13 +47,66 @@ class ScenarioTraces:
 
     def summary(self, name: str) -> TraceSummary:
         if name not in self._summaries:
-            self._summaries[name] = write_trace(name, self.directory / f"{name}.jsonl.gz")
+            if os.environ.get("HYBRIDMON_SCENARIO_CACHE") == "0":
+                self._summaries[name] = write_trace(name, self.directory / f"{name}.jsonl.gz")
+            else:
+                self._summaries[name] = cached_trace(name, trace_cache_directory())
         return self._summaries[name]
 
     def replayed(self, name: str) -> Replayed:
         if name not in self._replays:
             self._replays[name] = replay(self.summary(name).path, history_seconds_for(SCENARIOS[name]))
         return self._replays[name]
+
+
+REPOSITORY = Path(__file__).resolve().parents[2]
+# What a trace is made from: the package, the simulator and the fake NVML, the fixture host.
+_TRACE_INPUTS = ("agent", "exporters", "hybridmon", "rules", "tests/support", "tests/fixtures/host-2node",
+                 "tests/fixtures/inference", "pyproject.toml")
+_CACHES_KEPT = 4  # digests kept side by side (branches in turn); older ones are removed
+
+
+@functools.lru_cache(maxsize=1)
+def trace_cache_directory() -> Path:
+    cache_home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    root = cache_home / "hybridmon" / "scenario-traces"
+    directory = root / _inputs_digest()
+    directory.mkdir(parents=True, exist_ok=True)
+    os.utime(directory)
+    stale = sorted((d for d in root.iterdir() if d.is_dir() and d != directory),
+                   key=lambda d: d.stat().st_mtime, reverse=True)[_CACHES_KEPT - 1:]
+    for old in stale:
+        shutil.rmtree(old, ignore_errors=True)
+    return directory
+
+
+def _inputs_digest() -> str:
+    digest = hashlib.sha256(sys.version.encode())
+    for dist in sorted(importlib.metadata.distributions(), key=lambda d: d.metadata["Name"] or ""):
+        digest.update(f"{dist.metadata['Name']}=={dist.version}\n".encode())
+    for name in _TRACE_INPUTS:
+        top = REPOSITORY / name
+        files = [top] if top.is_file() else sorted(
+            p for p in top.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+        for path in files:
+            digest.update(str(path.relative_to(REPOSITORY)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:20]
+
+
+def cached_trace(name: str, directory: Path) -> TraceSummary:
+    """The trace of scenario `name` from the cache, generated into it first if missing."""
+    trace, summary_file = directory / f"{name}.jsonl.gz", directory / f"{name}.summary.json"
+    with open(directory / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the other worker waits for this generation, then reads it
+        if trace.exists() and summary_file.exists():
+            fields = json.loads(summary_file.read_text())
+            return TraceSummary(**{**fields, "path": trace})
+        partial = directory / f"{name}.partial.jsonl.gz"
+        summary = write_trace(name, partial)
+        partial.rename(trace)
+        summary = dataclasses.replace(summary, path=trace)
+        summary_file.write_text(json.dumps({**dataclasses.asdict(summary), "path": str(trace)}))
+        return summary
 
 
 def replay(path: Path, history_seconds: float) -> Replayed:
