@@ -21,6 +21,7 @@ from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import EvaluationView
 from hybridmon.agent.findings import SEVERITY_ORDER
+from hybridmon.agent.progress import LiveLine
 from hybridmon.agent.runbooks import runbooks_directory
 from hybridmon.exporters.base import Samples
 from hybridmon.exporters.registry import COLLECTORS
@@ -68,12 +69,12 @@ class CheckResult:
         return EXIT_HEALTHY
 
 
-def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
+def run_check(config: AgentConfig, duration_seconds: float, progress: LiveLine | None = None) -> CheckResult:
     agent = Agent(config.model_copy(update={"detectors": config.detectors.model_copy(update={"enabled": False})}))
     started = time.monotonic()
     try:
         agent.start()
-        time.sleep(duration_seconds)
+        _wait(started, duration_seconds, progress)
         agent.sampler.stop()
         # A collector that waits for another's first run (process_numa after process after gpu)
         # may not have had its turn in a short or loaded window: give it one now, in order.
@@ -117,6 +118,17 @@ def run_check(config: AgentConfig, duration_seconds: float) -> CheckResult:
         return CheckResult(findings, skipped, failures, time.monotonic() - started, could_not_read)
     finally:
         agent.stop()
+
+
+def _wait(started: float, duration_seconds: float, progress: LiveLine | None) -> None:
+    """Sleep out the sampling window, showing how much of it is left on a terminal."""
+    if progress is None or not progress.interactive:
+        time.sleep(duration_seconds)
+        return
+    while (elapsed := time.monotonic() - started) < duration_seconds:
+        progress.show(f"hybridmon check: sampling this host, {elapsed:.0f} of {duration_seconds:g} s")
+        time.sleep(min(0.5, duration_seconds - elapsed))
+    progress.show("hybridmon check: judging")  # the caller clears the line before printing
 
 
 def _essential_unread(config: AgentConfig, states: dict, failures: dict[str, str], latest: dict) -> dict[str, str]:
@@ -215,8 +227,10 @@ def _number(value: float, unit: str) -> str:
 
 
 def main(config: AgentConfig, duration_seconds: float, as_json: bool, strict: bool) -> int:
+    progress = LiveLine(sys.stderr)
     try:
-        result = run_check(config, duration_seconds)
+        with progress.apart_from_logs():
+            result = run_check(config, duration_seconds, progress)
     except Exception as error:  # a check that cannot run says so with its own exit code
         reason = f"hybridmon check could not run: {error}"
         print(reason, file=sys.stderr)

@@ -12,6 +12,7 @@ import traceback
 
 from hybridmon import __version__
 from hybridmon.agent.config import ConfigError, load_config, parse_listen
+from hybridmon.agent.logs import configure_logging
 from hybridmon.agent.trace import TraceError
 
 log = logging.getLogger("hybridmon")
@@ -40,6 +41,13 @@ EXIT_CODES_HELP = """exit codes:
   74  operating-system error (port taken, file not writable)
   78  bad or missing configuration (--config file, HYBRIDMON_* variables)
   141 standard output closed early (`hybridmon ... | head`); nothing is printed about it"""
+
+# Where the references live: generated from the code and checked by the test suite
+# (tests/integration/test_docs.py), in the source repository beside this package.
+REFERENCES_HELP = """references (in the source repository):
+  docs/metrics.md        every metric, its unit and where it is read
+  docs/configuration.md  every configuration key and HYBRIDMON_* variable, with its default
+  docs/quickstart.md     the three ways to use hybridmon, step by step"""
 
 
 class _UsageExitParser(argparse.ArgumentParser):
@@ -85,14 +93,14 @@ def _main(argv: list[str] | None) -> int:
     if not getattr(args, "command", None):
         parser.print_help(sys.stderr)
         return EXIT_USAGE
+    if not getattr(args, "needs_config", True):  # rules, dashboards, runbooks: files, not the host
+        return _without_config(args)
     try:
         config = load_config(args.config, overrides=_overrides(args))
     except ConfigError as error:
         print(f"hybridmon: {error}", file=sys.stderr)
         return EXIT_CONFIG
-    logging.basicConfig(
-        level=config.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(config.log_level, config.log_format)  # agent/logs.py: one format for every logger
     try:
         return args.handler(args, config)
     except (BrokenPipeError, KeyboardInterrupt):
@@ -145,13 +153,14 @@ BENCH_MAX_SECONDS = _number_between(1, 3600, "seconds")
 
 def _parser() -> argparse.ArgumentParser:
     parser = _UsageExitParser(prog="hybridmon", description="Observability agent for hybrid GPU/CPU inference hosts.",
-                              epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              epilog=f"{EXIT_CODES_HELP}\n\n{REFERENCES_HELP}", formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hybridmon {__version__}")
     commands = parser.add_subparsers(dest="command")
 
     common = _UsageExitParser(add_help=False)
     common.add_argument("--config", metavar="FILE", help="TOML configuration file (optional)")
     common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    common.add_argument("--log-format", choices=["text", "json"], help="json: one JSON object per line (default text)")
     common.add_argument("--procfs", metavar="DIR", help="procfs root (default /proc)")
     common.add_argument("--sysfs", metavar="DIR", help="sysfs root (default /sys)")
 
@@ -193,12 +202,26 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--vram-free", metavar="BYTES", help="VRAM left for KV cache, e.g. 6GiB or 6e9")
     budget.add_argument("--json", action="store_true", help="machine-readable output")
     budget.set_defaults(handler=_budget)
+
+    # The generated files the package carries (agent/shipped.py), for an install without the
+    # generators' dependencies; `python -m hybridmon.rules.generate` and friends regenerate them.
+    write_into_help = "folder to write them into (created if missing; files of the same name are replaced)"
+    rules = commands.add_parser("rules", help="print the Prometheus rules (or write them with --output)")
+    rules.add_argument("--output", metavar="FILE", help="write the rule file here instead of printing it")
+    rules.set_defaults(handler=_rules, needs_config=False)
+    dashboards = commands.add_parser("dashboards", help="write the Grafana dashboards (JSON) into a folder")
+    dashboards.add_argument("--output", required=True, metavar="DIR", help=write_into_help)
+    dashboards.set_defaults(handler=_dashboards, needs_config=False)
+    runbooks = commands.add_parser("runbooks", help="write the runbooks (Markdown, one per alert) into a folder")
+    runbooks.add_argument("--output", required=True, metavar="DIR", help=write_into_help)
+    runbooks.set_defaults(handler=_runbooks, needs_config=False)
     return parser
 
 
 def _overrides(args: argparse.Namespace) -> dict:
     return {
         "log_level": args.log_level,
+        "log_format": args.log_format,
         "listen": getattr(args, "listen", None),
         "paths.procfs": args.procfs,
         "paths.sysfs": args.sysfs,
@@ -314,6 +337,48 @@ def _budget(args: argparse.Namespace, config) -> int:
         print(json.dumps(result.as_dict(), indent=2))
     else:
         print(budget.render(result))
+    return EXIT_OK
+
+
+def _without_config(args: argparse.Namespace) -> int:
+    from hybridmon.agent.shipped import MissingPackageData
+
+    try:
+        return args.handler(args)
+    except BrokenPipeError:
+        raise
+    except MissingPackageData as error:
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_SOFTWARE
+    except OSError as error:  # an output folder or file that cannot be written
+        print(f"hybridmon: {error}", file=sys.stderr)
+        return EXIT_IO
+
+
+def _rules(args: argparse.Namespace) -> int:
+    from hybridmon.agent.shipped import rules_text
+
+    text = rules_text()
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as output:
+            output.write(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _dashboards(args: argparse.Namespace) -> int:
+    from hybridmon.agent.shipped import DASHBOARDS, shipped_files, write_files
+
+    write_files(args.output, shipped_files(DASHBOARDS))
+    return EXIT_OK
+
+
+def _runbooks(args: argparse.Namespace) -> int:
+    from hybridmon.agent.shipped import RUNBOOKS, shipped_files, write_files
+
+    write_files(args.output, shipped_files(RUNBOOKS))
     return EXIT_OK
 
 

@@ -126,6 +126,11 @@ class _AgentSettings(_Strict):
     interval_seconds: float = Field(default=1.0, ge=MIN_TICK_SECONDS, le=60)
     history_seconds: float = Field(default=7200.0, ge=60, le=7 * 86400)
     log_level: str = "info"
+    log_format: str = Field(
+        default="text",
+        description="text: one line per record; json: one JSON object per line (time, level, logger, "
+        "message, exception), for journald and Kubernetes log pipelines (agent/logs.py)",
+    )
     state_dir: str | None = Field(
         default=None,
         description="where benchmark results are kept; None: $STATE_DIRECTORY (systemd), else "
@@ -152,6 +157,13 @@ class _AgentSettings(_Strict):
         if level.lower() not in {"debug", "info", "warning", "error"}:
             raise ValueError("must be one of debug, info, warning, error")
         return level.lower()
+
+    @field_validator("log_format")
+    @classmethod
+    def _known_format(cls, log_format: str) -> str:
+        if log_format.lower() not in {"text", "json"}:
+            raise ValueError("must be text or json")
+        return log_format.lower()
 
     @field_validator("collectors")
     @classmethod

@@ -169,6 +169,8 @@ class Agent:
         self.sampler.close_collectors(skip=hung)
         if self._recorder is not None:
             self._recorder.close()
+        # The last line of a shutdown: after the server's lines and the collectors'.
+        log.info("stopped%s", f" ({len(hung)} hung collectors abandoned)" if hung else "")
         return hung
 
     @property
@@ -191,7 +193,8 @@ def _config_from_trace(reader: TraceReader, current: AgentConfig) -> AgentConfig
     """The collectors are rebuilt exactly as recorded; listening and logging stay as given now."""
     recorded = dict(reader.config)
     recorded.update(
-        listen=current.listen, log_level=current.log_level, history_seconds=current.history_seconds,
+        listen=current.listen, log_level=current.log_level, log_format=current.log_format,
+        history_seconds=current.history_seconds,
         detectors=current.detectors.model_dump(), alerting=current.alerting.model_dump(),
     )
     try:

@@ -4,13 +4,18 @@ Both are custom collectors on the agent's own registry. The samples are rendered
 each collector's text is cached until that collector commits again, so a scrape between two ticks
 costs a lock and a memory copy, and one after a commit renders only what that commit changed (the
 GPU collector's samples every second, not the benchmark's, which change every 30 s).
+
+Two formats, from the same families: the Prometheus text format (the default) and OpenMetrics 1.0
+(prometheus_client.openmetrics.exposition), served when the scraper's Accept header negotiates it
+(choose_format). Compression: gzip when the Accept-Encoding header allows it (accepts_gzip).
 """
 from __future__ import annotations
 
 import time
 from typing import Iterable, Iterator
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hybridmon import __version__
@@ -18,6 +23,15 @@ from hybridmon.agent.alertmanager import ALERTMANAGER_METRICS
 from hybridmon.agent.history import History
 from hybridmon.agent.sampler import Sampler
 from hybridmon.exporters.base import MetricSpec, Samples
+
+
+# The formats /metrics serves, and their Content-Type.
+TEXT = "text"
+OPENMETRICS = "openmetrics"
+CONTENT_TYPES = {TEXT: CONTENT_TYPE_LATEST, OPENMETRICS: openmetrics.CONTENT_TYPE_LATEST}
+# OpenMetrics ends an exposition with one "# EOF" line (OpenMetrics 1.0, "Overall Structure");
+# prometheus_client writes one per registry rendered, and /metrics joins several.
+OPENMETRICS_EOF = b"# EOF\n"
 
 
 class SamplesFamilies:
@@ -125,26 +139,97 @@ class Exposition:
         # generation, so it is never served after that commit.
         self._generation = 0
         self._cached: tuple[int, bytes] = (-1, b"")
-        # collector -> (the Samples object rendered, its text); a commit stores a new object.
-        self._parts: dict[str, tuple[Samples, bytes]] = {}
+        # Per format (TEXT, OPENMETRICS):
+        self._cached_by_format: dict[str, tuple[int, bytes]] = {}
+        # (format, collector) -> (the Samples object rendered, its text); a commit stores a new object.
+        self._parts: dict[tuple[str, str], tuple[Samples, bytes]] = {}
         sampler.on_commit.append(self.invalidate)
 
     def invalidate(self, _at: float | None = None) -> None:
         self._generation += 1
 
-    def samples_text(self) -> bytes:
+    def samples_text(self, exposition_format: str = TEXT) -> bytes:
+        """Every collector's latest samples; in OpenMetrics without the closing "# EOF"."""
         generation = self._generation
-        cached_generation, text = self._cached
+        cached_generation, text = self._cached_by_format.get(exposition_format, (-1, b""))
         if cached_generation != generation:
             parts = []
             for collector, (_at, samples) in sorted(self._history.latest().items()):
-                known = self._parts.get(collector)
+                known = self._parts.get((exposition_format, collector))
                 if known is None or known[0] is not samples:
-                    known = self._parts[collector] = (samples, generate_latest(SamplesFamilies(samples)))
+                    rendered = _render(SamplesFamilies(samples), exposition_format)
+                    known = self._parts[(exposition_format, collector)] = (samples, rendered)
                 parts.append(known[1])
             text = b"".join(parts)
-            self._cached = (generation, text)
+            self._cached_by_format[exposition_format] = (generation, text)
         return text
 
-    def render(self) -> bytes:
-        return self.samples_text() + generate_latest(self.health_registry)
+    def render(self, exposition_format: str = TEXT) -> bytes:
+        """The whole /metrics body in `exposition_format` (TEXT or OPENMETRICS)."""
+        body = self.samples_text(exposition_format) + _render(self.health_registry, exposition_format)
+        return body + OPENMETRICS_EOF if exposition_format == OPENMETRICS else body
+
+
+def _render(registry, exposition_format: str) -> bytes:
+    if exposition_format == TEXT:
+        return generate_latest(registry)
+    rendered = openmetrics.generate_latest(registry)
+    assert rendered.endswith(OPENMETRICS_EOF), rendered[-20:]
+    return rendered[:-len(OPENMETRICS_EOF)]
+
+
+# --- content negotiation (RFC 9110 section 12: Accept, Accept-Encoding, q-values) ------------------
+# A header is bounded by the server's request size limit (h11: 16 KiB for the whole head), but a
+# list of thousands of tiny items is still work per scrape: only the first ones are read.
+MAX_NEGOTIATED_ITEMS = 32
+
+
+def _weighted(header: str | None) -> list[tuple[str, float]]:
+    """"a;q=0.5, b" -> [("a", 0.5), ("b", 1.0)], names lower-cased, parameters other than q dropped.
+
+    An item whose q is not a number in [0, 1] is skipped (RFC 9110: qvalue = 0-1 with up to three
+    decimals): a malformed header negotiates as if that item were absent, it never fails a scrape.
+    """
+    items = []
+    for item in (header or "").split(",", MAX_NEGOTIATED_ITEMS)[:MAX_NEGOTIATED_ITEMS]:
+        name, *parameters = item.split(";")
+        name = name.strip().lower()
+        if not name:
+            continue
+        weight = 1.0
+        for parameter in parameters:
+            key, _, value = parameter.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    weight = float(value.strip())
+                except ValueError:
+                    weight = -1.0
+        if 0.0 <= weight <= 1.0:
+            items.append((name, weight))
+    return items
+
+
+def choose_format(accept: str | None) -> str:
+    """OPENMETRICS when Accept weighs application/openmetrics-text above the text format (which
+    text/plain, text/* or */* stand for), else TEXT, the default. Prometheus 2.x sends
+    "application/openmetrics-text;version=1.0.0,...;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1"."""
+    openmetrics_weight = text_weight = 0.0
+    for name, weight in _weighted(accept):
+        if name == "application/openmetrics-text":
+            openmetrics_weight = max(openmetrics_weight, weight)
+        elif name in ("text/plain", "text/*", "*/*"):
+            text_weight = max(text_weight, weight)
+    return OPENMETRICS if openmetrics_weight > 0 and openmetrics_weight > text_weight else TEXT
+
+
+def accepts_gzip(accept_encoding: str | None) -> bool:
+    """gzip allowed by Accept-Encoding: named (or "*") with q > 0; "gzip;q=0" refuses it even
+    beside "*". No header, or an empty one, means identity only (RFC 9110 12.5.3)."""
+    named = wildcard = None
+    for name, weight in _weighted(accept_encoding):
+        if name in ("gzip", "x-gzip"):
+            named = weight if named is None else max(named, weight)
+        elif name == "*":
+            wildcard = weight
+    weight = named if named is not None else wildcard
+    return weight is not None and weight > 0

@@ -16,15 +16,19 @@ GuardedProtocol closes those with uvicorn's own h11 protocol underneath, so HTTP
 ASGI stay uvicorn's: a request deadline from connection (or previous response) until the request
 has fully arrived, a cap on connections that makes room by closing the oldest connection still
 waiting for its request, and a deadline on a stalled write. AgentServer bounds the graceful
-shutdown, answers fd exhaustion by shedding idle connections, and aggregates repeated warnings
-(agent/logs.py). A different server was not needed: each gap is a few lines over uvicorn's hooks.
+shutdown, answers fd exhaustion by shedding idle connections, aggregates repeated warnings
+(agent/logs.py), and hands SIGTERM/SIGINT on to the caller's handler the moment they arrive, so
+that the log tells the shutdown in the order it happens. A different server was not needed: each gap is a few lines over uvicorn's hooks.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import signal
 import socket
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -231,6 +235,30 @@ class AgentServer(uvicorn.Server):
         self.guard = guard
         self.repeats = repeats
         self._last_shed = float("-inf")  # event loop seconds
+        self._outer_handlers: dict[int, object] = {}  # signal -> the handler uvicorn displaced
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # uvicorn swaps in its own SIGTERM/SIGINT handler while it serves and re-raises the signal
+        # to the displaced one only after its shutdown, so the caller's "received SIGTERM,
+        # stopping" came after uvicorn's "Finished server process". Remember the displaced
+        # handlers, and hand each signal on the moment it arrives (handle_exit).
+        if threading.current_thread() is threading.main_thread():
+            self._outer_handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        with super().capture_signals():
+            yield
+
+    def handle_exit(self, sig: int, frame) -> None:
+        outer = self._outer_handlers.get(sig)
+        # Python's own SIGINT handler raises KeyboardInterrupt: that one, like a default or ignored
+        # disposition, is left to uvicorn's re-raise after its graceful shutdown, as before.
+        forward = callable(outer) and outer is not signal.default_int_handler
+        if forward:
+            outer(sig, frame)  # type: ignore[operator]
+        super().handle_exit(sig, frame)
+        if forward:
+            # Delivered already: uvicorn's re-raise after shutdown would deliver it a second time.
+            self._captured_signals.remove(sig)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         asyncio.get_running_loop().set_exception_handler(self._loop_exception)
@@ -287,6 +315,9 @@ def build_server(app, limits: ServerLimits, log_level: str) -> AgentServer:
         app,
         http=protocol_for(guard),
         log_level=log_level,
+        # No logging config of uvicorn's own ("INFO:     Started server process"): its loggers
+        # propagate to the root logger, whose one handler formats every line (agent/logs.py).
+        log_config=None,
         access_log=False,
         lifespan="off",
         # No limit_concurrency: it answers 503 to every request past the cap, idle connections

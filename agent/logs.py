@@ -1,6 +1,14 @@
-"""Repeated log lines, aggregated: a hostile client must not be able to fill the disk through us.
+"""The agent's log lines: one format for every logger, and repeated lines aggregated.
 
-A message that repeats (uvicorn's "Invalid HTTP request received." once per bad request, asyncio's
+Format. configure_logging() puts one handler on the root logger, and every line the process writes
+goes through it: the agent's own loggers, uvicorn's (uvicorn.Config(log_config=None) in
+agent/httpserver.py leaves uvicorn's loggers without handlers of their own, so they propagate
+here), asyncio's, warnings.warn (logging.captureWarnings) and exceptions that end a thread. "text" is one line per record:
+`2026-11-25T09:43:24.951+00:00 INFO hybridmon: serving ...`; "json" is one JSON object per line,
+{"time", "level", "logger", "message"} plus "exception" when there is a traceback, for journald
+(`journalctl -o cat`) and Kubernetes log pipelines. Times are RFC 3339 with the local offset.
+
+Repeats: a hostile client must not be able to fill the disk through us. A message that repeats (uvicorn's "Invalid HTTP request received." once per bad request, asyncio's
 "socket.accept() out of system resource" once per failed accept) is logged the first time; its
 repeats within the window are counted instead of written, and one summary line per window says
 how many there were. Messages are told apart by logger, level and format string (not the
@@ -8,11 +16,16 @@ arguments), so "bad request from 10.0.0.1" and "... from 10.0.0.2" count as one 
 """
 from __future__ import annotations
 
+import json
 import logging
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from datetime import datetime
+from typing import Callable, TextIO
+
+LOG_FORMATS = ("text", "json")
 
 # A format string built from data (an f-string) would make every line a new message; past this
 # many distinct messages in one window the filter stops tracking new ones and lets them through.
@@ -108,3 +121,82 @@ def aggregate_repeats(logger_names: tuple[str, ...], window_seconds: float = 60.
 def remove_filter(repeats: RepeatedMessageFilter, logger_names: tuple[str, ...]) -> None:
     for name in logger_names:
         logging.getLogger(name).removeFilter(repeats)
+
+
+def rfc3339(created: float) -> str:
+    """A record's time (Unix seconds) as RFC 3339 with the local UTC offset, to the millisecond."""
+    return datetime.fromtimestamp(created).astimezone().isoformat(timespec="milliseconds")
+
+
+class TextFormatter(logging.Formatter):
+    """`<RFC 3339 time> <LEVEL> <logger>: <message>`, a traceback on the lines after it."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return rfc3339(record.created)
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (a message's own newlines are escaped by json)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "time": rfc3339(record.created),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def formatter_for(log_format: str) -> logging.Formatter:
+    if log_format == "json":
+        return JsonFormatter()
+    if log_format == "text":
+        return TextFormatter()
+    raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
+
+
+def configure_logging(level: str, log_format: str = "text", stream: TextIO | None = None,
+                      force: bool = False) -> logging.Handler | None:
+    """The process's one log handler on the root logger (stderr by default); returns it.
+
+    `level` is debug, info, warning or error. Like logging.basicConfig, it leaves alone a root
+    logger that something else configured first (pytest's capture, when a test calls the CLI
+    in-process) and returns None, unless `force`; one it installed itself is replaced.
+    """
+    formatter = formatter_for(log_format)  # a bad format fails before anything is changed
+    root = logging.getLogger()
+    others = [h for h in root.handlers if not getattr(h, "installed_by_configure_logging", False)]
+    if others and not force:
+        return None
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.installed_by_configure_logging = True  # type: ignore[attr-defined]
+    handler.setFormatter(formatter)
+    root.addHandler(handler)
+    root.setLevel(level.upper())
+    # warnings.warn (a library's DeprecationWarning, ResourceWarning) as records of "py.warnings",
+    # in the same format, rather than Python's two-line stderr text.
+    logging.captureWarnings(True)
+    # An exception that ends a thread (the sampler's, the Alertmanager pusher's) as a record too:
+    # Python's default hook prints a bare traceback that a JSON log reader cannot parse.
+    threading.excepthook = _log_thread_exception
+    return handler
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    if issubclass(args.exc_type, SystemExit):
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    logging.getLogger("hybridmon").error("thread %s ended by an uncaught exception", name,
+                                         exc_info=(args.exc_type, args.exc_value, args.exc_traceback))

@@ -45,4 +45,10 @@ def _cell(text: str) -> str:
 
 
 if __name__ == "__main__":
-    print(render(), end="")
+    import sys
+
+    text = render()
+    sys.stdout.write(text)
+    # stdout is the file (redirected to docs/metrics.md); this line says what went into it.
+    print(f"wrote the metrics reference to standard output: {text.count(chr(10) + '| `')} metrics "
+          f"(compare: git diff docs/metrics.md)", file=sys.stderr)

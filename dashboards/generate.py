@@ -15,10 +15,17 @@ import json
 import sys
 from pathlib import Path
 
+try:
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+except ModuleNotFoundError as missing:  # a test extra: an agent installed with `pip install .` lacks it
+    raise SystemExit(f"python -m hybridmon.dashboards.generate needs grafana-foundation-sdk ({missing}): "
+                     ".venv/bin/pip install -e '.[test]' (what ./scripts/test does). "
+                     "The generated dashboards ship with the agent: "
+                     "`hybridmon dashboards --output DIR`") from None
+
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards import JSON_DIR, gpu, host
 from hybridmon.dashboards.common import DEFAULT_RUNBOOK_BASE_URL
-from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from hybridmon.rules import generate as rules_generate
 
 BUILDERS = {host.UID: host.build, gpu.UID: gpu.build}

@@ -16,7 +16,12 @@ import difflib
 import sys
 from pathlib import Path
 
-import yaml
+try:
+    import yaml
+except ModuleNotFoundError as missing:  # a test extra: an agent installed with `pip install .` lacks it
+    raise SystemExit(f"python -m hybridmon.rules.generate needs PyYAML ({missing}): "
+                     ".venv/bin/pip install -e '.[test]' (what ./scripts/test does). "
+                     "The generated rules ship with the agent: `hybridmon rules > hybridmon.rules.yml`") from None
 
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import ThresholdsError, load_thresholds
@@ -91,6 +96,7 @@ def check(output_dir: Path, files: dict[str, str]) -> list[str]:
 def write(output_dir: Path, files: dict[str, str]) -> None:
     for name in _stale(output_dir, files):
         (output_dir / name).unlink()
+        print(f"deleted {output_dir / name} (no longer generated)", file=sys.stderr)
     for name, text in files.items():
         path = output_dir / name
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -101,15 +107,23 @@ def check_or_write(output_dir: Path, files: dict[str, str], check_only: bool, co
                    checker=None, writer=None) -> int:
     """The end of every generator here: with --check, exit 1 with a diff when the files on disk
     differ from `files` (`checker`, default `check`); otherwise write them (`writer`, default
-    `write`). Returns the exit status."""
+    `write`). Either way one line per file on stderr says what was checked or written, so a
+    silent success cannot be mistaken for nothing done. Returns the exit status."""
     if check_only:
         diffs = (checker or check)(output_dir, files)
+        for name, text in files.items():
+            path = output_dir / name
+            current = path.read_text() if path.exists() else None
+            state = "up to date" if current == text else "missing" if current is None else "differs"
+            print(f"checked {path}: {state}", file=sys.stderr)
         if diffs:
             sys.stdout.write("".join(diffs))
             print(f"generated files are stale: run {command}", file=sys.stderr)
             return 1
         return 0
     (writer or write)(output_dir, files)
+    for name in files:
+        print(f"wrote {output_dir / name}", file=sys.stderr)
     return 0
 
 

@@ -14,6 +14,7 @@ from typing import TextIO
 from hybridmon.agent.bench.build import BenchBuildError, locate_binary
 from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason, no_gpu_reason
 from hybridmon.agent.config import AgentConfig
+from hybridmon.agent.progress import LiveLine, Ticker
 from hybridmon.exporters.bench_report import Progress, ReportError
 from hybridmon.exporters.bench_runs import measured_capacity, parse_stored_run
 from hybridmon.exporters.nvml import GpuLostError
@@ -27,26 +28,18 @@ COLUMNS = {"host_to_device": "host->device", "device_to_host": "device->host",
 
 
 class ProgressLine:
-    """One line rewritten in place on a terminal; one line per step otherwise (logs, CI)."""
+    """The benchmark's step, rewritten in place on a terminal; nothing on a pipe (agent/progress.py)."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.interactive = stream.isatty()
+        self.line = LiveLine(stream)
 
     def __call__(self, gpu: str, placement: str, step: Progress) -> None:
         size = _size(step.transfer_bytes)
-        text = (f"GPU {gpu} {placement}: [{step.step:>2}/{step.steps}] "
-                f"{step.direction.replace('_', ' ')} {step.memory} {size}")
-        if self.interactive:
-            self.stream.write("\r\033[K" + text)
-        else:
-            self.stream.write(text + "\n")
-        self.stream.flush()
+        self.line.show(f"GPU {gpu} {placement}: [{step.step:>2}/{step.steps}] "
+                       f"{step.direction.replace('_', ' ')} {step.memory} {size}")
 
     def done(self) -> None:
-        if self.interactive:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
+        self.line.clear()
 
 
 def _size(value: float) -> str:
@@ -60,6 +53,12 @@ def main(config: AgentConfig, gpu: int | None, as_json: bool, force: bool,
          binary: str | None, remote: bool, out: TextIO = sys.stdout, err: TextIO = sys.stderr,
          mig_instance: bool = False) -> int:
     progress = ProgressLine(err)
+    with progress.line.apart_from_logs():  # NVML's log lines must not land after the progress text
+        return _measure(config, gpu, as_json, force, binary, remote, out, err, mig_instance, progress)
+
+
+def _measure(config: AgentConfig, gpu: int | None, as_json: bool, force: bool, binary: str | None,
+             remote: bool, out: TextIO, err: TextIO, mig_instance: bool, progress: ProgressLine) -> int:
     runner = BenchRunner(None, config.resolved_state_dir(), nvml_module=config.gpu.nvml_module,
                          sysfs=config.paths.sysfs, procfs=config.paths.procfs,
                          max_seconds=config.bench.max_seconds, repeat=config.bench.repeat,
@@ -71,7 +70,10 @@ def main(config: AgentConfig, gpu: int | None, as_json: bool, force: bool,
         err.write(f"hybridmon: no NVIDIA GPU to benchmark: {absent}\n")
         return 3
     try:
-        runner.binary = locate_binary(binary or config.bench.binary)
+        # nvcc prints nothing for its ~15 s on first use (a cached binary returns at once).
+        with Ticker(progress.line, lambda seconds: f"hybridmon bench: finding or building the benchmark "
+                                                   f"(nvcc on first use), {seconds:.0f} s"):
+            runner.binary = locate_binary(binary or config.bench.binary)
     except BenchBuildError as error:
         err.write(f"hybridmon: cannot build or find the benchmark: {error}\n")
         return 1

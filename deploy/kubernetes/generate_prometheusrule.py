@@ -13,7 +13,11 @@ import argparse
 import sys
 from pathlib import Path
 
-import yaml
+try:
+    import yaml
+except ModuleNotFoundError as missing:  # a test extra: an agent installed with `pip install .` lacks it
+    raise SystemExit(f"python -m deploy.kubernetes.generate_prometheusrule needs PyYAML ({missing}): "
+                     ".venv/bin/pip install -e '.[test]' (what ./scripts/test does)") from None
 
 from hybridmon.rules.generate import RULES_DIR, RULES_FILE, check_or_write, dump, write
 

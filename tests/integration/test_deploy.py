@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -197,6 +198,78 @@ def test_kustomization_lists_every_manifest_and_the_agents_version():
     assert sorted(kustomization["resources"]) == sorted(on_disk)
     (image,) = kustomization["images"]
     assert agent_container()["image"] == f"{image['name']}:{__version__}" and image["newTag"] == __version__
+
+
+# The image's placeholder registry in kustomization.yaml (RFC 2606 reserves example.com).
+PLACEHOLDER_IMAGE = "registry.example.com/hybridmon"
+
+
+def test_namespace_and_image_registry_are_explicit_in_the_kustomization():
+    resources = manifests()
+    kustomization = resources.pop("Kustomization")
+    # Every manifest names the kustomization's namespace, so `kubectl apply -f` of one file lands
+    # where `kubectl apply -k` puts it; a Namespace object is not among them (`delete -k` would
+    # delete a namespace shared with other things).
+    assert {r["metadata"]["namespace"] for r in resources.values()} == {kustomization["namespace"]} == {"monitoring"}
+    assert "Namespace" not in resources
+    (image,) = kustomization["images"]
+    # A registry host, by the rule docker applies to the first path component (a dot, a colon or
+    # "localhost"); "hybridmon" alone would be docker.io/library/hybridmon.
+    registry = image["newName"].split("/")[0]
+    assert "." in registry or ":" in registry, image["newName"]
+    assert image["newName"] == PLACEHOLDER_IMAGE
+    comment = (KUBERNETES / "kustomization.yaml").read_text().split("apiVersion:")[0]
+    readme = (DEPLOY / "README.md").read_text()
+    for text in (comment, readme):
+        assert "kustomize edit set namespace" in text and "kustomize edit set image hybridmon=" in text
+    assert "docker build -f deploy/container/Dockerfile" in readme and "docker push" in readme
+
+
+def kubectl_kustomize(directory: Path) -> dict[str, dict]:
+    """kind -> resource, as `kubectl kustomize` (kustomize inside kubectl) builds `directory`."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the kustomize build itself cannot be checked")
+    built = subprocess.run([kubectl, "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    return {resource["kind"]: resource for resource in yaml.safe_load_all(built.stdout)}
+
+
+def built_namespaces_and_image(resources: dict[str, dict]) -> tuple[set[str], str]:
+    (container,) = resources["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    return {r["metadata"]["namespace"] for r in resources.values()}, container["image"]
+
+
+@pytest.mark.parametrize("how", ["edit", "overlay"])
+def test_namespace_and_image_are_overridable(tmp_path, how):
+    """The two ways deploy/README.md gives: `kustomize edit set ...` in a copy of the directory
+    (which rewrites kustomization.yaml's `namespace:` and the `hybridmon` images entry, as done
+    here by hand: kubectl has no `edit`), or an overlay of one's own."""
+    assert built_namespaces_and_image(kubectl_kustomize(KUBERNETES)) == (
+        {"monitoring"}, f"{PLACEHOLDER_IMAGE}:{__version__}")
+    if how == "edit":
+        copy = tmp_path / "kubernetes"
+        shutil.copytree(KUBERNETES, copy, ignore=shutil.ignore_patterns("*.py", "__pycache__"))
+        kustomization = yaml.safe_load((copy / "kustomization.yaml").read_text())
+        kustomization["namespace"] = "gpu-observability"
+        kustomization["images"] = [{"name": "hybridmon", "newName": "ghcr.io/acme/hybridmon", "newTag": "9.9.9"}]
+        (copy / "kustomization.yaml").write_text(yaml.safe_dump(kustomization))
+        directory = copy
+    else:
+        # An overlay matches the image as the base left it: the placeholder's name.
+        directory = tmp_path / "overlay"
+        directory.mkdir()
+        (directory / "kustomization.yaml").write_text(yaml.safe_dump({
+            "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+            "resources": [os.path.relpath(KUBERNETES, directory)],  # kustomize refuses absolute paths
+            "namespace": "gpu-observability",
+            "images": [{"name": PLACEHOLDER_IMAGE, "newName": "ghcr.io/acme/hybridmon", "newTag": "9.9.9"}],
+        }))
+    built = kubectl_kustomize(directory)
+    assert built.keys() == {"DaemonSet", "Service"} | CRD_KINDS
+    assert built_namespaces_and_image(built) == ({"gpu-observability"}, "ghcr.io/acme/hybridmon:9.9.9")
+    for kind in ("DaemonSet", "Service"):
+        kubernetes_validate.validate(built[kind], KUBERNETES_VERSIONS[-1], strict=True)
 
 
 def test_daemonset_reads_the_host_read_only_with_one_capability():

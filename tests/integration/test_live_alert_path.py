@@ -65,6 +65,7 @@ from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, free_port
 from tests.support.alertmanager_helpers import Alertmanager, WebhookReceiver
 from tests.support.bench_helpers import BENCH_FIXTURES
 from tests.support.fake_nvml import UUID0
+from tests.integration.test_metrics_negotiation import OPENMETRICS_TYPE, PROMETHEUS_ACCEPT
 from tests.support.live_stack import (
     JOB, AdvancingInferenceServer, AgentProcess, Prometheus, StateWatch, first_delivery, require_binary,
     sample_value, store_bench_run,
@@ -229,6 +230,20 @@ def test_rules_load_unchanged_and_evaluate_without_errors(live):
     scraped = live.prometheus.query(f'up{{job="{JOB}"}}')
     assert sorted(s["metric"]["instance"] for s in scraped if s["value"][1] == "1") == \
         sorted(agent.instance for agent in (live.incident, live.healthy, live.fixture))
+
+
+def test_prometheus_scrapes_every_agent_in_openmetrics_and_gzip(live):
+    """Prometheus asks for OpenMetrics and gzip on every scrape (PROMETHEUS_ACCEPT), and the agent
+    answers in both (agent/exposition.py): every target being up with no scrape error means
+    Prometheus's own OpenMetrics parser took the agent's gzipped answer, scrape after scrape."""
+    targets = httpx.get(f"{live.prometheus.url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
+    agents = sorted(agent.instance for agent in (live.incident, live.healthy, live.fixture))
+    assert sorted(t["labels"]["instance"] for t in targets if t["labels"]["job"] == JOB) == agents
+    assert [(t["labels"]["instance"], t["health"], t["lastError"]) for t in targets if t["health"] != "up"] == []
+    scrape = httpx.get(f"{live.fixture.url}/metrics", timeout=5,
+                       headers={"Accept": PROMETHEUS_ACCEPT, "Accept-Encoding": "gzip"})
+    assert scrape.headers["content-type"] == OPENMETRICS_TYPE
+    assert scrape.headers["content-encoding"] == "gzip" and scrape.text.endswith("# EOF\n")
 
 
 def test_prometheus_route_delivers_the_alert_with_its_labels_and_runbook(live):

@@ -110,3 +110,30 @@ def test_installed_command_runs(installed, tmp_path, arguments):
     result = run_outside_checkout([str(installed / "hybridmon"), *arguments], tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: hybridmon")
+
+
+# The generated files an operator wants, written by the installed command from the wheel's package
+# data, with the generators' own dependencies (test extras) made unimportable: issue 16.
+WITHOUT_GENERATOR_DEPENDENCIES = (
+    "import sys; sys.modules.update(yaml=None, grafana_foundation_sdk=None); "
+    "from hybridmon.agent.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+
+
+def test_installed_command_writes_rules_dashboards_and_runbooks(installed, tmp_path):
+    def hybridmon(*arguments: str) -> subprocess.CompletedProcess:
+        return run_outside_checkout([str(installed / "python"), "-c", WITHOUT_GENERATOR_DEPENDENCIES, *arguments],
+                                    tmp_path)
+
+    rules = hybridmon("rules")
+    assert rules.returncode == 0, rules.stderr
+    assert rules.stdout == (REPO / "rules/hybridmon.rules.yml").read_text()
+    for kind, folder, suffix in (("dashboards", REPO / "dashboards/json", ".json"), ("runbooks", REPO / "runbooks", ".md")):
+        written = hybridmon(kind, "--output", str(tmp_path / kind))
+        assert written.returncode == 0, written.stderr
+        expected = sorted(path.name for path in folder.glob(f"*{suffix}"))
+        assert sorted(path.name for path in (tmp_path / kind).iterdir()) == expected
+        assert written.stderr.splitlines() == [f"wrote {tmp_path / kind / name}" for name in expected]
+        assert all((tmp_path / kind / name).read_bytes() == (folder / name).read_bytes() for name in expected)
+    refused = hybridmon("dashboards", "--output", "/proc/version/x")
+    assert refused.returncode == 74 and refused.stderr.startswith("hybridmon: "), refused.stderr
