@@ -1,6 +1,9 @@
 import math
 
-from hybridmon.agent.history import History
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridmon.agent.history import History, _CollectorRing, _kept_by_bisection, _kept_by_walking
 from hybridmon.exporters.base import MetricSpec, Samples
 
 RESIDENT = MetricSpec("hybridmon_test_resident_bytes", "test", "gauge", ("pid",))
@@ -81,3 +84,30 @@ def test_series_can_be_coarse_before_a_time_and_full_after_it():
         history.commit("process", float(second), batch(p1=float(second)))
     (series,) = history.series("hybridmon_test_resident_bytes", since=10.0, coarse_before=40.0, coarse_seconds=15.0)
     assert list(series.times) == [10.0, 25.0, 40.0] + [float(t) for t in range(41, 60)]
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(2, 40), ticks=st.integers(0, 120),
+       steps=st.lists(st.sampled_from([0.5, 1.0, 1.0, 2.0, 7.0]), min_size=120, max_size=120),
+       since=st.one_of(st.none(), st.floats(0, 200)), coarse_before=st.one_of(st.none(), st.floats(0, 200)),
+       coarse_seconds=st.sampled_from([0.0, 1.0, 3.0, 15.0]))
+def test_bisection_keeps_the_points_a_walk_keeps(capacity, ticks, steps, since, coarse_before,
+                                                 coarse_seconds):
+    """Issue 17: reads find their points by bisection on rising tick times; they must keep exactly
+    what the walk over the whole ring kept, wrapped or not, thinned or not."""
+    ring = _CollectorRing(capacity)
+    at = 0.0
+    for tick in range(ticks):
+        at += steps[tick]
+        ring.commit(at, Samples())
+    assert ring.times_rise
+    assert (list(_kept_by_bisection(ring, since, coarse_before, coarse_seconds))
+            == _kept_by_walking(ring, since, coarse_before, coarse_seconds))
+
+
+def test_a_clock_that_goes_back_falls_back_to_the_walk():
+    history = History(retention_seconds=100)
+    history.add_collector("c", 1.0)
+    for at in (10.0, 11.0, 5.0, 6.0):
+        history.commit("c", at, batch(p1=1.0))
+    assert [list(s.times) for s in history.series(RESIDENT.name, since=5.5)] == [[10.0, 11.0, 6.0]]
