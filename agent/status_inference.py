@@ -15,6 +15,7 @@ from hybridmon.agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SE
 from hybridmon.agent.history import History
 from hybridmon.agent.status_signals import LatestValues, counter_rates
 from hybridmon.agent.status_template import Row, card, key_values, paragraph
+from hybridmon.agent.status_trends import Trends, server_plots
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, OFFLOAD_SECONDS,
                                                  SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS)
 from hybridmon.units import human_bytes, human_rate, percent
@@ -22,7 +23,7 @@ from hybridmon.units import human_bytes, human_rate, percent
 COUNTERS_READ = 4  # generated and prompt tokens, preemptions, offload bytes: one series read each
 
 
-def inference_html(history: History, latest: LatestValues) -> str:
+def inference_html(history: History, latest: LatestValues, trends: Trends) -> str:
     success = latest.keyed(SCRAPE_SUCCESS.name, "endpoint")
     errors: dict[str, list[str]] = {}
     for labels, _ in latest.all(SCRAPE_ERROR.name):
@@ -55,7 +56,7 @@ def inference_html(history: History, latest: LatestValues) -> str:
             server, _endpoint, model, pid = key
             heading = " · ".join(part for part in (DISPLAY_NAMES.get(server, server), model,
                                                    f"pid {pid}" if pid else "") if part)
-            body += paragraph(heading, "sub") + key_values(server_rows(key, latest, rates))
+            body += paragraph(heading, "sub") + key_values(server_rows(key, latest, rates)) + server_plots(trends, key)
         cards.append(card(endpoint, body))
     return f'<div class="grid">{"".join(cards)}</div>'
 

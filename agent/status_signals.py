@@ -11,6 +11,7 @@ from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.common import PROCESS_LABELS
 from hybridmon.agent.history import History
 from hybridmon.agent.status_template import Row, card, clock_and_age, key_values, paragraph, table
+from hybridmon.agent.status_trends import Trends, gpu_plots, host_plots, process_plots
 from hybridmon.exporters import bench, host_memory, numa, pcie, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
@@ -69,7 +70,9 @@ def counter_rates(history: History, latest: LatestValues, metric: str, label_nam
     return rates
 
 
-def gpus_html(latest: LatestValues) -> str:
+def gpus_html(latest: LatestValues, trends: Trends, lost_identity: dict[tuple[str, ...], Labels]) -> str:
+    """One card per GPU. A lost GPU reports no gpu_info any more (exporters/gpu.py): it is named
+    by `lost_identity`, what it reported while it answered (status_page.lost_gpu_identity)."""
     gpu = ("gpu", "uuid")
     identity = {tuple(labels[n] for n in gpu): labels for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)}
     up = latest.keyed(gpu_metrics.GPU_UP.name, *gpu)
@@ -78,14 +81,18 @@ def gpus_html(latest: LatestValues) -> str:
         return paragraph("No GPU seen (no NVIDIA driver, or the gpu collector is off or failing: see Agent).", "meta")
     cards = []
     for key in keys:
-        info = identity.get(key, {})
-        title = f"GPU {key[0]} · {info.get('name', 'unknown model')}"
-        subtitle = f"{info.get('pci_bus_id', 'PCI address unknown')} · {key[1]}"
+        info = identity.get(key) or lost_identity.get(key, {})
+        title = f"GPU {key[0]} · {info.get('name') or 'model unknown'}"
+        subtitle = " · ".join(part for part in (info.get("pci_bus_id") or "PCI address unknown", key[1]) if part)
         if up.get(key) == 0:
             rows: list[Row] = [("State", "lost: no NVML call on it succeeds (fell off the bus, or the driver is gone)", True)]
+            plots = ""
         else:
             rows = gpu_rows(key, latest)
-        cards.append(card(title, key_values(rows), subtitle))
+            measured = {direction: value for (g, u, direction), value in
+                        latest.keyed(bench.MEASURED_CAPACITY.name, "gpu", "uuid", "direction").items() if (g, u) == key}
+            plots = gpu_plots(trends, key, lambda spec: latest.keyed(spec.name, *gpu).get(key), measured)
+        cards.append(card(title, key_values(rows) + plots, subtitle))
     return f'<div class="grid">{"".join(cards)}</div>'
 
 
@@ -127,7 +134,7 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
     return rows
 
 
-def processes_html(history: History, latest: LatestValues) -> str:
+def processes_html(history: History, latest: LatestValues, trends: Trends) -> str:
     watched = {(labels["pid"], labels["process_name"]): labels for labels, _ in latest.all(process.INFO.name)}
     for labels, _ in latest.all(process.RESIDENT.name):
         watched.setdefault((labels["pid"], labels["process_name"]), labels)
@@ -177,11 +184,12 @@ def processes_html(history: History, latest: LatestValues) -> str:
             f"runs {executable}" if executable and executable != process_name else "",
             f"watched: {info['watch_reason']}" if info.get("watch_reason") else "",
         ) if part)
-        cards.append(card(f"{process_name} · pid {pid}", key_values(rows), subtitle))
+        cards.append(card(f"{process_name} · pid {pid}", key_values(rows) + process_plots(trends, pid, process_name),
+                          subtitle))
     return f'<div class="grid">{"".join(cards)}</div>'
 
 
-def host_html(history: History, latest: LatestValues) -> str:
+def host_html(history: History, latest: LatestValues, trends: Trends) -> str:
     def one(spec: MetricSpec) -> float | None:
         found = latest.all(spec.name)
         return found[0][1] if found else None
@@ -199,7 +207,9 @@ def host_html(history: History, latest: LatestValues) -> str:
     for scope, meaning in (("some", "some task stalled"), ("full", "every task stalled")):
         if (scope,) in stalled:
             rows.append((f"PSI memory {scope}", f"{stalled[(scope,)] * 100:.1f} % of the last minute ({meaning})", False))
-    return card("This host", key_values(rows)) if rows else paragraph("No host memory samples yet.", "meta")
+    if not rows:
+        return paragraph("No host memory samples yet.", "meta")
+    return card("This host", key_values(rows) + host_plots(trends))
 
 
 def bench_html(latest: LatestValues, now: float) -> str:

@@ -9,6 +9,7 @@ no web fonts, no external files: the page must work on an air-gapped host and on
 from __future__ import annotations
 
 import html
+import re
 from datetime import datetime, timezone
 from typing import Iterable, Sequence
 
@@ -30,7 +31,7 @@ main { max-width: 64rem; margin: 0 auto; padding: 0 .75rem 2rem; }
 .banner small { display: block; font-size: .85rem; font-weight: 400; }
 h2 { font-size: 1.1rem; margin: 1.4rem 0 .5rem; padding-bottom: .2rem; border-bottom: 1px solid #ccc; }
 h3 { font-size: 1rem; margin: 0 0 .3rem; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(20rem, 1fr)); gap: .75rem; }
+.grid { display: grid; grid-template-columns: repeat(auto-fit, minmax(min(20rem, 100%), 1fr)); gap: .75rem; }
 @media (max-width: 600px) { .grid { grid-template-columns: 1fr; } }
 .card { background: #fff; border: 1px solid #d6d6d6; border-radius: 6px; padding: .6rem .75rem;
         overflow-wrap: anywhere; margin-bottom: .75rem; }
@@ -48,6 +49,17 @@ table.grid-table th { font-weight: 600; border-bottom: 1px solid #ddd; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: .85em;
        background: #eee; border-radius: 3px; padding: 0 .2rem; }
 details summary { cursor: pointer; color: #555; font-size: .85rem; }
+.plot { margin: .6rem 0 0; }
+.plot figcaption { font-size: .8rem; font-weight: 600; color: #333; }
+.plot svg { display: block; width: 100%; height: 3.75rem; background: #fafafa; border: 1px solid #e4e4e4; }
+.plot .axis { display: flex; justify-content: space-between; color: #777; font-size: .7rem; margin: 0; }
+.plot .legend { font-size: .75rem; color: #444; margin: .1rem 0 0; }
+.plot .legend > span { display: inline-block; margin-right: .7rem; }
+.plot .legend .swatch { display: inline-block; width: .9rem; border-top: 3px solid #1565c0; vertical-align: middle;
+                        margin-right: .25rem; }
+.plot .legend .swatch.threshold { border-top: 2px dashed #c62828; }
+.plot .legend .swatch.capacity { border-top: 2px solid #757575; }
+.plot .legend .swatch.firing { height: .7rem; border: 0; background: #c6282833; }
 a { color: #0b57a4; }
 """ + "".join(f".banner.{name} {{ background: {colour}; }} .finding.{name} {{ border-left-color: {colour}; }}\n"
               for name, colour in SEVERITY_COLOURS.items())
@@ -73,6 +85,15 @@ def esc(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
+_QUOTED_COMMAND = re.compile(r"`([^`\n]+)`")
+
+
+def prose(text: object) -> str:
+    """Escaped text with `quoted commands` as <code> (the messages of the agent and its alerts
+    quote commands Markdown's way, e.g. `hybridmon bench`; a browser printed the backticks)."""
+    return _QUOTED_COMMAND.sub(r"<code>\1</code>", esc(text))
+
+
 def page(title: str, banner_class: str, banner_text: str, banner_detail: str, sections: Iterable[str]) -> str:
     banner = (f'<header class="banner {esc(banner_class)}" id="banner">{esc(banner_text)}'
               f"<small>{esc(banner_detail)}</small></header>")
@@ -88,9 +109,14 @@ def card(title: str, body: str, subtitle: str = "", classes: str = "") -> str:
     return f'<div class="card {esc(classes)}"><h3>{esc(title)}</h3>{sub}{body}</div>'
 
 
+# Rows whose value is the host's text, shown as is: a backtick there is the user's, not our quoting.
+VERBATIM_ROWS = frozenset({"Command line"})
+
+
 def key_values(rows: Iterable[Row]) -> str:
     cells = "".join(
-        f'<tr><th>{esc(label)}</th><td{FLAGGED if flagged else ""}>{esc(value)}</td></tr>'
+        f'<tr><th>{esc(label)}</th><td{FLAGGED if flagged else ""}>'
+        f'{esc(value) if label in VERBATIM_ROWS else prose(value)}</td></tr>'
         for label, value, flagged in rows)
     return f'<table class="kv">{cells}</table>' if cells else ""
 
@@ -102,7 +128,7 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> str:
 
 
 def paragraph(text: str, classes: str = "") -> str:
-    return f'<p class="{esc(classes)}">{esc(text)}</p>'
+    return f'<p class="{esc(classes)}">{prose(text)}</p>'
 
 
 def link(href: str, text: str) -> str:

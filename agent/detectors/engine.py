@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
@@ -40,6 +41,22 @@ DEFAULT_RESOLVED_RETENTION_SECONDS = 15 * 60
 # trends), which keeps an evaluation of 8 GPUs and 16 processes over 2 h of history cheap.
 FULL_RESOLUTION_SECONDS = 600.0
 COARSE_STEP_SECONDS = 15.0
+# The status page shades when each alert fired over its last hour of plots (agent/status_plots.py);
+# resolved states are dropped after resolved_retention_seconds (15 min), so the engine keeps the
+# intervals that ended within this span, at most FIRING_LOG_LIMIT of them (a flapping alert must
+# not grow memory without bound; the oldest go first).
+FIRING_LOG_SECONDS = 3600.0
+FIRING_LOG_LIMIT = 1000
+
+
+@dataclass(frozen=True)
+class FiringInterval:
+    """One span in which a finding fired: from firing_since to resolved_at (None: firing now)."""
+
+    alertname: str
+    labels: dict[str, str]
+    start: float
+    end: float | None
 
 
 @dataclass(frozen=True)
@@ -132,6 +149,7 @@ class Engine:
         self._detector_errors: dict[str, int] = {d.name: 0 for d in self.detectors}
         self._logged_failures: set[str] = set()
         self._states: dict[tuple, FindingState] = {}
+        self._firing_log: deque[FiringInterval] = deque(maxlen=FIRING_LOG_LIMIT)
         self._lock = threading.Lock()            # guards the states and counters, held briefly
         self._evaluating = threading.Lock()      # one evaluation at a time
 
@@ -196,6 +214,8 @@ class Engine:
                 resolved = replace(state, resolved_at=now)
                 states[key] = resolved
                 changes.append((resolved, "resolved"))
+                self._firing_log.append(FiringInterval(state.finding.alertname, dict(state.finding.labels),
+                                                       state.firing_since, now))
             # a pending finding whose condition stopped is dropped
         for key, (detector, finding) in returned.items():
             old = self._states.get(key)
@@ -208,6 +228,8 @@ class Engine:
                 changes.append((state, "firing"))
             states[key] = state
         self._states = states
+        while self._firing_log and self._firing_log[0].end < now - FIRING_LOG_SECONDS:
+            self._firing_log.popleft()
         return changes
 
     def _correlate(self, view: EvaluationView, returned: dict[tuple, tuple[str, Finding]],
@@ -253,6 +275,14 @@ class Engine:
         """Resolved findings still within resolved_retention_seconds."""
         with self._lock:
             return self._select("resolved")
+
+    def firing_intervals(self) -> list[FiringInterval]:
+        """When findings fired over the last FIRING_LOG_SECONDS: the resolved spans, oldest first,
+        then those firing now (end None)."""
+        with self._lock:
+            return list(self._firing_log) + [
+                FiringInterval(s.finding.alertname, dict(s.finding.labels), s.firing_since, None)
+                for s in self._states.values() if s.state == "firing"]
 
     def states(self) -> list[FindingState]:
         """Every finding the engine holds: pending, firing and recently resolved."""
