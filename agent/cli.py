@@ -254,12 +254,14 @@ class _StopSignals:
 
 
 def _run(args: argparse.Namespace, config) -> int:
+    from hybridmon.agent.allocator import cap_malloc_arenas
     from hybridmon.agent.daemon import Agent
     from hybridmon.agent.server import bind_socket, listen_url, serve
 
     if args.speed != 1.0 and not args.replay:
         raise ValueError("--speed applies to --replay only")
     host, port = parse_listen(config.listen)
+    cap_malloc_arenas()  # before the first thread starts: agent/allocator.py says why
     stop = _StopSignals()
     agent = Agent(config, replay_from=args.replay)
     sock = bind_socket(host, port)

@@ -16,10 +16,15 @@ loopback. Then:
 4. memory:  a fresh subprocess drives 7,200 ticks (2 h at 1 s) of fake wall time through the
             sampler, NVML values changing every tick, and reports its RSS.
 
+--gpus and --processes size the host (benchmarks/agent_bench_curve.py builds it); --curve instead
+runs part 4 alone at 1, 16, 64, 256 processes (8 GPUs) and 1, 8, 32 GPUs (16 processes) and prints
+CPU per tick, detector evaluation time and RSS at each.
+
 Everything it starts is stopped and its temporary directory removed, on success, error, Ctrl-C,
 SIGTERM, or when --time-limit runs out.
 
-    .venv/bin/python benchmarks/agent_bench.py [--quick] [--json-out FILE]
+    .venv/bin/python benchmarks/agent_bench.py [--quick] [--gpus N] [--processes N] [--json-out FILE]
+    .venv/bin/python benchmarks/agent_bench.py --curve [--history-ticks N] [--json-out FILE]
 """
 from __future__ import annotations
 
@@ -48,7 +53,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `tests` (the fake NVML, the fixture host) is not installed
 
 from hybridmon.exporters.gpu import MEMORY_USED  # noqa: E402
-from tests.support.scaled_host import (PIDS, THROUGHPUT_DELAY_SECONDS, ScaledHost, build_scaled_host,  # noqa: E402
+from benchmarks.agent_bench_curve import (DEFAULT_GPUS, DEFAULT_PROCESSES, build_sized_host,  # noqa: E402
+                                          print_curve, run_curve)
+from tests.support.scaled_host import (THROUGHPUT_DELAY_SECONDS, ScaledHost,  # noqa: E402
                                        check_agent_sees_the_host, exposition_needles, load_fake_nvml,
                                        vary_fake_values)
 from tests.support.scenarios.host import MIB  # noqa: E402
@@ -60,9 +67,9 @@ DAEMON_COMMAND = [sys.executable, "-m", "hybridmon.agent.cli", "run"]  # + --lis
 PACE_SECONDS = 1.37
 
 FULL = dict(ticks=300, numa_runs=30, scrapes=1000, gzip_scrapes=300, paced_scrapes=15,
-            daemon_idle_seconds=20.0, history_ticks=7200)
+            daemon_idle_seconds=20.0, history_ticks=7200, curve_ticks=600)
 QUICK = dict(ticks=50, numa_runs=5, scrapes=100, gzip_scrapes=50, paced_scrapes=3,
-             daemon_idle_seconds=3.0, history_ticks=600)
+             daemon_idle_seconds=3.0, history_ticks=600, curve_ticks=120)
 
 TARGETS = {
     "tick_cpu_median_ms": 15.0,
@@ -567,7 +574,7 @@ def print_report(results: dict) -> None:
     s = results["series"]
     print("\nSeries (samples exposition)")
     for key in ("samples_exposition_series", "per_gpu_series (gpu=\"0\" or pci_bus_id of GPU0)",
-                f"per_process_series (pid=\"{PIDS[0]}\")", "host_level_series",
+                f"per_process_series (pid=\"{results['host']['pids'][0]}\")", "host_level_series",
                 "series_with_gpu_or_pci_bus_id_label", "series_with_pid_label",
                 "gpu_and_pid_label_overlap", "health_series", "history_series"):
         print(f"  {key:52s} {s[key]}")
@@ -635,11 +642,18 @@ def main() -> int:
     parser.add_argument("--skip", action="append", default=[], choices=["scrape", "memory"],
                         help="leave out a part (repeatable)")
     parser.add_argument("--memory-child", metavar="HOST_JSON", help=argparse.SUPPRESS)
-    parser.add_argument("--history-ticks", type=int, help="ticks of history for the memory part")
+    parser.add_argument("--history-ticks", type=int,
+                        help="ticks of history for the memory part, and for each point of --curve")
+    parser.add_argument("--gpus", type=int, default=DEFAULT_GPUS, help="GPUs of the host (default 8)")
+    parser.add_argument("--processes", type=int, default=DEFAULT_PROCESSES,
+                        help="watched processes of the host (default 16)")
+    parser.add_argument("--curve", action="store_true",
+                        help="only the cost at 1/16/64/256 processes and 1/8/32 GPUs, each in a fresh "
+                             "process over --history-ticks ticks (default 600; 120 with --quick)")
     args = parser.parse_args()
     options = dict(QUICK if args.quick else FULL)
     if args.history_ticks:
-        options["history_ticks"] = args.history_ticks
+        options["history_ticks"] = options["curve_ticks"] = args.history_ticks
 
     if args.memory_child:
         memory_child(args.memory_child, options["history_ticks"])
@@ -677,7 +691,12 @@ def main() -> int:
     try:
         with tempfile.TemporaryDirectory(prefix="hybridmon-bench-") as tmp, server:
             workdir = Path(tmp)
-            host = build_scaled_host(workdir)
+            if args.curve:
+                results["curve"] = run_curve(
+                    workdir, server.url(), options["curve_ticks"], bench_memory,
+                    lambda: args.time_limit - (time.perf_counter() - started) - 10)
+                return finish(results, args, started)
+            host = build_sized_host(workdir, args.gpus, args.processes)
             host.inference_url = server.url()
             results["host"] = {"gpus": len(host.gpu_bus_ids), "gpu_bus_ids": list(host.gpu_bus_ids),
                                "watched_processes": len(host.pids), "pids": list(host.pids),
@@ -701,11 +720,20 @@ def main() -> int:
         return 1
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-    results["seconds"] = round(time.perf_counter() - started, 1)
+    return finish(results, args, started)
 
+
+def finish(results: dict, args: argparse.Namespace, started: float) -> int:
+    results["seconds"] = round(time.perf_counter() - started, 1)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(results, indent=2) + "\n")
-    print_report(results)
+    if "curve" in results:
+        m = results["machine"]
+        print(f"\nmachine: {m['cpus']} CPUs, {m['cpu_model']}, Python {m['python']}, {m['kernel']}")
+        print_curve(results["curve"])
+        print(f"\ntotal {results['seconds']:.0f} s")
+    else:
+        print_report(results)
     if args.json_out:
         print(f"figures written to {args.json_out}")
     return 0

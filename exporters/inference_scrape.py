@@ -1,7 +1,7 @@
 """Reaching an inference server: the TCP ports a watched process listens on, and one bounded GET.
 
 Both run inside RawSource.call, so a trace keeps their results (the listening ports, the answer of
-each GET) and a replay never touches the network or /proc/<pid>/fd.
+each GET) and a replay never touches the network, /proc/<pid>/fd or /proc/<pid>/ns.
 """
 from __future__ import annotations
 
@@ -71,8 +71,15 @@ def find_listeners(source: RawSource, procfs: str, pids: Iterable[int]) -> dict[
     """{pid: [[address, port], ...]} of the TCP sockets each process listens on: the listening
     sockets of its network namespace (net/tcp, net/tcp6) whose inode one of its fds holds.
     A process whose fds cannot be read (it exited, or it belongs to another user and the agent is
-    not root) is left out."""
+    not root) is left out, and so is one without a socket: its table is not read at all.
+
+    Each read of /proc/<pid>/net/tcp makes the kernel walk its whole connection hash (sized by RAM,
+    ~3.3 ms of kernel time on a 2-core VM even when nearly empty), and every process of one network
+    namespace sees the same table; so each namespace's tables are read once per call, through the
+    first pid of it whose table can be read. A pid whose /proc/<pid>/ns/net link cannot be read
+    (ptrace-mode access: another user's process to an agent that is not root) reads its own."""
     found: dict[str, list[list]] = {}
+    tables = _NamespaceTables(source)
     for pid in pids:
         base = os.path.join(procfs, str(pid))
         try:
@@ -80,16 +87,41 @@ def find_listeners(source: RawSource, procfs: str, pids: Iterable[int]) -> dict[
                       if (match := _SOCKET_LINK.fullmatch(_readlink(os.path.join(base, "fd", entry))))}
         except OSError:
             continue
-        ports = set()
-        for table in ("tcp", "tcp6"):
-            try:
-                listeners = parse_proc_net_tcp(source.read_text(os.path.join(base, "net", table)))
-            except (OSError, ParseError):
-                continue  # no IPv6 in this kernel, or a table we cannot read: the other may do
-            ports.update((entry.address, entry.port) for entry in listeners if entry.inode in inodes)
+        if not inodes:
+            continue  # no socket, so nothing it could listen on
+        listening = tables.listening(base)
+        ports = {listening[inode] for inode in inodes if inode in listening}
         if ports:
             found[str(pid)] = [[address, port] for address, port in sorted(ports, key=lambda p: (p[1], p[0]))]
     return found
+
+
+class _NamespaceTables:
+    """The listening sockets of each network namespace met in one find_listeners call, keyed by
+    the namespace's /proc/<pid>/ns/net link ("net:[4026531840]", the nsfs inode that identifies
+    it host-wide); a pid whose link cannot be read is a namespace of its own."""
+
+    def __init__(self, source: RawSource) -> None:
+        self._source = source
+        self._read: dict[tuple[str, str], dict[int, tuple[str, int]]] = {}
+
+    def listening(self, base: str) -> dict[int, tuple[str, int]]:
+        """{inode: (address, port)} of the listening sockets in net/tcp and net/tcp6 of the
+        namespace of the process at `base` (/proc/<pid>)."""
+        namespace = _readlink(os.path.join(base, "ns", "net")) or "own:" + base
+        listening: dict[int, tuple[str, int]] = {}
+        for table in ("tcp", "tcp6"):
+            key = (namespace, table)
+            if key not in self._read:
+                try:
+                    listeners = parse_proc_net_tcp(self._source.read_text(os.path.join(base, "net", table)))
+                except (OSError, ParseError):
+                    # No IPv6 in this kernel, or a table we cannot read (the pid exited since its fds
+                    # were listed): not kept, so the namespace's next pid tries its own path.
+                    continue
+                self._read[key] = {entry.inode: (entry.address, entry.port) for entry in listeners}
+            listening.update(self._read[key])
+        return listening
 
 
 def _readlink(path: str) -> str:
@@ -97,7 +129,7 @@ def _readlink(path: str) -> str:
     try:
         return os.readlink(path)
     except OSError:
-        return ""  # the fd was closed between the listing and now
+        return ""  # the fd was closed since the listing, the pid exited, or ns/ is not ours to read
 
 
 def connect_host(address: str) -> str:
