@@ -82,7 +82,10 @@ def test_a_working_agent_and_one_hung_collector_among_working_ones_answer_ok(age
     body = answer.json()
     assert body["status"] == "ok" and body["problems"] == []
     assert body["collectors"]["pcie"]["running_seconds"] >= BOUND_SECONDS
-    assert body["collectors"]["host_memory"]["running_seconds"] is None
+    # A working collector is between runs (None) or caught mid-run, well inside the bound: on a
+    # loaded machine /healthz can land during host_memory's 1 s run.
+    running = body["collectors"]["host_memory"]["running_seconds"]
+    assert running is None or running < BOUND_SECONDS
 
 
 def test_before_the_loop_starts_nothing_is_judged(agent):

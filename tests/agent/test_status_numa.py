@@ -2,8 +2,9 @@
 device's sysfs numa_node), not NVML's NumaNodeId, which is GPU memory's own node on Grace."""
 from __future__ import annotations
 
+from hybridmon.agent.status_trends import Trends  # no history read: the plots are not under test here
 from hybridmon.agent.status_signals import LatestValues, gpu_rows, processes_html
-from tests.support.detector_history import (GIB, T0, Trace, gpu_rows as gpu_series, numa_rows, pcie_rows,
+from tests.support.detector_history import (GIB, T0, THRESHOLDS, Trace, gpu_rows as gpu_series, numa_rows, pcie_rows,
                                             process_numa_rows, process_rows)
 
 
@@ -21,7 +22,7 @@ def grace_like_trace() -> Trace:
 
 def test_a_process_card_names_the_node_nearest_its_gpu_not_gpu_memorys_node():
     history = grace_like_trace().history
-    page = processes_html(history, LatestValues(history))
+    page = processes_html(history, LatestValues(history), Trends(history, None, THRESHOLDS, None))
     assert "(its GPUs: node 0)" in page  # the old page said node 4
     assert "node 4" not in page
 

@@ -312,7 +312,9 @@ def test_a_healthy_host_sends_nothing(live):
     # detector raised anything, and the webhook got nothing from either door.
     whole_run = int(time.time() - live.started) + 1
     held = live.prometheus.query(f'count_over_time(ALERTS{{instance="{instance}"}}[{whole_run}s])')
-    assert [s["metric"] for s in held if not offload_link_at_replay_speed(s["metric"])] == []
+    assert [s["metric"] for s in held if not replay_speed_artifact(s["metric"])] == []
+    assert all(float(s["value"][1]) < 30 for s in held
+               if s["metric"]["alertname"] == "InferenceWeightsCrossingBus"), held
     if held:
         share = recorded_offload_share(live, instance, whole_run)
         assert share is not None and share < load_thresholds().kv_offload_pressure.offload_load_share_of_capacity
@@ -322,12 +324,21 @@ def test_a_healthy_host_sends_nothing(live):
     assert from_healthy == []
 
 
-def offload_link_at_replay_speed(labels: dict) -> bool:
+def replay_speed_artifact(labels: dict) -> bool:
     """InferenceKvOffloadPressure reason offload_link divides a rate (KV offload loads) by a gauge
     (the link's capacity): replayed at SPEED, the rate Prometheus computes is SPEED times the
     recorded one and the capacity is not, so the busy host's loads (55 % of its link) read as
     330 %. The detector judges recorded time and stays silent; recorded_offload_share checks the
     rule's own expression at recorded speed."""
+    if labels.get("alertname") == "InferenceWeightsCrossingBus" and labels.get("alertstate") == "pending":
+        # The same mix, the other way: NVML's traffic (a gauge in this trace) less SPEED times the
+        # server's KV-load rate, over SPEED times its tokens/s. In steady state that only reads
+        # lower than at recorded speed; during the first seconds, while both rates still climb
+        # over their 1 m windows and the traffic average does not, the traffic reads as
+        # unexplained (seen: one evaluation pending, 48 MB a token). The caller bounds it well
+        # under the rule's 180 s `for`; at recorded speed test_rules_vs_detectors replays this
+        # scenario through the rule and it stays silent.
+        return True
     return labels.get("alertname") == "InferenceKvOffloadPressure" and labels.get("reason") == "offload_link"
 
 
@@ -364,6 +375,10 @@ def test_onset_to_webhook_delivery_times(live):
 
 # --- the dashboards -------------------------------------------------------------------------------
 
+PANELS_OF_TIED_SERVERS = ("Host → device bytes per generated token, KV loads taken off",
+                          "Host KV tier still to allocate, share of MemAvailable")
+
+
 def test_every_dashboard_query_is_valid_and_returns_data(live):
     """Every panel query of dashboards/json, run against this Prometheus for the fixture-host
     agent (live, with a stored benchmark run, its host's configuration findings firing, and two
@@ -380,6 +395,14 @@ def test_every_dashboard_query_is_valid_and_returns_data(live):
                  "__rate_interval": "4s", "__interval": "1s", "__range": f"{window}s"}
     queries = all_panel_queries(variables)
     assert len(queries) >= 20
+    # Panels that judge a server through the GPUs its processes hold (pid!=""): the stand-in vLLM
+    # is an endpoint no watched process listens on, so they read the healthy busy-offload agent,
+    # whose vLLM (pid 4242) holds GPU0 and publishes its CPU tier.
+    healthy = {**variables, "instance": live.healthy.instance, "endpoint": ".*"}
+    tied = {(q.dashboard_uid, q.panel_title, q.ref_id): q for q in all_panel_queries(healthy)
+            if q.panel_title in PANELS_OF_TIED_SERVERS}
+    assert len(tied) == len(PANELS_OF_TIED_SERVERS)
+    queries = [tied.get((q.dashboard_uid, q.panel_title, q.ref_id), q) for q in queries]
     problems = []
     for query in queries:
         where = f"{query.dashboard_uid} / {query.panel_title} / {query.ref_id}: {query.expr}"

@@ -485,7 +485,9 @@ def healthy_busy_offload(host: SyntheticHost) -> Step:
     link (near, not at, capacity; device-to-host ~25 %) with utilization ~85 %, GPU1 at 60 %
     utilization and 50 % of its link. Placement local, swap idle. vLLM's KV offload loads run at
     17 GB/s (55 % of the link; stores 5 GB/s) with 60 requests running at 40 ms per token
-    (1,500 tokens/s) and the KV cache 85 % full, without preemptions."""
+    (1,500 tokens/s) and the KV cache 85 % full, without preemptions. Its CPU tier is 64 GiB
+    (vllm:kv_offload_config_info, as vLLM 0.33 publishes it with an offloading connector): with
+    the pinned overhead 123 GiB, under half of the host's MemAvailable."""
     healthy_host(host)
 
     def step(t: float) -> None:
@@ -494,7 +496,8 @@ def healthy_busy_offload(host: SyntheticHost) -> Step:
         load.processes[VLLM].cpu_cores = 3.0
         load.server = ServerLoad(running=60, inter_token_latency_seconds=0.040, kv_cache_usage=0.85,
                                  kv_offload_load_bytes_per_second=0.55 * GEN4_X16,
-                                 kv_offload_store_bytes_per_second=5e9)
+                                 kv_offload_store_bytes_per_second=5e9,
+                                 kv_offload_host_tier_bytes=64 * GIB)
         apply(host, load)
     return step
 
