@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from hybridmon.agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from hybridmon.agent.config import AgentConfig, parse_listen
 from hybridmon.agent.alerts.catalogue import load_thresholds
-from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS, FULL_RESOLUTION_SECONDS, Engine
 from hybridmon.agent.alerts.catalogue import all_detectors, lookback_seconds
 from hybridmon.agent.exposition import Exposition
 from hybridmon.agent.findings import FindingsCollector
@@ -27,6 +27,7 @@ from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
 from hybridmon.agent.wiring import build_collectors
 from hybridmon.exporters.base import LogOnce
 
+LATE_EVALUATION_SECONDS = 60.0
 log = logging.getLogger(__name__)
 # Longest pause between two trace records that a replay waits out (recorded seconds).
 MAX_REPLAY_GAP_SECONDS = 60.0
@@ -38,7 +39,11 @@ class Agent:
         config: AgentConfig,
         record_to: str | Path | None = None,
         replay_from: str | Path | None = None,
+        every_tick_history: bool = False,
     ) -> None:
+        """`every_tick_history`: keep every tick for the whole of history_seconds instead of the
+        two tiers the detectors need (agent/history.py), for a replay read as a record of what was
+        sampled (the scenario tests); 2 h at 1 s of an 8-GPU host then takes ~6x the memory."""
         if record_to and replay_from:
             raise ValueError("record and replay cannot be combined")
         self.config = config
@@ -59,7 +64,11 @@ class Agent:
             self.mode = "live"
             live = LiveSource()
             scheduled = build_collectors(config, lambda _name: live)
-        self.history = History(config.history_seconds)
+        # Every tick for what the detectors read at full resolution, plus a minute for an
+        # evaluation that runs late; one per coarse step, as they read it, before that.
+        self.history = History(config.history_seconds,
+                               None if every_tick_history else FULL_RESOLUTION_SECONDS + LATE_EVALUATION_SECONDS,
+                               COARSE_STEP_SECONDS)
         self.sampler = Sampler(scheduled, self.history, config.interval_seconds, recorder=self._recorder)
         self.exposition = Exposition(self.history, self.sampler, self.mode)
         self.thresholds = load_thresholds(config.detectors.thresholds_file)

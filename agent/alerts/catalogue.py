@@ -111,7 +111,15 @@ def family(section: str) -> AlertFamily:
 def all_detectors(thresholds) -> list[Detector]:
     """One detector per family that has one (not the rule-only ones), built from its section, in
     catalogue order."""
-    return [f.detector(getattr(thresholds, f.section)) for f in FAMILIES if f.detector is not None]
+    detectors = []
+    for family in (f for f in FAMILIES if f.detector is not None):
+        settings = getattr(thresholds, family.section)
+        detector = family.detector(settings)
+        # What the engine lets it read (engine.EvaluationView.reading_back): its family's span
+        # plus a minute for its 1-minute averages, as lookback_seconds() counts it.
+        detector.lookback_seconds = 60.0 + family.lookback_seconds(settings)
+        detectors.append(detector)
+    return detectors
 
 
 def all_alertnames() -> list[str]:

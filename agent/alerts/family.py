@@ -60,8 +60,21 @@ class AlertFamily:
 
 
 def render(text: str, values: Mapping[str, float | str]) -> str:
-    """An annotation text with its markers filled, exactly as Prometheus fills them."""
-    return expected_text(text, {"instance": AGENT_INSTANCE, **values})
+    """An annotation text with its markers filled, exactly as Prometheus fills them. Remembered
+    for the same text and figures: a finding that holds (a memlock limit, a host setting) is
+    rendered again every evaluation, for each of hundreds of processes."""
+    # repr keeps apart what == does not (1 and 1.0, 0.0 and -0.0), which may print differently
+    key = (text, tuple(sorted((name, repr(value)) for name, value in values.items())))
+    rendered = _RENDERED.get(key)
+    if rendered is None:
+        if len(_RENDERED) >= _RENDERED_LIMIT:
+            _RENDERED.clear()   # figures that change every evaluation must not grow it
+        rendered = _RENDERED[key] = expected_text(text, {"instance": AGENT_INSTANCE, **values})
+    return rendered
+
+
+_RENDERED: dict[tuple, str] = {}
+_RENDERED_LIMIT = 4096
 
 
 def finding(alert: Alert, labels: Mapping[str, str], value: float, threshold: float, *,

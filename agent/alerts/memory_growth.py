@@ -22,7 +22,9 @@ forecast) are the process group's, in rules/process.py.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
+from typing import Callable
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
@@ -172,6 +174,14 @@ class _Load:
     rises: tuple[tuple[str, float], ...] = ()     # (what, its rise per hour), for the details
 
 
+def _surely_below(times: list[float], values: list[float], per_second: float,
+                  applies: bool = True) -> bool:
+    """Whether the Theil-Sen slope of _slope_per_hour and _judge is surely below `per_second`
+    (positive), a hair under it so that slope x 3600 >= limit x 3600 cannot hold where True."""
+    return applies and per_second > 0 and windows.theil_sen_below(
+        times, values, per_second * (1 - 1e-9), windows.LONG_TREND_POINTS)
+
+
 def _slope_per_hour(times: list[float], values: list[float]) -> float | None:
     slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
     return None if slope is None else slope * 3600
@@ -224,26 +234,33 @@ class Detector:
         for key in sorted(cpu, key=common.process_order):
             pid, process_name = key
             since = common.process_restart_time(history, pid, process_name, now)
-            load = self._load(history, key, cpu[key], now, since, servers.tied_pids(pid, roots))
-            if load is None:
-                continue
-            candidates: list[tuple[str, str, list[float], list[float], float | None]] = []
+            candidates: list[tuple[str, str, list[float], list[float], Callable[[], float | None]]] = []
             host_headroom = _tighter(host_available, None if key not in cgroup_headroom
                                      else windows.latest(cgroup_headroom[key], now))
             if key in resident:
                 times, values = windows.window_since(resident[key], now, self.config.window_seconds,
                                                      since)
-                candidates.append(("resident", process_name, times, values, host_headroom))
+                candidates.append(("resident", process_name, times, values, lambda h=host_headroom: h))
             if key in locked:
-                times, values = _summed_window(locked[key], now, self.config.window_seconds, since)
-                candidates.append(("locked", process_name, times, values, host_headroom))
+                times, values = _summed_window(locked[key], now, self.config.window_seconds, since,
+                                               self.config.min_window_seconds)
+                candidates.append(("locked", process_name, times, values, lambda h=host_headroom: h))
             if (pid,) in gpu_memory and newest[pid] == key:
                 series = gpu_memory[(pid,)]
-                times, values = _summed_window(series, now, self.config.window_seconds, since)
+                times, values = _summed_window(series, now, self.config.window_seconds, since,
+                                               self.config.min_window_seconds)
                 candidates.append(("gpu_memory", series[-1].labels["process_name"], times, values,
-                                   self._gpu_free(history, series, now)))
+                                   lambda s=series: self._gpu_free(history, s, now)))
+            # Most memory does not grow: the load (per-minute rates over the window) and the
+            # headroom are worked out only for a process with memory that may.
+            candidates = [c for c in candidates if self._may_grow(c[2], c[3], now)]
+            if not candidates:
+                continue
+            load = self._load(history, key, cpu[key], now, since, servers.tied_pids(pid, roots))
+            if load is None:
+                continue
             for resource, label_name, times, values, headroom in candidates:
-                judged = self._judge(pid, label_name, resource, times, values, headroom, load, now)
+                judged = self._judge(pid, label_name, resource, times, values, headroom(), load, now)
                 if judged is not None:
                     findings.append(judged)
         return findings
@@ -314,22 +331,38 @@ class Detector:
         intensity = [per_step[t] / cpu_rates[t] for t in times]
         if len(intensity) < 2:
             return False
-        slope, mean = _slope_per_hour(times, intensity), sum(intensity) / len(intensity)
+        mean = sum(intensity) / len(intensity)
+        if mean <= 0 or _surely_below(times, intensity, self.config.growth_per_hour_share * mean / 3600):
+            return False
+        slope = _slope_per_hour(times, intensity)
         return slope is not None and mean > 0 and slope >= self.config.growth_per_hour_share * mean
+
+    def _may_grow(self, times, values, now: float) -> bool:
+        """False where _judge surely returns None, whatever the load: too short a window, no
+        recent point, no memory, or a slope surely below the threshold (either way to fire needs
+        slope x 3600 >= threshold, the load's part is never negative), found without its n^2/2
+        slopes."""
+        config = self.config
+        if len(times) < 2 or times[-1] - times[0] < config.min_window_seconds:
+            return False
+        if bisect_left(times, now - windows.AVERAGE_SECONDS) == len(times):
+            return False
+        mean = sum(values) / len(values)
+        if mean <= 0:
+            return False
+        threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
+        return not _surely_below(times, values, threshold / 3600, config.load_following_factor >= 0)
 
     def _judge(self, pid, process_name, resource, times, values, headroom, load: _Load,
                now: float) -> Finding | None:
+        """The finding for one resource of a process that _may_grow, or None."""
         config = self.config
-        if len(times) < 2 or times[-1] - times[0] < config.min_window_seconds:
-            return None
-        recent = [v for t, v in zip(times, values) if t >= now - windows.AVERAGE_SECONDS]
-        if not recent:
-            return None
+        recent = values[bisect_left(times, now - windows.AVERAGE_SECONDS):]   # times rise
         current, mean = sum(recent) / len(recent), sum(values) / len(values)
-        slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
-        if mean <= 0 or slope is None or slope <= 0:
-            return None
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
+        slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
+        if slope is None or slope <= 0:
+            return None
         unexplained = None if load.rise_per_hour is None else (
             slope * 3600 - mean * load.rise_per_hour * config.load_following_factor)
         if unexplained is not None and unexplained >= threshold:
@@ -390,12 +423,17 @@ def _tighter(*headrooms: float | None) -> float | None:
     return min(known) if known else None
 
 
-def _summed_window(series: list[SeriesHistory], now: float, seconds: float,
-                   since: float | None) -> tuple[list[float], list[float]]:
+def _summed_window(series: list[SeriesHistory], now: float, seconds: float, since: float | None,
+                   min_span: float = 0.0) -> tuple[list[float], list[float]]:
+    """The series' points in the window, summed time by time; nothing where they span less than
+    `min_span` (too short to judge: not worth the sum)."""
     parts = []
     for one in series:
         times, values = windows.window_since(one, now, seconds, since)
         parts.append(SeriesHistory(one.name, one.labels, times, values))
+    spanned = [part.times for part in parts if part.times]
+    if not spanned or max(t[-1] for t in spanned) - min(t[0] for t in spanned) < min_span:
+        return [], []
     return windows.summed(parts)
 
 

@@ -41,6 +41,8 @@ class Finding:
 class Detector(Protocol):
     name: str                       # section name in thresholds.toml
     alertnames: tuple[str, ...]     # every alertname it can return (one runbook each)
+    # Optional `lookback_seconds`: the span of history it reads (catalogue.all_detectors sets it
+    # from its family); the engine copies it no more than that (and at least 10 minutes).
 
     def evaluate(self, history: History, now: float) -> list[Finding]: ...
 

@@ -99,24 +99,51 @@ Correlator = Callable[[History, Finding, float, float], Finding]
 class EvaluationView:
     """The history as one evaluation sees it: each metric's series are read from History once
     and shared by every detector that asks (several read GPU utilization, link state, gpu_info),
-    label filters applied here. Anything else is History's own."""
+    label filters answered from an index built once per metric and label set (a detector that
+    asks for each of 256 processes' series does not scan every process's series each time).
+    Anything else is History's own.
+
+    `reading_back(seconds)` narrows what the detectors asking next see to the last `seconds`
+    (never less than FULL_RESOLUTION_SECONDS): the same points a reader of the whole lookback gets
+    in that span, without copying the rest. A detector of 1-minute windows then copies 10 minutes
+    of points whatever the history holds; only the hour-long trends read an hour."""
 
     def __init__(self, history: History, since: float | None = None,
-                 coarse_before: float | None = None) -> None:
+                 coarse_before: float | None = None, now: float | None = None) -> None:
         self._history = history
         self._since = since
         self._coarse_before = coarse_before
-        self._by_metric: dict[str, list[SeriesHistory]] = {}
+        self._now = now
+        self._keep_from: float | None = None
+        self._by_metric: dict[tuple[str, float | None], list[SeriesHistory]] = {}
+        self._indexes: dict[tuple[str, float | None, tuple[str, ...]],
+                            dict[tuple[str | None, ...], list[SeriesHistory]]] = {}
+
+    def reading_back(self, seconds: float | None) -> "EvaluationView":
+        """Narrows the next reads to the last `seconds` before `now` (None: the whole lookback)."""
+        if seconds is None or self._now is None:
+            self._keep_from = None
+        else:
+            keep_from = self._now - max(seconds, FULL_RESOLUTION_SECONDS)
+            self._keep_from = None if self._since is not None and keep_from <= self._since else keep_from
+        return self
 
     def series(self, name: str, /, **labels: str) -> list[SeriesHistory]:
-        found = self._by_metric.get(name)
+        key = (name, self._keep_from)
+        found = self._by_metric.get(key)
         if found is None:
-            found = self._by_metric[name] = self._history.series(
+            found = self._by_metric[key] = self._history.series(
                 name, since=self._since, coarse_before=self._coarse_before,
-                coarse_seconds=COARSE_STEP_SECONDS)
+                coarse_seconds=COARSE_STEP_SECONDS, keep_from=self._keep_from)
         if not labels:
             return list(found)
-        return [s for s in found if all(s.labels.get(k) == v for k, v in labels.items())]
+        names = tuple(sorted(labels))
+        index = self._indexes.get((*key, names))
+        if index is None:
+            index = self._indexes[(*key, names)] = {}
+            for one in found:
+                index.setdefault(tuple(one.labels.get(k) for k in names), []).append(one)
+        return list(index.get(tuple(labels[k] for k in names), ()))
 
     def __getattr__(self, attribute: str):
         return getattr(self._history, attribute)
@@ -169,8 +196,11 @@ class Engine:
             failed: set[str] = set()
             seen = frozenset(self.history.latest())
             since = None if self.lookback_seconds is None else now - self.lookback_seconds
-            view = EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS)
+            view = EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS,
+                                  now=now)
             for detector in self.detectors:
+                # the span its family reads (all_detectors sets it), else the whole lookback
+                view.reading_back(getattr(detector, "lookback_seconds", None))
                 try:
                     findings = detector.evaluate(view, now)  # type: ignore[arg-type]
                 except Exception:
@@ -180,7 +210,8 @@ class Engine:
                 for finding in findings:
                     returned[finding.key] = (detector.name, finding)
             if self.correlate is not None:
-                self._correlate(view, returned, now)
+                # the servers' figures from when a condition began, however long ago
+                self._correlate(view.reading_back(None), returned, now)
             with self._lock:
                 changes = self._update(now, returned, failed)
                 self.evaluations += 1

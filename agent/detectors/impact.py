@@ -89,6 +89,10 @@ def servers_by_gpu(history: History, scraped: list[Server], now: float
     for server in scraped:
         if server.pid:
             by_pid.setdefault(server.pid, []).append(server)
+    # the servers tied to any process of each tree, gathered once (not per process: quadratic)
+    by_root: dict[str, set[Server]] = {}
+    for other, root in roots.items():
+        by_root.setdefault(root, set()).update(by_pid.get(other, ()))
     tied: dict[tuple[str, str], set[Server]] = {}
     for series in history.series(PROCESS_MEMORY_USED.name):
         if windows.latest(series, now) is None:
@@ -99,8 +103,8 @@ def servers_by_gpu(history: History, scraped: list[Server], now: float
         for candidate in {pid, roots.get(pid, pid)}:
             found.update(by_pid.get(candidate, ()))
         # a server tied to the root of this process's tree: the process is one of its children
-        found.update(server for other, root in roots.items() if root == roots.get(pid)
-                     for server in by_pid.get(other, ()))
+        if pid in roots:
+            found.update(by_root[roots[pid]])
     return tied
 
 

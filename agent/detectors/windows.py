@@ -19,7 +19,10 @@ the same per-second rate when samples cover the window.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, bisect_right
+from bisect import bisect_left, bisect_right, insort
+from functools import lru_cache, reduce
+from itertools import repeat
+from operator import add, le, lt, sub, truediv
 from typing import Iterable, Sequence
 
 from hybridmon.agent.history import SeriesHistory
@@ -33,6 +36,8 @@ TREND_POINTS = 300
 LONG_TREND_POINTS = 150
 """For long trends re-judged every evaluation (memory growth, the VRAM forecast): 150 of the 3,600
 points of an hour at 1 s (one per 24 s) keep Theil-Sen near 2 ms per series in pure Python."""
+RUN_BLOCK = 64
+"""first_of_latest_run checks this many points at once (by their least and greatest value)."""
 MAX_STEPS = 1440
 """Most evaluation times of one subquery: a day of minutes, far more than any detector's window
 (thresholds.toml), so the bound only ever cuts a hostile or broken input."""
@@ -77,6 +82,10 @@ def latest(series: SeriesHistory, now: float,
 
 def counter_increase(values: Sequence[float]) -> float:
     """Increase over consecutive counter readings; a drop means the counter restarted from 0."""
+    if all(map(le, values, values[1:])):
+        # No reset (the common case): the same differences added in the same order from 0.0 as
+        # the loop below, by reduce() and map() in C.
+        return reduce(add, map(sub, values[1:], values), 0.0)
     total = 0.0
     for previous, current in zip(values, values[1:]):
         total += current - previous if current >= previous else current
@@ -97,6 +106,12 @@ def rate(series: SeriesHistory, now: float, seconds: float = AVERAGE_SECONDS) ->
     reach near them (by half a sample interval otherwise, never below zero), over the whole
     window. Resets handled; None with fewer than two points (a new series has no rate yet)."""
     times, values = window(series, now, seconds)
+    return _rate_in(times, values, now, seconds)
+
+
+def _rate_in(times: Sequence[float], values: Sequence[float], now: float,
+             seconds: float) -> float | None:
+    """rate() over the points of its window [now - seconds, now]."""
     if len(values) < 2 or times[-1] <= times[0]:
         return None
     increase = counter_increase(values)
@@ -139,8 +154,11 @@ def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AV
     out steps without a rate: PromQL's `rate(x[1m])[w:1m]` subquery (times from step_times)."""
     times: list[float] = []
     values: list[float] = []
+    points, readings = series.times, series.values
     for at in step_times(start, end, step, seconds):
-        value = rate(series, at, seconds)
+        # rate(series, at, seconds), its window found here: one call less per step
+        first, last = bisect_left(points, at - seconds), bisect_right(points, at)
+        value = _rate_in(points[first:last], readings[first:last], at, seconds)
         if value is not None:
             times.append(at)
             values.append(value)
@@ -149,11 +167,17 @@ def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AV
 
 def evenly(count: int, at_most: int) -> list[int]:
     """Up to `at_most` indices of range(count), evenly spread, first and last included."""
+    return list(_picked(count, at_most))
+
+
+@lru_cache(maxsize=256)
+def _picked(count: int, at_most: int) -> tuple[int, ...]:
+    """evenly(), remembered: every memory trend of an evaluation has about as many points."""
     if count <= at_most:
-        return list(range(count))
+        return tuple(range(count))
     if at_most < 2:
-        return [count - 1] if at_most == 1 else []
-    return sorted({round(k * (count - 1) / (at_most - 1)) for k in range(at_most)})
+        return (count - 1,) if at_most == 1 else ()
+    return tuple(sorted({round(k * (count - 1) / (at_most - 1)) for k in range(at_most)}))
 
 
 def theil_sen_slope(times: Sequence[float], values: Sequence[float],
@@ -164,18 +188,68 @@ def theil_sen_slope(times: Sequence[float], values: Sequence[float],
     than `max_points` points, evenly spaced ones are used (deterministic), bounding the O(n^2)
     work. None with fewer than two points at distinct times.
     """
-    picked = evenly(len(times), max_points)
+    picked = _picked(len(times), max_points)
     xs = [times[i] for i in picked]
     ys = [values[i] for i in picked]
-    slopes = [
-        (ys[j] - ys[i]) / (xs[j] - xs[i])
-        for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]
-    ]
+    if len(set(xs)) == len(xs):
+        # Every time distinct: each row's slopes computed by map() in C, the same divisions
+        # (and so the same floats) as the comprehension below, in the same order.
+        slopes: list[float] = []
+        for i in range(len(xs) - 1):
+            x, y = xs[i], ys[i]
+            slopes.extend(map(truediv, map(sub, ys[i + 1:], repeat(y)), map(sub, xs[i + 1:], repeat(x))))
+    else:
+        slopes = [
+            (ys[j] - ys[i]) / (xs[j] - xs[i])
+            for i in range(len(xs)) for j in range(i + 1, len(xs)) if xs[j] != xs[i]
+        ]
     if not slopes:
         return None
     slopes.sort()
-    middle = len(slopes) // 2
-    return slopes[middle] if len(slopes) % 2 else (slopes[middle - 1] + slopes[middle]) / 2
+    return _median_of_sorted(slopes)
+
+
+def _median_of_sorted(ordered: Sequence[float]) -> float:
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+def theil_sen_below(times: Sequence[float], values: Sequence[float], limit: float,
+                    max_points: int = TREND_POINTS) -> bool:
+    """True when theil_sen_slope(times, values, max_points) is surely below `limit` (False: it
+    may not be, compute it). The median slope is below `limit` when at most (pairs - 1) // 2
+    pairs have a slope at or above it, and a pair's slope is at or above it where the later
+    point's value less limit x its time is at least the earlier one's: counted for all pairs at
+    once by sorting those figures (O(n log n), not the n^2/2 slopes), each pair within a margin
+    far wider than their rounding counted as at or above, so a True is never wrong. A flat or
+    shrinking series, the common case, is ruled out in a fraction of a millisecond."""
+    picked = _picked(len(times), max_points)
+    xs = [times[i] for i in picked]
+    ys = [values[i] for i in picked]
+    count = len(xs)
+    if count < 2 or not all(map(lt, xs, xs[1:])):
+        return False   # repeated or falling times: theil_sen_slope's own pairs differ
+    origin = xs[0]
+    margin = 1e-9 * (max(map(abs, ys)) + abs(limit) * (xs[-1] - origin)) + 1e-300
+    if not math.isfinite(margin) or math.isnan(sum(ys)):
+        return False   # an infinite or NaN figure: no safe count, compute the slope
+    # No pair rises faster than the whole range over the closest two times: memory that holds
+    # still (the common case) is ruled out here, in C.
+    closest = min(map(sub, xs[1:], xs))
+    if limit > 0 and (max(ys) - min(ys) + margin) < limit * closest * (1 - 1e-9):
+        return True
+    offsets = [y - limit * (x - origin) for x, y in zip(xs, ys)]
+    if math.isnan(sum(offsets)):
+        return False
+    allowed = (count * (count - 1) // 2 - 1) // 2   # pairs at or above the limit a median below allows
+    at_or_above = 0
+    earlier: list[float] = []
+    for offset in offsets:
+        at_or_above += bisect_right(earlier, offset + margin)
+        if at_or_above > allowed:
+            return False
+        insort(earlier, offset)
+    return True
 
 
 def seconds_until(current: float, slope_per_second: float | None, limit: float) -> float:
@@ -195,9 +269,21 @@ def first_of_latest_run(series: SeriesHistory, now: float, tolerance: float = 0.
     end = bisect_right(series.times, now)
     if end == 0:
         return None
-    value = series.values[end - 1]
+    values = series.values
+    value = values[end - 1]
     first = end - 1
-    while first > 0 and abs(series.values[first - 1] - value) <= tolerance:
+    # A process runs for hours: skip back a block at a time while the whole block is in the run
+    # (its least and greatest values are, so every value between them is), each block twice the
+    # last, then halve them to close in on the run's first point.
+    size = RUN_BLOCK
+    while size >= RUN_BLOCK:
+        block = values[max(0, first - size):first]
+        if block and abs(min(block) - value) <= tolerance and abs(max(block) - value) <= tolerance:
+            first -= len(block)
+            size *= 2
+        else:
+            size //= 2
+    while first > 0 and abs(values[first - 1] - value) <= tolerance:
         first -= 1
     return series.times[first]
 
@@ -219,6 +305,15 @@ def group_by(series: Iterable[SeriesHistory],
 def summed(series: Sequence[SeriesHistory]) -> tuple[list[float], list[float]]:
     """Point-wise sum at each time any of the series has a point (absent ones count as 0): one
     process's memory over several GPUs, sampled by the same collector at the same ticks."""
+    if (series and all(one.times is series[0].times or one.times == series[0].times for one in series)
+            and len(set(series[0].times)) == len(series[0].times)):
+        # One collector's series present on the same ticks have the same times (one shared array
+        # within a metric, History.series): sum point by point, in series order from 0.0 as the
+        # general case below adds them.
+        sums = [0.0] * len(series[0].times)
+        for one in series:
+            sums = list(map(add, sums, one.values))
+        return list(series[0].times), sums
     totals: dict[float, float] = {}
     for one in series:
         for time, value in zip(one.times, one.values):

@@ -286,3 +286,46 @@ def test_a_collector_that_failed_or_has_nothing_to_read_is_not_waited_for():
     waiting = _State(runs=0)
     assert [w.waiting_for for w in warming_up(engine, [_Scheduled(_Collector("host_memory", SYSCTL_VALUE),
                                                                   waiting)])] == [("host_memory",)]
+
+
+def test_each_detector_reads_its_own_span_and_the_same_points_in_it():
+    """Issue 17: a detector of 1-minute windows copies 10 minutes of points whatever the history
+    holds, the same points (thinned as before) a reader of the whole lookback gets in them; one
+    without a declared span reads the whole lookback; label filters give what filtering gives."""
+    from hybridmon.agent.detectors.engine import FULL_RESOLUTION_SECONDS
+    from hybridmon.exporters.base import MetricSpec, Samples
+
+    spec = MetricSpec("hybridmon_test_resident_bytes", "test", "gauge", ("pid", "process_name"))
+    history = History(7200)
+    history.add_collector("process", 1.0)
+    for second in range(7200):
+        samples = Samples()
+        for pid in range(20):
+            samples.add(spec, float(second * pid), str(pid), "vllm" if pid % 2 else "sglang")
+        history.commit("process", float(second), samples)
+
+    class Reader(Scripted):
+        def evaluate(self, history, now):
+            self.seen = {
+                "all": history.series(spec.name),
+                "pid 7": history.series(spec.name, pid="7"),
+                "vllm": history.series(spec.name, process_name="vllm"),
+                "pid 8 vllm": history.series(spec.name, pid="8", process_name="vllm"),
+            }
+            return []
+
+    short, whole = Reader("short"), Reader("whole")
+    short.lookback_seconds = 120.0   # as catalogue.all_detectors sets it; `whole` declares none
+    engine = Engine([short, whole], history, lookback_seconds=7260.0)
+    engine.evaluate(7199.0)
+    (series,) = short.seen["pid 7"]
+    assert series.times[0] == 7199.0 - FULL_RESOLUTION_SECONDS and len(series.times) == 601
+    (full,) = whole.seen["pid 7"]
+    assert full.times[0] == 0.0 and list(full.times[-601:]) == list(series.times)
+    assert list(full.values[-601:]) == list(series.values)
+    for reader in (short, whole):
+        everything = reader.seen["all"]
+        assert len(everything) == 20
+        assert [s.labels for s in reader.seen["vllm"]] == [s.labels for s in everything
+                                                          if s.labels["process_name"] == "vllm"]
+        assert reader.seen["pid 8 vllm"] == []

@@ -454,3 +454,22 @@ def test_vram_forecast_resolves_once_growth_stops():
     assert onset < fired < stop
     print(f"forecast fired {fired - onset:.0f} s after onset, resolved {resolved - stop:.0f} s after growth stopped")
     assert 0 < resolved - stop <= h.trend_window_seconds / 6 + 20
+
+
+def test_memory_that_does_not_grow_costs_no_slopes_and_no_load(monkeypatch):
+    """Issue 17: an hour of flat memory under a steady load is ruled out without the n^2/2
+    pairwise slopes or the per-minute load rates, so an evaluation costs little per process;
+    growth is still judged in full."""
+    trace = Trace()
+    now = trace.run(T0, T0 + HOUR, STEP, process=lambda t: leaking(t, per_hour=0.0))
+
+    def spent(*args, **kwargs):
+        raise AssertionError("worked out for memory that does not grow")
+    monkeypatch.setattr(memory_growth.windows, "theil_sen_slope", spent)
+    monkeypatch.setattr(memory_growth.windows, "rate_steps", spent)
+    assert growth().evaluate(trace.history, now) == []
+    monkeypatch.undo()
+    trace = Trace()
+    now = trace.run(T0, T0 + HOUR, STEP, process=leaking)
+    (finding,) = growth().evaluate(trace.history, now)
+    assert finding.details["slope_bytes_per_second"] == pytest.approx(GIB / HOUR)

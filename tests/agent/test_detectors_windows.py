@@ -117,3 +117,92 @@ def test_grouping_and_summing_by_entity():
     assert set(groups) == {("7",), ("8",)} and len(groups[("7",)]) == 2
     assert windows.summed(groups[("7",)]) == ([0.0, 1.0, 2.0], [1.0, 11.0, 11.0])
     assert windows.by_labels([a, b, c], "gpu", "pid")[("1", "7")] is b
+
+
+# Issue 17: the faster paths must give exactly what the plain loops gave. The loops, as they were:
+
+def looped_counter_increase(values):
+    total = 0.0
+    for previous, current in zip(values, values[1:]):
+        total += current - previous if current >= previous else current
+    return total
+
+
+def walked_first_of_latest_run(s, now, tolerance=0.5):
+    end = sum(1 for t in s.times if t <= now)
+    if end == 0:
+        return None
+    first = end - 1
+    while first > 0 and abs(s.values[first - 1] - s.values[end - 1]) <= tolerance:
+        first -= 1
+    return s.times[first]
+
+
+def summed_by_time(parts):
+    totals = {}
+    for one in parts:
+        for time, value in zip(one.times, one.values):
+            totals[time] = totals.get(time, 0.0) + value
+    times = sorted(totals)
+    return times, [totals[t] for t in times]
+
+
+def test_counter_increase_is_the_loops_to_the_last_bit():
+    rng = random.Random(17)
+    for _ in range(3000):
+        values = [rng.choice([0.0, 0.01 * rng.randint(0, 10**6), rng.random() * 1e12, float(2**60)])
+                  for _ in range(rng.randint(0, 40))]
+        if rng.random() < 0.7:
+            values.sort()   # no reset: the fast path
+        assert repr(windows.counter_increase(values)) == repr(looped_counter_increase(values))
+
+
+def test_first_of_latest_run_skips_long_runs_and_finds_the_same_start():
+    rng = random.Random(5)
+    for _ in range(300):
+        count = rng.randint(1, 700)
+        change = rng.randint(0, count)
+        values = [1000.0] * change + [1000.0 + rng.choice([0.3, 0.6, 5.0, -0.6])] * (count - change)
+        if rng.random() < 0.3 and count > 2:
+            values[rng.randrange(count)] += rng.choice([0.4, -0.7])   # jitter inside a run
+        s = series(range(count), values)
+        now = rng.randint(0, count)
+        assert windows.first_of_latest_run(s, now) == walked_first_of_latest_run(s, now)
+
+
+def test_summed_series_on_the_same_ticks_add_as_the_general_case():
+    rng = random.Random(9)
+    times = [float(t) for t in range(200)]
+    parts = [SeriesHistory("hybridmon_test", {"gpu": str(g)}, list(times),
+                           [rng.random() * 1e10 for _ in times]) for g in range(3)]
+    assert windows.summed(parts) == summed_by_time(parts)
+    parts[1] = SeriesHistory("hybridmon_test", {"gpu": "1"}, times[::2], parts[1].values[::2])
+    assert windows.summed(parts) == summed_by_time(parts)
+
+
+def test_theil_sen_below_is_never_wrong_and_rules_out_flat_series():
+    """theil_sen_below spares the n^2/2 slopes of memory that does not grow: when it says the
+    slope is below a limit, theil_sen_slope must agree, on noisy, stepped and exact lines alike."""
+    rng = random.Random(23)
+    said_below = 0
+    for _ in range(1500):
+        origin = rng.choice([0.0, 1.8e9, 1.7e9 + 0.37])
+        times = sorted({origin + rng.randint(0, 4000) * rng.choice([1, 10, 0.1])
+                        for _ in range(rng.randint(0, 60))})
+        slope = rng.choice([0.0, 1e3, -1e3, 3e4, 1e-3])
+        noise = rng.choice([0.0, 1e5])
+        values = [1e10 + slope * (t - origin) + rng.gauss(0, noise) for t in times]
+        if times and rng.random() < 0.2:
+            values[rng.randrange(len(values))] += 4e9   # a model load
+        exact = windows.theil_sen_slope(times, values, 40)
+        limit = rng.uniform(-5e4, 5e4)
+        if exact is not None and rng.random() < 0.4:
+            limit = rng.choice([exact, math.nextafter(exact, math.inf), math.nextafter(exact, -math.inf)])
+        if windows.theil_sen_below(times, values, limit, 40):
+            said_below += 1
+            assert exact is None or exact < limit
+    assert said_below > 200
+    flat = series(range(0, 3600, 10), [8e9] * 360)
+    assert windows.theil_sen_below(flat.times, flat.values, 1.0, windows.LONG_TREND_POINTS)
+    growing = series(range(0, 3600, 10), [8e9 + 100.0 * t for t in range(0, 3600, 10)])
+    assert not windows.theil_sen_below(growing.times, growing.values, 99.0, windows.LONG_TREND_POINTS)

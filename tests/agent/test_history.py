@@ -111,3 +111,35 @@ def test_a_clock_that_goes_back_falls_back_to_the_walk():
     for at in (10.0, 11.0, 5.0, 6.0):
         history.commit("c", at, batch(p1=1.0))
     assert [list(s.times) for s in history.series(RESIDENT.name, since=5.5)] == [[10.0, 11.0, 6.0]]
+
+
+@settings(max_examples=100, deadline=None)
+@given(capacity=st.integers(2, 40), ticks=st.integers(0, 120),
+       steps=st.lists(st.sampled_from([0.5, 1.0, 1.0, 2.0, 7.0]), min_size=120, max_size=120),
+       values=st.lists(st.sampled_from([1.0, 2.5, -3.0, math.nan, math.inf, -math.inf]),
+                       min_size=120, max_size=120),
+       since=st.one_of(st.none(), st.floats(0, 200)), coarse_before=st.one_of(st.none(), st.floats(0, 200)),
+       coarse_seconds=st.sampled_from([0.0, 1.0, 3.0, 15.0]),
+       keep_from=st.one_of(st.none(), st.floats(0, 200)))
+def test_a_read_copies_the_points_the_walk_keeps(capacity, ticks, steps, values, since, coarse_before,
+                                                 coarse_seconds, keep_from):
+    """Issue 17: a read copies its full-resolution part as slices of the ring (wrapped or not) and
+    tells absent ticks by a NaN sum (inf - inf is one too); `keep_from` leaves out the points
+    before it. Each point must be the one a walk over the ring picks, absent (NaN) ones left out."""
+    history = History(retention_seconds=capacity)
+    history.add_collector("process", 1.0)
+    at, committed = 0.0, []
+    for tick in range(ticks):
+        at += steps[tick]
+        # a NaN value stands for a tick where the series was absent: it is not committed
+        history.commit("process", at, batch(p1=values[tick]) if values[tick] == values[tick] else batch())
+        committed.append((at, values[tick]))
+    ring = history._rings["process"]
+    first = ticks - min(ticks, capacity)   # the oldest tick the ring holds; tick k is at k % capacity
+    walked = [committed[first + (p - first) % capacity]
+              for p in _kept_by_walking(ring, since, coarse_before, coarse_seconds)]
+    expected = [(t, v) for t, v in walked if v == v and (keep_from is None or t >= keep_from)]
+    found = history.series(RESIDENT.name, since=since, coarse_before=coarse_before,
+                           coarse_seconds=coarse_seconds, keep_from=keep_from)
+    points = [(t, v) for one in found for t, v in zip(one.times, one.values)]
+    assert points == expected

@@ -113,7 +113,8 @@ def replay(path: Path, history_seconds: float) -> Replayed:
     """The replayed history; the detectors stay off (their delays on each scenario are tested with
     the detectors)."""
     overrides = {"history_seconds": history_seconds, "detectors.enabled": False}
-    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=path)
+    # Every tick kept: the tests read this history as the record of what the simulation sampled.
+    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=path, every_tick_history=True)
     try:
         records = agent.replay(speed=0)
     finally:
