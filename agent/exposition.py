@@ -1,9 +1,11 @@
 """Prometheus exposition of the latest samples and of the agent's own health.
 
-Both are custom collectors on the agent's own registry. The samples are rendered per collector and
-each collector's text is cached until that collector commits again, so a scrape between two ticks
-costs a lock and a memory copy, and one after a commit renders only what that commit changed (the
-GPU collector's samples every second, not the benchmark's, which change every 30 s).
+The samples are rendered per collector and each collector's text is cached until that collector
+commits again, so a scrape between two ticks costs a lock and a memory copy, and one after a commit
+renders only what that commit changed (the GPU collector's samples every second, not the
+benchmark's, which change every 30 s); that render formats only the values, each series' text
+before its value being cached too (agent/exposition_lines.py). The agent's own health metrics are a
+custom collector on the agent's own registry, rendered by prometheus_client on every scrape.
 
 Two formats, from the same families: the Prometheus text format (the default) and OpenMetrics 1.0
 (prometheus_client.openmetrics.exposition), served when the scraper's Accept header negotiates it
@@ -20,6 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from hybridmon import __version__
 from hybridmon.agent.alertmanager import ALERTMANAGER_METRICS
+from hybridmon.agent.exposition_lines import LineCache
 from hybridmon.agent.history import History
 from hybridmon.agent.sampler import Sampler
 from hybridmon.exporters.base import MetricSpec, Samples
@@ -32,18 +35,6 @@ CONTENT_TYPES = {TEXT: CONTENT_TYPE_LATEST, OPENMETRICS: openmetrics.CONTENT_TYP
 # OpenMetrics ends an exposition with one "# EOF" line (OpenMetrics 1.0, "Overall Structure");
 # prometheus_client writes one per registry rendered, and /metrics joins several.
 OPENMETRICS_EOF = b"# EOF\n"
-
-
-class SamplesFamilies:
-    """One collector's samples as a registry-like object for generate_latest, families sorted by
-    name for stable output. Every metric belongs to one collector, so the collectors' texts
-    concatenated (in collector name order) are a valid exposition."""
-
-    def __init__(self, samples: Samples) -> None:
-        self._samples = samples
-
-    def collect(self) -> Iterator[Metric]:
-        return families(self._samples, sort=True)
 
 
 def families(samples: Samples, sort: bool) -> Iterator[Metric]:
@@ -100,6 +91,9 @@ class AgentHealthCollector:
         self._monotonic = monotonic
 
     def collect(self) -> Iterable[Metric]:
+        return families(self.samples(), sort=False)
+
+    def samples(self) -> Samples:
         samples = Samples()
         now = self._monotonic()
         for item in self._sampler.scheduled:
@@ -125,7 +119,10 @@ class AgentHealthCollector:
             samples.add(LOOP_SCHEDULED, max(0.0, elapsed) / self._sampler.interval_seconds)
         samples.add(HISTORY_SERIES, self._sampler.history.series_count())
         samples.add(BUILD_INFO, 1.0, __version__, self._mode)
-        return families(samples, sort=False)
+        return samples
+
+
+_HEALTH = " health"  # the health part's key among the collectors' line caches (no collector's name)
 
 
 class Exposition:
@@ -133,8 +130,11 @@ class Exposition:
 
     def __init__(self, history: History, sampler: Sampler, mode: str) -> None:
         self._history = history
+        self._registry_cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (_fingerprint, text)
+        # The agent's own metrics first, rendered like the samples (values re-formatted only),
+        # then what else registers here (the detectors' findings, Alertmanager delivery).
+        self._health = AgentHealthCollector(sampler, mode)
         self.health_registry = CollectorRegistry(auto_describe=False)
-        self.health_registry.register(AgentHealthCollector(sampler, mode))
         # (commit generation, text): a render that races a commit is tagged with the older
         # generation, so it is never served after that commit.
         self._generation = 0
@@ -143,6 +143,8 @@ class Exposition:
         self._cached_by_format: dict[str, tuple[int, bytes]] = {}
         # (format, collector) -> (the Samples object rendered, its text); a commit stores a new object.
         self._parts: dict[tuple[str, str], tuple[Samples, bytes]] = {}
+        # (format, collector) -> its families' HELP/TYPE lines and its series' text before the value.
+        self._lines: dict[tuple[str, str], LineCache] = {}
         sampler.on_commit.append(self.invalidate)
 
     def invalidate(self, _at: float | None = None) -> None:
@@ -157,17 +159,58 @@ class Exposition:
             for collector, (_at, samples) in sorted(self._history.latest().items()):
                 known = self._parts.get((exposition_format, collector))
                 if known is None or known[0] is not samples:
-                    rendered = _render(SamplesFamilies(samples), exposition_format)
+                    rendered = self._line_cache(exposition_format, collector).render(samples)
                     known = self._parts[(exposition_format, collector)] = (samples, rendered)
                 parts.append(known[1])
             text = b"".join(parts)
             self._cached_by_format[exposition_format] = (generation, text)
         return text
 
+    def _registry_text(self, exposition_format: str) -> bytes:
+        """health_registry rendered; the text of the last render again while every family and
+        sample is the same (findings change at an evaluation, every 10 s, not at each scrape;
+        rendering ~100 finding series with their many labels cost ~1.5 ms a scrape)."""
+        collected = list(self.health_registry.collect())
+        key = _fingerprint(collected)
+        known = self._registry_cache.get(exposition_format)
+        if known is not None and known[0] == key:
+            return known[1]
+        text = _render(_Collected(collected), exposition_format)
+        self._registry_cache[exposition_format] = (key, text)
+        return text
+
+    def _line_cache(self, exposition_format: str, collector: str) -> LineCache:
+        lines = self._lines.get((exposition_format, collector))
+        if lines is None:
+            lines = self._lines[(exposition_format, collector)] = LineCache(
+                lambda registry: _render(registry, exposition_format))
+        return lines
+
     def render(self, exposition_format: str = TEXT) -> bytes:
         """The whole /metrics body in `exposition_format` (TEXT or OPENMETRICS)."""
-        body = self.samples_text(exposition_format) + _render(self.health_registry, exposition_format)
+        body = (self.samples_text(exposition_format)
+                + self._line_cache(exposition_format, _HEALTH).render(self._health.samples(), sort=False)
+                + self._registry_text(exposition_format))
         return body + OPENMETRICS_EOF if exposition_format == OPENMETRICS else body
+
+
+class _Collected:
+    """Families already collected, as a registry-like object for generate_latest."""
+
+    def __init__(self, collected: list[Metric]) -> None:
+        self._collected = collected
+
+    def collect(self) -> list[Metric]:
+        return self._collected
+
+
+def _fingerprint(collected: list[Metric]) -> tuple:
+    """Everything of the families that either format writes: equal fingerprints, equal text.
+    Values by repr: -0.0 == 0.0, but the two are written differently."""
+    return tuple((family.name, family.type, family.documentation, family.unit,
+                  tuple((sample.name, tuple(sample.labels.items()), repr(sample.value), sample.timestamp,
+                         sample.exemplar, sample.native_histogram) for sample in family.samples))
+                 for family in collected)
 
 
 def _render(registry, exposition_format: str) -> bytes:

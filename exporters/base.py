@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -65,8 +65,11 @@ class MetricSpec:
             raise ValueError(f"metric {self.name!r}: only counters end in _total")
 
 
-@dataclass(frozen=True, slots=True)
-class Sample:
+class Sample(NamedTuple):
+    """One series' value. A NamedTuple, not a frozen dataclass: built ~460 times a tick on the
+    8-GPU host, and a frozen dataclass sets each field through object.__setattr__ (twice the
+    cost)."""
+
     spec: MetricSpec
     label_values: tuple[str, ...]
     value: float
@@ -86,7 +89,8 @@ class Samples:
             raise ValueError(
                 f"{spec.name} takes labels {spec.label_names}, got {len(label_values)} values"
             )
-        self._samples.append(Sample(spec, tuple(str(v) for v in label_values), float(value)))
+        # map, not a generator expression: ~460 samples a tick on the 8-GPU host, all through here.
+        self._samples.append(Sample(spec, tuple(map(str, label_values)), float(value)))
 
     def extend(self, other: "Samples") -> None:
         self._samples.extend(other._samples)

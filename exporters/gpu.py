@@ -14,7 +14,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from pydantic import Field
 
@@ -167,6 +167,13 @@ class GpuCollector:
         self._pool_lock = threading.Lock()
         self._log_once = LogOnce(log)
         self._processes: dict[int, str] = {}
+        self._names_read_elsewhere: Callable[[], Mapping[int, str]] | None = None
+
+    def share_process_names(self, read: Callable[[], Mapping[int, str]]) -> None:
+        """`read` gives pid -> comm of the processes another collector read at its last run (the
+        process collector, from the /proc/<pid>/stat it reads every tick for the same pids): a
+        GPU process found there is not read again from /proc/<pid>/comm."""
+        self._names_read_elsewhere = read
 
     def gpu_processes(self) -> dict[int, str]:
         """pid -> name of each process NVML listed (compute, graphics or MPS) on any GPU at the
@@ -201,14 +208,32 @@ class GpuCollector:
             self._pid_view = pid_view(self._source, self._procfs)
         if self._pid_view is PidView.CONTAINER:
             return names
+        known = self._names_known_elsewhere()
         for pid in names:
-            try:
-                comm = self._source.read_text(os.path.join(self._procfs, str(pid), "comm")).rstrip("\n")
-            except (OSError, TraceMissError):  # gone, or a trace recorded before comm was read
-                continue
+            comm = known.get(pid)
+            if comm is None:
+                try:
+                    comm = self._source.read_text(os.path.join(self._procfs, str(pid), "comm")).rstrip("\n")
+                except (OSError, TraceMissError):  # gone, or a trace recorded before comm was read
+                    continue
             if comm:
                 names[pid] = comm
         return names
+
+    def _names_known_elsewhere(self) -> dict[int, str]:
+        """share_process_names' answer, through this collector's source so that a replay sees
+        what the recording saw ({} from a trace recorded before the names were shared). At most
+        a tick old: a process renamed since keeps its old name here for that tick."""
+        read = self._names_read_elsewhere
+        if read is None:
+            return {}
+        try:
+            recorded = self._source.call("agent.watched_processes",
+                                         lambda: {str(pid): name for pid, name in read().items()})
+        except Exception as error:  # TraceMissError, or the other collector failing
+            log.debug("no process names shared with the GPU collector: %s", error)
+            return {}
+        return {int(pid): name for pid, name in recorded.items()}
 
     def _read_all(self, count: int) -> list[GpuReading]:
         if count == 1:

@@ -444,24 +444,33 @@ class Nvml:
         """The NUMA node that IS the GPU's memory, nvmlDeviceGetNumaNodeId: nvml.h says it "only
         applies to platforms where the GPUs are NUMA nodes" (Grace Hopper/Blackwell, where GPU
         memory is a CPU-less node) and answers NOT_SUPPORTED elsewhere, e.g. on x86 PCIe hosts.
-        NOT the node nearest the GPU: that is its PCI device's sysfs numa_node."""
-        node = self._call(gpu, "nvmlDeviceGetNumaNodeId")
-        return None if node is None or node < 0 else int(node)
+        NOT the node nearest the GPU: that is its PCI device's sysfs numa_node.
+
+        Read once per GPU, as the MIG mode: the answer, a node or NOT_SUPPORTED, is the
+        platform's and cannot change while NVML is loaded; asked every tick, an x86 host raised
+        an NVMLError per GPU per second for nothing. A failed call is asked again."""
+        return self._asked_once(gpu, "nvmlDeviceGetNumaNodeId", lambda unsupported, node: (
+            None if unsupported or node is None or node < 0 else int(node)))
 
     def mig_enabled(self, gpu: int) -> bool | None:
         """Whether MIG is on (nvmlDeviceGetMigMode's current mode); None where the GPU has no MIG
         (NOT_SUPPORTED: only A100/A30/H100-class GPUs have it) or the call failed.
 
         Read once per GPU: changing the mode needs a GPU reset (nvml.h, nvmlDeviceSetMigMode)."""
-        key = ("nvmlDeviceGetMigMode", gpu)
+        return self._asked_once(gpu, "nvmlDeviceGetMigMode", lambda unsupported, modes: (
+            None if unsupported else modes[0] == NVML_DEVICE_MIG_ENABLE))
+
+    def _asked_once(self, gpu: int, call: str, interpret: Callable[[bool, Any], Any]) -> Any:
+        """`call`'s answer for `gpu`, interpreted (NOT_SUPPORTED or not, the answer) and kept for
+        good; None, and asked again next time, where the call failed."""
+        key = (call, gpu)
         if key in self._static:
             return self._static[key]
-        status, modes = self._attempt(gpu, "nvmlDeviceGetMigMode")
+        status, answer = self._attempt(gpu, call)
         if status == FAILED:
             return None
-        enabled = None if status == UNSUPPORTED else modes[0] == NVML_DEVICE_MIG_ENABLE
-        self._static[key] = enabled
-        return enabled
+        value = self._static[key] = interpret(status == UNSUPPORTED, answer)
+        return value
 
     def processes(self, gpu: int) -> list[GpuProcess] | None:
         """Every process NVML lists on the GPU: its compute, graphics and MPS compute lists, one

@@ -13,11 +13,13 @@ replayed trace makes the same reads in the same order.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 import pyudev
@@ -193,6 +195,16 @@ def list_nvidia_gpus_udev() -> list[str]:
                   if is_nvidia_gpu_properties(device.properties))
 
 
+@dataclass(frozen=True)
+class _FixedAttributes:
+    """A device's max_link_speed (transfers/s), max_link_width (lanes) and numa_node; None where
+    unreadable."""
+
+    max_speed: float | None
+    max_width: int | None
+    numa_node: int | None
+
+
 class PcieCollector:
     name = "pcie"
     default_interval_seconds = 1.0
@@ -213,6 +225,8 @@ class PcieCollector:
         self._log_once = LogOnce(log)
         self._seen: list[str] = []          # every GPU function seen since start, in order
         self._present: set[str] = set()
+        self._fixed_by_address: dict[str, _FixedAttributes] = {}  # until the next discovery
+        self._aer_seen: dict[tuple[str, str], tuple[str, int]] = {}  # (address, file) -> (text, total)
         self._discovered_at: float | None = None
         self._last_event_counts: dict[str, int] | None = None
         self._events_lock = threading.Lock()
@@ -271,6 +285,7 @@ class PcieCollector:
         for address in sorted(set(self._present) - set(addresses)):
             log.warning("pcie: NVIDIA function %s is no longer on the PCI bus", address)
         self._present = set(addresses)
+        self._fixed_by_address.clear()
         self._seen.extend(address for address in addresses if address not in self._seen)
 
     def _list_nvidia_gpus_sysfs(self) -> list[str]:
@@ -308,25 +323,46 @@ class PcieCollector:
         return read_parsed(self._source, os.path.join(self._devices_dir, address, name), parse,
                            self._log_once, **options)
 
+    def _fixed(self, address: str) -> "_FixedAttributes":
+        """What the device's capabilities and firmware set, read at its discovery only: the
+        fastest and widest link it supports and its NUMA node do not change while it is on the
+        bus (rediscovery, every REDISCOVERY_SECONDS or on a udev event, reads them again)."""
+        fixed = self._fixed_by_address.get(address)
+        if fixed is None:
+            fixed = self._fixed_by_address[address] = _FixedAttributes(
+                self._parsed(address, "max_link_speed", parse_link_speed),
+                self._parsed(address, "max_link_width", parse_link_width),
+                self._parsed(address, "numa_node", parse_numa_node))
+        return fixed
+
     def _add_device(self, samples: Samples, address: str) -> None:
+        fixed = self._fixed(address)
         speed = self._parsed(address, "current_link_speed", parse_link_speed)
-        max_speed = self._parsed(address, "max_link_speed", parse_link_speed)
         samples.add(LINK_SPEED, speed, address)
-        samples.add(LINK_MAX_SPEED, max_speed, address)
+        samples.add(LINK_MAX_SPEED, fixed.max_speed, address)
         samples.add(LINK_GENERATION, link_generation(speed), address)
-        samples.add(LINK_MAX_GENERATION, link_generation(max_speed), address)
+        samples.add(LINK_MAX_GENERATION, link_generation(fixed.max_speed), address)
         width = self._parsed(address, "current_link_width", parse_link_width)
-        max_width = self._parsed(address, "max_link_width", parse_link_width)
         samples.add(LINK_WIDTH, width, address)
-        samples.add(LINK_MAX_WIDTH, max_width, address)
-        samples.add(DEVICE_NUMA_NODE, self._parsed(address, "numa_node", parse_numa_node), address)
+        samples.add(LINK_MAX_WIDTH, fixed.max_width, address)
+        samples.add(DEVICE_NUMA_NODE, fixed.numa_node, address)
         for severity, name, total_key in AER_FILES:
             # One key for the three files: a device without AER lacks all of them.
-            total = self._parsed(address, name, lambda text: _total(text, total_key),
+            total = self._parsed(address, name, functools.partial(self._aer_total, address, name, total_key),
                                  log_key=f"{address}/aer", missing_is_normal=(
                                      "no AER statistics: a device without AER, or a kernel "
                                      "without CONFIG_PCIEAER"))
             samples.add(AER_ERRORS, total, address, severity)
+
+    def _aer_total(self, address: str, name: str, total_key: str, text: str) -> int:
+        """_total of an AER file, parsed again only when its text changed: 24 files a tick on 8
+        GPUs, each ~10 counter lines checked one by one, and they change only on an error."""
+        known = self._aer_seen.get((address, name))
+        if known is not None and known[0] == text:
+            return known[1]
+        total = _total(text, total_key)  # a ParseError is not kept: the next read tries again
+        self._aer_seen[(address, name)] = (text, total)
+        return total
 
     # -- udev events -------------------------------------------------------------------------
 

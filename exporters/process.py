@@ -26,7 +26,7 @@ from hybridmon.exporters.cgroup_memory import (CGROUP_MEMORY_HEADROOM, CGROUP_ME
                                                CgroupMount, memory_bound, parse_memory_mounts,
                                                parse_process_cgroups, rebase)
 from hybridmon.exporters.pid_namespace import MISMATCH_ADVICE, PidView, pid_view
-from hybridmon.exporters.process_cmdline import cmdline_label, identity_of
+from hybridmon.exporters.process_cmdline import ProcessIdentity, cmdline_label, identity_of
 from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
@@ -173,6 +173,17 @@ def format_cmdline(raw: str) -> str:
     return raw.replace("\0", " ").strip()
 
 
+@dataclass(frozen=True)
+class _SlowFiles:
+    """What a process's cmdline and limits said when read (`read_at`, the collector's clock)."""
+
+    start_ticks: int  # of the process read: a reused pid is another process
+    read_at: float
+    cmdline_text: str | None
+    memlock_limit: float | None
+    identity: ProcessIdentity | None
+
+
 class ProcessCollector:
     """Memory, page faults, CPU time and identity of the watched processes.
 
@@ -218,6 +229,7 @@ class ProcessCollector:
         # pid -> (when read, its bound): limits change rarely and the forecast they bound spans
         # hours, so each pid's cgroup files are read once per discovery interval, not every tick.
         self._cgroup_bounds: dict[int, tuple[float, CgroupMemoryBound | None]] = {}
+        self._slow: dict[int, _SlowFiles] = {}  # pid -> its cmdline and limits, see _slow_files
 
     def watched(self) -> dict[int, str]:
         """pid -> process_name (comm) of the processes read on the last collection."""
@@ -237,32 +249,33 @@ class ProcessCollector:
         boot_time = self._read_boot_time()
         samples, current, parents = Samples(), {}, {}
         for pid, reason in sorted(watch.items()):
-            try:  # all three before any sample, so that an exiting process leaves no partial series
+            try:  # every file before any sample, so that an exiting process leaves no partial series
                 stat_text = read_process_file(self._source, self._procfs, pid, "stat", self._log_once)
                 status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
-                cmdline_text = read_process_file(self._source, self._procfs, pid, "cmdline", self._log_once)
+                stat = parse_logged(parse_proc_stat, stat_text, self._path(pid, "stat"), self._log_once)
+                if stat is None:
+                    continue  # without stat there is no name to label the rest with
+                slow = self._slow_files(pid, stat.start_ticks, now)
             except ProcessGone:
                 self._discovered.pop(pid, None)
                 continue
-            stat = parse_logged(parse_proc_stat, stat_text, self._path(pid, "stat"), self._log_once)
-            if stat is None:
-                continue  # without stat there is no name to label the rest with
             if pid in self._discovered and pid not in self._pids:
                 if self._discovered[pid] not in (None, stat.start_ticks):
                     del self._discovered[pid]  # the pid now belongs to another process
                     continue
                 self._discovered[pid] = stat.start_ticks
+            cmdline_text = slow.cmdline_text
             current[pid] = stat.comm
             parents[pid] = stat.parent_pid
             status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
-            samples.add(MEMLOCK_LIMIT, self._memlock_limit(pid), pid, stat.comm)
+            samples.add(MEMLOCK_LIMIT, slow.memlock_limit, pid, stat.comm)
             bound = self._cgroup_bound(pid, now)
             if bound is not None:
                 samples.add(CGROUP_MEMORY_LIMIT, bound.limit_bytes, pid, stat.comm)
                 samples.add(CGROUP_MEMORY_HEADROOM, bound.headroom_bytes, pid, stat.comm)
             if cmdline_text is not None:
-                identity = identity_of(cmdline_text)
+                identity = slow.identity
                 samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
                             reason)
                 if self._export_cmdline:
@@ -271,7 +284,22 @@ class ProcessCollector:
             samples.add(TREE_ROOT, 1, pid, current[pid], root)
         self._current = current
         self._cgroup_bounds = {pid: read for pid, read in self._cgroup_bounds.items() if pid in current}
+        self._slow = {pid: read for pid, read in self._slow.items() if pid in current}
         return samples
+
+    def _slow_files(self, pid: int, start_ticks: int, now: float) -> "_SlowFiles":
+        """cmdline and limits of one process, read again once per discovery interval and whenever
+        the pid belongs to a new process: both are set when it starts and seldom change after
+        (setproctitle, prlimit), so reading them on every tick was a third of this collector's
+        reads. ProcessGone when the process exits meanwhile."""
+        known = self._slow.get(pid)
+        if known is not None and known.start_ticks == start_ticks and now - known.read_at < self._discovery_interval:
+            return known
+        cmdline_text = read_process_file(self._source, self._procfs, pid, "cmdline", self._log_once)
+        read = _SlowFiles(start_ticks, now, cmdline_text, self._memlock_limit(pid),
+                          None if cmdline_text is None else identity_of(cmdline_text))
+        self._slow[pid] = read
+        return read
 
     def _cgroup_bound(self, pid: int, now: float) -> CgroupMemoryBound | None:
         """Optional like the memlock limit: unreadable cgroup files leave the series out."""
@@ -439,7 +467,7 @@ class ProcessSettings(CollectorSettings):
 
 def _process_collector(context: CollectorContext) -> ProcessCollector:
     settings: ProcessSettings = context.settings
-    return ProcessCollector(
+    collector = ProcessCollector(
         context.source,
         procfs=context.procfs,
         sysfs=context.sysfs,
@@ -450,6 +478,12 @@ def _process_collector(context: CollectorContext) -> ProcessCollector:
         discovery_interval_seconds=settings.discovery_interval_seconds,
         export_cmdline=settings.export_cmdline,
     )
+    # The GPU collector labels its per-process series with each pid's comm: the one read here
+    # from /proc/<pid>/stat every tick serves it too, instead of a /proc/<pid>/comm read.
+    share = getattr(context.earlier.get("gpu"), "share_process_names", None)
+    if share is not None:
+        share(collector.watched)
+    return collector
 
 
 # Essential: /proc/<pid> of the inference processes is on every Linux host. It takes the GPU

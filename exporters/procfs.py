@@ -20,6 +20,12 @@ _RANGE = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
 _STATUS_BYTES = {"VmRSS": "resident_bytes", "VmSwap": "swap_bytes", "VmLck": "locked_bytes",
                  "VmPin": "pinned_bytes"}
 _GONE_ERRNOS = (errno.ENOENT, errno.ESRCH)
+# The lines of /proc/<pid>/status that parse_proc_status uses: "Key:" after a "\n" (one is put
+# before the first line), the last one winning as in a dict of every line. A literal "\n" first
+# lets re skip to each line start; "^...$" with re.MULTILINE tried every position, 5x slower.
+_STATUS_FIELD = re.compile(r"\n(Name|VmRSS|VmSwap|VmLck|VmPin|Threads|Cpus_allowed_list):([^\n]*)")
+# What str.splitlines splits ASCII lines at besides "\n" (outside ASCII: \x85, \u2028, \u2029).
+_OTHER_ASCII_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
 
 
 def parse_cpu_list(text: str) -> frozenset[int]:
@@ -58,11 +64,16 @@ class ProcessStatus:
 
 def parse_proc_status(text: str) -> ProcessStatus:
     """/proc/<pid>/status: "Key:\\tvalue" lines; memory sizes are in kB."""
-    fields = {}
-    for line in text.splitlines():
-        key, colon, value = line.partition(":")
-        if colon:
-            fields[key] = value.strip()
+    if text.isascii() and not any(brk in text for brk in _OTHER_ASCII_LINE_BREAKS):
+        # The 7 lines used of ~55, found by one scan in C: read every tick for every watched
+        # process, splitting all lines in Python was most of the process collector's parsing.
+        fields = {key: value.strip() for key, value in _STATUS_FIELD.findall("\n" + text)}
+    else:  # non-ASCII (a comm), or other line breaks (a garbled file): every line, as splitlines splits
+        fields = {}
+        for line in text.splitlines():
+            key, colon, value = line.partition(":")
+            if colon:
+                fields[key] = value.strip()
     if "Name" not in fields:
         raise ParseError("no Name: line, not a /proc/<pid>/status file")
     values: dict[str, object] = {}

@@ -41,14 +41,40 @@ class LiveSource:
     """Reads the host."""
 
     def read_text(self, path: str) -> str:
-        with open(path, "rb") as handle:
-            return handle.read().decode("utf-8", errors="replace")
+        # os.open/os.read rather than open(): a tick reads ~190 small files (8 GPUs, 16 processes)
+        # and open() builds a FileIO and a BufferedReader for each, twice the cost of the read.
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as error:
+            raise _with_path(error, path) from None
+        try:
+            # Until end of file: a short read is not one (procfs and sysfs files have no size).
+            chunks = []
+            while chunk := os.read(fd, _READ_CHUNK):
+                chunks.append(chunk)
+            data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except OSError as error:  # EISDIR, EIO, a process exiting under /proc/<pid>
+            raise _with_path(error, path) from None
+        finally:
+            os.close(fd)
+        return data.decode("utf-8", errors="replace")
 
     def list_dir(self, path: str) -> list[str]:
         return sorted(os.listdir(path))
 
     def call(self, key: str, fetch: Callable[[], T]) -> T:
         return fetch()
+
+
+# Most files read are under 4 KiB; numa_maps and smaps of a large process run to megabytes.
+_READ_CHUNK = 64 * 1024
+
+
+def _with_path(error: OSError, path: str) -> OSError:
+    """The error as open() raises it: the same OSError subclass, naming the file."""
+    if error.filename is not None or error.errno is None:
+        return error
+    return OSError(error.errno, error.strerror, path)
 
 
 class RecordingSource:

@@ -516,3 +516,29 @@ def test_a_gpu_process_is_named_by_its_comm_as_every_process_series_is(fake, fix
     (container / "4242" / "comm").write_text("unrelated\n")
     unnamed = GpuCollector(LiveSource(), fake, procfs=str(container)).collect()
     assert gpu_process_names(unnamed)["4242"] == "/usr/bin/python3"
+
+
+def test_names_the_process_collector_read_are_not_read_again(fake, fixture_procfs):
+    """The process collector reads /proc/<pid>/stat, comm included, every tick for the same pids:
+    what it read names the GPU series, and only a pid it does not watch is read from
+    /proc/<pid>/comm. Through the source: a replay gets the recorded names, and a trace recorded
+    before they were shared (no such reading) falls back to the comm files it holds."""
+    fake.gpus[0].processes[0].name = "/usr/bin/python3"
+    fake.gpus[1].processes[0].name = "/opt/llama.cpp/build/bin/llama-server"
+    recording = RecordingSource(LiveSource())
+    collector = GpuCollector(recording, fake, procfs=fixture_procfs)
+    collector.share_process_names(lambda: {4242: "from-stat"})
+    samples = collector.collect()
+    readings = recording.take_readings()
+    comm_reads = [path for kind, path, *_ in readings if kind == "text" and path.endswith("/comm")]
+    assert sorted(comm_reads) == [os.path.join(fixture_procfs, pid, "comm") for pid in (str(XORG_PID), "5151")]
+    assert gpu_process_names(samples) == {"4242": "from-stat", "5151": "llama-server", str(XORG_PID): "Xorg"}
+
+    replay = ReplaySource()
+    replayer = GpuCollector(replay, None, procfs=fixture_procfs)
+    replayer.share_process_names(lambda: {4242: "never asked in a replay"})
+    replay.load(readings)
+    assert gpu_process_names(replayer.collect()) == gpu_process_names(samples)
+    old_trace = [r for r in readings if r[:2] != ["call", "agent.watched_processes"]]
+    replay.load(old_trace + [["text", os.path.join(fixture_procfs, "4242", "comm"), True, "python3\n"]])
+    assert gpu_process_names(replayer.collect())["4242"] == "python3"

@@ -192,6 +192,20 @@ def test_numa_node_negative_or_unsupported_is_none(fake):
     assert make(fake).numa_node(1) is None
 
 
+def test_numa_node_is_asked_once_per_gpu_unless_the_call_failed(fake):
+    """A node or NOT_SUPPORTED is the platform's answer for as long as NVML is loaded; x86 hosts
+    raised one NVMLError per GPU per tick asking again."""
+    fake.gpus[1].numa_node = 4
+    nvml = make(fake)
+    for _ in range(3):
+        assert (nvml.numa_node(0), nvml.numa_node(1)) == (None, 4)
+    assert fake.calls["nvmlDeviceGetNumaNodeId"] == 2
+    fake.fail("nvmlDeviceGetNumaNodeId", "NVMLError_Timeout")
+    other = make(fake)
+    assert other.numa_node(1) is None and other.numa_node(1) is None
+    assert fake.calls["nvmlDeviceGetNumaNodeId"] == 4  # a failure is not an answer: asked again
+
+
 def test_process_names_cached_pruned_and_fall_back_to_pid(fake):
     nvml = make(fake)
     assert nvml.process_names([4242, 999]) == {4242: "python3", 999: "999"}

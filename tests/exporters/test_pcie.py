@@ -328,6 +328,45 @@ def test_new_gpu_is_found_by_the_rediscovery_10_seconds_later(tmp_path, live_sou
     assert samples.value("hybridmon_pcie_link_width_lanes", pci_bus_id=new) == 8
 
 
+def test_fixed_attributes_are_read_at_discovery_and_the_link_every_tick(tmp_path, live_source):
+    """max_link_speed, max_link_width and numa_node are the device's and its firmware's: read
+    when the device is discovered (every 10 s), not on every tick like the running link."""
+    sysfs = fixture_copy(tmp_path)
+    clock = FakeClock()
+    recording = RecordingSource(live_source)
+    collector = PcieCollector(recording, sysfs=str(sysfs), clock=clock)
+    fixed = ("max_link_speed", "max_link_width", "numa_node")
+
+    def read_names():
+        return {path.rsplit("/", 1)[1] for kind, path, *_ in recording.take_readings() if kind == "text"}
+
+    collector.collect()
+    assert set(fixed) <= read_names()
+    (device_dir(sysfs, GPU1) / "current_link_width").write_text("4\n")
+    (device_dir(sysfs, GPU1) / "max_link_width").write_text("4\n")
+    clock.now += 1
+    samples = collector.collect()
+    assert not set(fixed) & read_names()
+    assert samples.value("hybridmon_pcie_link_width_lanes", pci_bus_id=GPU1) == 4
+    assert samples.value("hybridmon_pcie_link_max_width_lanes", pci_bus_id=GPU1) == 16
+    clock.now += 10  # the rediscovery reads them again
+    assert collector.collect().value("hybridmon_pcie_link_max_width_lanes", pci_bus_id=GPU1) == 4
+    assert set(fixed) <= read_names()
+
+
+def test_an_aer_count_that_changes_is_seen_on_the_next_tick(tmp_path, live_source):
+    """AER files are parsed again only when their text changed: a change is never missed, and a
+    file that turns unparseable leaves its series out as on the first read."""
+    sysfs = fixture_copy(tmp_path)
+    collector = PcieCollector(live_source, sysfs=str(sysfs), clock=FakeClock())
+    aer = device_dir(sysfs, GPU0) / "aer_dev_correctable"
+    assert collector.collect().value("hybridmon_pcie_aer_errors_total", pci_bus_id=GPU0, severity="correctable") == 7
+    aer.write_text(aer.read_text().replace("TOTAL_ERR_COR 7", "TOTAL_ERR_COR 9"))
+    assert collector.collect().value("hybridmon_pcie_aer_errors_total", pci_bus_id=GPU0, severity="correctable") == 9
+    aer.write_text("RxErr 3\n")
+    assert collector.collect().value("hybridmon_pcie_aer_errors_total", pci_bus_id=GPU0, severity="correctable") is None
+
+
 def test_udev_discovery_path_with_fake_enumeration(fixture_sysfs, live_source, monkeypatch):
     monkeypatch.setattr(pcie, "list_nvidia_gpus_udev", lambda: [GPU0])
     recording = RecordingSource(live_source)

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import ParseError
 from hybridmon.exporters.process import (
+    INFO,
+    MEMLOCK_LIMIT,
     ProcessCollector,
     ProcessStat,
     format_cmdline,
@@ -154,6 +156,41 @@ def test_parse_proc_status_fixture():
         resident_bytes=29360128 * KIB, swap_bytes=1572864 * KIB, locked_bytes=0,
         pinned_bytes=4194304 * KIB, threads=64, allowed_cpus=frozenset(range(8)),
     )
+
+
+def _status_fields_of_every_line(text: str) -> dict[str, str]:
+    """How parse_proc_status read its fields before it scanned for the 7 it uses: every line."""
+    fields = {}
+    for line in text.splitlines():
+        key, colon, value = line.partition(":")
+        if colon:
+            fields[key] = value.strip()
+    return fields
+
+
+def _outcome(parse, text):
+    try:
+        return parse(text)
+    except ParseError as error:
+        return ParseError, str(error)
+
+
+_STATUS_LINES = st.lists(st.tuples(
+    st.sampled_from(["Name", "VmRSS", "VmSwap", "VmLck", "VmPin", "Threads", "Cpus_allowed_list", "State",
+                     " VmRSS", "VmRSSx", "Vm"]),
+    st.sampled_from([":", ": ", ":\t", ""]),
+    st.sampled_from(["5 kB", "  7 kB ", "0-3,8", "12", "x", "5 MB", "", "1:2"]),
+    st.sampled_from(["\n", "\r\n", "\r", "\x85", "\n\n", ""]),
+), max_size=12)
+
+
+@given(_STATUS_LINES)
+def test_parse_proc_status_reads_what_splitting_every_line_read(lines):
+    """The scan for the used lines gives what a dict of every line gave, on any line breaks."""
+    text = "".join(key + colon + value + end for key, colon, value, end in lines)
+    fields = _status_fields_of_every_line(text)
+    expected = _outcome(parse_proc_status, "".join(f"{key}:\t{value}\n" for key, value in fields.items()))
+    assert _outcome(parse_proc_status, text) == expected
 
 
 def test_parse_proc_status_of_a_kernel_thread_has_no_memory():
@@ -495,6 +532,37 @@ def test_reused_pid_is_dropped_until_the_next_scan(procfs_copy):
     stat.write_text(stat.read_text().replace(" 2345600 ", " 9999999 "))  # same pid, new process
     clock.now = 1.0
     assert collector.collect().find("hybridmon_process_info", pid="5151") == []
+
+
+def test_cmdline_and_limits_are_read_once_per_discovery_interval(procfs_copy):
+    """stat and status every tick; cmdline and limits, set when a process starts, once per
+    discovery interval (10 s) and again as soon as the pid belongs to another process."""
+    clock = FakeClock()
+    source = RecordingSource(LiveSource())
+    collector = fixture_collector(source, procfs_copy, clock=clock)
+
+    def read_files(pid):
+        return sorted(path.rsplit("/", 1)[1] for kind, path, *_ in source.take_readings()
+                      if kind == "text" and f"/{pid}/" in path)
+
+    collector.collect()
+    assert read_files(4242) == ["cmdline", "limits", "stat", "status"]
+    limits = procfs_copy / "4242/limits"
+    limits.write_text(limits.read_text().replace("Max locked memory         8388608",
+                                                 "Max locked memory         65536   "))
+    clock.now = 1.0
+    samples = collector.collect()
+    assert read_files(4242) == ["stat", "status"]
+    assert samples.value(MEMLOCK_LIMIT.name, pid="4242") == 8388608
+    assert samples.find(INFO.name, pid="4242") != []  # the identity stays exported meanwhile
+    clock.now = 10.0
+    assert collector.collect().value(MEMLOCK_LIMIT.name, pid="4242") == 65536
+    assert read_files(4242) == ["cmdline", "limits", "stat", "status"]
+    stat = procfs_copy / "4242/stat"
+    stat.write_text(stat.read_text().replace(" 1234500 ", " 9999999 "))  # same pid, a new process
+    clock.now = 11.0
+    collector.collect()
+    assert read_files(4242) == ["cmdline", "limits", "stat", "status"]
 
 
 def test_garbled_stat_skips_only_that_process(procfs_copy, caplog):

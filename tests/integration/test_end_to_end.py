@@ -275,18 +275,17 @@ def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
 def test_a_commit_rerenders_only_its_collectors_part(monkeypatch):
     """After the GPU collector commits, the scrape renders the GPU's families again and serves
     every other collector's cached text (the exposition's cost after a tick is what changed)."""
-    import hybridmon.agent.exposition as exposition_module
+    from hybridmon.agent.exposition_lines import LineCache
 
     agent = Agent(fixture_config())
     run_every_collector_once(agent, 1_700_000_000.0)
     first = agent.exposition.samples_text()
     rendered = []
-    real = exposition_module.generate_latest
-    monkeypatch.setattr(exposition_module, "generate_latest",
-                        lambda registry: rendered.append(registry) or real(registry))
+    real = LineCache.render
+    monkeypatch.setattr(LineCache, "render", lambda cache, samples: rendered.append(samples) or real(cache, samples))
     gpu = next(item for item in agent.sampler.scheduled if item.collector.name == "gpu")
     agent.sampler.run_collector(gpu, at=1_700_000_001.0)
     again = agent.exposition.samples_text()
-    assert len(rendered) == 1 and isinstance(rendered[0], exposition_module.SamplesFamilies)
+    assert len(rendered) == 1 and rendered[0] is agent.history.latest()["gpu"][1]
     assert sorted(again.splitlines()) == sorted(first.splitlines())  # the fake NVML did not move
     assert agent.exposition.samples_text() is again and len(rendered) == 1  # cached until a commit
