@@ -350,6 +350,32 @@ def test_every_default_cmdline_pattern_is_a_known_server_family():
             assert identify(line.split()).server in SERVERS, line
 
 
+@pytest.mark.parametrize("line", [
+    "c++ -O1 -DNDEBUG -o tools/server/CMakeFiles/llama-server.dir/server.cpp.o -c server.cpp",
+    "/usr/bin/c++ -O1 CMakeFiles/llama-server.dir/server.cpp.o -o ../../bin/llama-server libllama.a",
+    "tail -f /var/log/llama-server.log",
+    "vim /etc/systemd/system/llama-server.service",
+    "journalctl -fu text-generation-launcher",
+    "grep ollama serve /var/log/syslog",
+])
+def test_default_patterns_leave_out_commands_that_only_mention_a_server(line):
+    from hybridmon.exporters.process import DEFAULT_CMDLINE_PATTERNS
+
+    assert not [p for p in DEFAULT_CMDLINE_PATTERNS if re.search(p, line)], line
+
+
+@pytest.mark.parametrize("line", [
+    "llama-server -m /models/q.gguf", "/opt/llama.cpp/build/bin/llama-server --port 8080",
+    "/usr/lib/ollama/llama-server --model /root/.ollama/models/blobs/sha256-x --port 41234",
+    "text-generation-launcher --model-id m", "/usr/local/bin/text-generation-router --port 3000",
+    "/usr/local/bin/ollama serve", "ollama runner --model /root/.ollama/models/blobs/sha256-x",
+])
+def test_default_patterns_find_servers_by_their_command(line):
+    from hybridmon.exporters.process import DEFAULT_CMDLINE_PATTERNS
+
+    assert [p for p in DEFAULT_CMDLINE_PATTERNS if re.search(p, line)], line
+
+
 @pytest.mark.parametrize("value, readable", [
     ("/home/alice/models/x.gguf", "x.gguf"),
     ("~/m/", "m"),
