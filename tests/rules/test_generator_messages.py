@@ -20,8 +20,8 @@ def generators():
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["rules", "dashboards", "prometheusrule"])
 def test_a_generator_names_each_file_it_writes_then_checks(index, tmp_path, capsys):
-    if index == 1:
-        pytest.importorskip("grafana_foundation_sdk")
+    if index == 1 and sys.version_info < (3, 11):
+        pytest.skip("grafana-foundation-sdk needs Python >= 3.11 (pyproject's floor is 3.10)")
     generator = generators()[index]
     assert generator.main(["--output-dir", str(tmp_path)]) == 0
     written = sorted(str(path) for path in tmp_path.rglob("*") if path.is_file())
