@@ -1,5 +1,6 @@
 import math
 import random
+from array import array
 
 import pytest
 
@@ -88,6 +89,58 @@ def test_theil_sen_subsamples_long_series_deterministically():
     assert first == pytest.approx(0.5, rel=0.02)
     assert windows.evenly(5000, 120)[0] == 0 and windows.evenly(5000, 120)[-1] == 4999
     assert len(windows.evenly(5000, 120)) == 120
+
+
+def pure_python_theil_sen(times, values, max_points):
+    """The definition, slope by slope: the median of every pair's slope over the picked points."""
+    picked = windows.evenly(len(times), max_points)
+    xs, ys = [float(times[i]) for i in picked], [float(values[i]) for i in picked]
+    slopes = sorted((ys[j] - ys[i]) / (xs[j] - xs[i]) for i in range(len(xs)) for j in range(i + 1, len(xs)))
+    middle = len(slopes) // 2
+    return slopes[middle] if len(slopes) % 2 else (slopes[middle - 1] + slopes[middle]) / 2
+
+
+@pytest.mark.parametrize("count", [windows.NUMPY_PAIRS_FROM - 1, windows.NUMPY_PAIRS_FROM, 57, 150, 151, 3600])
+def test_theil_sen_is_bit_for_bit_the_definition_on_either_path(count):
+    """Long trends go to numpy; its slopes and median must be the very floats of the definition,
+    odd and even pair counts alike (a forecast is printed to the minute from them)."""
+    rng = random.Random(count)
+    for start, scale in ((1_800_000_000.0, 1e9), (0.0, 3.0), (12_345.678, 1e12)):
+        times = sorted({start + rng.random() * 7200 for _ in range(count)})
+        values = [scale * (1 + rng.random()) + 0.1 * t for t in times]
+        assert windows.theil_sen_slope(times, values, 150) == pure_python_theil_sen(times, values, 150)
+
+
+def rate_steps_by_definition(one, start, end):
+    """rate() at each step of step_times, window by window, as PromQL evaluates a subquery."""
+    found = [(at, windows.rate(one, at, 60.0)) for at in windows.step_times(start, end)]
+    return [at for at, value in found if value is not None], [value for _, value in found if value is not None]
+
+
+def test_rate_steps_is_bit_for_bit_rate_at_each_step():
+    """An hour of per-minute rates goes to numpy (windows.NUMPY_STEPS_FROM steps or more): the
+    same floats as rate() step by step, whatever the counter does: resets, a NaN, a negative first
+    reading, repeated times, gaps longer than a step, History's arrays or plain lists."""
+    rng = random.Random(17)
+    start = 1_800_000_000.0
+    for trial in range(300):
+        times = sorted({start + rng.random() * 3600 for _ in range(rng.randint(0, 900))})
+        if trial % 7 == 0 and len(times) > 3:
+            times[2] = times[1]
+        if trial % 5 == 0:
+            times = [t for t in times if not start + 1200 < t < start + 1500]
+        counter, values = rng.random() * 1e6, []
+        for _ in times:
+            counter = rng.random() * 10 if rng.random() < 0.01 else counter + rng.random() * rng.choice([0, 1, 1e3])
+            values.append(counter)
+        if trial % 11 == 0 and values:
+            values[rng.randrange(len(values))] = math.nan
+        if trial % 13 == 0 and values:
+            values[0] = -5.0
+        one = series(times, values) if trial % 2 else SeriesHistory("hybridmon_test", {}, array("d", times), array("d", values))
+        got, expected = windows.rate_steps(one, start, start + 3600), rate_steps_by_definition(one, start, start + 3600)
+        assert got[0] == expected[0]
+        assert [repr(v) for v in got[1]] == [repr(v) for v in expected[1]]
 
 
 def test_theil_sen_needs_two_distinct_times():

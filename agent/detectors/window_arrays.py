@@ -1,0 +1,99 @@
+"""The two window computations an hour-long trend repeats most, done over numpy arrays: the
+median of pairwise slopes (Theil-Sen) and per-minute counter rates (a `rate(x[1m])[1h:1m]`
+subquery). Each gives bit for bit the float that windows.py's pure-Python definition gives: the
+same IEEE operations on the same operands in the same order (numpy does not fuse a multiply and
+an add; `cumsum` adds left to right, as `functools.reduce` does), only in C. That is what lets
+memory_growth judge 16 processes' hour-long windows in a few milliseconds without changing what
+it finds, or when (tests/agent/test_detectors_windows.py compares the two paths).
+
+numpy is imported by the first caller: a host where nothing trends never loads it (~15 MB).
+"""
+from __future__ import annotations
+
+from array import array
+from functools import lru_cache
+from typing import Sequence
+
+# A rate step's window of 1 s samples holds ~61 points; past this many cells (steps x the widest
+# window) the padded array costs more memory than the loop it replaces saves time.
+MAX_CELLS = 1_000_000
+
+
+def theil_sen_median(xs: Sequence[float], ys: Sequence[float]) -> float:
+    """The median of (ys[j] - ys[i]) / (xs[j] - xs[i]) over every pair i < j; xs strictly rise."""
+    import numpy
+
+    first, second = _pair_indices(len(xs))
+    x, y = _floats(numpy, xs), _floats(numpy, ys)
+    with numpy.errstate(all="ignore"):   # an infinite figure gives NaN slopes, as in Python
+        slopes = (y[second] - y[first]) / (x[second] - x[first])
+    middle = len(slopes) // 2
+    if len(slopes) % 2:
+        return float(numpy.partition(slopes, middle)[middle])
+    lower, upper = numpy.partition(slopes, (middle - 1, middle))[middle - 1:middle + 1]
+    return (float(lower) + float(upper)) / 2
+
+
+@lru_cache(maxsize=8)
+def _pair_indices(count: int):
+    """Both indices of every pair i < j of `count` points."""
+    import numpy
+
+    return numpy.triu_indices(count, 1)
+
+
+def rate_steps(times: Sequence[float], values: Sequence[float], steps: Sequence[float],
+               seconds: float) -> tuple[list[float], list[float]] | None:
+    """windows.rate_steps over the given step times (times rising): for each step `at`, the
+    counter's increase over the points in [at - seconds, at] (a drop counts as a reset to 0),
+    extrapolated as windows._rate_in does; steps with fewer than two points at distinct times are
+    left out. None where the arrays would be too large (the caller loops instead)."""
+    import numpy
+
+    t, v = _floats(numpy, times), _floats(numpy, values)
+    at = numpy.asarray(steps, dtype=numpy.float64)
+    first = numpy.searchsorted(t, at - seconds, side="left")
+    last = numpy.searchsorted(t, at, side="right")
+    count = last - first
+    usable = count >= 2
+    usable[usable] &= t[last[usable] - 1] > t[first[usable]]
+    if not usable.any():
+        return [], []
+    first, last, count, at = first[usable], last[usable], count[usable], at[usable]
+    width = int(count.max()) - 1
+    if width * len(at) > MAX_CELLS:
+        return None
+    with numpy.errstate(all="ignore"):
+        # counter_increase's terms: the rise to each reading, or the reading itself after a reset
+        rises = numpy.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
+        # each step's terms in a row, zeros after its last: summed left to right from the first
+        offsets = numpy.arange(width)
+        cells = first[:, None] + offsets
+        rows = numpy.where(offsets < (count - 1)[:, None], rises[numpy.minimum(cells, len(rises) - 1)], 0.0)
+        increase = numpy.cumsum(rows, axis=1)[numpy.arange(len(at)), count - 2]
+        rate = _extrapolated(numpy, increase, t[first], t[last - 1], count, v[first], at, seconds)
+    kept = numpy.flatnonzero(usable)
+    return [steps[i] for i in kept.tolist()], rate.tolist()
+
+
+def _floats(numpy, figures: Sequence[float]):
+    """`figures` as a float64 array: History's array('d') read in place (a list copied), for
+    this call only: an array exporting its buffer cannot grow, so none is kept."""
+    if isinstance(figures, array) and figures.typecode == "d":
+        return numpy.frombuffer(figures, dtype=numpy.float64)
+    return numpy.asarray(figures, dtype=numpy.float64)
+
+
+def _extrapolated(numpy, increase, first_time, last_time, count, first_value, at, seconds: float):
+    """windows._rate_in's extrapolation, element by element, in its order of operations."""
+    sampled = last_time - first_time
+    average_step = sampled / (count - 1)
+    to_start = first_time - (at - seconds)
+    to_end = at - last_time
+    # a counter cannot have been below zero: don't extrapolate past where it would be 0
+    to_zero = sampled * first_value / increase
+    to_start = numpy.where((increase > 0) & (first_value >= 0) & (to_zero < to_start), to_zero, to_start)
+    threshold = average_step * 1.1
+    covered = sampled + numpy.where(to_start < threshold, to_start, average_step / 2)
+    covered = covered + numpy.where(to_end < threshold, to_end, average_step / 2)
+    return increase * (covered / sampled) / seconds
