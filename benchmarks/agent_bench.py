@@ -469,6 +469,7 @@ def memory_child(host_json: str, ticks: int) -> None:
     t0 = 1_800_000_000.0
     checkpoints = []
     evaluation_at_history: dict[int, float] = {}
+    detectors_at_history: dict[int, dict[str, float]] = {}
     rss_first_tick = None
     aside = 0.0  # CPU of the checkpoint evaluations, left out of the per-tick figure
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -484,6 +485,7 @@ def memory_child(host_json: str, ticks: int) -> None:
         if tick + 1 in EVALUATION_CHECKPOINTS:
             cpu_before = time.process_time()
             evaluation_at_history[tick + 1] = median_evaluation_ms(agent, t0 + tick, 3)
+            detectors_at_history[tick + 1] = detector_ms(agent, t0 + tick, 3)
             aside += time.process_time() - cpu_before
     wall = time.perf_counter() - wall0
     cpu = time.process_time() - cpu0 - aside
@@ -523,6 +525,8 @@ def memory_child(host_json: str, ticks: int) -> None:
         "detector_evaluation_ms_median": evaluation_ms,
         # ticks of history -> ms (median of 3): issue 17 wants 2 h within 1.5x of 10 min
         "detector_evaluation_ms_at_history": evaluation_at_history,
+        # ticks of history -> detector -> ms (median of 3, each alone with its own reads)
+        "detector_ms_at_history": detectors_at_history,
         "detector_findings_firing": len(agent.engine.firing()),
     }), flush=True)
     agent.stop()
@@ -537,6 +541,27 @@ def median_evaluation_ms(agent, now: float, times: int) -> float:
         agent.engine.evaluate(now)
         durations.append((time.perf_counter() - started) * 1000)
     return round(statistics.median(durations), 1)
+
+
+def detector_ms(agent, now: float, times: int) -> dict[str, float]:
+    """Median wall ms of each detector alone at `now`, its reads included (an evaluation shares
+    reads between detectors, so these add up to a little more than one): which detectors an
+    evaluation's cost at each length of history comes from."""
+    from hybridmon.agent.detectors.engine import FULL_RESOLUTION_SECONDS, EvaluationView
+
+    engine = agent.engine
+    since = None if engine.lookback_seconds is None else now - engine.lookback_seconds
+    found = {}
+    for detector in engine.detectors:
+        durations = []
+        for _ in range(times):
+            view = EvaluationView(engine.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS, now=now)
+            view.reading_back(getattr(detector, "lookback_seconds", None))
+            started = time.perf_counter()
+            detector.evaluate(view, now)
+            durations.append((time.perf_counter() - started) * 1000)
+        found[detector.name] = round(statistics.median(durations), 2)
+    return found
 
 
 def bench_memory(host: ScaledHost, ticks: int, timeout: float) -> dict:
@@ -654,6 +679,16 @@ def print_report(results: dict) -> None:
         if 600 in at and 7200 in at:
             ratio = at[7200] / at[600]
             print(f"  2 h against 10 min: {ratio:.2f}x [issue 17: within 1.5x: {verdict(ratio <= 1.5)}]")
+        by_detector = {int(k): v for k, v in mem.get("detector_ms_at_history", {}).items()}
+        if by_detector:
+            print("  each detector alone, reads included (ms, median of 3), the costliest first:")
+            last = by_detector[max(by_detector)]
+            print("    " + f"{'ticks':>6s} " + " ".join(f"{name[:14]:>14s}" for name in sorted(last, key=lambda n: -last[n])[:6])
+                  + f" {'the rest':>9s}")
+            names = sorted(last, key=lambda n: -last[n])[:6]
+            for ticks, costs in sorted(by_detector.items()):
+                rest = sum(v for n, v in costs.items() if n not in names)
+                print("    " + f"{ticks:6d} " + " ".join(f"{costs.get(n, 0.0):14.2f}" for n in names) + f" {rest:9.2f}")
         share = mem["cpu_ms_per_tick"] / 10  # ms of CPU per 1 s tick -> % of one core
         print(f"  CPU averaged over the run, detectors included: {share:.2f} % of a core "
               f"[issue 17: <= 1 % over 2 h: {verdict(share <= 1.0)}]")

@@ -269,11 +269,14 @@ class Detector:
               since: float | None, server_pids: set[str]) -> _Load | None:
         start = now - self.config.window_seconds if since is None else max(
             now - self.config.window_seconds, since)
-        times, rates = windows.rate_steps(cpu, start, now)
+        faults = [series for metric in (MINOR_FAULTS.name, MAJOR_FAULTS.name)
+                  for series in history.series(metric, pid=key[0], process_name=key[1])]
+        # one collector samples all three counters: their per-minute rates come in one pass
+        (times, rates), *fault_rates = windows.rate_steps_of([cpu, *faults], start, now)
         # the load's rise needs settled figures in the window's older half; until then only the
         # page faults can tell (as in the rule, whose load_rise recording is absent until then)
         known = any(times[0] + 60 <= t <= now - self.config.window_seconds / 2 for t in times)
-        rising = self._faults_rising(history, key, dict(zip(times, rates)), start, now)
+        rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
         cpu_mean = sum(rates) / len(rates) if rates else None
         tokens = [s for pid in sorted(server_pids)
                   for s in history.series(GENERATED_TOKENS.name, pid=pid)]
@@ -317,16 +320,15 @@ class Detector:
             return 0.0   # idle: nothing explains growth
         return (newer_mean - older_mean) * 3600 / (newer_time - older_time) / mean
 
-    def _faults_rising(self, history: History, key: tuple[str, ...], cpu_rates: dict,
-                       start: float, now: float) -> bool:
-        """Page faults (minor + major) per CPU second, minute by minute, rising by at least
-        growth_per_hour_share of their mean per hour: a process that faults more for the same
-        work is touching memory it did not touch before."""
+    def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], cpu_rates: dict) -> bool:
+        """Page faults (minor + major: per-minute rates of each series, fault_rates) per CPU
+        second, minute by minute, rising by at least growth_per_hour_share of their mean per
+        hour: a process that faults more for the same work is touching memory it did not touch
+        before."""
         per_step: dict[float, float] = {}
-        for metric in (MINOR_FAULTS.name, MAJOR_FAULTS.name):
-            for series in history.series(metric, pid=key[0], process_name=key[1]):
-                for time, value in zip(*windows.rate_steps(series, start, now)):
-                    per_step[time] = per_step.get(time, 0.0) + value
+        for steps, rates in fault_rates:
+            for time, value in zip(steps, rates):
+                per_step[time] = per_step.get(time, 0.0) + value
         times = [t for t in sorted(per_step) if cpu_rates.get(t, 0) > 0]
         intensity = [per_step[t] / cpu_rates[t] for t in times]
         if len(intensity) < 2:

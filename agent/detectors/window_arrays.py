@@ -42,15 +42,18 @@ def _pair_indices(count: int):
     return numpy.triu_indices(count, 1)
 
 
-def rate_steps(times: Sequence[float], values: Sequence[float], steps: Sequence[float],
-               seconds: float) -> tuple[list[float], list[float]] | None:
-    """windows.rate_steps over the given step times (times rising): for each step `at`, the
-    counter's increase over the points in [at - seconds, at] (a drop counts as a reset to 0),
-    extrapolated as windows._rate_in does; steps with fewer than two points at distinct times are
-    left out. None where the arrays would be too large (the caller loops instead)."""
+def rate_steps(times: Sequence[float], counters: Sequence[Sequence[float]], steps: Sequence[float],
+               seconds: float) -> tuple[list[float], list[list[float]]] | None:
+    """windows.rate_steps of each of `counters`, all sampled at `times` (rising), at the given
+    step times: for each step `at`, a counter's increase over the points in [at - seconds, at] (a
+    drop counts as a reset to 0), extrapolated as windows._rate_in does. Steps with fewer than
+    two points at distinct times are left out (the same for every counter: they share times).
+    Returns the steps kept and each counter's rates; None where the arrays would be too large
+    (the caller loops instead)."""
     import numpy
 
-    t, v = _floats(numpy, times), _floats(numpy, values)
+    t = _floats(numpy, times)
+    v = numpy.stack([_floats(numpy, values) for values in counters])   # one row per counter
     at = numpy.asarray(steps, dtype=numpy.float64)
     first = numpy.searchsorted(t, at - seconds, side="left")
     last = numpy.searchsorted(t, at, side="right")
@@ -58,22 +61,22 @@ def rate_steps(times: Sequence[float], values: Sequence[float], steps: Sequence[
     usable = count >= 2
     usable[usable] &= t[last[usable] - 1] > t[first[usable]]
     if not usable.any():
-        return [], []
+        return [], [[] for _ in counters]
     first, last, count, at = first[usable], last[usable], count[usable], at[usable]
     width = int(count.max()) - 1
-    if width * len(at) > MAX_CELLS:
+    if width * len(at) * len(counters) > MAX_CELLS:
         return None
     with numpy.errstate(all="ignore"):
         # counter_increase's terms: the rise to each reading, or the reading itself after a reset
-        rises = numpy.where(v[1:] >= v[:-1], v[1:] - v[:-1], v[1:])
+        rises = numpy.where(v[:, 1:] >= v[:, :-1], v[:, 1:] - v[:, :-1], v[:, 1:])
         # each step's terms in a row, zeros after its last: summed left to right from the first
         offsets = numpy.arange(width)
-        cells = first[:, None] + offsets
-        rows = numpy.where(offsets < (count - 1)[:, None], rises[numpy.minimum(cells, len(rises) - 1)], 0.0)
-        increase = numpy.cumsum(rows, axis=1)[numpy.arange(len(at)), count - 2]
-        rate = _extrapolated(numpy, increase, t[first], t[last - 1], count, v[first], at, seconds)
-    kept = numpy.flatnonzero(usable)
-    return [steps[i] for i in kept.tolist()], rate.tolist()
+        cells = numpy.minimum(first[:, None] + offsets, rises.shape[1] - 1)
+        rows = numpy.where(offsets < (count - 1)[:, None], rises[:, cells], 0.0)
+        increase = numpy.cumsum(rows, axis=2)[:, numpy.arange(len(at)), count - 2]
+        rate = _extrapolated(numpy, increase, t[first], t[last - 1], count, v[:, first], at, seconds)
+    kept = numpy.flatnonzero(usable).tolist()
+    return [steps[i] for i in kept], rate.tolist()
 
 
 def _floats(numpy, figures: Sequence[float]):

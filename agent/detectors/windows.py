@@ -161,9 +161,9 @@ def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AV
     steps = step_times(start, end, step, seconds)
     points, readings = series.times, series.values
     if len(steps) >= NUMPY_STEPS_FROM and len(points) >= 2:
-        found = window_arrays.rate_steps(points, readings, steps, seconds)
+        found = window_arrays.rate_steps(points, [readings], steps, seconds)
         if found is not None:
-            return found
+            return found[0], found[1][0]
     times: list[float] = []
     values: list[float] = []
     for at in steps:
@@ -174,6 +174,34 @@ def rate_steps(series: SeriesHistory, start: float, end: float, step: float = AV
             times.append(at)
             values.append(value)
     return times, values
+
+
+def rate_steps_of(series: Sequence[SeriesHistory], start: float, end: float,
+                  step: float = AVERAGE_SECONDS, seconds: float = AVERAGE_SECONDS
+                  ) -> list[tuple[list[float], list[float]]]:
+    """rate_steps of each series; those sampled at the same times (one collector's counters of
+    one process: its CPU time and page faults) worked out together, in one pass of arrays."""
+    found: list[tuple[list[float], list[float]] | None] = [None] * len(series)
+    groups: list[tuple[Sequence[float], list[int]]] = []
+    for index, one in enumerate(series):
+        for times, members in groups:
+            if times is one.times or times == one.times:
+                members.append(index)
+                break
+        else:
+            groups.append((one.times, [index]))
+    steps = step_times(start, end, step, seconds)
+    for times, members in groups:
+        if len(members) > 1 and len(steps) >= NUMPY_STEPS_FROM and len(times) >= 2:
+            together = window_arrays.rate_steps(times, [series[i].values for i in members], steps, seconds)
+            if together is not None:
+                kept, rates = together
+                for index, rate_list in zip(members, rates):
+                    found[index] = (list(kept), rate_list)
+                continue
+        for index in members:
+            found[index] = rate_steps(series[index], start, end, step, seconds)
+    return found  # type: ignore[return-value]
 
 
 def evenly(count: int, at_most: int) -> list[int]:

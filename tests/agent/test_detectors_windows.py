@@ -143,6 +143,26 @@ def test_rate_steps_is_bit_for_bit_rate_at_each_step():
         assert [repr(v) for v in got[1]] == [repr(v) for v in expected[1]]
 
 
+def test_rate_steps_of_counters_sampled_together_is_rate_steps_of_each():
+    """A process's CPU time and page faults share their times and are worked out in one pass;
+    a series at other times on its own. Each gets exactly rate_steps' figures, in input order."""
+    rng = random.Random(5)
+    start = 1_800_000_000.0
+    times = array("d", sorted({start + rng.random() * 3600 for _ in range(700)}))
+    counters = []
+    for _ in range(3):
+        total, values = 0.0, array("d")
+        for _ in times:
+            total = 0.0 if rng.random() < 0.005 else total + rng.random() * 50
+            values.append(total)
+        counters.append(SeriesHistory("hybridmon_test", {}, times, values))
+    apart = series([start + 7 * k for k in range(500)], [3.0 * k for k in range(500)])
+    copied = SeriesHistory("hybridmon_test", {}, array("d", times), counters[0].values)   # equal, not the same
+    mixed = [counters[0], apart, counters[1], copied, counters[2]]
+    assert windows.rate_steps_of(mixed, start, start + 3600) == [
+        windows.rate_steps(one, start, start + 3600) for one in mixed]
+
+
 def test_theil_sen_needs_two_distinct_times():
     assert windows.theil_sen_slope([1.0], [1.0]) is None
     assert windows.theil_sen_slope([1.0, 1.0], [1.0, 5.0]) is None
