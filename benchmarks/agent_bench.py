@@ -55,7 +55,7 @@ if str(REPO) not in sys.path:
 from hybridmon.exporters.gpu import MEMORY_USED  # noqa: E402
 from benchmarks.agent_bench_curve import (DEFAULT_GPUS, DEFAULT_PROCESSES, build_sized_host,  # noqa: E402
                                           print_curve, run_curve)
-from tests.support.scaled_host import (THROUGHPUT_DELAY_SECONDS, ScaledHost,  # noqa: E402
+from tests.support.scaled_host import (PROCESS_MEMORY_PATTERNS, THROUGHPUT_DELAY_SECONDS, ScaledHost,  # noqa: E402
                                        check_agent_sees_the_host, exposition_needles, load_fake_nvml,
                                        vary_fake_values)
 from tests.support.scenarios.host import MIB  # noqa: E402
@@ -450,7 +450,7 @@ def bench_scrapes(host: ScaledHost, workdir: Path, options: dict) -> dict:
 # 4. memory after 2 h of history (in a fresh subprocess)
 # --------------------------------------------------------------------------------------------
 
-def memory_child(host_json: str, ticks: int) -> None:
+def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -> None:
     """Runs in the subprocess: prints one JSON line with the figures."""
     host = ScaledHost(**json.loads(host_json))
     rss_start = rss_bytes()
@@ -474,7 +474,7 @@ def memory_child(host_json: str, ticks: int) -> None:
     aside = 0.0  # CPU of the checkpoint evaluations, left out of the per-tick figure
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for tick in range(ticks):
-        vary_fake_values(fake, tick)
+        vary_fake_values(fake, tick, process_memory)
         for item in scheduled:
             if tick % numa_every[item.collector.name] == 0:
                 agent.sampler.run_collector(item, at=t0 + tick)
@@ -502,6 +502,7 @@ def memory_child(host_json: str, ticks: int) -> None:
     capacities = dict(agent.history.capacities())
     print(json.dumps({
         "ticks": ticks,
+        "process_memory": process_memory,
         "seconds": round(wall, 1),
         "cpu_seconds": round(cpu, 1),
         "cpu_ms_per_tick": round(cpu / ticks * 1000, 3),
@@ -564,11 +565,11 @@ def detector_ms(agent, now: float, times: int) -> dict[str, float]:
     return found
 
 
-def bench_memory(host: ScaledHost, ticks: int, timeout: float) -> dict:
+def bench_memory(host: ScaledHost, ticks: int, timeout: float, process_memory: str = "sawtooth") -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HYBRIDMON_")}
     env["PYTHONPATH"] = str(REPO)
     command = [sys.executable, str(Path(__file__).resolve()), "--memory-child",
-               json.dumps(asdict(host)), "--history-ticks", str(ticks)]
+               json.dumps(asdict(host)), "--history-ticks", str(ticks), "--process-memory", process_memory]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env,
                                cwd=str(REPO), preexec_fn=_die_with_parent)
     if completed.returncode != 0:
@@ -658,7 +659,8 @@ def print_report(results: dict) -> None:
 
     mem = results.get("memory")
     if mem:
-        print(f"\nMemory after {mem['ticks']} ticks of history (fresh process, fake NVML without delay)")
+        print(f"\nMemory after {mem['ticks']} ticks of history (fresh process, fake NVML without delay, "
+              f"{mem.get('process_memory', 'sawtooth')} process memory)")
         print(f"  RSS {mem['rss_mb_end']} MB (after gc {mem['rss_mb_after_gc']} MB), ru_maxrss "
               f"{mem['ru_maxrss_mb']} MB [target <= {TARGETS['history_rss_mb']:.0f} MB: "
               f"{verdict(mem['rss_mb_end'] <= TARGETS['history_rss_mb'])}]")
@@ -714,13 +716,16 @@ def main() -> int:
     parser.add_argument("--curve", action="store_true",
                         help="only the cost at 1/16/64/256 processes and 1/8/32 GPUs, each in a fresh "
                              "process over --history-ticks ticks (default 600; 120 with --quick)")
+    parser.add_argument("--process-memory", choices=PROCESS_MEMORY_PATTERNS, default="sawtooth",
+                        help="each process's GPU memory in part 4: sawtooth (default; read as growth "
+                             "from about an hour, memory_growth's worst case) or flat (the common case)")
     args = parser.parse_args()
     options = dict(QUICK if args.quick else FULL)
     if args.history_ticks:
         options["history_ticks"] = options["curve_ticks"] = args.history_ticks
 
     if args.memory_child:
-        memory_child(args.memory_child, options["history_ticks"])
+        memory_child(args.memory_child, options["history_ticks"], args.process_memory)
         return 0
 
     def on_alarm(_signum, _frame):
@@ -778,7 +783,8 @@ def main() -> int:
             if "memory" not in args.skip:
                 print(f"memory: {options['history_ticks']} ticks in a fresh process ...", flush=True)
                 remaining = args.time_limit - (time.perf_counter() - started) - 10
-                results["memory"] = bench_memory(host, options["history_ticks"], max(10.0, remaining))
+                results["memory"] = bench_memory(host, options["history_ticks"], max(10.0, remaining),
+                                                 args.process_memory)
     except TimeLimit as error:
         print(f"agent_bench: {error}; everything started was stopped", file=sys.stderr)
         return 1

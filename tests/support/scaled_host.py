@@ -138,15 +138,27 @@ def load_fake_nvml(host: ScaledHost, throughput_delay_seconds: float) -> fake_nv
     return fake_nvml.DEFAULT
 
 
-def vary_fake_values(fake: fake_nvml.FakeNvml, tick: int) -> None:
-    """Changes what NVML answers, so every tick commits new values."""
+PROCESS_MEMORY_PATTERNS = ("sawtooth", "flat")
+
+
+def vary_fake_values(fake: fake_nvml.FakeNvml, tick: int, process_memory: str = "sawtooth") -> None:
+    """Changes what NVML answers, so every tick commits new values.
+
+    Each process's GPU memory: "sawtooth" climbs 7 MiB a tick from 9 GiB and drops back 2 GiB
+    about every 4.9 minutes (the pattern repeats every 2,048 ticks), which memory_growth's
+    Theil-Sen reads as growth over an hour: from about an hour in, 14 of 16 processes are judged
+    in full and their alerts fire, the detector's worst case. "flat" alternates by 4 KiB around a
+    level, as a vLLM engine's preallocated memory holds still: the common case."""
     for index, gpu in enumerate(fake.gpus):
         phase = tick * 7 + index * 131
         gpu.pcie_rx_kilobytes_per_second = 200_000 + (phase * 7919) % 20_000_000
         gpu.pcie_tx_kilobytes_per_second = 50_000 + (phase * 104_729) % 5_000_000
         gpu.utilization_percent = (tick + index * 13) % 101
         for number, process in enumerate(gpu.processes):
-            process.used_gpu_memory_bytes = 9 * GIB + ((phase + number * 17) % 2048) * MIB
+            if process_memory == "flat":
+                process.used_gpu_memory_bytes = 9 * GIB + (index * 2 + number) * MIB + (tick % 2) * 4096
+            else:
+                process.used_gpu_memory_bytes = 9 * GIB + ((phase + number * 17) % 2048) * MIB
         gpu.memory_used_bytes = sum(p.used_gpu_memory_bytes for p in gpu.processes) + 512 * MIB
 
 
