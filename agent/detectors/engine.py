@@ -22,7 +22,9 @@ time: every reader gets immutable snapshots.
 from __future__ import annotations
 
 import logging
+import math
 import threading
+from bisect import bisect_left
 import time
 from collections import deque
 from dataclasses import dataclass, replace
@@ -109,13 +111,18 @@ class EvaluationView:
     of points whatever the history holds; only the hour-long trends read an hour."""
 
     def __init__(self, history: History, since: float | None = None,
-                 coarse_before: float | None = None, now: float | None = None) -> None:
+                 coarse_before: float | None = None, now: float | None = None,
+                 widest_reads: dict[str, float] | None = None) -> None:
         self._history = history
         self._since = since
         self._coarse_before = coarse_before
         self._now = now
         self._keep_from: float | None = None
         self._by_metric: dict[tuple[str, float | None], list[SeriesHistory]] = {}
+        # metric -> the most seconds before `now` a detector asked of it: in the last evaluation
+        # (`widest_reads`, read that far at once) and in this one (`reads_back`, for the next)
+        self._widest = widest_reads or {}
+        self.reads_back: dict[str, float] = {}
         self._indexes: dict[tuple[str, float | None, tuple[str, ...]],
                             dict[tuple[str | None, ...], list[SeriesHistory]]] = {}
 
@@ -132,9 +139,7 @@ class EvaluationView:
         key = (name, self._keep_from)
         found = self._by_metric.get(key)
         if found is None:
-            found = self._by_metric[key] = self._history.series(
-                name, since=self._since, coarse_before=self._coarse_before,
-                coarse_seconds=COARSE_STEP_SECONDS, keep_from=self._keep_from)
+            found = self._by_metric[key] = self._read(name, self._keep_from)
         if not labels:
             return list(found)
         names = tuple(sorted(labels))
@@ -145,8 +150,47 @@ class EvaluationView:
                 index.setdefault(tuple(one.labels.get(k) for k in names), []).append(one)
         return list(index.get(tuple(labels[k] for k in names), ()))
 
+    def _read(self, name: str, keep_from: float | None) -> list[SeriesHistory]:
+        """The series of `name` from `keep_from` on. Several detectors read one metric over
+        spans of different length (the process series: 10 minutes for most, an hour for memory
+        growth); it is read once, over the longest span the last evaluation asked of it, and the
+        shorter ones are cut from that: History gives a shorter read exactly the points of a
+        longer one in its span (same `since` and coarse steps), so the figures do not change."""
+        back = math.inf if keep_from is None or self._now is None else self._now - keep_from
+        self.reads_back[name] = max(self.reads_back.get(name, 0.0), back)
+        widest = self._widest.get(name, 0.0)
+        if widest <= back or self._now is None:
+            return self._history.series(name, since=self._since, coarse_before=self._coarse_before,
+                                        coarse_seconds=COARSE_STEP_SECONDS, keep_from=keep_from)
+        wide_from = None if math.isinf(widest) else self._now - widest
+        if wide_from is not None and self._since is not None and wide_from <= self._since:
+            wide_from = None   # as reading_back: nothing before `since` is read anyway
+        wide = self._by_metric.get((name, wide_from))
+        if wide is None:
+            wide = self._by_metric[(name, wide_from)] = self._history.series(
+                name, since=self._since, coarse_before=self._coarse_before,
+                coarse_seconds=COARSE_STEP_SECONDS, keep_from=wide_from)
+        return _cut_from(wide, keep_from)
+
     def __getattr__(self, attribute: str):
         return getattr(self._history, attribute)
+
+
+def _cut_from(series: list[SeriesHistory], keep_from: float | None) -> list[SeriesHistory]:
+    """Each series' points from `keep_from` on (times rise); series that shared one times array
+    share its cut too."""
+    if keep_from is None:
+        return series
+    cut_times: dict[int, tuple[int, object]] = {}
+    found = []
+    for one in series:
+        cut = cut_times.get(id(one.times))
+        if cut is None:
+            start = bisect_left(one.times, keep_from)
+            cut = cut_times[id(one.times)] = (start, one.times[start:])
+        start, times = cut
+        found.append(SeriesHistory(one.name, one.labels, times, one.values[start:]))
+    return found
 
 
 class Engine:
@@ -177,6 +221,8 @@ class Engine:
         self._logged_failures: set[str] = set()
         self._states: dict[tuple, FindingState] = {}
         self._firing_log: deque[FiringInterval] = deque(maxlen=FIRING_LOG_LIMIT)
+        # per metric, how far back the last evaluation's detectors read it (EvaluationView._read)
+        self._widest_reads: dict[str, float] = {}
         self._lock = threading.Lock()            # guards the states and counters, held briefly
         self._evaluating = threading.Lock()      # one evaluation at a time
 
@@ -197,7 +243,7 @@ class Engine:
             seen = frozenset(self.history.latest())
             since = None if self.lookback_seconds is None else now - self.lookback_seconds
             view = EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS,
-                                  now=now)
+                                  now=now, widest_reads=self._widest_reads)
             for detector in self.detectors:
                 # the span its family reads (all_detectors sets it), else the whole lookback
                 view.reading_back(getattr(detector, "lookback_seconds", None))
@@ -212,6 +258,7 @@ class Engine:
             if self.correlate is not None:
                 # the servers' figures from when a condition began, however long ago
                 self._correlate(view.reading_back(None), returned, now)
+            self._widest_reads = view.reads_back
             with self._lock:
                 changes = self._update(now, returned, failed)
                 self.evaluations += 1

@@ -329,3 +329,41 @@ def test_each_detector_reads_its_own_span_and_the_same_points_in_it():
         assert [s.labels for s in reader.seen["vllm"]] == [s.labels for s in everything
                                                           if s.labels["process_name"] == "vllm"]
         assert reader.seen["pid 8 vllm"] == []
+
+
+def test_a_metric_read_over_several_spans_is_read_once_and_cut_to_the_same_points():
+    """Memory growth reads the process series an hour back, most detectors ten minutes: after one
+    evaluation has shown that, the view reads each such metric once, over the hour, and cuts the
+    shorter spans from it. A cut gives exactly what a read of its own span gives, on both tiers,
+    with a process that came and went (absent ticks) and one that stayed."""
+    from hybridmon.agent.detectors.engine import FULL_RESOLUTION_SECONDS, EvaluationView
+    from tests.agent.test_history_tiers import RESIDENT, filled
+
+    start = 1_800_000_000.0
+    history = filled(7200, start, absent=lambda tick: 3000 <= tick < 3100 or tick % 997 == 0)
+    now, lookback = start + 7199, 3660.0
+    reads = []
+    real_series = history.series
+
+    def counted(name, /, **kwargs):
+        reads.append(kwargs.get("keep_from"))
+        return real_series(name, **kwargs)
+
+    history.series = counted
+
+    def view(widest=None):
+        return EvaluationView(history, now - lookback, coarse_before=now - FULL_RESOLUTION_SECONDS, now=now,
+                              widest_reads=widest)
+
+    first = view()
+    hour = first.reading_back(3600).series(RESIDENT.name)
+    ten_minutes = first.reading_back(600).series(RESIDENT.name)
+    assert len(reads) == 2 and first.reads_back[RESIDENT.name] == 3600
+    reads.clear()
+    second = view(first.reads_back)
+    cut = second.reading_back(600).series(RESIDENT.name, pid="1")
+    assert len(reads) == 1 and reads[0] == now - 3600   # the hour, read once for both spans
+    assert [(list(s.times), list(s.values)) for s in cut] == [(list(s.times), list(s.values)) for s in ten_minutes]
+    assert [list(s.times) for s in second.reading_back(3600).series(RESIDENT.name)] == [list(s.times) for s in hour]
+    assert len(reads) == 1
+    assert min(cut[0].times) >= now - FULL_RESOLUTION_SECONDS and len(cut[0].times) < len(hour[0].times)
