@@ -9,7 +9,7 @@ from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
-from hybridmon.exporters.base import Samples
+from hybridmon.exporters.base import MetricSpec, Samples
 
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
 
@@ -51,33 +51,74 @@ class _CollectorRing:
         # points after a time are found by bisection instead of a walk over the whole ring.
         self.times_rise = True
         self._kept_memo: tuple[tuple, list[int]] | None = None
+        # The last commit's samples in order, each with its ring, when they were every series
+        # once: a collector emits the same series in the same order tick after tick, so a commit
+        # whose samples match it writes each value by position, without hashing three keys a
+        # sample (see commit). `_layout_seen` stands for those series' last_seen meanwhile.
+        self._layout: list[tuple[MetricSpec, tuple[str, ...], array]] | None = None
+        self._layout_seen = -1
 
     def commit(self, time: float, samples: Samples) -> None:
-        position = self.ticks % self.capacity
-        if self.ticks and time < self.times[(self.ticks - 1) % self.capacity]:
+        ticks = self.ticks
+        position = ticks % self.capacity
+        if ticks and time < self.times[(ticks - 1) % self.capacity]:
             self.times_rise = False
         self.times[position] = time
-        present = set()
-        for sample in samples:
-            key = (sample.spec.name, sample.label_values)
-            ring = self.series.get(key)
+        if self._commit_by_layout(samples, position):
+            self._layout_seen = ticks
+            self.ticks = ticks + 1
+            return
+        self._end_layout()
+        # Locals and tuple unpacking: ~500 samples a tick on the 8-GPU host pass through here.
+        series, last_seen = self.series, self.last_seen
+        series_get, present_add = series.get, (present := set()).add
+        for spec, label_values, value in samples:
+            key = (spec.name, label_values)
+            ring = series_get(key)
             if ring is None:
-                ring = self.series[key] = array("d", [math.nan]) * self.capacity
-                self.by_name.setdefault(sample.spec.name, {})[sample.label_values] = ring
-                self.label_names[sample.spec.name] = sample.spec.label_names
-            ring[position] = sample.value
-            self.last_seen[key] = self.ticks
-            present.add(key)
-        stale = []
-        for key, ring in self.series.items():
-            if key in present:
-                continue
-            ring[position] = math.nan
-            if self.ticks - self.last_seen[key] >= self.capacity:
-                stale.append(key)
-        for key in stale:
-            del self.series[key], self.last_seen[key], self.by_name[key[0]][key[1]]
-        self.ticks += 1
+                ring = series[key] = array("d", [math.nan]) * self.capacity
+                self.by_name.setdefault(spec.name, {})[label_values] = ring
+                self.label_names[spec.name] = spec.label_names
+            ring[position] = value
+            last_seen[key] = ticks
+            present_add(key)
+        # Every series present this tick (most ticks): none to blank and none gone stale, so the
+        # walk over all of them is skipped. A series already in the ring that is present is in
+        # `present`, so equal sizes mean no series was absent.
+        if len(present) != len(series):
+            stale = []
+            for key, ring in series.items():
+                if key in present:
+                    continue
+                ring[position] = math.nan
+                if ticks - last_seen[key] >= self.capacity:
+                    stale.append(key)
+            for key in stale:
+                del series[key], last_seen[key], self.by_name[key[0]][key[1]]
+        elif len(samples) == len(series):  # each series once: the next commit may match by position
+            self._layout = [(spec, label_values, series[spec.name, label_values])
+                            for spec, label_values, _ in samples]
+        self.ticks = ticks + 1
+
+    def _commit_by_layout(self, samples: Samples, position: int) -> bool:
+        """Write the samples by position when they are the layout's series in its order (same
+        MetricSpec object, equal label values): True when done. A mismatch part way leaves
+        some values written, which the full commit that follows writes again."""
+        layout = self._layout
+        if layout is None or len(layout) != len(samples):
+            return False
+        for (spec, label_values, value), (known_spec, known_labels, ring) in zip(samples, layout):
+            if spec is not known_spec or label_values != known_labels:
+                return False
+            ring[position] = value
+        return True
+
+    def _end_layout(self) -> None:
+        """Before a full commit: the layout's series were last seen at its last commit."""
+        if self._layout is not None and self._layout_seen >= 0:
+            for spec, label_values, _ in self._layout:
+                self.last_seen[spec.name, label_values] = self._layout_seen
+        self._layout, self._layout_seen = None, -1
 
     def ordered_positions(self) -> range | list[int]:
         if self.ticks <= self.capacity:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, NamedTuple, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, NamedTuple, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -75,6 +75,9 @@ class Sample(NamedTuple):
     value: float
 
 
+_new_tuple = tuple.__new__
+
+
 class Samples:
     """The samples of one collect() call, in the order they were added."""
 
@@ -89,8 +92,22 @@ class Samples:
             raise ValueError(
                 f"{spec.name} takes labels {spec.label_names}, got {len(label_values)} values"
             )
-        # map, not a generator expression: ~460 samples a tick on the 8-GPU host, all through here.
-        self._samples.append(Sample(spec, tuple(map(str, label_values)), float(value)))
+        # map, not a generator expression, and tuple.__new__, not Sample(): the NamedTuple's own
+        # __new__ is a Python function, and ~500 samples a tick on the 8-GPU host pass through here.
+        self._samples.append(_new_tuple(Sample, (spec, tuple(map(str, label_values)), float(value))))
+
+    def add_many(self, pairs: Iterable[tuple[MetricSpec, float | int | None]], *label_values: object) -> None:
+        """add() of each (spec, value) with the same label values, made strings once: one
+        process's ten series, one GPU's dozen. The label tuple was most of add()'s cost (0.7 of
+        1.6 us on a 2-vCPU VM, ~500 samples a tick on the 8-GPU host)."""
+        labels = tuple(map(str, label_values))
+        count, append = len(labels), self._samples.append
+        for spec, value in pairs:
+            if value is None:
+                continue
+            if len(spec.label_names) != count:
+                raise ValueError(f"{spec.name} takes labels {spec.label_names}, got {count} values")
+            append(_new_tuple(Sample, (spec, labels, float(value))))
 
     def extend(self, other: "Samples") -> None:
         self._samples.extend(other._samples)

@@ -338,14 +338,12 @@ class PcieCollector:
     def _add_device(self, samples: Samples, address: str) -> None:
         fixed = self._fixed(address)
         speed = self._parsed(address, "current_link_speed", parse_link_speed)
-        samples.add(LINK_SPEED, speed, address)
-        samples.add(LINK_MAX_SPEED, fixed.max_speed, address)
-        samples.add(LINK_GENERATION, link_generation(speed), address)
-        samples.add(LINK_MAX_GENERATION, link_generation(fixed.max_speed), address)
         width = self._parsed(address, "current_link_width", parse_link_width)
-        samples.add(LINK_WIDTH, width, address)
-        samples.add(LINK_MAX_WIDTH, fixed.max_width, address)
-        samples.add(DEVICE_NUMA_NODE, fixed.numa_node, address)
+        samples.add_many(((LINK_SPEED, speed), (LINK_MAX_SPEED, fixed.max_speed),
+                          (LINK_GENERATION, link_generation(speed)),
+                          (LINK_MAX_GENERATION, link_generation(fixed.max_speed)),
+                          (LINK_WIDTH, width), (LINK_MAX_WIDTH, fixed.max_width),
+                          (DEVICE_NUMA_NODE, fixed.numa_node)), address)
         for severity, name, total_key in AER_FILES:
             # One key for the three files: a device without AER lacks all of them.
             total = self._parsed(address, name, functools.partial(self._aer_total, address, name, total_key),

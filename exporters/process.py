@@ -348,17 +348,18 @@ class ProcessCollector:
 
     def _add(self, samples: Samples, pid: int, stat: ProcessStat, status: ProcessStatus, ticks: int,
              boot_time: int | None) -> None:
-        labels = (pid, stat.comm)
-        samples.add(RESIDENT, status.resident_bytes, *labels)
-        samples.add(SWAP, status.swap_bytes, *labels)
-        samples.add(LOCKED, status.locked_bytes, *labels)
-        samples.add(PINNED, status.pinned_bytes, *labels)
-        samples.add(THREADS, status.threads, *labels)
-        samples.add(ALLOWED_CPUS, None if status.allowed_cpus is None else len(status.allowed_cpus), *labels)
-        samples.add(MINOR_FAULTS, stat.minor_faults, *labels)
-        samples.add(MAJOR_FAULTS, stat.major_faults, *labels)
-        samples.add(CPU_SECONDS, (stat.user_ticks + stat.system_ticks) / ticks, *labels)
-        samples.add(START_TIME, None if boot_time is None else boot_time + stat.start_ticks / ticks, *labels)
+        samples.add_many((
+            (RESIDENT, status.resident_bytes),
+            (SWAP, status.swap_bytes),
+            (LOCKED, status.locked_bytes),
+            (PINNED, status.pinned_bytes),
+            (THREADS, status.threads),
+            (ALLOWED_CPUS, None if status.allowed_cpus is None else len(status.allowed_cpus)),
+            (MINOR_FAULTS, stat.minor_faults),
+            (MAJOR_FAULTS, stat.major_faults),
+            (CPU_SECONDS, (stat.user_ticks + stat.system_ticks) / ticks),
+            (START_TIME, None if boot_time is None else boot_time + stat.start_ticks / ticks),
+        ), pid, stat.comm)
 
     def _scan(self) -> None:
         # One reading for the whole scan: a trace keeps the matches, not every process's command line.

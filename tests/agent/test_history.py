@@ -1,5 +1,7 @@
 import math
 
+import pytest
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -143,3 +145,83 @@ def test_a_read_copies_the_points_the_walk_keeps(capacity, ticks, steps, values,
                            coarse_seconds=coarse_seconds, keep_from=keep_from)
     points = [(t, v) for one in found for t, v in zip(one.times, one.values)]
     assert points == expected
+
+
+class _ReferenceRing:
+    """The commit of agent/history_rings.py before issue 17's layout (as of commit 56c5f8d): every
+    sample through the series dict, every series walked each tick. What the ring must still hold."""
+
+    def __init__(self, capacity):
+        self.capacity, self.ticks = capacity, 0
+        self.series, self.last_seen = {}, {}
+
+    def commit(self, samples):
+        position = self.ticks % self.capacity
+        present = set()
+        for sample in samples:
+            key = (sample.spec.name, sample.label_values)
+            ring = self.series.setdefault(key, [math.nan] * self.capacity)
+            ring[position] = sample.value
+            self.last_seen[key] = self.ticks
+            present.add(key)
+        for key, ring in list(self.series.items()):
+            if key not in present:
+                ring[position] = math.nan
+                if self.ticks - self.last_seen[key] >= self.capacity:
+                    del self.series[key], self.last_seen[key]
+        self.ticks += 1
+
+
+def _nan_as_none(series):
+    return {key: [None if math.isnan(v) else v for v in values] for key, values in series.items()}
+
+
+OTHER = MetricSpec("hybridmon_test_other_bytes", "test", "gauge", ("pid",))
+_SERIES = [(spec, pid) for spec in (RESIDENT, OTHER) for pid in ("1", "2", "3")]
+
+
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(2, 12),
+       ticks=st.lists(st.one_of(st.just(None), st.lists(st.integers(0, len(_SERIES) - 1), max_size=8)),
+                      max_size=80))
+def test_commits_by_layout_hold_what_a_full_commit_holds(capacity, ticks):
+    """Issue 17: a commit whose samples repeat the last one's series in the same order writes them
+    by position (no per-sample dict work). Series appearing, going absent, coming back in another
+    order, repeated within a batch, or absent for a whole ring (dropped) must leave the ring as
+    the full commit did. None repeats the previous batch's series, as most ticks do."""
+    ring, reference = _CollectorRing(capacity), _ReferenceRing(capacity)
+    chosen: list[int] = []
+    for tick, batch_series in enumerate(ticks):
+        chosen = chosen if batch_series is None else batch_series
+        samples = Samples()
+        for number, index in enumerate(chosen):
+            spec, pid = _SERIES[index]
+            samples.add(spec, tick * 10 + number, pid)
+        ring.commit(float(tick), samples)
+        reference.commit(samples)
+        assert _nan_as_none(ring.series) == _nan_as_none(reference.series)
+        assert {(name, labels) for name, rings in ring.by_name.items() for labels in rings} == set(reference.series)
+
+
+def test_repeated_batches_take_the_layout_path():
+    """The layout is what makes a steady collector's commit cheap: it must be in use once a batch
+    repeats, and dropped when the series change."""
+    ring = _CollectorRing(5)
+    ring.commit(1.0, batch(p1=1.0, p2=2.0))
+    ring.commit(2.0, batch(p1=1.5, p2=2.5))
+    assert ring._layout is not None and ring._layout_seen == 1
+    ring.commit(3.0, batch(p1=1.0))
+    assert ring._layout is None and math.isnan(ring.series[RESIDENT.name, ("2",)][2])
+
+
+def test_add_many_adds_what_add_adds():
+    """Samples.add_many (issue 17: one label tuple for a process's or GPU's series) must give
+    the samples add() gives, in order, None left out, and refuse a wrong label count alike."""
+    pairs = [(RESIDENT, 5), (OTHER, None), (OTHER, 2.5)]
+    one_by_one, many = Samples(), Samples()
+    for spec, value in pairs:
+        one_by_one.add(spec, value, 42)
+    many.add_many(pairs, 42)
+    assert list(many) == list(one_by_one) == [(RESIDENT, ("42",), 5.0), (OTHER, ("42",), 2.5)]
+    with pytest.raises(ValueError, match="takes labels"):
+        many.add_many([(RESIDENT, 1)], 42, "extra")
