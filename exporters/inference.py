@@ -175,6 +175,8 @@ class InferenceCollector:
         urls = list(dict.fromkeys(urls))
         if not urls:
             return {}
+        if len(urls) == 1:  # in this thread: a pool would start a thread per run to wait on it
+            return {urls[0]: self._get(urls[0])}
         with ThreadPoolExecutor(max_workers=min(len(urls), _MAX_PARALLEL_SCRAPES)) as pool:
             return dict(zip(urls, pool.map(self._get, urls)))
 

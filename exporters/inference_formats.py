@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields, replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridmon.exporters.base import ParseError
+from hybridmon.exporters.prometheus_text import plain_sample_index
 from hybridmon.exporters.inference_names import ALL_PREFIXES, EXPECTED, PREFIXES, RULES, Rule
 from hybridmon.exporters import inference_llamacpp
 
@@ -91,6 +92,15 @@ def parse_prometheus(text: str) -> SampleIndex:
 
     Indexed by sample name rather than family so that a body without # TYPE lines reads the same.
     """
+    plain = plain_sample_index(text)  # most bodies, in C; None sends the rest to prometheus_client
+    if plain is not None:
+        return plain
+    return parse_with_prometheus_client(text)
+
+
+def parse_with_prometheus_client(text: str) -> SampleIndex:
+    """parse_prometheus by prometheus_client's parser alone: every body the fast path reads must
+    read the same here (tests/exporters/test_prometheus_text.py)."""
     index: SampleIndex = {}
     try:
         for family in text_string_to_metric_families(text):
@@ -98,7 +108,7 @@ def parse_prometheus(text: str) -> SampleIndex:
                 value = float(sample.value)
                 if math.isfinite(value):
                     index.setdefault(sample.name, []).append((dict(sample.labels), value))
-    except (ValueError, TypeError, IndexError, KeyError, AttributeError) as error:
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError) as error:
         raise ParseError(f"not the Prometheus text format: {str(error)[:120]}") from None
     return index
 
