@@ -4,7 +4,9 @@ All NVML access goes through exporters/nvml.py. GPUs are read concurrently, one 
 where a GPU lacks PCIe byte counters, nvmlDeviceGetPcieThroughput samples a 20 ms window per
 direction and blocks meanwhile, so such a GPU's first tick costs ~40 ms and eight read one after
 the other ~320 ms; later ticks take the samples a sampler thread took meanwhile
-(exporters/pcie_traffic.py, docs/nvml-cost.md).
+(exporters/pcie_traffic.py, docs/nvml-cost.md). Once no GPU's last read waited on a window (byte
+counters or samplers), they are read one after the other: nothing then waits long enough for
+the pool to pay for itself (GpuCollector._unhurried).
 """
 from __future__ import annotations
 
@@ -168,6 +170,11 @@ class GpuCollector:
         self._log_once = LogOnce(log)
         self._processes: dict[int, str] = {}
         self._names_read_elsewhere: Callable[[], Mapping[int, str]] | None = None
+        # The GPUs whose next PCIe traffic read takes byte counters or a sampler's samples, not a
+        # 20 ms window. When that is every GPU, none waits and they are read one after the other:
+        # handing eight short reads to the pool cost more CPU than the reads (0.8 ms a tick of 2.5
+        # on the 8-GPU host with the fake NVML, issue 17).
+        self._unhurried: set[int] = set()
 
     def share_process_names(self, read: Callable[[], Mapping[int, str]]) -> None:
         """`read` gives pid -> comm of the processes another collector read at its last run (the
@@ -236,8 +243,19 @@ class GpuCollector:
         return {int(pid): name for pid, name in recorded.items()}
 
     def _read_all(self, count: int) -> list[GpuReading]:
-        if count == 1:
-            return [self._read_gpu(0)]
+        unhurried, self._unhurried = self._unhurried, set()
+        if count == 1 or unhurried.issuperset(range(count)):
+            readings = [self._read_gpu(index) for index in range(count)]
+        else:
+            readings = self._read_concurrently(count)
+        # Read from counters or samples this tick (or counters that had no interval yet): the next
+        # read likely is too. A sampler that had no sample this tick (just started, or a tick
+        # shorter than its slot) falls back to a window: those stay on the pool.
+        self._unhurried = {reading.index for reading in readings if not reading.lost and (
+            reading.traffic.method in ("counters", "samples") or reading.traffic.counted_bytes is not None)}
+        return readings
+
+    def _read_concurrently(self, count: int) -> list[GpuReading]:
         with self._pool_lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(min(self._max_workers, count),
@@ -299,8 +317,7 @@ class GpuCollector:
             return
         samples.add(GPU_INFO, 1, gpu, uuid, reading.info["name"], reading.info["pci_bus_id"],
                     driver_version)
-        for spec, value in reading.values.items():
-            samples.add(spec, value, gpu, uuid)
+        samples.add_many(reading.values.items(), gpu, uuid)
         traffic = reading.traffic
         for index, direction in enumerate(DIRECTIONS):
             samples.add(PCIE_THROUGHPUT, traffic.bytes_per_second[index], gpu, uuid, direction)

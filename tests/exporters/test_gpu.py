@@ -2,8 +2,10 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import subprocess
+import time
 import sys
 
 import pytest
@@ -542,3 +544,30 @@ def test_names_the_process_collector_read_are_not_read_again(fake, fixture_procf
     old_trace = [r for r in readings if r[:2] != ["call", "agent.watched_processes"]]
     replay.load(old_trace + [["text", os.path.join(fixture_procfs, "4242", "comm"), True, "python3\n"]])
     assert gpu_process_names(replayer.collect())["4242"] == "python3"
+
+
+@pytest.mark.parametrize("counters, samples_per_second, pooled", [
+    (True, 0, [1, 0, 0]), (False, 10, [1, 1, 0]), (False, 0, [1, 1, 1])])
+def test_gpus_are_read_one_after_the_other_once_none_waits_on_a_window(counters, samples_per_second, pooled):
+    """Issue 17: the pool pays for itself only while reads wait on 20 ms throughput windows. With
+    byte counters only the first tick reads a window (no interval yet); with sampler threads the
+    first tick too (no sample yet), and the pool stays until a tick has read samples. Later ticks
+    read the GPUs one after the other. Without either, every tick reads windows: the pool."""
+    fake = FakeNvml([replace(gpu, pcie_byte_counters=counters) for gpu in uniform_gpus(8)],
+                    throughput_delay_seconds=0.001)
+    collector = GpuCollector(LiveSource(), fake, max_workers=8, pcie_samples_per_second=samples_per_second)
+    runs = []
+    concurrently = collector._read_concurrently
+    collector._read_concurrently = lambda count: runs.append(count) or concurrently(count)
+    try:
+        for tick in range(3):
+            before = len(runs)
+            samples = collector.collect()
+            assert len(samples.find("hybridmon_gpu_up")) == 8
+            assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second")) == 16
+            assert len(runs) - before == pooled[tick]
+            if not samples_per_second:  # (sampler threads call it too)
+                assert fake.calls["nvmlDeviceGetPcieThroughput"] == 16 * (tick + 1 if counters is False else 1)
+            time.sleep(0.35 if samples_per_second else 0)  # samples (one per 0.1 s slot) for the next tick
+    finally:
+        collector.close()
