@@ -77,6 +77,10 @@ class BenchCollector:
         self._source = source
         self._directory = str(latest_dir(state_dir))
         self._log_once = LogOnce(log)
+        # path -> (its text, the samples it gave): a result file is written once per benchmark
+        # run and read every 30 s; parsing and validating the same JSON again was most of this
+        # collector's cost (issue 17). Still read through the source, so a trace holds it.
+        self._read: dict[str, tuple[str, Samples]] = {}
 
     def collect(self) -> Samples:
         try:
@@ -84,18 +88,24 @@ class BenchCollector:
         except OSError as error:
             raise NoDataError(f"no benchmark results in {self._directory} "
                               f"({error.strerror or error}): run `hybridmon bench`") from None
-        samples = Samples()
+        samples, read = Samples(), {}
         for name in names:
             if not name.endswith(".json") or name.startswith("."):
                 continue
             path = os.path.join(self._directory, name)
             try:
-                run = parse_stored_run(self._source.read_text(path))
+                text = self._source.read_text(path)
+                known = self._read.get(path)
+                if known is None or known[0] != text:
+                    known = (text, Samples())
+                    self._add(known[1], parse_stored_run(text))
             except (OSError, ReportError) as error:
                 # One unreadable file costs that GPU's series, not the others'.
                 self._log_once(path, "ignoring benchmark result %s: %s", path, error)
                 continue
-            self._add(samples, run)
+            read[path] = known
+            samples.extend(known[1])
+        self._read = read
         return samples
 
     @staticmethod

@@ -163,8 +163,27 @@ _SELECTED_MODE = re.compile(r"\[([^\[\]\s]+)\]")
 _SYSCTL_INT = re.compile(r"-?[0-9]{1,20}")
 
 
+# Issue 17: /proc/vmstat's ~190 lines and /proc/meminfo's ~55 are read every second; matched
+# all at once in C instead of line by line in Python (320 us and 100 us a tick before). Used only
+# where every line holding anything but spaces and tabs matches: no character the patterns allow
+# is one that str.strip() or str.splitlines() treats apart, so those lines are exactly what the
+# line-by-line parse reads. Anything else is parsed line by line, which says which line is wrong.
+_VMSTAT_LINES = re.compile(r"^[ \t]*([a-z0-9_]+) +(-?[0-9]{1,20})[ \t]*$", re.MULTILINE)
+_MEMINFO_LINES = re.compile(r"^[ \t]*([A-Za-z0-9_()]+):[ \t]*([0-9]{1,20})(?: (kB))?[ \t]*$", re.MULTILINE)
+_NON_BLANK_LINE = re.compile(r"^[ \t]*[^ \t\n]", re.MULTILINE)
+
+
+def _every_line(pattern: re.Pattern, text: str) -> list | None:
+    """pattern's matches, one per line, when every non-blank line matches; None otherwise."""
+    matches = pattern.findall(text)
+    return matches if matches and len(matches) == len(_NON_BLANK_LINE.findall(text)) else None
+
+
 def parse_vmstat(text: str) -> dict[str, int]:
     """/proc/vmstat as {field: value}; every line is `name value`."""
+    matched = _every_line(_VMSTAT_LINES, text)
+    if matched is not None:
+        return {name: int(value) for name, value in matched}
     fields: dict[str, int] = {}
     for number, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -183,6 +202,9 @@ def parse_meminfo(text: str) -> dict[str, int]:
 
     Fields printed without a unit (the HugePages_ page counts) are not sizes and are left out.
     """
+    matched = _every_line(_MEMINFO_LINES, text)
+    if matched is not None:
+        return {name: int(value) * 1024 for name, value, unit in matched if unit}
     sizes: dict[str, int] = {}
     lines = 0
     for number, line in enumerate(text.splitlines(), 1):

@@ -319,6 +319,25 @@ def test_collector_without_results_and_with_a_corrupt_file(tmp_path):
     assert samples.find("hybridmon_bench_timestamp_seconds", gpu="0")  # the good file still counts
 
 
+def test_collector_parses_a_result_file_again_only_when_its_text_changed(tmp_path, monkeypatch):
+    """Issue 17: the files change once per benchmark run and are read every 30 s; an unchanged
+    text gives the samples it gave, a changed one (or a corrupt one) is parsed again."""
+    from hybridmon.exporters import bench as bench_module
+    parsed = []
+    monkeypatch.setattr(bench_module, "parse_stored_run", lambda text: parsed.append(text) or parse_stored_run(text))
+    runner(tmp_path).run_gpu(0)
+    collector = BenchCollector(LiveSource(), tmp_path / "state")
+    first = list(collector.collect())
+    assert list(collector.collect()) == first and len(parsed) == 1
+    (path,) = (tmp_path / "state" / "bench" / "latest").glob("*.json")
+    run = json.loads(path.read_text())
+    run["contended"] = "a forced run beside a busy GPU"
+    path.write_text(json.dumps(run))
+    assert collector.collect().value("hybridmon_bench_contended", gpu="0") == 1 and len(parsed) == 2
+    path.write_text('{"format": 1, "gpu"')
+    assert len(collector.collect()) == 0 and len(parsed) == 3  # logged and left out, never reused
+
+
 def test_collector_record_and_replay_give_the_same_samples(tmp_path):
     runner(tmp_path).run_gpu(0)
     recording = RecordingSource()

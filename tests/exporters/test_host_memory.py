@@ -1,10 +1,11 @@
 import logging
+import re
 import os
 import shutil
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
@@ -410,3 +411,41 @@ def test_parse_selected_mode_finds_the_bracketed_choice(modes: list[str], data) 
 @given(st.integers(-(2**63), 2**63 - 1))
 def test_parse_sysctl_int_round_trip(value: int) -> None:
     assert parse_sysctl_int(f"{value}\n") == value
+
+
+def _line_by_line(text: str, pattern: str, meminfo: bool):
+    """parse_vmstat and parse_meminfo as they were before issue 17's whole-text match (commit
+    56c5f8d): the reference their fast path must agree with, errors included."""
+    fields, lines = {}, 0
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        match = re.fullmatch(pattern, line.strip())
+        if match is None:
+            return "ParseError"
+        lines += 1
+        if not meminfo:
+            fields[match.group(1)] = int(match.group(2))
+        elif match.group(3):
+            fields[match.group(1)] = int(match.group(2)) * 1024
+    return fields if lines else "ParseError"
+
+
+_PIECES = ["nr_free_pages 5", "pswpout 12", "pswpout  -3", "MemTotal:  16 kB", "HugePages_Total: 4",
+           "Mem(x): 7 kB", "MemFree:7kB", "bad line", "", "  ", "\t", "x 1\r", "x\x0b1", "\x1fx 1",
+           "é 1", "x 1 kB", "Cached:       0 kB  ", "a 99999999999999999999999", "\xa0x 1", "\x1c",
+           "x 1\u2028y 2"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=8), st.sampled_from(["\n", "\r\n", "\n\n", "\x1c", "\x85"]))
+def test_whole_text_matching_reads_what_line_by_line_reads(pieces, newline):
+    text = newline.join(pieces) + newline
+    for parse, pattern, meminfo in (
+            (parse_vmstat, r"([a-z0-9_]+) +(-?[0-9]{1,20})", False),
+            (parse_meminfo, r"([A-Za-z0-9_()]+):[ \t]*([0-9]{1,20})(?: (kB))?", True)):
+        try:
+            got = parse(text)
+        except ParseError:
+            got = "ParseError"
+        assert got == _line_by_line(text, pattern, meminfo)
