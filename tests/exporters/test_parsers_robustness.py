@@ -30,7 +30,7 @@ from hybridmon.exporters.bench_runs import parse_stored_run
 from hybridmon.exporters.cgroup_memory import (parse_inactive_file, parse_limit, parse_memory_mounts,
                                                parse_process_cgroups)
 from hybridmon.exporters.host_memory import parse_meminfo, parse_selected_mode, parse_sysctl_int, parse_vmstat
-from hybridmon.exporters.inference_formats import parse_ollama_ps, parse_prometheus
+from hybridmon.exporters.inference_formats import parse_ollama_ps, parse_prometheus, parse_with_prometheus_client
 from hybridmon.exporters.inference_scrape import parse_proc_net_tcp
 from hybridmon.exporters.numa import parse_node_meminfo, parse_numa_maps, parse_numastat, parse_task_stat
 from hybridmon.exporters.nvml import normalize_pci_bus_id
@@ -112,6 +112,9 @@ PARSERS = [
     Row(parse_pressure, read(PROC / "pressure/memory", PROC / "pressure/io", PROC / "pressure/cpu")),
     Row(parse_prometheus, read(INFERENCE / "vllm-v1-names.1.prom", INFERENCE / "llamacpp.1.prom",
                                INFERENCE / "tgi.1.prom")),
+    # parse_prometheus's fallback for bodies its fast path does not read (and the tests' reference)
+    Row(parse_with_prometheus_client, read(INFERENCE / "vllm-v1-names.1.prom", INFERENCE / "llamacpp.1.prom",
+                                           INFERENCE / "tgi.1.prom")),
     Row(parse_ollama_ps, read(INFERENCE / "ollama-ps.1.json")),
     # The fixture was written on (and the addresses are words of) a little-endian host.
     Row(parse_proc_net_tcp, read(PROC / "4242/net/tcp", PROC / "4242/net/tcp6"),
