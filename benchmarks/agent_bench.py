@@ -547,18 +547,15 @@ def median_evaluation_ms(agent, now: float, times: int) -> float:
 
 
 def detector_ms(agent, now: float, times: int) -> dict[str, float]:
-    """Median ms of CPU (this thread's, as median_evaluation_ms) of each detector alone at `now`, its reads included (an evaluation shares
-    reads between detectors, so these add up to a little more than one): which detectors an
-    evaluation's cost at each length of history comes from."""
-    from hybridmon.agent.detectors.engine import FULL_RESOLUTION_SECONDS, EvaluationView
-
+    """Median ms of CPU (this thread's, as median_evaluation_ms) of each detector alone at `now`,
+    its reads included (an evaluation shares reads between detectors, so these add up to a little
+    more than one): which detectors an evaluation's cost at each length of history comes from."""
     engine = agent.engine
-    since = None if engine.lookback_seconds is None else now - engine.lookback_seconds
     found = {}
     for detector in engine.detectors:
         durations = []
         for _ in range(times):
-            view = EvaluationView(engine.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS, now=now)
+            view = engine.view_at(now)
             view.reading_back(getattr(detector, "lookback_seconds", None))
             started = time.thread_time()
             detector.evaluate(view, now)

@@ -181,7 +181,7 @@ def _cut_from(series: list[SeriesHistory], keep_from: float | None) -> list[Seri
     share its cut too."""
     if keep_from is None:
         return series
-    cut_times: dict[int, tuple[int, object]] = {}
+    cut_times: dict[int, tuple[int, Sequence[float]]] = {}
     found = []
     for one in series:
         cut = cut_times.get(id(one.times))
@@ -232,6 +232,13 @@ class Engine:
         with self._lock:
             return dict(self._detector_errors)
 
+    def view_at(self, now: float, widest_reads: dict[str, float] | None = None) -> EvaluationView:
+        """The history as an evaluation at `now` sees it: the lookback, the coarse tier before the
+        last FULL_RESOLUTION_SECONDS, and (evaluate's) the spans the last evaluation read."""
+        since = None if self.lookback_seconds is None else now - self.lookback_seconds
+        return EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS,
+                              now=now, widest_reads=widest_reads)
+
     def evaluate(self, now: float | None = None) -> list[FindingState]:
         """Run every detector at `now` (default: the clock) and update the states; returns the
         findings firing afterwards. on_change callbacks run after the update, in this thread."""
@@ -241,9 +248,7 @@ class Engine:
             returned: dict[tuple, tuple[str, Finding]] = {}
             failed: set[str] = set()
             seen = frozenset(self.history.latest())
-            since = None if self.lookback_seconds is None else now - self.lookback_seconds
-            view = EvaluationView(self.history, since, coarse_before=now - FULL_RESOLUTION_SECONDS,
-                                  now=now, widest_reads=self._widest_reads)
+            view = self.view_at(now, self._widest_reads)
             for detector in self.detectors:
                 # the span its family reads (all_detectors sets it), else the whole lookback
                 view.reading_back(getattr(detector, "lookback_seconds", None))

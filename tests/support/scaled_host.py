@@ -148,7 +148,9 @@ def vary_fake_values(fake: fake_nvml.FakeNvml, tick: int, process_memory: str = 
     about every 4.9 minutes (the pattern repeats every 2,048 ticks), which memory_growth's
     Theil-Sen reads as growth over an hour: from about an hour in, 14 of 16 processes are judged
     in full and their alerts fire, the detector's worst case. "flat" alternates by 4 KiB around a
-    level, as a vLLM engine's preallocated memory holds still: the common case."""
+    level, as a vLLM engine's memory holds still: the common case (vLLM allocates its KV cache
+    blocks once at start-up, sized by the engine argument --gpu-memory-utilization, the share of
+    GPU memory it takes; vLLM's engine-arguments documentation)."""
     for index, gpu in enumerate(fake.gpus):
         phase = tick * 7 + index * 131
         gpu.pcie_rx_kilobytes_per_second = 200_000 + (phase * 7919) % 20_000_000
