@@ -197,7 +197,11 @@ def _kept_positions(ring: _CollectorRing, since: float | None, coarse_before: fl
 def _gather(source: array, positions: list[int], fine: int, capacity: int) -> array:
     """source's values at `positions`, those from index `fine` on being consecutive ticks: the
     scattered ones by map() in C, the consecutive ones as one or two slices (a memory copy)."""
-    out = array("d", map(source.__getitem__, positions[:fine]))
+    if fine and positions[fine - 1] - positions[0] == fine - 1:
+        # every tick kept and none wrapping round (a coarse tier read a step at a time): a slice
+        out = source[positions[0]:positions[fine - 1] + 1]
+    else:
+        out = array("d", map(source.__getitem__, positions[:fine]))
     if fine < len(positions):
         lo, hi = positions[fine], positions[-1] + 1
         if hi > lo:

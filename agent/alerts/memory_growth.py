@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
@@ -174,12 +174,13 @@ class _Load:
     rises: tuple[tuple[str, float], ...] = ()     # (what, its rise per hour), for the details
 
 
-def _surely_below(times: list[float], values: list[float], per_second: float,
-                  applies: bool = True) -> bool:
+def _surely_below(times: Sequence[float], values: Sequence[float], per_second: float,
+                  count_pairs: bool = True) -> bool:
     """Whether the Theil-Sen slope of _slope_per_hour and _judge is surely below `per_second`
-    (positive), a hair under it so that slope x 3600 >= limit x 3600 cannot hold where True."""
-    return applies and per_second > 0 and windows.theil_sen_below(
-        times, values, per_second * (1 - 1e-9), windows.LONG_TREND_POINTS)
+    (positive), a hair under it so that slope x 3600 >= limit x 3600 cannot hold where True;
+    count_pairs as windows.theil_sen_below."""
+    return per_second > 0 and windows.theil_sen_below(
+        times, values, per_second * (1 - 1e-9), windows.LONG_TREND_POINTS, count_pairs)
 
 
 def _slope_per_hour(times: list[float], values: list[float]) -> float | None:
@@ -253,14 +254,16 @@ class Detector:
                                    lambda s=series: self._gpu_free(history, s, now)))
             # Most memory does not grow: the load (per-minute rates over the window) and the
             # headroom are worked out only for a process with memory that may.
-            candidates = [c for c in candidates if self._may_grow(c[2], c[3], now)]
+            candidates = [(*c, *growing) for c in candidates
+                          if (growing := self._may_grow(c[2], c[3], now)) is not None]
             if not candidates:
                 continue
             load = self._load(history, key, cpu[key], now, since, servers.tied_pids(pid, roots))
             if load is None:
                 continue
-            for resource, label_name, times, values, headroom in candidates:
-                judged = self._judge(pid, label_name, resource, times, values, headroom(), load, now)
+            for resource, label_name, times, values, headroom, mean, slope in candidates:
+                judged = self._judge(pid, label_name, resource, times, values, mean, slope,
+                                     headroom(), load, now)
                 if judged is not None:
                     findings.append(judged)
         return findings
@@ -339,30 +342,44 @@ class Detector:
         slope = _slope_per_hour(times, intensity)
         return slope is not None and mean > 0 and slope >= self.config.growth_per_hour_share * mean
 
-    def _may_grow(self, times, values, now: float) -> bool:
-        """False where _judge surely returns None, whatever the load: too short a window, no
-        recent point, no memory, or a slope surely below the threshold (either way to fire needs
-        slope x 3600 >= threshold, the load's part is never negative), found without its n^2/2
-        slopes."""
+    def _may_grow(self, times, values, now: float) -> tuple[float, float | None] | None:
+        """The memory's mean over the window and, where worked out here, its Theil-Sen slope,
+        for _judge; None where _judge surely returns None, whatever the load: too short a window,
+        no recent point, no memory, or a slope below the threshold (either way to fire needs
+        slope x 3600 >= threshold: the load's part is never negative). Flat memory is ruled out
+        at a glance; otherwise a long window's slope is worked out in numpy (window_arrays), as
+        cheap as counting its pairs in Python, and handed on; a short one's pairs are counted."""
         config = self.config
         if len(times) < 2 or times[-1] - times[0] < config.min_window_seconds:
-            return False
+            return None
         if bisect_left(times, now - windows.AVERAGE_SECONDS) == len(times):
-            return False
+            return None
         mean = sum(values) / len(values)
         if mean <= 0:
-            return False
+            return None
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
-        return not _surely_below(times, values, threshold / 3600, config.load_following_factor >= 0)
+        if config.load_following_factor < 0:
+            return mean, None   # a falling load adds to the growth: no slope rules it out
+        in_numpy = min(len(times), windows.LONG_TREND_POINTS) >= windows.NUMPY_PAIRS_FROM
+        if _surely_below(times, values, threshold / 3600, count_pairs=not in_numpy):
+            return None
+        if not in_numpy:
+            return mean, None
+        slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
+        if slope is None or slope * 3600 < threshold:
+            return None
+        return mean, slope
 
-    def _judge(self, pid, process_name, resource, times, values, headroom, load: _Load,
-               now: float) -> Finding | None:
-        """The finding for one resource of a process that _may_grow, or None."""
+    def _judge(self, pid, process_name, resource, times, values, mean: float, slope: float | None,
+               headroom, load: _Load, now: float) -> Finding | None:
+        """The finding for one resource of a process that _may_grow (its `mean`, and its `slope`
+        where _may_grow worked it out), or None."""
         config = self.config
         recent = values[bisect_left(times, now - windows.AVERAGE_SECONDS):]   # times rise
-        current, mean = sum(recent) / len(recent), sum(values) / len(values)
+        current = sum(recent) / len(recent)
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
-        slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
+        if slope is None:
+            slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
         if slope is None or slope <= 0:
             return None
         unexplained = None if load.rise_per_hour is None else (
@@ -426,17 +443,19 @@ def _tighter(*headrooms: float | None) -> float | None:
 
 
 def _summed_window(series: list[SeriesHistory], now: float, seconds: float, since: float | None,
-                   min_span: float = 0.0) -> tuple[list[float], list[float]]:
+                   min_span: float = 0.0) -> tuple[Sequence[float], Sequence[float]]:
     """The series' points in the window, summed time by time; nothing where they span less than
-    `min_span` (too short to judge: not worth the sum)."""
-    parts = []
-    for one in series:
-        times, values = windows.window_since(one, now, seconds, since)
-        parts.append(SeriesHistory(one.name, one.labels, times, values))
-    spanned = [part.times for part in parts if part.times]
+    `min_span` (too short to judge: not worth the sum). A single series (a process on one GPU,
+    the common case) is its own sum: its points are returned as they are, not added to 0.0 one
+    by one (which changes no value but a -0.0)."""
+    cut = [windows.window_since(one, now, seconds, since) for one in series]
+    spanned = [times for times, _ in cut if len(times)]
     if not spanned or max(t[-1] for t in spanned) - min(t[0] for t in spanned) < min_span:
         return [], []
-    return windows.summed(parts)
+    if len(cut) == 1:
+        return cut[0]
+    return windows.summed([SeriesHistory(one.name, one.labels, times, values)
+                           for one, (times, values) in zip(series, cut)])
 
 
 FAMILY = AlertFamily(

@@ -19,6 +19,7 @@ the same per-second rate when samples cover the window.
 from __future__ import annotations
 
 import math
+from array import array
 from bisect import bisect_left, bisect_right, insort
 from functools import lru_cache, reduce
 from itertools import repeat
@@ -256,14 +257,16 @@ def _median_of_sorted(ordered: Sequence[float]) -> float:
 
 
 def theil_sen_below(times: Sequence[float], values: Sequence[float], limit: float,
-                    max_points: int = TREND_POINTS) -> bool:
+                    max_points: int = TREND_POINTS, count_pairs: bool = True) -> bool:
     """True when theil_sen_slope(times, values, max_points) is surely below `limit` (False: it
     may not be, compute it). The median slope is below `limit` when at most (pairs - 1) // 2
     pairs have a slope at or above it, and a pair's slope is at or above it where the later
     point's value less limit x its time is at least the earlier one's: counted for all pairs at
     once by sorting those figures (O(n log n), not the n^2/2 slopes), each pair within a margin
     far wider than their rounding counted as at or above, so a True is never wrong. A flat or
-    shrinking series, the common case, is ruled out in a fraction of a millisecond."""
+    shrinking series, the common case, is ruled out in a fraction of a millisecond.
+    count_pairs=False stops before the count (False unless that first glance rules it out): for
+    a caller that works out the slope itself when the count leaves it open."""
     picked = _picked(len(times), max_points)
     xs = [times[i] for i in picked]
     ys = [values[i] for i in picked]
@@ -279,6 +282,8 @@ def theil_sen_below(times: Sequence[float], values: Sequence[float], limit: floa
     closest = min(map(sub, xs[1:], xs))
     if limit > 0 and (max(ys) - min(ys) + margin) < limit * closest * (1 - 1e-9):
         return True
+    if not count_pairs:
+        return False
     offsets = [y - limit * (x - origin) for x, y in zip(xs, ys)]
     if math.isnan(sum(offsets)):
         return False
@@ -343,21 +348,31 @@ def group_by(series: Iterable[SeriesHistory],
     return groups
 
 
-def summed(series: Sequence[SeriesHistory]) -> tuple[list[float], list[float]]:
+def summed(series: Sequence[SeriesHistory]) -> tuple[Sequence[float], list[float]]:
     """Point-wise sum at each time any of the series has a point (absent ones count as 0): one
     process's memory over several GPUs, sampled by the same collector at the same ticks."""
-    if (series and all(one.times is series[0].times or one.times == series[0].times for one in series)
-            and len(set(series[0].times)) == len(series[0].times)):
+    if (series and all(one.times is series[0].times or _same_floats(one.times, series[0].times)
+                       for one in series)
+            and all(map(lt, series[0].times, series[0].times[1:]))):
         # One collector's series present on the same ticks have the same times (one shared array
-        # within a metric, History.series): sum point by point, in series order from 0.0 as the
-        # general case below adds them.
+        # within a metric, History.series), rising: sum point by point, in series order from 0.0
+        # as the general case below adds them. The times are returned as they are, not copied.
         sums = [0.0] * len(series[0].times)
         for one in series:
             sums = list(map(add, sums, one.values))
-        return list(series[0].times), sums
+        return series[0].times, sums
     totals: dict[float, float] = {}
     for one in series:
         for time, value in zip(one.times, one.values):
             totals[time] = totals.get(time, 0.0) + value
     times = sorted(totals)
     return times, [totals[t] for t in times]
+
+
+def _same_floats(first: Sequence[float], second: Sequence[float]) -> bool:
+    """Whether two sequences of times hold the same floats; two arrays (as History reads them)
+    by their bytes, in C (a -0.0 against a 0.0 differs there: the caller only takes its slower,
+    general path)."""
+    if isinstance(first, array) and isinstance(second, array) and first.typecode == second.typecode:
+        return first.tobytes() == second.tobytes()
+    return first == second

@@ -253,6 +253,33 @@ def test_summed_series_on_the_same_ticks_add_as_the_general_case():
     assert windows.summed(parts) == summed_by_time(parts)
 
 
+def test_summed_arrays_read_apart_add_as_the_general_case():
+    """Issue 17: two metrics of one collector (VmLck and VmPin) are read into two times arrays that
+    hold the same floats; they take the point-by-point path, compared by their bytes, and give
+    what the general case gives. Times that do not rise take the general case, sorted."""
+    rng = random.Random(4)
+    times = array("d", (1.8e9 + t for t in range(0, 3600, 15)))
+    parts = [SeriesHistory("hybridmon_test", {"metric": name}, array("d", times),
+                           array("d", (rng.random() * 1e9 for _ in times))) for name in ("a", "b")]
+    found_times, found_values = windows.summed(parts)
+    assert found_times is parts[0].times   # not copied
+    assert (list(found_times), found_values) == summed_by_time(parts)
+    falling = [SeriesHistory("hybridmon_test", {}, [3.0, 1.0, 2.0], [1.0, 2.0, 3.0])] * 2
+    assert windows.summed(falling) == ([1.0, 2.0, 3.0], [4.0, 6.0, 2.0])
+
+
+def test_theil_sen_below_without_the_count_decides_only_at_a_glance():
+    """count_pairs=False: True only where the first glance (the whole range rises slower than
+    the limit over the closest two times) rules the slope out; False where the count would be
+    needed, whatever it would say."""
+    flat = series(range(0, 3600, 10), [8e9 + (t % 20) for t in range(0, 3600, 10)])
+    assert windows.theil_sen_below(flat.times, flat.values, 10.0, windows.LONG_TREND_POINTS, count_pairs=False)
+    spiky = series(range(0, 1000, 10), [8e9 + (4e9 if t == 500 else 0.0) for t in range(0, 1000, 10)])
+    assert windows.theil_sen_below(spiky.times, spiky.values, 10.0, windows.LONG_TREND_POINTS)
+    assert not windows.theil_sen_below(spiky.times, spiky.values, 10.0, windows.LONG_TREND_POINTS,
+                                       count_pairs=False)
+
+
 def test_theil_sen_below_is_never_wrong_and_rules_out_flat_series():
     """theil_sen_below spares the n^2/2 slopes of memory that does not grow: when it says the
     slope is below a limit, theil_sen_slope must agree, on noisy, stepped and exact lines alike."""
