@@ -109,6 +109,9 @@ def _binding_version(module: Any) -> str:
         return "(unknown)"
 
 
+KEY_CACHE_SIZE = 1024
+
+
 class Nvml:
     """NVML through a RawSource. module: "pynvml" (or another dotted name), a module object, or
     None to replay a trace. Methods name their units; None means unsupported or absent now."""
@@ -134,6 +137,10 @@ class Nvml:
         self._memory_version: str | None = None
         self._pcie_counter_bits: dict[int, int | None] = {}  # gpu -> counter width; None: unusable
         self._process_names: dict[int, str] = {}
+        # (function, gpu, args) -> the call's key: built once, not per call (a tick makes ~76
+        # calls on 8 GPUs, the PCIe samplers 160 a second); cleared past KEY_CACHE_SIZE, as pids
+        # (nvmlSystemGetProcessName) come and go.
+        self._keys: dict[tuple, str] = {}
         # (gpu, list kind) -> the pynvml function that answered it; entry points found missing;
         # lists the GPU does not support. Per GPU, so concurrent reads probe in a fixed order.
         self._process_entry: dict[tuple[int, str], str] = {}
@@ -217,8 +224,13 @@ class Nvml:
                        **call_kwargs: Any) -> tuple[str, Any, str | None]:
         """_attempt's answer and the error's class name (None on success)."""
         self._ensure_initialized()
-        parts = ((gpu,) if gpu is not None else ()) + args
-        key = f"nvml.{function}({','.join(str(part) for part in parts)})"
+        key = self._keys.get((function, gpu, args))
+        if key is None:
+            parts = ((gpu,) if gpu is not None else ()) + args
+            key = f"nvml.{function}({','.join(str(part) for part in parts)})"
+            if len(self._keys) >= KEY_CACHE_SIZE:
+                self._keys.clear()
+            self._keys[(function, gpu, args)] = key
 
         def fetch() -> Any:
             try:

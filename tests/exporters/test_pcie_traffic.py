@@ -210,3 +210,19 @@ def test_sampling_stays_within_the_documented_bound(duty):
     if duty == 0.5:
         old = [sampled_error(duty, seed, None) for seed in range(80)]
         assert rms(errors) < rms(old) / 3
+
+
+def test_stop_wakes_a_sampler_waiting_for_its_next_moment():
+    """A sampler waits for its next sample's moment by a timed lock acquire; stop() must end
+    that wait at once (one sample every 20 s here), and a second stop() is harmless."""
+    samples = []
+    sampler = ThroughputSampler(lambda: samples.append(time.monotonic()) or (1.0, 2.0), 0.05,
+                                name="waiting")
+    sampler.start()
+    time.sleep(0.2)   # waiting now: for the random moment of its 20 s slot, or for the next slot
+    asked = time.monotonic()
+    sampler.stop(timeout=5.0)
+    assert time.monotonic() - asked < 1.0
+    assert not sampler._thread.is_alive()
+    sampler.stop()
+    assert sampler.take()["host_to_device"]["samples"] == len(samples) <= 1
