@@ -257,11 +257,13 @@ def _run(args: argparse.Namespace, config) -> int:
     from hybridmon.agent.allocator import cap_malloc_arenas
     from hybridmon.agent.daemon import Agent
     from hybridmon.agent.server import bind_socket, listen_url, serve
+    from hybridmon.agent.thread_names import name_threads_in_kernel
 
     if args.speed != 1.0 and not args.replay:
         raise ValueError("--speed applies to --replay only")
     host, port = parse_listen(config.listen)
     cap_malloc_arenas()  # before the first thread starts: agent/allocator.py says why
+    name_threads_in_kernel()  # so that `top -H` tells the samplers and collectors apart
     stop = _StopSignals()
     agent = Agent(config, replay_from=args.replay)
     sock = bind_socket(host, port)

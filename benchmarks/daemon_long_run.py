@@ -13,6 +13,9 @@ the unit's MALLOC_ARENA_MAX (the daemon caps its arenas on its own: agent/alloca
   the real /proc/<pid>/fd and the real net/tcp, as beside a real server) and otherwise sleep;
 - a fake vLLM /metrics on loopback, the configured inference endpoint, scraped every 5 s.
 
+At the end it also gives the CPU of each group of the daemon's threads (PCIe samplers, collectors,
+the sampling loop, the HTTP server's main thread), by the names the daemon gives them in the kernel.
+
 A client scrapes /metrics every `--scrape-seconds` (15 s, Prometheus's default interval) with
 `Accept-Encoding: gzip`, as Prometheus does. Every minute the script records the daemon's RSS and
 its CPU time; at the end it prints the table and, with --json-out, writes every figure.
@@ -108,10 +111,30 @@ def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, w
             stop_process(child)
 
 
+def cpu_by_thread_group(pid: int) -> dict[str, float]:
+    """CPU seconds (utime + stime) of the process's threads, grouped by their kernel name with the
+    trailing index dropped ("pcie-gpu3" and "pcie-gpu5" are "pcie-gpu"): the daemon names its
+    threads in the kernel (agent/thread_names.py). A thread that ends between the listing and the
+    read is left out."""
+    groups: dict[str, float] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as handle:
+                name = handle.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as handle:
+                fields = handle.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        group = name.rstrip("0123456789").rstrip("_-") or name
+        groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return groups
+
+
 def sample_minutes(client, url: str, daemon: subprocess.Popen, minutes: float, scrape_seconds: float,
                    log_path: Path) -> dict:
     started = time.monotonic()
     cpu_start = process_cpu_seconds(daemon.pid)
+    groups_start = cpu_by_thread_group(daemon.pid)
     rows, latencies = [], []
     next_minute, next_scrape = started, started
     end = started + minutes * 60
@@ -138,7 +161,13 @@ def sample_minutes(client, url: str, daemon: subprocess.Popen, minutes: float, s
             next_scrape += scrape_seconds
         time.sleep(max(0.05, min(next_minute, next_scrape, end) - time.monotonic()))
     threads = len(os.listdir(f"/proc/{daemon.pid}/task"))
+    elapsed = time.monotonic() - started
+    groups_end = cpu_by_thread_group(daemon.pid)
+    by_group = {group: round((seconds - groups_start.get(group, 0.0)) / elapsed * 1000, 2)
+                for group, seconds in sorted(groups_end.items(), key=lambda item: -item[1])}
     return {
+        # CPU ms per second of each group of threads over the run (threads that ended are missing)
+        "cpu_ms_per_second_by_thread_group": by_group,
         "minutes": minutes,
         "rss_mb_by_minute": rows,
         "rss_mb_end": rows[-1]["rss_mb"],
@@ -169,6 +198,8 @@ def main() -> int:
     print(f"RSS at the end {result['rss_mb_end']} MB (max {result['rss_mb_max']}), CPU "
           f"{result['cpu_ms_per_second_overall']} ms/s, {result['scrapes']} scrapes "
           f"(median {result['scrape_ms_median']} ms), {result['daemon_threads']} threads")
+    print("CPU ms/s by thread: " + ", ".join(f"{group} {ms}" for group, ms
+                                            in result["cpu_ms_per_second_by_thread_group"].items()))
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")
     return 0
