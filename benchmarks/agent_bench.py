@@ -470,6 +470,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
     checkpoints = []
     evaluation_at_history: dict[int, float] = {}
     detectors_at_history: dict[int, dict[str, float]] = {}
+    reference_at_history: dict[int, float] = {}
     rss_first_tick = None
     aside = 0.0  # CPU of the checkpoint evaluations, left out of the per-tick figure
     cpu0, wall0 = time.process_time(), time.perf_counter()
@@ -484,6 +485,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
             checkpoints.append([tick + 1, round(rss_bytes() / MIB, 1)])
         if tick + 1 in EVALUATION_CHECKPOINTS:
             cpu_before = time.process_time()
+            reference_at_history[tick + 1] = reference_ms(3)
             evaluation_at_history[tick + 1] = median_evaluation_ms(agent, t0 + tick, 3)
             detectors_at_history[tick + 1] = detector_ms(agent, t0 + tick, 3)
             aside += time.process_time() - cpu_before
@@ -526,6 +528,9 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
         "detector_evaluation_ms_median": evaluation_ms,
         # ticks of history -> ms (median of 3): issue 17 wants 2 h within 1.5x of 10 min
         "detector_evaluation_ms_at_history": evaluation_at_history,
+        # ticks of history -> ms of CPU of the fixed reference_ms() work just before: how fast the
+        # VM ran the same Python at that moment
+        "reference_ms_at_history": reference_at_history,
         # ticks of history -> detector -> ms (median of 3, each alone with its own reads)
         "detector_ms_at_history": detectors_at_history,
         "detector_findings_firing": len(agent.engine.firing()),
@@ -544,6 +549,22 @@ def median_evaluation_ms(agent, now: float, times: int) -> float:
         agent.engine.evaluate(now)
         durations.append((time.thread_time() - started) * 1000)
     return round(statistics.median(durations), 1)
+
+
+def reference_ms(times: int) -> float:
+    """Median ms of this thread's CPU of a fixed piece of Python (sorting, a dict and sums over
+    40,000 floats: what an evaluation does, without the agent). On a shared 2-vCPU VM the same
+    code runs up to 2x slower for minutes at a time (steal shows as slower CPU, not as waiting);
+    this, timed next to each checkpoint's evaluations, tells such a phase from a cost that grew."""
+    figures = [float((i * 7919) % 10007) for i in range(40_000)]
+    durations = []
+    for _ in range(times):
+        started = time.thread_time()
+        ordered = sorted(figures)
+        by_rank = {rank: figure for rank, figure in enumerate(ordered)}
+        sum(by_rank.values()) + sum(map(abs, figures))
+        durations.append((time.thread_time() - started) * 1000)
+    return round(statistics.median(durations), 2)
 
 
 def detector_ms(agent, now: float, times: int) -> dict[str, float]:
@@ -680,6 +701,11 @@ def print_report(results: dict) -> None:
         if 600 in at and 7200 in at:
             ratio = at[7200] / at[600]
             print(f"  2 h against 10 min: {ratio:.2f}x [issue 17: within 1.5x: {verdict(ratio <= 1.5)}]")
+            reference = {int(k): v for k, v in mem.get("reference_ms_at_history", {}).items()}
+            if 600 in reference and 7200 in reference:
+                speed = reference[7200] / reference[600]
+                print(f"  the fixed reference work took {reference[600]} / {reference[7200]} ms at 10 min / 2 h "
+                      f"({speed:.2f}x): the 2 h ratio at the 10 min checkpoint's speed {ratio / speed:.2f}x")
         by_detector = {int(k): v for k, v in mem.get("detector_ms_at_history", {}).items()}
         if by_detector:
             print("  each detector alone, reads included (ms of CPU, median of 3), the costliest first:")
