@@ -109,8 +109,14 @@ def _main(argv: list[str] | None) -> int:
         print(f"hybridmon: {error}", file=sys.stderr)
         return next(code for kind, code in ERROR_EXIT_CODES if isinstance(error, kind))
     except Exception:
-        print("hybridmon: internal error, please report it with this traceback:", file=sys.stderr)
-        traceback.print_exc()
+        if config.log_format == "json":
+            # one JSON line, the traceback in its "exception" field, for the log shipper that
+            # reads the other lines (agent/logs.py); a bare traceback would be lines it cannot parse
+            logging.getLogger("hybridmon").exception(
+                "internal error in `hybridmon %s`, please report it with this traceback", args.command)
+        else:
+            print("hybridmon: internal error, please report it with this traceback:", file=sys.stderr)
+            traceback.print_exc()
         return EXIT_SOFTWARE
 
 

@@ -3,9 +3,11 @@ bad configuration (78), a bad input file (65), a refusal of the system (74) and 
 their own code, apart from `check`'s 0-3; a closed stdout ends quietly with 141."""
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -89,6 +91,25 @@ def test_an_internal_error_exits_70_with_the_traceback(monkeypatch, capsys):
     assert cli.main(BUDGET) == cli.EXIT_SOFTWARE == 70
     err = capsys.readouterr().err
     assert "internal error" in err and "Traceback" in err and "RuntimeError: a bug in a command" in err
+
+
+def test_an_internal_error_with_json_logs_is_one_json_line():
+    """In a process of its own: in-process, pytest's log capture keeps the CLI from installing its
+    handler (agent/logs.py)."""
+    code = ("import sys\n"
+            "from hybridmon.agent import cli\n"
+            "def broken(_args, _config):\n"
+            "    raise RuntimeError('a bug in a command')\n"
+            "cli._budget = broken\n"
+            f"sys.exit(cli.main({[*BUDGET, '--log-format', 'json']!r}))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                            cwd=REPO, env=subprocess_environment())
+    assert result.returncode == cli.EXIT_SOFTWARE, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert record["level"] == "ERROR" and "internal error in `hybridmon budget`" in record["message"]
+    assert "Traceback" in record["exception"] and "RuntimeError: a bug in a command" in record["exception"]
 
 
 def test_help_lists_the_exit_codes(capsys):
