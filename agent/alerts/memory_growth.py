@@ -231,7 +231,7 @@ class Detector:
         newest = {}
         for key in sorted(cpu, key=lambda k: cpu[k].times[-1] if cpu[k].times else 0.0):
             newest[key[0]] = key
-        findings = []
+        growing: list[tuple[tuple[str, ...], float | None, list]] = []
         for key in sorted(cpu, key=common.process_order):
             pid, process_name = key
             since = common.process_restart_time(history, pid, process_name, now)
@@ -254,28 +254,59 @@ class Detector:
                                    lambda s=series: self._gpu_free(history, s, now)))
             # Most memory does not grow: the load (per-minute rates over the window) and the
             # headroom are worked out only for a process with memory that may.
-            candidates = [(*c, *growing) for c in candidates
-                          if (growing := self._may_grow(c[2], c[3], now)) is not None]
-            if not candidates:
-                continue
-            load = self._load(history, key, cpu[key], now, since, servers.tied_pids(pid, roots))
+            candidates = [(*c, *judged) for c in candidates
+                          if (judged := self._may_grow(c[2], c[3], now)) is not None]
+            if candidates:
+                growing.append((key, since, candidates))
+        rates = self._counter_rates(history, cpu, [(key, since) for key, since, _ in growing], now)
+        findings = []
+        for key, since, candidates in growing:
+            load = self._load(history, rates[key], now, servers.tied_pids(key[0], roots))
             if load is None:
                 continue
             for resource, label_name, times, values, headroom, mean, slope in candidates:
-                judged = self._judge(pid, label_name, resource, times, values, mean, slope,
+                judged = self._judge(key[0], label_name, resource, times, values, mean, slope,
                                      headroom(), load, now)
                 if judged is not None:
                     findings.append(judged)
         return findings
 
-    def _load(self, history: History, key: tuple[str, ...], cpu: SeriesHistory, now: float,
-              since: float | None, server_pids: set[str]) -> _Load | None:
-        start = now - self.config.window_seconds if since is None else max(
+    def _window_start(self, now: float, since: float | None) -> float:
+        return now - self.config.window_seconds if since is None else max(
             now - self.config.window_seconds, since)
-        faults = [series for metric in (MINOR_FAULTS.name, MAJOR_FAULTS.name)
-                  for series in history.series(metric, pid=key[0], process_name=key[1])]
-        # one collector samples all three counters: their per-minute rates come in one pass
-        (times, rates), *fault_rates = windows.rate_steps_of([cpu, *faults], start, now)
+
+    def _counter_rates(self, history: History, cpu: dict[tuple[str, ...], SeriesHistory],
+                       processes: list[tuple[tuple[str, ...], float | None]], now: float
+                       ) -> dict[tuple[str, ...], tuple[float, list[tuple[list[float], list[float]]]]]:
+        """Per process (key, since): its window's start and the per-minute rates of its CPU time
+        then its page-fault counters. One collector samples them all on the same ticks, so every
+        process's counters are rated together, in passes of arrays (windows.rate_steps_of), over
+        the steps of the longest window; a process whose window starts later (it restarted)
+        keeps the newer steps, the ones its own window has: a step's rate depends only on the
+        points in its minute, so each figure is the one a pass of its own gives."""
+        starts = {key: self._window_start(now, since) for key, since in processes}
+        if not starts:
+            return {}
+        counters: list[SeriesHistory] = []
+        owners: list[tuple[str, ...]] = []
+        for key in starts:
+            faults = [series for metric in (MINOR_FAULTS.name, MAJOR_FAULTS.name)
+                      for series in history.series(metric, pid=key[0], process_name=key[1])]
+            counters += [cpu[key], *faults]
+            owners += [key] * (1 + len(faults))
+        rated = windows.rate_steps_of(counters, min(starts.values()), now)
+        found: dict[tuple[str, ...], tuple[float, list[tuple[list[float], list[float]]]]] = {
+            key: (start, []) for key, start in starts.items()}
+        for key, (times, values) in zip(owners, rated):
+            first = bisect_left(times, starts[key] + windows.AVERAGE_SECONDS)
+            found[key][1].append((times[first:], values[first:]))
+        return found
+
+    def _load(self, history: History, rated: tuple[float, list[tuple[list[float], list[float]]]],
+              now: float, server_pids: set[str]) -> _Load | None:
+        """The process's load; `rated`: its window's start and the per-minute rates of its CPU
+        time then its page faults (_counter_rates)."""
+        start, ((times, rates), *fault_rates) = rated
         # the load's rise needs settled figures in the window's older half; until then only the
         # page faults can tell (as in the rule, whose load_rise recording is absent until then)
         known = any(times[0] + 60 <= t <= now - self.config.window_seconds / 2 for t in times)

@@ -69,14 +69,28 @@ def rate_steps(times: Sequence[float], counters: Sequence[Sequence[float]], step
     with numpy.errstate(all="ignore"):
         # counter_increase's terms: the rise to each reading, or the reading itself after a reset
         rises = numpy.where(v[:, 1:] >= v[:, :-1], v[:, 1:] - v[:, :-1], v[:, 1:])
-        # each step's terms in a row, zeros after its last: summed left to right from the first
-        offsets = numpy.arange(width)
-        cells = numpy.minimum(first[:, None] + offsets, rises.shape[1] - 1)
-        rows = numpy.where(offsets < (count - 1)[:, None], rises[:, cells], 0.0)
-        increase = numpy.cumsum(rows, axis=2)[:, numpy.arange(len(at)), count - 2]
+        increase = _increases(numpy, rises, first, count)
         rate = _extrapolated(numpy, increase, t[first], t[last - 1], count, v[:, first], at, seconds)
     kept = numpy.flatnonzero(usable).tolist()
     return [steps[i] for i in kept], rate.tolist()
+
+
+def _increases(numpy, rises, first, count):
+    """Each step's increase: its count - 1 rises from `first`, added left to right (a row of
+    them, zeros after its last, summed by cumsum). Rows are padded to the longest of their group,
+    and the steps go in two groups: a minute of the coarse tier (~5 points) beside a minute of
+    every tick (~61) would otherwise be padded twelvefold (an hour's steps are mostly coarse)."""
+    increase = numpy.empty((rises.shape[0], len(first)))
+    short = count <= max(3, (int(count.max()) + 3) // 4)
+    for group in (short, ~short):
+        if not group.any():
+            continue
+        steps, counted = first[group], count[group]
+        offsets = numpy.arange(int(counted.max()) - 1)
+        cells = numpy.minimum(steps[:, None] + offsets, rises.shape[1] - 1)
+        rows = numpy.where(offsets < (counted - 1)[:, None], rises[:, cells], 0.0)
+        increase[:, group] = numpy.cumsum(rows, axis=2)[:, numpy.arange(len(steps)), counted - 2]
+    return increase
 
 
 def _floats(numpy, figures: Sequence[float]):

@@ -50,6 +50,28 @@ def test_steady_growth_under_flat_load_fires_with_slope_and_forecast():
     assert "takes the tighter of MemAvailable and its cgroup's memory limit, plus its own use in 1d 7h 59m" in finding.description
 
 
+def test_a_restarted_process_is_judged_over_its_own_window_beside_the_others():
+    """Memory growth rates all growing processes' counters together over the longest window;
+    one that restarted a quarter of an hour in keeps its own window's steps: its finding is the
+    one it gets when judged alone."""
+    restart = T0 + HOUR / 4
+
+    def restarting(t):
+        if t < restart:
+            return leaking(t, pid="4243", base=4 * GIB)
+        return leaking(t, pid="4243", start=restart, since=restart, per_hour=2 * GIB)
+
+    together_trace, alone_trace = Trace(), Trace()
+    now = together_trace.run(T0, T0 + HOUR, STEP, process=lambda t: leaking(t) + restarting(t))
+    alone_trace.run(T0, T0 + HOUR, STEP, process=restarting)
+    together = {f.labels["pid"]: f for f in growth().evaluate(together_trace.history, now)}
+    (by_itself,) = growth().evaluate(alone_trace.history, now)
+    assert set(together) == {"4242", "4243"}
+    assert together["4243"].details == by_itself.details and together["4243"].value == by_itself.value
+    assert together["4243"].details["window_seconds"] <= now - restart
+    assert together["4242"].details["window_seconds"] > now - restart
+
+
 def test_memory_growing_with_load_is_silent():
     trace = Trace()
 

@@ -163,6 +163,23 @@ def test_rate_steps_of_counters_sampled_together_is_rate_steps_of_each():
         windows.rate_steps(one, start, start + 3600) for one in mixed]
 
 
+def test_rate_steps_of_more_counters_than_one_pass_takes_is_rate_steps_of_each():
+    """Memory growth rates every growing process's counters together: past ROWS_PER_PASS they
+    go in several passes, and each still gets exactly rate_steps' figures."""
+    rng = random.Random(6)
+    start = 1_800_000_000.0
+    times = array("d", (start + k for k in range(0, 3600, 3)))
+    counters = []
+    for _ in range(windows.ROWS_PER_PASS * 2 + 5):
+        total, values = 0.0, array("d")
+        for _ in times:
+            total += rng.random() * 9
+            values.append(total)
+        counters.append(SeriesHistory("hybridmon_test", {}, times, values))
+    assert windows.rate_steps_of(counters, start, start + 3600) == [
+        windows.rate_steps(one, start, start + 3600) for one in counters]
+
+
 def test_theil_sen_needs_two_distinct_times():
     assert windows.theil_sen_slope([1.0], [1.0]) is None
     assert windows.theil_sen_slope([1.0, 1.0], [1.0, 5.0]) is None
