@@ -117,9 +117,11 @@ def rss_bytes(pid: int | str = "self") -> int:
     raise RuntimeError(f"no VmRSS in /proc/{pid}/status")
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """utime + stime of a child process (all its threads), from /proc/<pid>/stat."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as handle:
+def process_cpu_seconds(pid: int | str, thread: int | str | None = None) -> float:
+    """utime + stime of a child process (all its threads), from /proc/<pid>/stat; of one of its
+    threads with `thread`, from /proc/<pid>/task/<thread>/stat."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
+    with open(path, encoding="ascii") as handle:
         fields = handle.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 

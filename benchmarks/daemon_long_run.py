@@ -121,12 +121,11 @@ def cpu_by_thread_group(pid: int) -> dict[str, float]:
         try:
             with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as handle:
                 name = handle.read().strip()
-            with open(f"/proc/{pid}/task/{tid}/stat", encoding="ascii") as handle:
-                fields = handle.read().rsplit(")", 1)[1].split()
+            seconds = process_cpu_seconds(pid, tid)
         except OSError:
             continue
         group = name.rstrip("0123456789").rstrip("_-") or name
-        groups[group] = groups.get(group, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        groups[group] = groups.get(group, 0.0) + seconds
     return groups
 
 
