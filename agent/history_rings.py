@@ -237,24 +237,27 @@ def _kept_by_bisection(ring: _CollectorRing, since: float | None, coarse_before:
 def _kept_split(ring: _CollectorRing, since: float | None, coarse_before: float | None,
                 coarse_seconds: float) -> tuple[list[int], int]:
     """_kept_by_bisection's positions, and the index from which they are every tick to the
-    newest (the full-resolution part)."""
+    newest (the full-resolution part). The tick times are copied once in tick order (a C-level
+    copy of the ring), so every bisection runs in C: the coarse part takes one per point kept, and
+    a bisection keyed by a Python function cost ~13 calls each (2 M calls a minute on the 8-GPU
+    host at 2 h of history)."""
     count = min(ring.ticks, ring.capacity)
     first = ring.ticks - count  # the oldest tick still held
-    capacity, times = ring.capacity, ring.times
-
-    def time_of(tick: int) -> float:
-        return times[tick % capacity]
-
-    ticks = range(first, ring.ticks)
-    at = first if since is None else first + bisect_left(ticks, since, key=time_of)
-    fine_from = at if coarse_before is None else max(
-        at, first + bisect_left(ticks, coarse_before, key=time_of))
+    capacity = ring.capacity
+    start = first % capacity
+    ordered = (ring.times[start:start + count] if start + count <= capacity
+               else ring.times[start:] + ring.times[:start + count - capacity])
+    at = 0 if since is None else bisect_left(ordered, since)
+    fine_from = at if coarse_before is None else max(at, bisect_left(ordered, coarse_before))
     kept = []
     while at < fine_from:  # one point per coarse_seconds: jump to the first at or after the next step
-        kept.append(at % capacity)
-        at = max(at + 1, bisect_left(ticks, time_of(at) + coarse_seconds, key=time_of) + first)
+        kept.append((first + at) % capacity)
+        at = bisect_left(ordered, ordered[at] + coarse_seconds, at + 1)
     fine = len(kept)
-    kept.extend(tick % capacity for tick in range(fine_from, ring.ticks))  # a jump may pass fine_from
+    # every tick from fine_from to the newest (a jump may have passed it), as one or two ranges
+    lo, hi = (first + fine_from) % capacity, (first + count) % capacity or capacity
+    if fine_from < count:
+        kept += range(lo, hi) if lo < hi else [*range(lo, capacity), *range(hi)]
     return kept, fine
 
 
