@@ -254,10 +254,11 @@ class Detector:
                                    lambda s=series: self._gpu_free(history, s, now)))
             # Most memory does not grow: the load (per-minute rates over the window) and the
             # headroom are worked out only for a process with memory that may.
-            candidates = [(*c, *judged) for c in candidates
-                          if (judged := self._may_grow(c[2], c[3], now)) is not None]
+            candidates = [(*c, *glance) for c in candidates
+                          if (glance := self._glance(c[2], c[3], now)) is not None]
             if candidates:
                 growing.append((key, since, candidates))
+        growing = self._with_slopes(growing)
         rates = self._counter_rates(history, cpu, [(key, since) for key, since, _ in growing], now)
         findings = []
         for key, since, candidates in growing:
@@ -373,13 +374,14 @@ class Detector:
         slope = _slope_per_hour(times, intensity)
         return slope is not None and mean > 0 and slope >= self.config.growth_per_hour_share * mean
 
-    def _may_grow(self, times, values, now: float) -> tuple[float, float | None] | None:
-        """The memory's mean over the window and, where worked out here, its Theil-Sen slope,
-        for _judge; None where _judge surely returns None, whatever the load: too short a window,
-        no recent point, no memory, or a slope below the threshold (either way to fire needs
-        slope x 3600 >= threshold: the load's part is never negative). Flat memory is ruled out
-        at a glance; otherwise a long window's slope is worked out in numpy (window_arrays), as
-        cheap as counting its pairs in Python, and handed on; a short one's pairs are counted."""
+    def _glance(self, times, values, now: float) -> tuple[float, float | None, bool] | None:
+        """The memory's mean over the window, the threshold its slope must reach where that rules
+        it out, and whether _with_slopes is to work out its Theil-Sen slope; None where _judge
+        surely returns None, whatever the load: too short a window, no recent point, no memory,
+        or a slope below the threshold (either way to fire needs slope x 3600 >= threshold: the
+        load's part is never negative). Flat memory is ruled out at a glance; a long window's
+        slope is left to _with_slopes (numpy, every process's at once), a short one's pairs are
+        counted here."""
         config = self.config
         if len(times) < 2 or times[-1] - times[0] < config.min_window_seconds:
             return None
@@ -390,21 +392,37 @@ class Detector:
             return None
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
         if config.load_following_factor < 0:
-            return mean, None   # a falling load adds to the growth: no slope rules it out
+            return mean, None, False   # a falling load adds to the growth: no slope rules it out
         in_numpy = min(len(times), windows.LONG_TREND_POINTS) >= windows.NUMPY_PAIRS_FROM
         if _surely_below(times, values, threshold / 3600, count_pairs=not in_numpy):
             return None
-        if not in_numpy:
-            return mean, None
-        slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
-        if slope is None or slope * 3600 < threshold:
-            return None
-        return mean, slope
+        return mean, threshold, in_numpy
+
+    @staticmethod
+    def _with_slopes(growing: list) -> list:
+        """`growing` with each candidate's (mean, threshold, in_numpy) glance made (mean, slope):
+        the long windows' slopes worked out together (windows.theil_sen_slopes, the floats
+        theil_sen_slope gives one by one), a candidate whose slope falls below its threshold
+        dropped, and a process left with none dropped; slope None: _judge works it out."""
+        long_windows = [(candidate[2], candidate[3]) for _, _, candidates in growing
+                        for candidate in candidates if candidate[-1]]
+        slopes = iter(windows.theil_sen_slopes(long_windows, windows.LONG_TREND_POINTS) if long_windows else ())
+        kept = []
+        for key, since, candidates in growing:
+            judged = []
+            for *candidate, mean, threshold, in_numpy in candidates:
+                slope = next(slopes) if in_numpy else None
+                if in_numpy and (slope is None or slope * 3600 < threshold):
+                    continue
+                judged.append((*candidate, mean, slope))
+            if judged:
+                kept.append((key, since, judged))
+        return kept
 
     def _judge(self, pid, process_name, resource, times, values, mean: float, slope: float | None,
                headroom, load: _Load, now: float) -> Finding | None:
-        """The finding for one resource of a process that _may_grow (its `mean`, and its `slope`
-        where _may_grow worked it out), or None."""
+        """The finding for one resource of a process that may grow (its `mean`, and its `slope`
+        where _with_slopes worked it out), or None."""
         config = self.config
         recent = values[bisect_left(times, now - windows.AVERAGE_SECONDS):]   # times rise
         current = sum(recent) / len(recent)
@@ -476,13 +494,15 @@ def _tighter(*headrooms: float | None) -> float | None:
 def _summed_window(series: list[SeriesHistory], now: float, seconds: float, since: float | None,
                    min_span: float = 0.0) -> tuple[Sequence[float], Sequence[float]]:
     """The series' points in the window, summed time by time; nothing where they span less than
-    `min_span` (too short to judge: not worth the sum). A single series (a process on one GPU,
+    `min_span` (too short to judge: not worth the sum) or every point is 0. A single series (a process on one GPU,
     the common case) is its own sum: its points are returned as they are, not added to 0.0 one
     by one (which changes no value but a -0.0)."""
     cut = [windows.window_since(one, now, seconds, since) for one in series]
     spanned = [times for times, _ in cut if len(times)]
     if not spanned or max(t[-1] for t in spanned) - min(t[0] for t in spanned) < min_span:
         return [], []
+    if not any(map(any, (values for _, values in cut))):
+        return [], []   # most processes lock no memory: a mean of 0 is never judged
     if len(cut) == 1:
         return cut[0]
     return windows.summed([SeriesHistory(one.name, one.labels, times, values)

@@ -21,17 +21,32 @@ MAX_CELLS = 1_000_000
 
 def theil_sen_median(xs: Sequence[float], ys: Sequence[float]) -> float:
     """The median of (ys[j] - ys[i]) / (xs[j] - xs[i]) over every pair i < j; xs strictly rise."""
+    return theil_sen_medians(xs, [ys])[0]
+
+
+def theil_sen_medians(xs: Sequence[float], rows: Sequence[Sequence[float]]) -> list[float]:
+    """theil_sen_median(xs, ys) for each ys of `rows`, all at the same times xs (strictly rising):
+    the pairs' time differences taken once, then each row's slopes and median in one-dimensional
+    array operations (the same divisions, the same order statistic). Row by row, not one 2-D
+    pass: 16 rows of 150 points are 1.4 MB of slopes, past the size glibc serves from the heap,
+    and the fresh pages of each such temporary made that pass twice as slow as these."""
     import numpy
 
     first, second = _pair_indices(len(xs))
-    x, y = _floats(numpy, xs), _floats(numpy, ys)
-    with numpy.errstate(all="ignore"):   # an infinite figure gives NaN slopes, as in Python
-        slopes = (y[second] - y[first]) / (x[second] - x[first])
-    middle = len(slopes) // 2
-    if len(slopes) % 2:
-        return float(numpy.partition(slopes, middle)[middle])
-    lower, upper = numpy.partition(slopes, (middle - 1, middle))[middle - 1:middle + 1]
-    return (float(lower) + float(upper)) / 2
+    x = _floats(numpy, xs)
+    spans = x[second] - x[first]
+    middle = len(first) // 2
+    medians: list[float] = []
+    for ys in rows:
+        y = _floats(numpy, ys)
+        with numpy.errstate(all="ignore"):   # an infinite figure gives NaN slopes, as in Python
+            slopes = (y[second] - y[first]) / spans
+        if len(first) % 2:
+            medians.append(float(numpy.partition(slopes, middle)[middle]))
+            continue
+        lower, upper = numpy.partition(slopes, (middle - 1, middle))[middle - 1:middle + 1]
+        medians.append((float(lower) + float(upper)) / 2)
+    return medians
 
 
 @lru_cache(maxsize=8)

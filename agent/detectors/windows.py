@@ -259,6 +259,27 @@ def theil_sen_slope(times: Sequence[float], values: Sequence[float],
     return _median_of_sorted(slopes)
 
 
+def theil_sen_slopes(trends: Sequence[tuple[Sequence[float], Sequence[float]]],
+                     max_points: int = TREND_POINTS) -> list[float | None]:
+    """theil_sen_slope(times, values, max_points) of each (times, values), the same floats: the
+    trends whose picked times are the same (one collector samples every process on the same ticks)
+    go to window_arrays together, one pass of arrays for them all; the rest one by one."""
+    found: list[float | None] = [None] * len(trends)
+    together: dict[tuple[float, ...], list[tuple[int, list[float]]]] = {}
+    for index, (times, values) in enumerate(trends):
+        picked = _picked(len(times), max_points)
+        xs = tuple(times[i] for i in picked)
+        if len(xs) >= NUMPY_PAIRS_FROM and all(map(lt, xs, xs[1:])):
+            together.setdefault(xs, []).append((index, [values[i] for i in picked]))
+        else:
+            found[index] = theil_sen_slope(times, values, max_points)
+    for xs, members in together.items():
+        medians = window_arrays.theil_sen_medians(xs, [ys for _, ys in members])
+        for (index, _), median in zip(members, medians):
+            found[index] = median
+    return found
+
+
 def _median_of_sorted(ordered: Sequence[float]) -> float:
     middle = len(ordered) // 2
     return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2

@@ -488,7 +488,10 @@ def test_memory_that_does_not_grow_costs_no_slopes_and_no_load(monkeypatch):
     def spent(*args, **kwargs):
         raise AssertionError("worked out for memory that does not grow")
     monkeypatch.setattr(memory_growth.windows, "theil_sen_slope", spent)
+    monkeypatch.setattr(memory_growth.windows, "theil_sen_slopes", spent)
     monkeypatch.setattr(memory_growth.windows, "rate_steps", spent)
+    # locked memory is VmLck + VmPin, both 0 here (most processes lock none): never added up
+    monkeypatch.setattr(memory_growth.windows, "summed", spent)
     assert growth().evaluate(trace.history, now) == []
     monkeypatch.undo()
     trace = Trace()

@@ -111,6 +111,24 @@ def test_theil_sen_is_bit_for_bit_the_definition_on_either_path(count):
         assert windows.theil_sen_slope(times, values, 150) == pure_python_theil_sen(times, values, 150)
 
 
+def test_theil_sen_slopes_of_many_trends_are_each_ones_own_slope():
+    """memory_growth works out every process's slope in one call: trends on the same ticks share
+    their pairs' time differences, the rest (other times, too few points, a repeated time, NaN and
+    infinite figures) go their own way; each figure must be the one theil_sen_slope gives alone."""
+    rng = random.Random(17)
+    ticks = [1_800_000_000.0 + 15 * i for i in range(800)]
+    trends = [(ticks, [9e9 + rng.random() * 2e9 + 1e5 * i for i in range(800)]) for _ in range(5)]
+    trends.append((ticks[:500], [rng.random() for _ in range(500)]))            # a shorter window
+    trends.append((ticks[:30], [rng.random() for _ in range(30)]))              # pure Python
+    trends.append(([0.0, 1.0, 1.0] + ticks[:60], [1.0, 2.0, 3.0] + [float(i) for i in range(60)]))
+    trends.append((ticks, [math.nan] + [float(i) for i in range(799)]))
+    trends.append((ticks, [math.inf] + [float(i) for i in range(799)]))
+    trends.append(([5.0], [1.0]))                                              # no pair: None
+    got = windows.theil_sen_slopes(trends, 150)
+    assert [repr(slope) for slope in got] == [repr(windows.theil_sen_slope(t, v, 150)) for t, v in trends]
+    assert got[-1] is None and windows.theil_sen_slopes([], 150) == []
+
+
 def rate_steps_by_definition(one, start, end):
     """rate() at each step of step_times, window by window, as PromQL evaluates a subquery."""
     found = [(at, windows.rate(one, at, 60.0)) for at in windows.step_times(start, end)]
