@@ -225,3 +225,18 @@ def test_add_many_adds_what_add_adds():
     assert list(many) == list(one_by_one) == [(RESIDENT, ("42",), 5.0), (OTHER, ("42",), 2.5)]
     with pytest.raises(ValueError, match="takes labels"):
         many.add_many([(RESIDENT, 1)], 42, "extra")
+
+
+def test_a_pickled_history_reads_the_same_and_takes_commits():
+    """The benchmark keeps the history at 10 minutes to time it beside the one at 2 hours."""
+    import pickle
+    history = History(retention_seconds=100, full_resolution_seconds=10, coarse_step_seconds=5)
+    history.add_collector("c", 1.0)
+    for at in range(40):
+        history.commit("c", float(at), batch(p1=float(at)))
+    copy = pickle.loads(pickle.dumps(history))
+    assert ([list(s.values) for s in copy.series(RESIDENT.name, coarse_before=30.0, coarse_seconds=5.0)]
+            == [list(s.values) for s in history.series(RESIDENT.name, coarse_before=30.0, coarse_seconds=5.0)])
+    copy.commit("c", 40.0, batch(p1=40.0))
+    assert copy.series(RESIDENT.name)[0].values[-1] == 40.0
+    assert history.series(RESIDENT.name)[0].values[-1] == 39.0
