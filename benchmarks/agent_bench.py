@@ -504,6 +504,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
     rss_rendered = rss_bytes()
     gc.collect()
     rss_gc = rss_bytes()
+    evaluations_during_ticks = agent.engine.evaluations - 5 - 3 * len(evaluation_at_history)
     side_by_side = None
     if kept_history.exists():   # after every RSS figure: the kept history is loaded for this alone
         side_by_side = evaluation_side_by_side(agent, kept_history, t0 + EVALUATION_CHECKPOINTS[0] - 1,
@@ -535,7 +536,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
         "gpu0_memory_changes": changed,
         "exposition_bytes": len(exposition),
         "failed_collectors": failed,
-        "detector_evaluations_during_ticks": agent.engine.evaluations - 5 - 3 * len(evaluation_at_history),
+        "detector_evaluations_during_ticks": evaluations_during_ticks,
         "detector_evaluation_ms_median": evaluation_ms,
         # ticks of history -> ms (median of 3): issue 17 wants 2 h within 1.5x of 10 min
         "detector_evaluation_ms_at_history": evaluation_at_history,
