@@ -505,6 +505,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
     gc.collect()
     rss_gc = rss_bytes()
     evaluations_during_ticks = agent.engine.evaluations - 5 - 3 * len(evaluation_at_history)
+    max_rss_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     side_by_side = None
     if kept_history.exists():   # after every RSS figure: the kept history is loaded for this alone
         side_by_side = evaluation_side_by_side(agent, kept_history, t0 + EVALUATION_CHECKPOINTS[0] - 1,
@@ -527,7 +528,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "sawtooth") -
         "rss_mb_end": round(rss_end / MIB, 1),
         "rss_mb_after_render": round(rss_rendered / MIB, 1),
         "rss_mb_after_gc": round(rss_gc / MIB, 1),
-        "ru_maxrss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "ru_maxrss_mb": max_rss_mb,   # before the side-by-side rounds load the kept history
         "rss_checkpoints_mb": checkpoints,
         "history_series": agent.history.series_count(),
         "history_capacity": capacities,
