@@ -406,7 +406,8 @@ class Detector:
         dropped, and a process left with none dropped; slope None: _judge works it out."""
         long_windows = [(candidate[2], candidate[3]) for _, _, candidates in growing
                         for candidate in candidates if candidate[-1]]
-        slopes = iter(windows.theil_sen_slopes(long_windows, windows.LONG_TREND_POINTS) if long_windows else ())
+        slopes = iter(windows.theil_sen_slopes(long_windows, windows.LONG_TREND_POINTS)
+                      if long_windows else ())
         kept = []
         for key, since, candidates in growing:
             judged = []
@@ -494,9 +495,9 @@ def _tighter(*headrooms: float | None) -> float | None:
 def _summed_window(series: list[SeriesHistory], now: float, seconds: float, since: float | None,
                    min_span: float = 0.0) -> tuple[Sequence[float], Sequence[float]]:
     """The series' points in the window, summed time by time; nothing where they span less than
-    `min_span` (too short to judge: not worth the sum) or every point is 0. A single series (a process on one GPU,
-    the common case) is its own sum: its points are returned as they are, not added to 0.0 one
-    by one (which changes no value but a -0.0)."""
+    `min_span` (too short to judge: not worth the sum) or every point is 0. A single series (a
+    process on one GPU, the common case) is its own sum: its points are returned as they are, not
+    added to 0.0 one by one (which changes no value but a -0.0)."""
     cut = [windows.window_since(one, now, seconds, since) for one in series]
     spanned = [times for times, _ in cut if len(times)]
     if not spanned or max(t[-1] for t in spanned) - min(t[0] for t in spanned) < min_span:
