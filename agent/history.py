@@ -121,6 +121,16 @@ class History:
                 found.extend(_read_parts(name, label_names, parts, labels))
         return found
 
+    def series_every(self, name: str, /, step_seconds: float, since: float | None = None,
+                     **labels: str) -> list[SeriesHistory]:
+        """As series(), one point per `step_seconds` over the whole span, the newest minutes too:
+        what a Prometheus scrape every `step_seconds` holds. A two-tier collector's points are
+        then its coarse tier's alone, so a window over them holds the same points whenever it is
+        read: an hour-long trend worked out over one need not be worked out again until the
+        window moves (agent/alerts/memory_growth_trend.py)."""
+        return self.series(name, since=since, coarse_before=math.inf, coarse_seconds=step_seconds,
+                           **labels)
+
     def bucketed(self, name: str, /, start: float, end: float, buckets: int,
                  **labels: str) -> list[BucketedSeries]:
         """Every series of metric `name` whose labels include `labels`, cut into `buckets` equal

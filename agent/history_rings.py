@@ -7,11 +7,16 @@ import math
 from array import array
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
+from itertools import repeat
+from operator import add, ge
 from typing import Sequence
 
 from hybridmon.exporters.base import MetricSpec, Samples
 
 SeriesKey = tuple[str, tuple[str, ...]]  # (metric name, label values)
+# Read plans (_kept_positions) remembered per ring and tick: an evaluation reads a ring in a few
+# ways (the detectors' view, memory growth's one point per 15 s, the status page's plots).
+KEPT_PLANS = 4
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class _CollectorRing:
         # Tick times only ever rise (the sampler's clock, a replay's recorded times): then the
         # points after a time are found by bisection instead of a walk over the whole ring.
         self.times_rise = True
-        self._kept_memo: tuple[tuple, list[int]] | None = None
+        self._kept_memo: tuple[int, dict[tuple, tuple[list[int], int]]] | None = None  # (ticks, plans)
         # The last commit's samples in order, each with its ring, when they were every series
         # once: a collector emits the same series in the same order tick after tick, so a commit
         # whose samples match it writes each value by position, without hashing three keys a
@@ -182,15 +187,20 @@ def _kept_positions(ring: _CollectorRing, since: float | None, coarse_before: fl
     before `coarse_before` at most one per `coarse_seconds`; and the index from which they are
     consecutive ticks (the full-resolution part, copied as array slices). The same for every
     metric of one evaluation, so worked out once per tick and reused."""
-    memo_key = (ring.ticks, since, coarse_before, coarse_seconds)
-    if ring._kept_memo is not None and ring._kept_memo[0] == memo_key:
-        return ring._kept_memo[1]
+    memo_key = (since, coarse_before, coarse_seconds)
+    if ring._kept_memo is None or ring._kept_memo[0] != ring.ticks:
+        ring._kept_memo = (ring.ticks, {})
+    kept_by_read = ring._kept_memo[1]
+    parts = kept_by_read.get(memo_key)
+    if parts is not None:
+        return parts
     if ring.times_rise:
         parts = _kept_split(ring, since, coarse_before, coarse_seconds)
     else:
         kept = _kept_by_walking(ring, since, coarse_before, coarse_seconds)
         parts = (kept, len(kept))   # a clock that stepped back: no consecutive part assumed
-    ring._kept_memo = (memo_key, parts)
+    if len(kept_by_read) < KEPT_PLANS:
+        kept_by_read[memo_key] = parts
     return parts
 
 
@@ -249,6 +259,12 @@ def _kept_split(ring: _CollectorRing, since: float | None, coarse_before: float 
                else ring.times[start:] + ring.times[:start + count - capacity])
     at = 0 if since is None else bisect_left(ordered, since)
     fine_from = at if coarse_before is None else max(at, bisect_left(ordered, coarse_before))
+    if fine_from > at and all(map(ge, ordered[at + 1:fine_from], map(add, ordered[at:fine_from - 1],
+                                                                    repeat(coarse_seconds)))):
+        # Each tick is at least a step after the one before (a coarse tier; a collector slower
+        # than the step): the walk below would keep them all, one bisection each. The same
+        # comparisons, made in C, say so; all of them are then one run of positions.
+        fine_from = at
     kept = []
     while at < fine_from:  # one point per coarse_seconds: jump to the first at or after the next step
         kept.append((first + at) % capacity)

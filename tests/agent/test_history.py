@@ -107,6 +107,48 @@ def test_bisection_keeps_the_points_a_walk_keeps(capacity, ticks, steps, since, 
             == _kept_by_walking(ring, since, coarse_before, coarse_seconds))
 
 
+@settings(max_examples=200, deadline=None)
+@given(capacity=st.integers(2, 40), ticks=st.integers(0, 120),
+       gaps=st.lists(st.sampled_from([15.0, 15.0, 16.0, 30.0, 90.0]), min_size=120, max_size=120),
+       since=st.one_of(st.none(), st.floats(0, 3000)), coarse_before=st.one_of(st.none(), st.floats(0, 3000)),
+       coarse_seconds=st.sampled_from([1.0, 15.0, 16.0]))
+def test_a_coarse_tier_keeps_the_points_a_walk_keeps(capacity, ticks, gaps, since, coarse_before,
+                                                     coarse_seconds):
+    """A coarse tier's ticks are at least its step apart (History commits one per step), so a read
+    thinning it to one point per step or less keeps every tick, found without a bisection per
+    point; what it keeps must still be what the walk keeps (gaps of 15 s against steps of 15 and
+    16 s: all kept, or not)."""
+    ring = _CollectorRing(capacity)
+    at = 0.0
+    for tick in range(ticks):
+        at += gaps[tick]
+        ring.commit(at, Samples())
+    assert (list(_kept_by_bisection(ring, since, coarse_before, coarse_seconds))
+            == _kept_by_walking(ring, since, coarse_before, coarse_seconds))
+
+
+def test_series_every_reads_one_point_per_step_from_both_tiers():
+    """memory_growth's trend: one point per 15 s over the whole span, the newest minutes too, so
+    a window over them holds the same points whenever it is read (the coarse tier's)."""
+    history = History(retention_seconds=3600, full_resolution_seconds=600)
+    history.add_collector("process", 1.0)
+    for second in range(2000):
+        history.commit("process", float(second), batch(p1=float(second)))
+    (series,) = history.series_every(RESIDENT.name, 15.0, since=1000.0)
+    assert list(series.times) == [float(t) for t in range(1005, 2000, 15)]
+    assert list(series.values) == list(series.times)
+    # the same points an evaluation later: the tier does not move with the fine ring's start
+    history.commit("process", 2000.0, batch(p1=2000.0))
+    (later,) = history.series_every(RESIDENT.name, 15.0, since=1000.0)
+    assert list(later.times) == list(series.times)
+    # a single-tier collector is thinned to one point per step
+    single = History(retention_seconds=100)
+    single.add_collector("process", 1.0)
+    for second in range(60):
+        single.commit("process", float(second), batch(p1=1.0))
+    assert [list(s.times) for s in single.series_every(RESIDENT.name, 15.0, since=10.0)] == [[10.0, 25.0, 40.0, 55.0]]
+
+
 def test_a_clock_that_goes_back_falls_back_to_the_walk():
     history = History(retention_seconds=100)
     history.add_collector("c", 1.0)
