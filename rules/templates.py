@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping
+from functools import lru_cache
 
 MARKER = re.compile(r"<([a-z_]+)(?:\|([A-Za-z0-9]+))?>")
 CONDITION = re.compile(r"<if ([a-z_]+)>(.*?)<else>(.*?)<end>", re.S)
@@ -155,7 +156,10 @@ def markers(text: str) -> set[str]:
         match.group(1) for match in CONDITION.finditer(text)}
 
 
+@lru_cache(maxsize=1024)
 def _check_markers(text: str) -> None:
+    """Raises for a format or template code the texts may not hold. Remembered per text (a bad
+    one raises every time): the agent fills the same few texts at every evaluation."""
     for match in MARKER.finditer(text):
         if match.group(2) and match.group(2) not in FORMATS:
             raise ValueError(f"unknown format {match.group(2)!r} in {text!r}")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -30,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 from hybridmon.agent.detectors.base import Detector, Finding
 from hybridmon.exporters.base import MetricSpec
 from hybridmon.rules.model import Alert
-from hybridmon.rules.templates import expected_text
+from hybridmon.rules.templates import expected_text, markers
 
 # Prometheus fills <instance> with the scrape target; the agent, which is the target, with its host
 # name, so a finding pushed straight to Alertmanager names the same machine.
@@ -63,8 +64,10 @@ def render(text: str, values: Mapping[str, float | str]) -> str:
     """An annotation text with its markers filled, exactly as Prometheus fills them. Remembered
     for the same text and figures: a finding that holds (a memlock limit, a host setting) is
     rendered again every evaluation, for each of hundreds of processes."""
-    # repr keeps apart what == does not (1 and 1.0, 0.0 and -0.0), which may print differently
-    key = (text, tuple(sorted((name, repr(value)) for name, value in values.items())))
+    # Keyed by the figures the text shows, not all of them: a summary that shows the value alone
+    # is not filled again when another figure moves. repr keeps apart what == does not (1 and
+    # 1.0, 0.0 and -0.0), which may print differently; an absent figure is not a None one.
+    key = (text, tuple(repr(values.get(name, _ABSENT)) for name in _shown(text)))
     rendered = _RENDERED.get(key)
     if rendered is None:
         if len(_RENDERED) >= _RENDERED_LIMIT:
@@ -73,6 +76,13 @@ def render(text: str, values: Mapping[str, float | str]) -> str:
     return rendered
 
 
+@lru_cache(maxsize=1024)
+def _shown(text: str) -> tuple[str, ...]:
+    """The names of the figures and labels `text` shows or tests, in order."""
+    return tuple(sorted(markers(text)))
+
+
+_ABSENT = object()
 _RENDERED: dict[tuple, str] = {}
 _RENDERED_LIMIT = 4096
 

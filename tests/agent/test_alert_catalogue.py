@@ -143,3 +143,24 @@ def test_a_thresholds_file_from_before_a_new_family_still_loads(tmp_path):
     assert "[collector_failing]" not in older.read_text()
     assert catalogue.load_thresholds(older).collector_failing.for_seconds == 300
     assert catalogue.load_thresholds(older) == THRESHOLDS
+
+
+def test_a_text_is_filled_again_only_when_a_figure_it_shows_changes(monkeypatch):
+    """render() remembers a filled text by the figures the text shows: a figure it does not show
+    (the current amount, in a summary that shows the value alone) changes nothing and is not
+    filled again; an absent figure is told apart from one that is None ("unknown")."""
+    from hybridmon.agent.alerts import family
+
+    filled = []
+    real = family.expected_text
+    monkeypatch.setattr(family, "expected_text", lambda text, values: filled.append(text) or real(text, values))
+    text = "<pid> grows <value|humanize1024>B per hour"
+    first = family.render(text, {"pid": "1", "value": 1024.0, "current": 1.0})
+    assert family.render(text, {"pid": "1", "value": 1024.0, "current": 2.0}) == first == "1 grows 1kiB per hour"
+    assert len(filled) == 1
+    assert family.render(text, {"pid": "1", "value": 2048.0, "current": 2.0}) == "1 grows 2kiB per hour"
+    shown_or_not = "<if load>load <load><else>no load<end>"
+    assert family.render(shown_or_not, {"load": None}) == "no load"
+    with pytest.raises(KeyError):
+        family.render("<load|humanize> now", {})
+    assert family.render("<load|humanize> now", {"load": None}) == "unknown now"
