@@ -117,7 +117,7 @@ def all_detectors(thresholds) -> list[Detector]:
         detector = family.detector(settings)
         # What the engine lets it read (engine.EvaluationView.reading_back): its family's span
         # plus a minute for its 1-minute averages, as lookback_seconds() counts it.
-        detector.lookback_seconds = 60.0 + family.lookback_seconds(settings)
+        detector.lookback_seconds = 60.0 + (family.view_seconds or family.lookback_seconds)(settings)
         detectors.append(detector)
     return detectors
 

@@ -58,6 +58,9 @@ class AlertFamily:
     cases: Callable[[Any, Any], list] = lambda thresholds, catalog: []   # promtool Tests
     collectors: tuple[str, ...] = ()                # what it judges; `check` skips it without them
     lookback_seconds: Callable[[Any], float] = lambda settings: 0.0      # history it reads
+    # what of it the detector reads through the engine's view, where it reads the rest itself
+    # (memory_growth reads its hour one point per 15 s: History.series_every); None: all of it
+    view_seconds: Callable[[Any], float] | None = None
 
 
 def render(text: str, values: Mapping[str, float | str]) -> str:

@@ -17,17 +17,20 @@ page faults per CPU second climb, whatever the load does.
 
 Slopes are robust to a single jump (a model or adapter load): the agent takes a Theil-Sen slope,
 the rule rules.promql.robust_slope (the median of local least-squares slopes), which agree on
-steady growth. The recordings the rules read (slopes, the load and its rise, the exhaustion
+steady growth. Both judge the window up to the last whole minute, at one point per 15 s
+(memory_growth_trend: the agent works a trend out once a minute and keeps it). The recordings the rules read (slopes, the load and its rise, the exhaustion
 forecast) are the process group's, in rules/process.py.
 """
 from __future__ import annotations
 
-from bisect import bisect_left
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.alerts.memory_growth_load import Load, LoadJudge, counter_rates, surely_below
+from hybridmon.agent.alerts.memory_growth_trend import (Growing, Inputs, ProcessKey, Trend, TrendMemory,
+                                                       trend_end, trend_signature)
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.history import History, SeriesHistory
 from hybridmon.exporters.base import MetricSpec
@@ -160,40 +163,13 @@ def alerts(g: Settings) -> list[Alert]:
     return rules
 
 
-@dataclass(frozen=True)
-class _Load:
-    """A process's load over the window, from per-minute rates: how fast it rose (a share of its
-    mean per hour, never below 0) and the means the text reports."""
-
-    rise_per_hour: float | None                   # None: too little history to tell
-    source: str                                   # "server" or "cpu"
-    faults_rising: bool
-    cpu_seconds_per_second: float | None = None   # means over the window
-    tokens_per_second: float | None = None
-    requests_running: float | None = None
-    rises: tuple[tuple[str, float], ...] = ()     # (what, its rise per hour), for the details
-
-
-def _surely_below(times: Sequence[float], values: Sequence[float], per_second: float,
-                  count_pairs: bool = True) -> bool:
-    """Whether the Theil-Sen slope of _slope_per_hour and _judge is surely below `per_second`
-    (positive), a hair under it so that slope x 3600 >= limit x 3600 cannot hold where True;
-    count_pairs as windows.theil_sen_below."""
-    return per_second > 0 and windows.theil_sen_below(
-        times, values, per_second * (1 - 1e-9), windows.LONG_TREND_POINTS, count_pairs)
-
-
-def _slope_per_hour(times: list[float], values: list[float]) -> float | None:
-    slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
-    return None if slope is None else slope * 3600
-
-
 class Detector:
     """InferenceProcessMemoryGrowth, per watched process and resource (gpu_memory: NVML's
     per-process GPU memory summed over its GPUs; resident: VmRSS; locked: VmLck + VmPin).
 
-    Over the last window_seconds since the process (re)started, with at least min_window_seconds
-    between its first and last point: the Theil-Sen slope x 3600 less mean x the load's rise per
+    Over the window_seconds before the last whole minute (memory_growth_trend.trend_end), one
+    point per 15 s, since the process (re)started, with at least min_window_seconds between its
+    first and last point: the Theil-Sen slope x 3600 less mean x the load's rise per
     hour x load_following_factor (the growth its load explains), in bytes per hour (the value),
     >= min(growth_per_hour_share x mean, growth_bytes_per_hour); or the slope alone reaches that
     while its page faults (minor + major) per CPU second rise by growth_per_hour_share of their
@@ -201,11 +177,13 @@ class Detector:
     mean per-minute rate over the newer half of the window less that over the older half, per
     hour, over their mean, of the generation tokens/s or running requests (the larger) of the
     servers tied to the process (its pid or a pid of its process tree, summed), else of its CPU
-    seconds per second. Without CPU figures for the
-    process (not visible in this PID namespace) nothing is reported. The forecast is the time
+    seconds per second. Without CPU figures for the process (not visible in this PID namespace),
+    or without a point in the last minute, nothing is reported. The forecast is the time
     until it takes what bounds it: for host memory the tighter of MemAvailable and what its cgroup
     (or an ancestor's) limit leaves, for GPU memory the free memory of its GPUs (all on top of its
-    own use); the horizon is reported, not a condition."""
+    own use); the horizon is reported, not a condition. A process's trend is worked out once per
+    minute and kept (memory_growth_trend.TrendMemory); the current amount and the headroom are
+    read at every evaluation."""
 
     name = "memory_growth"
     alertnames = ("InferenceProcessMemoryGrowth",)
@@ -214,178 +192,121 @@ class Detector:
         self.config = config
         self.min_history_seconds = config.min_window_seconds
         self.alerts = {rule.labels["resource"]: rule for rule in alerts(config)}
+        self.loads = LoadJudge(config.window_seconds, config.growth_per_hour_share)
+        self._memory = TrendMemory()
 
     def evaluate(self, history: History, now: float) -> list[Finding]:
-        cpu = windows.by_labels(history.series(CPU_SECONDS.name), *common.PROCESS_LABELS)
-        resident = windows.by_labels(history.series(RESIDENT.name), *common.PROCESS_LABELS)
-        locked = windows.group_by(history.series(LOCKED.name) + history.series(PINNED.name),
-                                  *common.PROCESS_LABELS)
-        gpu_memory = windows.group_by(history.series(PROCESS_MEMORY_USED.name), "pid")
-        available = common.host_series(history, MEMORY_AVAILABLE.name)
-        host_available = None if available is None else windows.latest(available, now)
-        cgroup_headroom = windows.by_labels(history.series(CGROUP_MEMORY_HEADROOM.name),
-                                            *common.PROCESS_LABELS)
+        end = trend_end(now)
+        inputs = Inputs(history, end - self.config.window_seconds)
+        self._memory.begin(history)
         roots = servers.tree_roots(history, now)
+        cpu = inputs.cpu
         # NVML's per-process memory is keyed by pid alone: judge it once, with the process that
         # was seen last under that pid (a pid whose comm changed has two CPU series).
         newest = {}
         for key in sorted(cpu, key=lambda k: cpu[k].times[-1] if cpu[k].times else 0.0):
             newest[key[0]] = key
-        growing: list[tuple[tuple[str, ...], float | None, list]] = []
+        trends: dict[ProcessKey, tuple[tuple, Trend]] = {}
+        unknown = []   # the processes whose trend is to be worked out
+        # per process and resource: its series, and their points of the last minute
+        now_held: dict[ProcessKey, dict[str, tuple[list[SeriesHistory], list[SeriesHistory]]]] = {}
         for key in sorted(cpu, key=common.process_order):
             pid, process_name = key
-            since = common.process_restart_time(history, pid, process_name, now)
-            candidates: list[tuple[str, str, list[float], list[float], Callable[[], float | None]]] = []
+            since = inputs.restart_time(key, now)
+            judged: dict[str, tuple[str, list[SeriesHistory]]] = {}
+            if key in inputs.resident:
+                judged["resident"] = (process_name, [inputs.resident[key]])
+            if key in inputs.locked:
+                judged["locked"] = (process_name, inputs.locked[key])
+            if (pid,) in inputs.gpu_memory and newest[pid] == key:
+                series = inputs.gpu_memory[(pid,)]
+                judged["gpu_memory"] = (series[-1].labels["process_name"], series)
+            # a resource without a point in the last minute is not judged (the process is gone)
+            now_held[key] = {resource: (series, recent) for resource, (_, series) in judged.items()
+                             if (recent := _last_minute(series, now, since))}
+            judged = {resource: judged[resource] for resource in now_held[key]}
+            tied = servers.tied_pids(pid, roots)
+            tokens, running = inputs.servers_of(tied)
+            signature = trend_signature(since, self._window_start(end, since), end, tied, judged,
+                                        (inputs.counters[key], tokens, running))
+            trend = self._memory.recall(key, signature)
+            if trend is None:
+                unknown.append((key, since, signature, judged, tokens, running))
+            else:
+                trends[key] = (signature, trend)
+        trends.update(self._trends(unknown, inputs, end))
+        self._memory.keep(trends)
+        return self._findings(history, trends, now_held, now)
+
+    def _window_start(self, end: float, since: float | None) -> float:
+        return end - self.config.window_seconds if since is None else max(
+            end - self.config.window_seconds, since)
+
+    def _trends(self, unknown: list, inputs: Inputs, end: float) -> dict[ProcessKey, tuple[tuple, Trend]]:
+        """The trends of the processes in `unknown` over the window ending at `end`: each
+        resource glanced at, the slopes of those left worked out together, then the load of
+        each process with a resource that may grow (most have none: no load is worked out)."""
+        config = self.config
+        growing = []
+        for key, since, _, judged, _, _ in unknown:
+            candidates = []
+            for resource, (label_name, series) in judged.items():
+                if resource == "resident":
+                    times, values = windows.window_since(series[0], end, config.window_seconds, since)
+                else:
+                    times, values = _summed_window(series, end, config.window_seconds, since,
+                                                   config.min_window_seconds)
+                glance = self._glance(times, values)
+                if glance is not None:
+                    candidates.append((resource, label_name, times, values, *glance))
+            growing.append((key, since, candidates))
+        sloped = {key: candidates for key, _, candidates in self._with_slopes(growing)}
+        rates = counter_rates(inputs.counters, {key: self._window_start(end, since)
+                                                for key, since, _ in growing if key in sloped}, end)
+        found = {}
+        for key, _, signature, _, tokens, running in unknown:
+            load = None if key not in sloped else self.loads.load(rates[key], tokens, running, end)
+            found[key] = (signature, Trend(tuple(sloped.get(key, ())), load))
+        return found
+
+    def _findings(self, history: History, trends: dict[ProcessKey, tuple[tuple, Trend]],
+                  now_held: dict, now: float) -> list[Finding]:
+        """The findings of an evaluation at `now`: each growing resource judged with its trend
+        and its amount and headroom now."""
+        available = common.host_series(history, MEMORY_AVAILABLE.name)
+        host_available = None if available is None else windows.latest(available, now)
+        cgroup_headroom = windows.by_labels(history.series(CGROUP_MEMORY_HEADROOM.name),
+                                            *common.PROCESS_LABELS)
+        gpu_free: dict[tuple[str, ...], float | None] = {}
+        findings = []
+        for key in now_held:   # in process order, worked out anew or not
+            _, trend = trends[key]
+            if trend.load is None:
+                continue
             host_headroom = _tighter(host_available, None if key not in cgroup_headroom
                                      else windows.latest(cgroup_headroom[key], now))
-            if key in resident:
-                times, values = windows.window_since(resident[key], now, self.config.window_seconds,
-                                                     since)
-                candidates.append(("resident", process_name, times, values, lambda h=host_headroom: h))
-            if key in locked:
-                times, values = _summed_window(locked[key], now, self.config.window_seconds, since,
-                                               self.config.min_window_seconds)
-                candidates.append(("locked", process_name, times, values, lambda h=host_headroom: h))
-            if (pid,) in gpu_memory and newest[pid] == key:
-                series = gpu_memory[(pid,)]
-                times, values = _summed_window(series, now, self.config.window_seconds, since,
-                                               self.config.min_window_seconds)
-                candidates.append(("gpu_memory", series[-1].labels["process_name"], times, values,
-                                   lambda s=series: self._gpu_free(history, s, now)))
-            # Most memory does not grow: the load (per-minute rates over the window) and the
-            # headroom are worked out only for a process with memory that may.
-            candidates = [(*c, *glance) for c in candidates
-                          if (glance := self._glance(c[2], c[3], now)) is not None]
-            if candidates:
-                growing.append((key, since, candidates))
-        growing = self._with_slopes(growing)
-        rates = self._counter_rates(history, cpu, [(key, since) for key, since, _ in growing], now)
-        findings = []
-        for key, since, candidates in growing:
-            load = self._load(history, rates[key], now, servers.tied_pids(key[0], roots))
-            if load is None:
-                continue
-            for resource, label_name, times, values, headroom, mean, slope in candidates:
-                judged = self._judge(key[0], label_name, resource, times, values, mean, slope,
-                                     headroom(), load, now)
+            for growing in trend.growing:
+                series, recent = now_held[key][growing.resource]
+                headroom = host_headroom
+                if growing.resource == "gpu_memory":
+                    uuids = tuple(s.labels["uuid"] for s in series if windows.latest(s, now) is not None)
+                    if uuids not in gpu_free:
+                        gpu_free[uuids] = self._gpu_free(history, uuids, now)
+                    headroom = gpu_free[uuids]
+                judged = self._judge(key[0], growing, _mean_of_sum(recent), headroom, trend.load)
                 if judged is not None:
                     findings.append(judged)
         return findings
 
-    def _window_start(self, now: float, since: float | None) -> float:
-        return now - self.config.window_seconds if since is None else max(
-            now - self.config.window_seconds, since)
-
-    def _counter_rates(self, history: History, cpu: dict[tuple[str, ...], SeriesHistory],
-                       processes: list[tuple[tuple[str, ...], float | None]], now: float
-                       ) -> dict[tuple[str, ...], tuple[float, list[tuple[list[float], list[float]]]]]:
-        """Per process (key, since): its window's start and the per-minute rates of its CPU time
-        then its page-fault counters. One collector samples them all on the same ticks, so every
-        process's counters are rated together, in passes of arrays (windows.rate_steps_of), over
-        the steps of the longest window; a process whose window starts later (it restarted)
-        keeps the newer steps, the ones its own window has: a step's rate depends only on the
-        points in its minute, so each figure is the one a pass of its own gives."""
-        starts = {key: self._window_start(now, since) for key, since in processes}
-        if not starts:
-            return {}
-        counters: list[SeriesHistory] = []
-        owners: list[tuple[str, ...]] = []
-        for key in starts:
-            faults = [series for metric in (MINOR_FAULTS.name, MAJOR_FAULTS.name)
-                      for series in history.series(metric, pid=key[0], process_name=key[1])]
-            counters += [cpu[key], *faults]
-            owners += [key] * (1 + len(faults))
-        rated = windows.rate_steps_of(counters, min(starts.values()), now)
-        found: dict[tuple[str, ...], tuple[float, list[tuple[list[float], list[float]]]]] = {
-            key: (start, []) for key, start in starts.items()}
-        for key, (times, values) in zip(owners, rated):
-            first = bisect_left(times, starts[key] + windows.AVERAGE_SECONDS)
-            found[key][1].append((times[first:], values[first:]))
-        return found
-
-    def _load(self, history: History, rated: tuple[float, list[tuple[list[float], list[float]]]],
-              now: float, server_pids: set[str]) -> _Load | None:
-        """The process's load; `rated`: its window's start and the per-minute rates of its CPU
-        time then its page faults (_counter_rates)."""
-        start, ((times, rates), *fault_rates) = rated
-        # the load's rise needs settled figures in the window's older half; until then only the
-        # page faults can tell (as in the rule, whose load_rise recording is absent until then)
-        known = any(times[0] + 60 <= t <= now - self.config.window_seconds / 2 for t in times)
-        rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
-        cpu_mean = sum(rates) / len(rates) if rates else None
-        tokens = [s for pid in sorted(server_pids)
-                  for s in history.series(GENERATED_TOKENS.name, pid=pid)]
-        token_times, token_rates = servers.summed_rate_steps(tokens, start, now)
-        if len(token_rates) >= 2:   # a server is tied to it: its load is the one judged
-            running = [s for pid in sorted(server_pids)
-                       for s in history.series(REQUESTS_RUNNING.name, pid=pid)]
-            running_times, running_values = servers.summed_average_steps(running, start, now)
-            rises = tuple((what, rise) for what, rise in (
-                ("tokens", self._half_window_rise(token_times, token_rates, now)),
-                ("running", self._half_window_rise(running_times, running_values, now)))
-                if rise is not None)
-            return _Load(max([0.0] + [rise for _, rise in rises]) if known else None, "server", rising, cpu_mean,
-                         sum(token_rates) / len(token_rates),
-                         sum(running_values) / len(running_values) if running_values else None,
-                         rises)
-        if len(rates) < 2:
-            return None
-        rise = self._half_window_rise(times, rates, now)
-        return _Load(max(0.0, rise or 0.0) if known else None, "cpu", rising, cpu_mean,
-                     rises=() if rise is None else (("cpu", rise),))
-
-    def _half_window_rise(self, times: list[float], values: list[float], now: float) -> float | None:
-        """rules.process.half_window_rise: the line through the means (of times and values) of
-        the window's newer and older halves, per hour, over the mean of both halves' values;
-        None without both halves or a load."""
-        half = self.config.window_seconds / 2
-        # as the rule's settled recordings: without the first minute of figures
-        points = [(t, v) for t, v in zip(times, values) if times and t >= times[0] + 60]
-        newer = [(t, v) for t, v in points if t >= now - half]
-        older = [(t, v) for t, v in points if now - 2 * half <= t <= now - half]
-        if not newer or not older:
-            return None
-        (newer_time, newer_mean), (older_time, older_mean) = (
-            (sum(t for t, _ in part) / len(part), sum(v for _, v in part) / len(part))
-            for part in (newer, older))
-        mean = (newer_mean + older_mean) / 2
-        if newer_time <= older_time:
-            return None
-        if mean <= 0:
-            return 0.0   # idle: nothing explains growth
-        return (newer_mean - older_mean) * 3600 / (newer_time - older_time) / mean
-
-    def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], cpu_rates: dict) -> bool:
-        """Page faults (minor + major: per-minute rates of each series, fault_rates) per CPU
-        second, minute by minute, rising by at least growth_per_hour_share of their mean per
-        hour: a process that faults more for the same work is touching memory it did not touch
-        before."""
-        per_step: dict[float, float] = {}
-        for steps, rates in fault_rates:
-            for time, value in zip(steps, rates):
-                per_step[time] = per_step.get(time, 0.0) + value
-        times = [t for t in sorted(per_step) if cpu_rates.get(t, 0) > 0]
-        intensity = [per_step[t] / cpu_rates[t] for t in times]
-        if len(intensity) < 2:
-            return False
-        mean = sum(intensity) / len(intensity)
-        if mean <= 0 or _surely_below(times, intensity, self.config.growth_per_hour_share * mean / 3600):
-            return False
-        slope = _slope_per_hour(times, intensity)
-        return slope is not None and mean > 0 and slope >= self.config.growth_per_hour_share * mean
-
-    def _glance(self, times, values, now: float) -> tuple[float, float | None, bool] | None:
+    def _glance(self, times, values) -> tuple[float, float | None, bool] | None:
         """The memory's mean over the window, the threshold its slope must reach where that rules
-        it out, and whether _with_slopes is to work out its Theil-Sen slope; None where _judge
-        surely returns None, whatever the load: too short a window, no recent point, no memory,
-        or a slope below the threshold (either way to fire needs slope x 3600 >= threshold: the
-        load's part is never negative). Flat memory is ruled out at a glance; a long window's
-        slope is left to _with_slopes (numpy, every process's at once), a short one's pairs are
-        counted here."""
+        it out, and whether _with_slopes is to work out its Theil-Sen slope in numpy; None where
+        _judge surely returns None, whatever the load: too short a window, no memory, or a slope
+        below the threshold (either way to fire needs slope x 3600 >= threshold: the load's part
+        is never negative). Flat memory is ruled out at a glance; a long window's slope is left
+        to _with_slopes (numpy, every process's at once), a short one's pairs are counted here."""
         config = self.config
         if len(times) < 2 or times[-1] - times[0] < config.min_window_seconds:
-            return None
-        if bisect_left(times, now - windows.AVERAGE_SECONDS) == len(times):
             return None
         mean = sum(values) / len(values)
         if mean <= 0:
@@ -394,16 +315,17 @@ class Detector:
         if config.load_following_factor < 0:
             return mean, None, False   # a falling load adds to the growth: no slope rules it out
         in_numpy = min(len(times), windows.LONG_TREND_POINTS) >= windows.NUMPY_PAIRS_FROM
-        if _surely_below(times, values, threshold / 3600, count_pairs=not in_numpy):
+        if surely_below(times, values, threshold / 3600, count_pairs=not in_numpy):
             return None
         return mean, threshold, in_numpy
 
     @staticmethod
     def _with_slopes(growing: list) -> list:
-        """`growing` with each candidate's (mean, threshold, in_numpy) glance made (mean, slope):
-        the long windows' slopes worked out together (windows.theil_sen_slopes, the floats
-        theil_sen_slope gives one by one), a candidate whose slope falls below its threshold
-        dropped, and a process left with none dropped; slope None: _judge works it out."""
+        """`growing` (key, since, candidates with their glance (mean, threshold, in_numpy)) with
+        each candidate made a Growing: the long windows' slopes worked out together
+        (windows.theil_sen_slopes, the floats theil_sen_slope gives one by one), the short ones
+        one by one; a candidate whose slope is not positive or falls below its threshold dropped,
+        and a process left with none dropped."""
         long_windows = [(candidate[2], candidate[3]) for _, _, candidates in growing
                         for candidate in candidates if candidate[-1]]
         slopes = iter(windows.theil_sen_slopes(long_windows, windows.LONG_TREND_POINTS)
@@ -411,27 +333,26 @@ class Detector:
         kept = []
         for key, since, candidates in growing:
             judged = []
-            for *candidate, mean, threshold, in_numpy in candidates:
-                slope = next(slopes) if in_numpy else None
-                if in_numpy and (slope is None or slope * 3600 < threshold):
+            for resource, label_name, times, values, mean, threshold, in_numpy in candidates:
+                if in_numpy:
+                    slope = next(slopes)
+                    if slope is None or slope * 3600 < threshold:
+                        continue
+                else:
+                    slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
+                if slope is None or slope <= 0:
                     continue
-                judged.append((*candidate, mean, slope))
+                judged.append(Growing(resource, label_name, mean, slope, times[-1] - times[0]))
             if judged:
                 kept.append((key, since, judged))
         return kept
 
-    def _judge(self, pid, process_name, resource, times, values, mean: float, slope: float | None,
-               headroom, load: _Load, now: float) -> Finding | None:
-        """The finding for one resource of a process that may grow (its `mean`, and its `slope`
-        where _with_slopes worked it out), or None."""
+    def _judge(self, pid: str, growing: Growing, current: float, headroom: float | None,
+               load: Load) -> Finding | None:
+        """The finding for one resource of a process that may grow, or None."""
         config = self.config
-        recent = values[bisect_left(times, now - windows.AVERAGE_SECONDS):]   # times rise
-        current = sum(recent) / len(recent)
+        mean, slope = growing.mean, growing.slope
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
-        if slope is None:
-            slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
-        if slope is None or slope <= 0:
-            return None
         unexplained = None if load.rise_per_hour is None else (
             slope * 3600 - mean * load.rise_per_hour * config.load_following_factor)
         if unexplained is not None and unexplained >= threshold:
@@ -448,7 +369,7 @@ class Detector:
             "current_bytes": current,
             "growth_share_per_hour": slope * 3600 / mean,
             "load_rise_share_per_hour": load.rise_per_hour,
-            "window_seconds": times[-1] - times[0],
+            "window_seconds": growing.window_seconds,
             "load_source": load.source,
             "faults_per_cpu_second_rising": "yes" if load.faults_rising else "no",
             "exhaustion_horizon_seconds": config.exhaustion_horizon_seconds,
@@ -460,19 +381,18 @@ class Detector:
             details["forecast_seconds_to_exhaustion"] = forecast
             details["exhaustion_headroom_bytes"] = headroom
         return finding(
-            self.alerts[resource], {"pid": pid, "process_name": process_name}, value, threshold,
-            unit="B/h",
+            self.alerts[growing.resource], {"pid": pid, "process_name": growing.label_name}, value,
+            threshold, unit="B/h",
             values={"per_hour": slope * 3600, "mean": mean, "current": current,
                     "load_rise": load.rise_per_hour, "exhaustion": forecast,
                     "cpu": load.cpu_seconds_per_second, "tokens": load.tokens_per_second,
                     "running": load.requests_running},
             details=details)
 
-    def _gpu_free(self, history: History, series: list[SeriesHistory], now: float) -> float | None:
-        """Memory no process holds on the GPUs the process holds memory on now: total - used -
-        reserved (nvmlMemory_v2_t: free is what is neither reserved nor allocated; without v2 the
-        used figure already holds the reserved part and no reserved series exists)."""
-        uuids = {s.labels["uuid"] for s in series if windows.latest(s, now) is not None}
+    def _gpu_free(self, history: History, uuids: tuple[str, ...], now: float) -> float | None:
+        """Memory no process holds on the GPUs the process holds memory on now (`uuids`): total -
+        used - reserved (nvmlMemory_v2_t: free is what is neither reserved nor allocated; without
+        v2 the used figure already holds the reserved part and no reserved series exists)."""
         free = 0.0
         for uuid in uuids:
             figures = []
@@ -490,6 +410,19 @@ def _tighter(*headrooms: float | None) -> float | None:
     """The least of the known headrooms: a cgroup limit bounds a process before MemAvailable does."""
     known = [headroom for headroom in headrooms if headroom is not None]
     return min(known) if known else None
+
+
+def _last_minute(series: list[SeriesHistory], now: float, since: float | None) -> list[SeriesHistory]:
+    """The series' points of the last minute (since the restart); none where no series has any."""
+    cut = [SeriesHistory(one.name, one.labels, *windows.window_since(one, now, windows.AVERAGE_SECONDS, since))
+           for one in series]
+    return cut if any(len(one.times) for one in cut) else []
+
+
+def _mean_of_sum(series: list[SeriesHistory]) -> float:
+    """The mean of the series summed time by time (a single one as it is)."""
+    values = series[0].values if len(series) == 1 else windows.summed(series)[1]
+    return sum(values) / len(values)
 
 
 def _summed_window(series: list[SeriesHistory], now: float, seconds: float, since: float | None,
@@ -521,4 +454,5 @@ FAMILY = AlertFamily(
     cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: settings.window_seconds,
+    view_seconds=lambda settings: 0.0,   # the latest figures: its headroom and its servers' tree
 )

@@ -35,9 +35,9 @@ INSTANT_LOOKBACK_SECONDS = 60.0
 """A state gauge's current value is its last point at most this old; older means absent."""
 TREND_POINTS = 300
 """Theil-Sen looks at most at this many points (n^2/2 pairwise slopes), picked evenly in time."""
-LONG_TREND_POINTS = 150
-"""For long trends re-judged every evaluation (memory growth, the VRAM forecast): 150 of the 3,600
-points of an hour at 1 s (one per 24 s) keep Theil-Sen near 2 ms per series in pure Python."""
+LONG_TREND_POINTS = 121
+"""For memory growth's hour-long trends: every other point of the hour's 241 at one per 15 s
+(memory_growth_trend.TREND_STEP_SECONDS), evenly spaced, one per 30 s; 7,260 pairwise slopes."""
 NUMPY_PAIRS_FROM = 40
 """theil_sen_slope hands trends of at least this many points (780 pairs) to window_arrays
 (numpy, the same floats ~30x sooner); below it the pure-Python slopes cost less than the setup."""

@@ -1,8 +1,10 @@
+import re
+
 import pytest
 
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.alerts import gpu_memory_headroom
-from hybridmon.agent.alerts import memory_growth
+from hybridmon.agent.alerts import memory_growth, memory_growth_trend
 from hybridmon.agent.detectors import servers
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT
@@ -46,8 +48,12 @@ def test_steady_growth_under_flat_load_fires_with_slope_and_forecast():
     assert finding.threshold == pytest.approx(128 * MIB)
     mean = 8 * GIB + GIB * 0.5
     assert finding.details["growth_share_per_hour"] == pytest.approx(GIB / mean, rel=1e-3)
-    assert "resident memory grows 1GiB per hour more than its load explains" in finding.summary
-    assert "takes the tighter of MemAvailable and its cgroup's memory limit, plus its own use in 1d 7h 59m" in finding.description
+    # 1 GiB/h to within a float's rounding, which may leave it a hair under 1 GiB (1024 MiB)
+    assert re.search("resident memory grows (1GiB|1024MiB) per hour more than its load explains",
+                     finding.summary)
+    # 32 h, to within rounding either side
+    assert re.search("takes the tighter of MemAvailable and its cgroup's memory limit, plus its own use in "
+                     "(1d 7h 59m|1d 8h) ", finding.description)
 
 
 def test_a_restarted_process_is_judged_over_its_own_window_beside_the_others():
@@ -112,7 +118,8 @@ def test_too_little_history_gives_no_finding():
     # 30 min of memory, but the load's rise needs a settled per-minute rate (not the first
     # minute's) in the window's older half
     assert growth().evaluate(trace.history, now) == []
-    now = trace.run(now + STEP, T0 + 1930, STEP, process=leaking)
+    # the trend ends at the last whole minute (T0 is 20 s past one): T0 + 1960 at T0 + 1990
+    now = trace.run(now + STEP, T0 + 1990, STEP, process=leaking)
     assert len(growth().evaluate(trace.history, now)) == 1
 
 
@@ -137,7 +144,8 @@ def test_a_restart_under_the_same_pid_starts_the_window_again():
     assert growth().evaluate(trace.history, now) == []
     now = trace.run(now + STEP, restart + 1960, STEP, process=sawtooth)
     (finding,) = growth().evaluate(trace.history, now)
-    assert finding.details["window_seconds"] == pytest.approx(1960)
+    # from the restart to the last whole minute, where the trend's window ends
+    assert finding.details["window_seconds"] == pytest.approx(memory_growth_trend.trend_end(now) - restart)
 
 
 def test_a_process_that_went_away_is_not_judged():

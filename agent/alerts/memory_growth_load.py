@@ -1,0 +1,144 @@
+"""The load a watched process's memory growth is set against (agent/alerts/memory_growth.py):
+how fast the work it does rose over the window, from per-minute figures, and whether its page
+faults per CPU second climb. The rule's side is rules/process.py (load_rise, fault_slope).
+
+Every figure here is over the trend window that ends at `end`, the last whole minute
+(memory_growth_trend.trend_end), not at the evaluation's own time."""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import Sequence
+
+from hybridmon.agent.detectors import servers, windows
+from hybridmon.agent.history import SeriesHistory
+
+# (a process's window start, the per-minute (times, rates) of its CPU time then its fault counters)
+Rated = tuple[float, list[tuple[list[float], list[float]]]]
+
+
+@dataclass(frozen=True)
+class Load:
+    """A process's load over the window, from per-minute rates: how fast it rose (a share of its
+    mean per hour, never below 0) and the means the text reports."""
+
+    rise_per_hour: float | None                   # None: too little history to tell
+    source: str                                   # "server" or "cpu"
+    faults_rising: bool
+    cpu_seconds_per_second: float | None = None   # means over the window
+    tokens_per_second: float | None = None
+    requests_running: float | None = None
+    rises: tuple[tuple[str, float], ...] = ()     # (what, its rise per hour), for the details
+
+
+def surely_below(times: Sequence[float], values: Sequence[float], per_second: float,
+                 count_pairs: bool = True) -> bool:
+    """Whether the Theil-Sen slope of slope_per_hour and the detector's judgement is surely below
+    `per_second` (positive), a hair under it so that slope x 3600 >= limit x 3600 cannot hold
+    where True; count_pairs as windows.theil_sen_below."""
+    return per_second > 0 and windows.theil_sen_below(
+        times, values, per_second * (1 - 1e-9), windows.LONG_TREND_POINTS, count_pairs)
+
+
+def slope_per_hour(times: list[float], values: list[float]) -> float | None:
+    slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
+    return None if slope is None else slope * 3600
+
+
+def counter_rates(counters: dict[tuple[str, ...], list[SeriesHistory]], starts: dict[tuple[str, ...], float],
+                  end: float) -> dict[tuple[str, ...], Rated]:
+    """Per process (its key in `starts`, its window's start): the per-minute rates of its counters
+    (`counters[key]`: its CPU time, then its page-fault counters). One collector samples them all on
+    the same ticks, so every process's counters are rated together, in passes of arrays
+    (windows.rate_steps_of), over the steps of the longest window; a process whose window starts
+    later (it restarted) keeps the newer steps, the ones its own window has: a step's rate depends
+    only on the points in its minute, so each figure is the one a pass of its own gives."""
+    if not starts:
+        return {}
+    every: list[SeriesHistory] = []
+    owners: list[tuple[str, ...]] = []
+    for key in starts:
+        every += counters[key]
+        owners += [key] * len(counters[key])
+    rated = windows.rate_steps_of(every, min(starts.values()), end)
+    found: dict[tuple[str, ...], Rated] = {key: (start, []) for key, start in starts.items()}
+    for key, (times, values) in zip(owners, rated):
+        first = bisect_left(times, starts[key] + windows.AVERAGE_SECONDS)
+        found[key][1].append((times[first:], values[first:]))
+    return found
+
+
+class LoadJudge:
+    """The load of one process at a time, by memory_growth's settings."""
+
+    def __init__(self, window_seconds: float, growth_per_hour_share: float) -> None:
+        self.window_seconds = window_seconds
+        self.growth_per_hour_share = growth_per_hour_share
+
+    def load(self, rated: Rated, tokens: list[SeriesHistory], running: list[SeriesHistory],
+             end: float) -> Load | None:
+        """The process's load; `rated`: its window's start and the per-minute rates of its CPU
+        time then its page faults (counter_rates); `tokens`, `running`: the generation-token
+        counters and running-request gauges of the servers tied to it."""
+        start, ((times, rates), *fault_rates) = rated
+        # the load's rise needs settled figures in the window's older half; until then only the
+        # page faults can tell (as in the rule, whose load_rise recording is absent until then)
+        known = any(times[0] + 60 <= t <= end - self.window_seconds / 2 for t in times)
+        rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
+        cpu_mean = sum(rates) / len(rates) if rates else None
+        token_times, token_rates = servers.summed_rate_steps(tokens, start, end)
+        if len(token_rates) >= 2:   # a server is tied to it: its load is the one judged
+            running_times, running_values = servers.summed_average_steps(running, start, end)
+            rises = tuple((what, rise) for what, rise in (
+                ("tokens", self._half_window_rise(token_times, token_rates, end)),
+                ("running", self._half_window_rise(running_times, running_values, end)))
+                if rise is not None)
+            return Load(max([0.0] + [rise for _, rise in rises]) if known else None, "server", rising,
+                        cpu_mean, sum(token_rates) / len(token_rates),
+                        sum(running_values) / len(running_values) if running_values else None,
+                        rises)
+        if len(rates) < 2:
+            return None
+        rise = self._half_window_rise(times, rates, end)
+        return Load(max(0.0, rise or 0.0) if known else None, "cpu", rising, cpu_mean,
+                    rises=() if rise is None else (("cpu", rise),))
+
+    def _half_window_rise(self, times: list[float], values: list[float], end: float) -> float | None:
+        """rules.process.half_window_rise: the line through the means (of times and values) of
+        the window's newer and older halves, per hour, over the mean of both halves' values;
+        None without both halves or a load."""
+        half = self.window_seconds / 2
+        # as the rule's settled recordings: without the first minute of figures
+        points = [(t, v) for t, v in zip(times, values) if times and t >= times[0] + 60]
+        newer = [(t, v) for t, v in points if t >= end - half]
+        older = [(t, v) for t, v in points if end - 2 * half <= t <= end - half]
+        if not newer or not older:
+            return None
+        (newer_time, newer_mean), (older_time, older_mean) = (
+            (sum(t for t, _ in part) / len(part), sum(v for _, v in part) / len(part))
+            for part in (newer, older))
+        mean = (newer_mean + older_mean) / 2
+        if newer_time <= older_time:
+            return None
+        if mean <= 0:
+            return 0.0   # idle: nothing explains growth
+        return (newer_mean - older_mean) * 3600 / (newer_time - older_time) / mean
+
+    def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], cpu_rates: dict) -> bool:
+        """Page faults (minor + major: per-minute rates of each series, fault_rates) per CPU
+        second, minute by minute, rising by at least growth_per_hour_share of their mean per
+        hour: a process that faults more for the same work is touching memory it did not touch
+        before."""
+        per_step: dict[float, float] = {}
+        for steps, rates in fault_rates:
+            for time, value in zip(steps, rates):
+                per_step[time] = per_step.get(time, 0.0) + value
+        times = [t for t in sorted(per_step) if cpu_rates.get(t, 0) > 0]
+        intensity = [per_step[t] / cpu_rates[t] for t in times]
+        if len(intensity) < 2:
+            return False
+        mean = sum(intensity) / len(intensity)
+        if mean <= 0 or surely_below(times, intensity, self.growth_per_hour_share * mean / 3600):
+            return False
+        slope = slope_per_hour(times, intensity)
+        return slope is not None and mean > 0 and slope >= self.growth_per_hour_share * mean
