@@ -138,19 +138,23 @@ def load_fake_nvml(host: ScaledHost, throughput_delay_seconds: float) -> fake_nv
     return fake_nvml.DEFAULT
 
 
-PROCESS_MEMORY_PATTERNS = ("sawtooth", "flat")
+PROCESS_MEMORY_PATTERNS = ("leak", "flat", "sawtooth")
+LEAK_BYTES_PER_HOUR = 512 * MIB
 
 
-def vary_fake_values(fake: fake_nvml.FakeNvml, tick: int, process_memory: str = "sawtooth") -> None:
+def vary_fake_values(fake: fake_nvml.FakeNvml, tick: int, process_memory: str = "leak") -> None:
     """Changes what NVML answers, so every tick commits new values.
 
-    Each process's GPU memory: "sawtooth" climbs 7 MiB a tick from 9 GiB and drops back 2 GiB
-    about every 4.9 minutes (the pattern repeats every 2,048 ticks), which memory_growth's
-    Theil-Sen reads as growth over an hour: from about an hour in, 14 of 16 processes are judged
-    in full and their alerts fire, the detector's worst case. "flat" alternates by 4 KiB around a
-    level, as a vLLM engine's memory holds still: the common case (vLLM allocates its KV cache
-    blocks once at start-up, sized by the engine argument --gpu-memory-utilization, the share of
-    GPU memory it takes; vLLM's engine-arguments documentation)."""
+    Each process's GPU memory: "leak" grows LEAK_BYTES_PER_HOUR from 9 GiB, 7 MiB a tick up and
+    down within a 64 MiB band on top (so every tick's value is new): from 30 minutes in, every
+    process is judged in full (its slope worked out, its load rated) and all 16 alerts fire, the
+    detector's worst case. "flat" alternates by 4 KiB around a level, as a vLLM engine's memory
+    holds still: the common case (vLLM allocates its KV cache blocks once at start-up, sized by
+    the engine argument --gpu-memory-utilization, the share of GPU memory it takes; vLLM's
+    engine-arguments documentation). "sawtooth" climbs 7 MiB a tick and drops back 2 GiB about
+    every 4.9 minutes: no growth over an hour, though an hour's Theil-Sen slope over points
+    crowded into its last 10 minutes read it as growth (memory_growth_trend says why they no
+    longer are)."""
     for index, gpu in enumerate(fake.gpus):
         phase = tick * 7 + index * 131
         gpu.pcie_rx_kilobytes_per_second = 200_000 + (phase * 7919) % 20_000_000
@@ -159,6 +163,9 @@ def vary_fake_values(fake: fake_nvml.FakeNvml, tick: int, process_memory: str = 
         for number, process in enumerate(gpu.processes):
             if process_memory == "flat":
                 process.used_gpu_memory_bytes = 9 * GIB + (index * 2 + number) * MIB + (tick % 2) * 4096
+            elif process_memory == "leak":
+                process.used_gpu_memory_bytes = (9 * GIB + tick * LEAK_BYTES_PER_HOUR // 3600
+                                                 + ((phase + number * 17) % 64) * MIB)
             else:
                 process.used_gpu_memory_bytes = 9 * GIB + ((phase + number * 17) % 2048) * MIB
         gpu.memory_used_bytes = sum(p.used_gpu_memory_bytes for p in gpu.processes) + 512 * MIB
