@@ -199,8 +199,9 @@ def _kept_positions(ring: _CollectorRing, since: float | None, coarse_before: fl
     else:
         kept = _kept_by_walking(ring, since, coarse_before, coarse_seconds)
         parts = (kept, len(kept))   # a clock that stepped back: no consecutive part assumed
-    if len(kept_by_read) < KEPT_PLANS:
-        kept_by_read[memo_key] = parts
+    if len(kept_by_read) >= KEPT_PLANS:   # the oldest goes (a replay reads one tick many ways)
+        del kept_by_read[next(iter(kept_by_read))]
+    kept_by_read[memo_key] = parts
     return parts
 
 

@@ -282,3 +282,21 @@ def test_a_pickled_history_reads_the_same_and_takes_commits():
     copy.commit("c", 40.0, batch(p1=40.0))
     assert copy.series(RESIDENT.name)[0].values[-1] == 40.0
     assert history.series(RESIDENT.name)[0].values[-1] == 39.0
+
+
+def test_a_ring_keeps_its_newest_read_plans(monkeypatch):
+    """A replay or a benchmark evaluates one tick at many times: each read plan is worked out once
+    per evaluation, the oldest plans making way (the memory holds a few per tick)."""
+    from hybridmon.agent import history_rings
+
+    history = History(retention_seconds=100)
+    history.add_collector("process", 1.0)
+    for second in range(60):
+        history.commit("process", float(second), batch(p1=1.0))
+    worked_out = []
+    real = history_rings._kept_split
+    monkeypatch.setattr(history_rings, "_kept_split", lambda *a: worked_out.append(a[1:]) or real(*a))
+    for since in range(10):   # more plans than the ring keeps
+        for _ in range(3):    # each asked three times, as the metrics of one evaluation ask
+            history.series(RESIDENT.name, since=float(since))
+    assert len(worked_out) == 10
