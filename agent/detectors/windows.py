@@ -365,15 +365,17 @@ def first_of_latest_run(series: SeriesHistory, now: float, tolerance: float = 0.
 
 def by_labels(series: Iterable[SeriesHistory], *names: str) -> dict[tuple[str, ...], SeriesHistory]:
     """Series keyed by the values of the given labels (the entity); the last one wins on a tie."""
-    return {tuple(s.labels.get(name, "") for name in names): s for s in series}
+    absent = ("",) * len(names)
+    return {tuple(map(s.labels.get, names, absent)): s for s in series}
 
 
 def group_by(series: Iterable[SeriesHistory],
              *names: str) -> dict[tuple[str, ...], list[SeriesHistory]]:
     """Series grouped by the values of the given labels, e.g. a GPU's two PCIe directions."""
     groups: dict[tuple[str, ...], list[SeriesHistory]] = {}
+    absent = ("",) * len(names)   # each label's value, "" where the series has none: in C
     for one in series:
-        groups.setdefault(tuple(one.labels.get(name, "") for name in names), []).append(one)
+        groups.setdefault(tuple(map(one.labels.get, names, absent)), []).append(one)
     return groups
 
 
