@@ -7,12 +7,15 @@ as it was at 10 minutes is kept (pickled, so that it does not count in the RSS m
 and at the end one evaluation of it and one of the full history alternate, round after round, in
 the same thread: both figures come from the same minutes of the machine.
 
-The rounds step back 10 s at a time, the daemon's evaluation interval, and the figure is their
-mean: memory growth works out each process's trend at the first evaluation of a minute and reuses
-it for the other five (agent/alerts/memory_growth_trend.py), so one round in six costs more, as in
-the daemon; evaluations at one time, or a median, would hide it. Each round's time is new, so no
-round finds its read plans (which ring positions a read keeps, remembered per tick) already made;
-the daemon's never do either.
+Each round evaluates at `now` or one second before, alternately: the read plans (which ring
+positions a read keeps) are remembered per tick, and the daemon's evaluations, 10 ticks apart, never
+find them made; so none here does either. (An evaluation further back would read the points after
+it too, which the daemon's never have: a history is read to its newest tick.)
+
+Memory growth works out each process's trend at the first evaluation of a minute and reuses it for
+the other five (agent/alerts/memory_growth_trend.py): every sixth round here makes it forget its
+trends first, as a new minute does, and the figure is the mean of the rounds, not a median, which
+would hide that round.
 """
 from __future__ import annotations
 
@@ -33,10 +36,10 @@ def keep_history(agent, path: Path) -> None:
 
 
 def evaluation_side_by_side(agent, kept: Path, kept_now: float, now: float, rounds: int = 24,
-                            interval: float = 10.0) -> dict:
+                            minute_every: int = 6) -> dict:
     """Mean ms of this thread's CPU per evaluation of every detector over the history kept at
-    `kept_now` and over the agent's own at `now`, alternating for `rounds` rounds, each `interval`
-    seconds before the last."""
+    `kept_now` and over the agent's own at `now`, alternating for `rounds` rounds; every
+    `minute_every`-th round is the first of a minute (the daemon evaluates every 10 s)."""
     earlier = Engine(all_detectors(agent.thresholds), pickle.loads(kept.read_bytes()),
                      lookback_seconds=agent.engine.lookback_seconds)
     for detector in earlier.detectors:
@@ -45,8 +48,11 @@ def evaluation_side_by_side(agent, kept: Path, kept_now: float, now: float, roun
             attach(agent)
     timings: dict[str, list[float]] = {"earlier": [], "full": []}
     for round_number in range(rounds + 1):
-        back = round_number * interval
+        back = round_number % 2
         for name, engine, at in (("earlier", earlier, kept_now), ("full", agent.engine, now)):
+            if round_number % minute_every == 0:
+                for detector in engine.detectors:
+                    getattr(detector, "forget_trends", lambda: None)()
             started = time.thread_time()
             engine.evaluate(at - back)
             if round_number:   # the first round loads what the first evaluation loads (numpy)

@@ -195,6 +195,11 @@ class Detector:
         self.loads = LoadJudge(config.window_seconds, config.growth_per_hour_share)
         self._memory = TrendMemory()
 
+    def forget_trends(self) -> None:
+        """The next evaluation works every trend out anew, as the first of a minute does (the
+        benchmarks time that one beside the others without evaluating at another minute)."""
+        self._memory = TrendMemory()
+
     def evaluate(self, history: History, now: float) -> list[Finding]:
         end = trend_end(now)
         inputs = Inputs(history, end - self.config.window_seconds)
