@@ -7,7 +7,6 @@ import math
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.history import History, SeriesHistory
 from hybridmon.exporters.numa import NODE_CPUS, NODE_MEMORY_TOTAL
-from hybridmon.exporters.process import START_TIME
 from hybridmon.exporters.gpu import GPU_INFO
 
 GPU_LABELS = ("gpu", "uuid")
@@ -108,14 +107,6 @@ def numa_node_count(history: History, now: float) -> int:
             if windows.latest(series, now) is not None:
                 nodes.add(series.labels.get("node"))
     return len(nodes)
-
-
-def process_restart_time(history: History, pid: str, process_name: str, now: float) -> float | None:
-    """When the process now running as `pid` was first seen with its current start time: points
-    before it belong to an earlier process that had the same pid."""
-    for series in history.series(START_TIME.name, pid=pid, process_name=process_name):
-        return windows.first_of_latest_run(series, now)
-    return None
 
 
 def process_order(key: tuple[str, ...]) -> tuple:
