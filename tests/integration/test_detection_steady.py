@@ -1,0 +1,44 @@
+"""A leak that goes on keeps its alert firing: InferenceProcessMemoryGrowth, once it fires on a
+scenario whose leak lasts to the end, must not resolve and fire again (an alert that flaps pages
+again and again, each time as new). Before its trend was judged over whole minutes at one point
+per 15 s (59c2981), it resolved at 2330 s and 2390 s of memory_leak_big_process and fired again
+10 s later each time."""
+from __future__ import annotations
+
+import pytest
+
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+
+# Scenarios whose leak runs from its onset to the end of the trace (tests/support/scenarios/).
+LEAKS_TO_THE_END = ("memory_growth", "memory_growth_vllm_v1_engine_leak", "memory_leak_big_process")
+
+
+def changes(path, scenario) -> list[tuple[str, float, dict]]:
+    """(firing or resolved, seconds from the start, labels) of every memory-growth alert change."""
+    config = load_config(environ={}, overrides={
+        "history_seconds": history_seconds_for(scenario), "detectors.evaluation_interval_seconds": 10})
+    agent = Agent(config, replay_from=path)
+    seen = []
+
+    def remember(state, change):
+        if state.finding.alertname == "InferenceProcessMemoryGrowth":
+            at = state.resolved_at if change == "resolved" else state.starts_at
+            seen.append((change, at - START_TIME, dict(state.finding.labels)))
+    agent.engine.on_change.append(remember)
+    try:
+        agent.replay(speed=0)
+    finally:
+        agent.stop()
+    return seen
+
+
+@pytest.mark.parametrize("name", LEAKS_TO_THE_END)
+def test_a_leak_that_goes_on_keeps_its_alert_firing(name, scenarios):
+    scenario = SCENARIOS[name]
+    seen = changes(scenarios.summary(name).path, scenario)
+    for _, expected in scenario.expected:
+        mine = [(change, at) for change, at, labels in seen if set(expected.items()) <= set(labels.items())]
+        assert mine and mine[0][0] == "firing", f"{name}: {expected} never fired"
+        assert mine == mine[:1], f"{name}: {expected} fired at {mine[0][1]:.0f} s, then {mine[1:]}"
