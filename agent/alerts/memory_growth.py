@@ -18,8 +18,9 @@ page faults per CPU second climb, whatever the load does.
 Slopes are robust to a single jump (a model or adapter load): the agent takes a Theil-Sen slope,
 the rule rules.promql.robust_slope (the median of local least-squares slopes), which agree on
 steady growth. Both judge the window up to the last whole minute, at one point per 15 s
-(memory_growth_trend: the agent works a trend out once a minute and keeps it). The recordings the rules read (slopes, the load and its rise, the exhaustion
-forecast) are the process group's, in rules/process.py.
+(memory_growth_trend: the agent works a trend out once a minute and keeps it). The recordings
+the rules read (slopes, the load and its rise, the exhaustion forecast) are the process group's,
+in rules/process.py.
 """
 from __future__ import annotations
 
@@ -419,7 +420,8 @@ def _tighter(*headrooms: float | None) -> float | None:
 
 def _last_minute(series: list[SeriesHistory], now: float, since: float | None) -> list[SeriesHistory]:
     """The series' points of the last minute (since the restart); none where no series has any."""
-    cut = [SeriesHistory(one.name, one.labels, *windows.window_since(one, now, windows.AVERAGE_SECONDS, since))
+    cut = [SeriesHistory(one.name, one.labels,
+                         *windows.window_since(one, now, windows.AVERAGE_SECONDS, since))
            for one in series]
     return cut if any(len(one.times) for one in cut) else []
 

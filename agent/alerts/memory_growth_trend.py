@@ -21,19 +21,16 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
-from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS
 from hybridmon.agent.history import History, SeriesHistory
 from hybridmon.agent.alerts.memory_growth_load import Load
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
-from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,
                                          START_TIME)
 
 TREND_STEP_SECONDS = COARSE_STEP_SECONDS
 GRID_SECONDS = 60.0
-GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
-REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
 
 ProcessKey = tuple[str, ...]   # (pid, process_name)
 
@@ -60,8 +57,8 @@ class Inputs:
         faults = windows.group_by(read(MINOR_FAULTS.name) + read(MAJOR_FAULTS.name), *labels)
         # CPU time first, then the page-fault counters: memory_growth_load.counter_rates' order
         self.counters = {key: [cpu, *faults.get(key, ())] for key, cpu in self.cpu.items()}
-        self.tokens = windows.group_by(read(GENERATED_TOKENS.name), "pid")
-        self.running = windows.group_by(read(REQUESTS_RUNNING.name), "pid")
+        self.tokens = windows.group_by(read(servers.GENERATED_TOKENS), "pid")
+        self.running = windows.group_by(read(servers.REQUESTS_RUNNING), "pid")
 
     def restart_time(self, key: ProcessKey, now: float) -> float | None:
         """When the process now running as this pid was first seen with its current start time:
