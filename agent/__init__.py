@@ -1,1 +1,14 @@
-"""hybridmon agent: sampling loop, history, exposition, API and CLI."""
+"""hybridmon agent: the daemon assembled (daemon.py), its configuration and command line, and one
+subpackage per concern:
+
+- loop/: the sampling loop, the history it fills, traces (record and replay), liveness;
+- detectors/: the engine that keeps findings' alert state, and the helpers alert families share;
+- alerts/: one module per alert family, and the catalogue that finds them;
+- publish/: what goes out: /metrics, the HTTP API, findings, Alertmanager pushes, runbooks;
+- status/: the status page served at GET /;
+- commands/: `check`, `budget`, and the files `rules|dashboards|runbooks` print;
+- bench/: the offload benchmark.
+
+The agent's own series (loop, collectors, findings, Alertmanager delivery) are declared once, in
+self_metrics.py.
+"""

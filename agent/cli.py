@@ -13,11 +13,11 @@ import traceback
 from hybridmon import __version__
 from hybridmon.agent.config import ConfigError, load_config, parse_listen
 from hybridmon.agent.logs import configure_logging
-from hybridmon.agent.trace import TraceError
+from hybridmon.agent.loop.trace import TraceError
 
 log = logging.getLogger("hybridmon")
 
-# Exit codes. `check` keeps 0-3 for what it found (agent/check.py) and `bench` its own 1-6
+# Exit codes. `check` keeps 0-3 for what it found (agent/commands/check.py) and `bench` its own 1-6
 # (docs/offload-bench.md); everything that is not a result has a code of its own from BSD's
 # sysexits.h, so a cron job or CI gate tells a broken invocation from a finding.
 EXIT_OK = 0
@@ -209,7 +209,7 @@ def _parser() -> argparse.ArgumentParser:
     budget.add_argument("--json", action="store_true", help="machine-readable output")
     budget.set_defaults(handler=_budget)
 
-    # The generated files the package carries (agent/shipped.py), for an install without the
+    # The generated files the package carries (agent/commands/shipped.py), for an install without the
     # generators' dependencies; `python -m hybridmon.rules.generate` and friends regenerate them.
     write_into_help = "folder to write them into (created if missing; files of the same name are replaced)"
     rules = commands.add_parser("rules", help="print the Prometheus rules (or write them with --output)")
@@ -262,7 +262,7 @@ class _StopSignals:
 def _run(args: argparse.Namespace, config) -> int:
     from hybridmon.agent.allocator import cap_malloc_arenas
     from hybridmon.agent.daemon import Agent
-    from hybridmon.agent.server import bind_socket, listen_url, serve
+    from hybridmon.agent.publish.server import bind_socket, listen_url, serve
     from hybridmon.agent.thread_names import name_threads_in_kernel
 
     if args.speed != 1.0 and not args.replay:
@@ -286,7 +286,7 @@ def _run(args: argparse.Namespace, config) -> int:
 
 
 def _check(args: argparse.Namespace, config) -> int:
-    from hybridmon.agent import check
+    from hybridmon.agent.commands import check
 
     return check.main(config, args.duration, args.json, args.strict)
 
@@ -323,7 +323,7 @@ def _bench(args: argparse.Namespace, config) -> int:
 def _budget(args: argparse.Namespace, config) -> int:
     import json
 
-    from hybridmon.agent import budget
+    from hybridmon.agent.commands import budget
 
     try:
         shape = budget.preset(args.model) if args.model else budget.load_config_json(args.config_json)
@@ -351,7 +351,7 @@ def _budget(args: argparse.Namespace, config) -> int:
 
 
 def _without_config(args: argparse.Namespace) -> int:
-    from hybridmon.agent.shipped import MissingPackageData
+    from hybridmon.agent.commands.shipped import MissingPackageData
 
     try:
         return args.handler(args)
@@ -366,7 +366,7 @@ def _without_config(args: argparse.Namespace) -> int:
 
 
 def _rules(args: argparse.Namespace) -> int:
-    from hybridmon.agent.shipped import rules_text
+    from hybridmon.agent.commands.shipped import rules_text
 
     text = rules_text()
     if args.output:
@@ -379,14 +379,14 @@ def _rules(args: argparse.Namespace) -> int:
 
 
 def _dashboards(args: argparse.Namespace) -> int:
-    from hybridmon.agent.shipped import DASHBOARDS, shipped_files, write_files
+    from hybridmon.agent.commands.shipped import DASHBOARDS, shipped_files, write_files
 
     write_files(args.output, shipped_files(DASHBOARDS))
     return EXIT_OK
 
 
 def _runbooks(args: argparse.Namespace) -> int:
-    from hybridmon.agent.shipped import RUNBOOKS, shipped_files, write_files
+    from hybridmon.agent.commands.shipped import RUNBOOKS, shipped_files, write_files
 
     write_files(args.output, shipped_files(RUNBOOKS))
     return EXIT_OK

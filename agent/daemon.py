@@ -13,18 +13,18 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from hybridmon.agent.alertmanager import AlertmanagerCollector, AlertmanagerPusher
+from hybridmon.agent.publish.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from hybridmon.agent.config import AgentConfig, parse_listen
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS, FULL_RESOLUTION_SECONDS, Engine
 from hybridmon.agent.alerts.catalogue import all_detectors, lookback_seconds
-from hybridmon.agent.exposition import Exposition
-from hybridmon.agent.findings import FindingsCollector
-from hybridmon.agent.history import History
-from hybridmon.agent.sampler import Sampler
+from hybridmon.agent.publish.exposition import Exposition
+from hybridmon.agent.publish.findings import FindingsCollector
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.loop.sampler import Sampler
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
-from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
-from hybridmon.agent.wiring import build_collectors
+from hybridmon.agent.loop.trace import TraceError, TraceReader, TraceWriter
+from hybridmon.agent.loop.wiring import build_collectors
 from hybridmon.exporters.base import LogOnce
 
 LATE_EVALUATION_SECONDS = 60.0
@@ -42,7 +42,7 @@ class Agent:
         every_tick_history: bool = False,
     ) -> None:
         """`every_tick_history`: keep every tick for the whole of history_seconds instead of the
-        two tiers the detectors need (agent/history.py), for a replay read as a record of what was
+        two tiers the detectors need (agent/loop/history.py), for a replay read as a record of what was
         sampled (the scenario tests); 2 h at 1 s of an 8-GPU host then takes ~6x the memory."""
         if record_to and replay_from:
             raise ValueError("record and replay cannot be combined")

@@ -2,7 +2,7 @@
 
 Collectors call only read_text, list_dir and call. Swapping the source is the whole difference
 between live, record and replay, so a replay runs the collectors' real parsing on real readings.
-The agent picks the source (agent/daemon.py, agent/trace.py); the collectors only read through it,
+The agent picks the source (agent/daemon.py, agent/loop/trace.py); the collectors only read through it,
 which is why this module sits beside them, below the agent.
 """
 from __future__ import annotations

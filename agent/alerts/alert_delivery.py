@@ -2,7 +2,7 @@
 findings it raises page nobody through that Alertmanager. Runbook: HybridmonAlertDeliveryFailing.md.
 
 Unlike the other detectors this one reads no host history: it asks the Alertmanager pusher
-(agent/alertmanager.py) which Alertmanagers its latest push failed to reach. Without a pusher (no
+(agent/publish/alertmanager.py) which Alertmanagers its latest push failed to reach. Without a pusher (no
 alerting.alertmanager_urls, `hybridmon check`, record mode) it finds nothing. Its finding cannot
 reach the broken Alertmanager itself; it shows on /api/v1/findings, the status page and /metrics,
 and reaches every other Alertmanager. The Prometheus rule reads the pusher's consecutive-failures
@@ -12,17 +12,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from hybridmon.agent.alertmanager import CONSECUTIVE_FAILURES, FAILURES
+from hybridmon.agent.publish.alertmanager import CONSECUTIVE_FAILURES, FAILURES
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.findings import iso_time
-from hybridmon.agent.history import History
+from hybridmon.agent.publish.findings import iso_time
+from hybridmon.agent.loop.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, ONSET, STEP, Test, firing, not_yet
 
 if TYPE_CHECKING:
-    from hybridmon.agent.alertmanager import DeliveryFailure
+    from hybridmon.agent.publish.alertmanager import DeliveryFailure
 
 ALERTNAME = "HybridmonAlertDeliveryFailing"
 INPUTS = (CONSECUTIVE_FAILURES,)

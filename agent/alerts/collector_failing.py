@@ -3,7 +3,7 @@ its series are absent and every alert that reads them is blind (absent, never ze
 Runbook: HybridmonCollectorFailing.md.
 
 Like alert_delivery, the in-agent door reads the agent's own state rather than the host's history:
-the sampler's record of each collector's last run (agent/sampler.py), the record that
+the sampler's record of each collector's last run (agent/loop/sampler.py), the record that
 hybridmon_collector_success exports for the Prometheus rule. A source absent on this host (no GPU,
 no inference server) is a success with no data, never a failure, so a host without a GPU does not
 fire. A hung collector (a run that never returns) is not a failure either: it shows as a growing
@@ -16,8 +16,8 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.exposition import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
-from hybridmon.agent.history import History
+from hybridmon.agent.publish.exposition import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
+from hybridmon.agent.loop.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet

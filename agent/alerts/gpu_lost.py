@@ -17,7 +17,7 @@ from bisect import bisect_right
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import GPU_INFO, GPU_UP
 from hybridmon.exporters.pcie import DEVICE_PRESENT
 from hybridmon.rules.model import Alert

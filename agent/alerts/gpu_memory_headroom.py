@@ -25,7 +25,7 @@ from typing import Sequence
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
 from hybridmon.rules import pcie as recorded  # its MEMORY_USED: the group's 1 min average of ours
 from hybridmon.rules.model import Alert

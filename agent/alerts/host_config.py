@@ -12,7 +12,7 @@ import math
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.host_memory import (MEMORY_AVAILABLE, MEMORY_TOTAL, SWAP_TOTAL, SYSCTL_VALUE,
                                              TRANSPARENT_HUGEPAGE_MODE)
 from hybridmon.exporters.numa import NODE_MEMORY_TOTAL

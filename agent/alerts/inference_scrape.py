@@ -7,7 +7,7 @@ from __future__ import annotations
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
 from hybridmon.rules.case_inputs import LLAMA_SERVER, VLLM_SERVER
 from hybridmon.rules.model import Alert

@@ -3,7 +3,7 @@ kv_cache_full: the GPU KV cache is (almost) full while requests are preempted, s
 recomputed or reloaded. offload_link: loads of offloaded KV cache from host memory alone fill the
 host-to-device PCIe link of the server's GPUs. The agent's offload_link finding adds the loads'
 share of the host->device traffic NVML counted on the same GPUs (LinkShare; the status page
-shows it too, agent/status_offload.py); the rule's text keeps the capacity side. Runbook: InferenceKvOffloadPressure.md.
+shows it too, agent/status/offload.py); the rule's text keeps the capacity side. Runbook: InferenceKvOffloadPressure.md.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.base import Finding, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
                                      PCIE_THROUGHPUT, PROCESS_MEMORY_USED)

@@ -33,7 +33,7 @@ from hybridmon.agent.alerts.memory_growth_load import Load, LoadJudge, counter_r
 from hybridmon.agent.alerts.memory_growth_trend import (Growing, Inputs, ProcessKey, Trend, TrendMemory,
                                                        trend_end, trend_signature)
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.base import MetricSpec
 from hybridmon.exporters.gpu import MEMORY_RESERVED as GPU_MEMORY_RESERVED
 from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from hybridmon.agent.detectors import servers, windows
-from hybridmon.agent.history import SeriesHistory
+from hybridmon.agent.loop.history import SeriesHistory
 
 # (a process's window start, the per-minute (times, rates) of its CPU time then its fault counters)
 Rated = tuple[float, list[tuple[list[float], list[float]]]]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.agent.alerts.memory_growth_load import Load
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,

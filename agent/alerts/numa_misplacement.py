@@ -24,7 +24,7 @@ from __future__ import annotations
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import GPU_INFO, NUMA_NODE, PROCESS_MEMORY_USED
 from hybridmon.exporters.numa import (NODE_CPUS, NODE_MEMORY_TOTAL, PROCESS_ALLOWED_CPUS_ON_NODE,
                                       PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT)

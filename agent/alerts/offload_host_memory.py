@@ -34,7 +34,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.inference_names import BY_FIELD

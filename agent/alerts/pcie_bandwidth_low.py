@@ -9,7 +9,7 @@ from __future__ import annotations
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY, TIMESTAMP
 from hybridmon.exporters.gpu import PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH
 from hybridmon.pcie_rates import link_name, theoretical_capacity

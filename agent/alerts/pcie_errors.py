@@ -11,7 +11,7 @@ from textwrap import dedent
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import GPU_INFO, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_REPLAYS
 from hybridmon.exporters.pcie import AER_ERRORS
 from hybridmon.pcie_rates import LANE_LINE_RATE_BITS_PER_SECOND, replay_bound_per_minute

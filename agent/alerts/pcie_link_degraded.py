@@ -9,7 +9,7 @@ from textwrap import dedent
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH,
                                      PCIE_LINK_WIDTH, UTILIZATION)
 from hybridmon.pcie_rates import theoretical_capacity

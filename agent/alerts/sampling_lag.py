@@ -8,7 +8,7 @@ the loop's running time over its interval). A ratio of two rates over the same s
 than one rate times the interval: rate() divides by the whole window, so on a series younger than
 the window (every agent restart) a single rate reads low and would fire for minutes. A healthy loop wakes within
 milliseconds of each deadline (Event.wait on a monotonic clock) and runs every tick (share 1). It
-skips a tick only when it wakes a whole interval late (agent/sampler.py run_forever), i.e. when the
+skips a tick only when it wakes a whole interval late (agent/loop/sampler.py run_forever), i.e. when the
 agent's process could not run for an interval or more: CPU starvation of the agent's cgroup, its
 pages swapped out on a thrashing host, a stopped process, a thread holding the GIL in a long call.
 A hung loop runs none (share 0).
@@ -18,7 +18,7 @@ Two doors, unequal on purpose:
   thread: it sees a loop that lags and one that has stopped;
 - the in-agent detector runs in the detector engine, which evaluates after collector commits, and
   collectors are started by the loop: a stopped loop stops the detector too. It sees lag only.
-  A stopped loop is also caught by /healthz (agent/liveness.py), which a liveness probe restarts.
+  A stopped loop is also caught by /healthz (agent/loop/liveness.py), which a liveness probe restarts.
 In a replay the loop does not run (recorded time paces the collectors): neither door judges it
 (hybridmon_loop_scheduled_ticks_total is absent and the detector sees no started loop).
 """
@@ -29,8 +29,8 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.exposition import LOOP_SCHEDULED, LOOP_SKIPPED, LOOP_TICKS
-from hybridmon.agent.history import History
+from hybridmon.agent.publish.exposition import LOOP_SCHEDULED, LOOP_SKIPPED, LOOP_TICKS
+from hybridmon.agent.loop.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 from hybridmon.rules.promtool_cases import ONSET, Test, not_yet

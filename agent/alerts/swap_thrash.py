@@ -10,7 +10,7 @@ from textwrap import dedent
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.host_memory import MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, SWAP_OUT_BYTES, SYSCTL_VALUE
 from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.exporters.process import MAJOR_FAULTS as PROCESS_MAJOR_FAULTS

@@ -18,7 +18,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import servers, windows
 from hybridmon.agent.detectors.base import Finding, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import MEMORY_USED, PCIE_THROUGHPUT, PROCESS_MEMORY_USED
 from hybridmon.exporters.host_memory import SWAP_IN_BYTES
 from hybridmon.exporters.inference_names import BY_FIELD

@@ -33,7 +33,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES

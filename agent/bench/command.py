@@ -14,7 +14,7 @@ from typing import TextIO
 from hybridmon.agent.bench.build import BenchBuildError, locate_binary
 from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason, no_gpu_reason
 from hybridmon.agent.config import AgentConfig
-from hybridmon.agent.progress import LiveLine, Ticker
+from hybridmon.agent.commands.progress import LiveLine, Ticker
 from hybridmon.exporters.bench_report import Progress, ReportError
 from hybridmon.exporters.bench_runs import measured_capacity, parse_stored_run
 from hybridmon.exporters.nvml import GpuLostError
@@ -28,7 +28,7 @@ COLUMNS = {"host_to_device": "host->device", "device_to_host": "device->host",
 
 
 class ProgressLine:
-    """The benchmark's step, rewritten in place on a terminal; nothing on a pipe (agent/progress.py)."""
+    """The benchmark's step, rewritten in place on a terminal; nothing on a pipe (agent/commands/progress.py)."""
 
     def __init__(self, stream: TextIO) -> None:
         self.line = LiveLine(stream)

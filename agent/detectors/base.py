@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Literal, Protocol
 
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 
 Severity = Literal["info", "warning", "critical"]
 

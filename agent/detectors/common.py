@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.numa import NODE_CPUS, NODE_MEMORY_TOTAL
 from hybridmon.exporters.gpu import GPU_INFO
 

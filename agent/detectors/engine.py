@@ -32,7 +32,7 @@ from typing import Callable, Literal, Sequence
 
 from hybridmon.agent.detectors import impact
 from hybridmon.agent.detectors.base import Detector, Finding
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ DEFAULT_RESOLVED_RETENTION_SECONDS = 15 * 60
 # trends), which keeps an evaluation of 8 GPUs and 16 processes over 2 h of history cheap.
 FULL_RESOLUTION_SECONDS = 600.0
 COARSE_STEP_SECONDS = 15.0
-# The status page shades when each alert fired over its last hour of plots (agent/status_plots.py);
+# The status page shades when each alert fired over its last hour of plots (agent/status/plots.py);
 # resolved states are dropped after resolved_retention_seconds (15 min), so the engine keeps the
 # intervals that ended within this span, at most FIRING_LOG_LIMIT of them (a flapping alert must
 # not grow memory without bound; the oldest go first).

@@ -25,7 +25,7 @@ from typing import Callable
 from hybridmon.agent.detectors import servers, windows
 from hybridmon.agent.detectors.base import Finding, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.units import human_duration, human_rate

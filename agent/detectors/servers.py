@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.exporters.inference_names import BY_FIELD, HISTOGRAM_SPECS
 from hybridmon.exporters.inference_names import OFFLOAD_BYTES as OFFLOAD_BYTES_SPEC

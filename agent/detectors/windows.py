@@ -27,7 +27,7 @@ from operator import add, le, lt, sub, truediv
 from typing import Iterable, Sequence
 
 from hybridmon.agent.detectors import window_arrays
-from hybridmon.agent.history import SeriesHistory
+from hybridmon.agent.loop.history import SeriesHistory
 
 AVERAGE_SECONDS = 60.0
 """Gauges are compared as their average over this window, counters as their rate over it."""

@@ -12,13 +12,13 @@ import tracemalloc
 import pytest
 from fastapi.testclient import TestClient
 
-from hybridmon.agent.alertmanager import MAX_RESPONSE_BYTES, AlertmanagerPusher
+from hybridmon.agent.publish.alertmanager import MAX_RESPONSE_BYTES, AlertmanagerPusher
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.alerts.alert_delivery import ALERTNAME
 from hybridmon.agent.alerts.family import AGENT_INSTANCE
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.history import History
-from hybridmon.agent.server import create_app
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.publish.server import create_app
 from tests.support.detector_history import assert_says_its_rules_words
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from hybridmon.agent import budget
+from hybridmon.agent.commands import budget
 from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
 from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
 from hybridmon.exporters import bench_report

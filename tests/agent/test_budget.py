@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridmon.agent import budget
-from hybridmon.agent.budget import BudgetError
+from hybridmon.agent.commands import budget
+from hybridmon.agent.commands.budget import BudgetError
 from hybridmon.agent.cli import EXIT_USAGE
 
 REPO = Path(__file__).resolve().parents[2]

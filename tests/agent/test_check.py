@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from hybridmon.agent import check
+from hybridmon.agent.commands import check
 from hybridmon.agent.config import load_config
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
 from tests.support.paths import FIXTURE_HOST

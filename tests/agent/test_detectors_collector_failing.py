@@ -8,7 +8,7 @@ from hybridmon.agent.alerts import collector_failing
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from tests.support.detector_history import assert_says_its_rules_words, THRESHOLDS
 
 T0 = 1_700_000_000.0

@@ -4,7 +4,7 @@ import threading
 
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 
 
 def finding(alertname="TestAlert", for_seconds=120.0, value=1.0, **labels):

@@ -8,8 +8,8 @@ import pytest
 
 from hybridmon.agent.alerts import sampling_lag
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.history import History
-from hybridmon.agent.sampler import Sampler
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.loop.sampler import Sampler
 from tests.support.detector_history import THRESHOLDS, assert_says_its_rules_words
 
 T0 = 1_700_000_000.0

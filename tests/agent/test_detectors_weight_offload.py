@@ -4,7 +4,7 @@ PCIe bytes per generated token that no KV traffic explains) and InferenceOffload
 measurements."""
 import pytest
 
-from hybridmon.agent.status_trends import Trends  # no history read: the plots are not under test here
+from hybridmon.agent.status.trends import Trends  # no history read: the plots are not under test here
 from hybridmon.agent.alerts.offload_host_memory import Detector as HostMemoryDetector
 from hybridmon.agent.alerts.weight_offload import Detector as WeightOffloadDetector
 from hybridmon.exporters import process
@@ -200,8 +200,8 @@ def test_the_kv_offload_finding_says_what_share_of_the_counted_traffic_its_loads
 
 
 def test_the_status_page_shows_the_link_share_of_kv_loads():
-    from hybridmon.agent.status_inference import inference_html
-    from hybridmon.agent.status_signals import LatestValues
+    from hybridmon.agent.status.inference import inference_html
+    from hybridmon.agent.status.signals import LatestValues
     trace, _ = loading_trace(5e9, 20e9)
     page = inference_html(trace.history, LatestValues(trace.history), Trends(trace.history, None, THRESHOLDS, None))
     assert "KV loads on GPU 0 host→device link" in page

@@ -5,7 +5,7 @@ from array import array
 import pytest
 
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.history import SeriesHistory
+from hybridmon.agent.loop.history import SeriesHistory
 
 
 def series(times, values, **labels):

@@ -1,4 +1,4 @@
-"""agent/exposition_lines.py renders exactly what prometheus_client renders, in both formats,
+"""agent/publish/exposition_lines.py renders exactly what prometheus_client renders, in both formats,
 however often the same series come back with new values."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from hybridmon.agent.exposition import OPENMETRICS, TEXT, _render, families
-from hybridmon.agent.exposition_lines import LineCache
+from hybridmon.agent.publish.exposition import OPENMETRICS, TEXT, _render, families
+from hybridmon.agent.publish.exposition_lines import LineCache
 from hybridmon.exporters.base import MetricSpec, Samples
 
 # Help text and label values with everything either format escapes (backslash, newline, quote)

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridmon.agent.history import History, _CollectorRing, _kept_by_bisection, _kept_by_walking
+from hybridmon.agent.loop.history import History, _CollectorRing, _kept_by_bisection, _kept_by_walking
 from hybridmon.exporters.base import MetricSpec, Samples
 
 RESIDENT = MetricSpec("hybridmon_test_resident_bytes", "test", "gauge", ("pid",))
@@ -190,7 +190,7 @@ def test_a_read_copies_the_points_the_walk_keeps(capacity, ticks, steps, values,
 
 
 class _ReferenceRing:
-    """The commit of agent/history_rings.py before issue 17's layout (as of commit 56c5f8d): every
+    """The commit of agent/loop/history_rings.py before issue 17's layout (as of commit 56c5f8d): every
     sample through the series dict, every series walked each tick. What the ring must still hold."""
 
     def __init__(self, capacity):
@@ -287,7 +287,7 @@ def test_a_pickled_history_reads_the_same_and_takes_commits():
 def test_a_ring_keeps_its_newest_read_plans(monkeypatch):
     """A replay or a benchmark evaluates one tick at many times: each read plan is worked out once
     per evaluation, the oldest plans making way (the memory holds a few per tick)."""
-    from hybridmon.agent import history_rings
+    from hybridmon.agent.loop import history_rings
 
     history = History(retention_seconds=100)
     history.add_collector("process", 1.0)

@@ -1,7 +1,7 @@
 """History's two tiers: every tick for the last full_resolution_seconds, one per coarse step before."""
 import math
 
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.base import MetricSpec, Samples
 
 RESIDENT = MetricSpec("hybridmon_test_resident_bytes", "test", "gauge", ("pid",))

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridmon.agent import budget
+from hybridmon.agent.commands import budget
 from hybridmon.agent.bench.runner import BenchRunner
 from hybridmon.exporters import bench_report
 from hybridmon.exporters.bench_report import ReportError

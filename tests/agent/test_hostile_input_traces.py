@@ -17,9 +17,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridmon.agent import trace
+from hybridmon.agent.loop import trace
 from hybridmon.agent.detectors.windows import MAX_STEPS, step_times
-from hybridmon.agent.trace import EARLIEST_TIME, LATEST_TIME, MAX_LINE_BYTES, TraceError, TraceReader, TraceWriter
+from hybridmon.agent.loop.trace import EARLIEST_TIME, LATEST_TIME, MAX_LINE_BYTES, TraceError, TraceReader, TraceWriter
 from tests.support.agent_helpers import REPO
 from tests.support.hostile_input_helpers import run_python
 
@@ -105,7 +105,7 @@ WINDOW_LOOPS = """
     import time
     from math import inf, nan
     from hybridmon.agent.detectors import servers, windows
-    from hybridmon.agent.history import SeriesHistory
+    from hybridmon.agent.loop.history import SeriesHistory
     series = SeriesHistory("x", {{}}, [0.0, 30.0, 60.0, 1e9, 1e308], [1.0, 2.0, 3.0, 4.0, 5.0])
     for start, end, step in {cases}:
         started = time.monotonic()
@@ -140,7 +140,7 @@ def test_step_times_keep_the_old_evaluation_times_on_ordinary_windows():
 
 GZIP_BOMB = """
     import gzip, json, os, time, tracemalloc
-    from hybridmon.agent.trace import TraceError, TraceReader
+    from hybridmon.agent.loop.trace import TraceError, TraceReader
     path = {path!r}
     header = gzip.compress((json.dumps({header!r}) + "\\n").encode())
     # gzip members concatenate into one stream: 1,024 of 1 MiB of spaces are a 1 GiB line in 1 MB.

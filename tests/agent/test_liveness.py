@@ -1,4 +1,4 @@
-"""/healthz tells a liveness probe when the agent stalled (agent/liveness.py): a sampler whose
+"""/healthz tells a liveness probe when the agent stalled (agent/loop/liveness.py): a sampler whose
 collectors all block, or whose loop died, answers 503 with the reason within the bound; a working
 one, a replay and one hung collector among working ones answer 200."""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from hybridmon.agent import liveness
+from hybridmon.agent.loop import liveness
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.server import create_app
+from hybridmon.agent.publish.server import create_app
 
 BOUND_SECONDS = 1.0  # the floor, lowered so a test waits a second instead of a minute
 

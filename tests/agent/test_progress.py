@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from hybridmon.agent.progress import ERASE_LINE, LiveLine, Ticker
+from hybridmon.agent.commands.progress import ERASE_LINE, LiveLine, Ticker
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
 from tests.support.bench_helpers import fake_binary
 

@@ -8,11 +8,11 @@ import time
 import jsonschema
 import pytest
 
-from hybridmon.agent.exposition import Exposition
-from hybridmon.agent.history import History
-from hybridmon.agent.sampler import Sampler, Scheduled
+from hybridmon.agent.publish.exposition import Exposition
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.loop.sampler import Sampler, Scheduled
 from hybridmon.exporters.sources import RecordingSource, ReplaySource
-from hybridmon.agent.trace import TraceError, TraceReader, TraceWriter
+from hybridmon.agent.loop.trace import TraceError, TraceReader, TraceWriter
 from hybridmon.exporters.base import MetricSpec, NoDataError, Samples
 
 VALUE = MetricSpec("hybridmon_test_value", "A number read from a file.", "gauge", ("file",))

@@ -2,8 +2,8 @@
 device's sysfs numa_node), not NVML's NumaNodeId, which is GPU memory's own node on Grace."""
 from __future__ import annotations
 
-from hybridmon.agent.status_trends import Trends  # no history read: the plots are not under test here
-from hybridmon.agent.status_signals import LatestValues, gpu_rows, processes_html
+from hybridmon.agent.status.trends import Trends  # no history read: the plots are not under test here
+from hybridmon.agent.status.signals import LatestValues, gpu_rows, processes_html
 from tests.support.detector_history import (GIB, T0, THRESHOLDS, Trace, gpu_rows as gpu_series, numa_rows, pcie_rows,
                                             process_numa_rows, process_rows)
 

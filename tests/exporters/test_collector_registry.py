@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 import hybridmon.exporters
-from hybridmon.agent import check, metric_docs
+from hybridmon.agent.commands import check
+from hybridmon.agent.commands import metric_docs
 from hybridmon.agent.config import COLLECTOR_NAMES, AgentConfig, ConfigError, load_config
-from hybridmon.agent.wiring import build_collectors
+from hybridmon.agent.loop.wiring import build_collectors
 from hybridmon.exporters.base import CollectorSettings
 from hybridmon.exporters.registry import COLLECTORS, NAMES
 from hybridmon.exporters.sources import ReplaySource

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from hybridmon.agent.config import AgentConfig, ConfigError, load_config, tomllib
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.history import History
-from hybridmon.agent.status_inference import offload_elsewhere_rows
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.status.inference import offload_elsewhere_rows
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import NoDataError, ParseError
 from hybridmon.exporters.inference import InferenceCollector, endpoint_url

@@ -9,9 +9,9 @@ from datetime import datetime
 
 import psutil
 
-from hybridmon.agent.alertmanager import AlertmanagerPusher
+from hybridmon.agent.publish.alertmanager import AlertmanagerPusher
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from tests.support.alertmanager_helpers import Alertmanager, HostileAlertmanager, Switch, WebhookReceiver, refused_url, wait_until
 
 INTERVAL = 1.0

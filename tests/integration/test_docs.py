@@ -4,7 +4,7 @@ import importlib.util
 import re
 from pathlib import Path
 
-from hybridmon.agent import metric_docs
+from hybridmon.agent.commands import metric_docs
 from hybridmon.agent.config import AgentConfig, tomllib
 from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES
 
@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_metrics_doc_is_current():
     assert (REPO / "docs" / "metrics.md").read_text() == metric_docs.render(), (
-        "run: python -m hybridmon.agent.metric_docs > docs/metrics.md"
+        "run: python -m hybridmon.agent.commands.metric_docs > docs/metrics.md"
     )
 
 

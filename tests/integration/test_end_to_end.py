@@ -263,7 +263,7 @@ def test_sigterm_stops_the_daemon_even_with_a_collector_hung_in_nvml(tmp_path):
 
 
 def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
-    from hybridmon.agent.server import bind_socket
+    from hybridmon.agent.publish.server import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     try:
@@ -275,7 +275,7 @@ def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
 def test_a_commit_rerenders_only_its_collectors_part(monkeypatch):
     """After the GPU collector commits, the scrape renders the GPU's families again and serves
     every other collector's cached text (the exposition's cost after a tick is what changed)."""
-    from hybridmon.agent.exposition_lines import LineCache
+    from hybridmon.agent.publish.exposition_lines import LineCache
 
     agent = Agent(fixture_config())
     run_every_collector_once(agent, 1_700_000_000.0)

@@ -234,7 +234,7 @@ def test_rules_load_unchanged_and_evaluate_without_errors(live):
 
 def test_prometheus_scrapes_every_agent_in_openmetrics_and_gzip(live):
     """Prometheus asks for OpenMetrics and gzip on every scrape (PROMETHEUS_ACCEPT), and the agent
-    answers in both (agent/exposition.py): every target being up with no scrape error means
+    answers in both (agent/publish/exposition.py): every target being up with no scrape error means
     Prometheus's own OpenMetrics parser took the agent's gzipped answer, scrape after scrape."""
     targets = httpx.get(f"{live.prometheus.url}/api/v1/targets", timeout=10).json()["data"]["activeTargets"]
     agents = sorted(agent.instance for agent in (live.incident, live.healthy, live.fixture))

@@ -9,13 +9,13 @@ from datetime import datetime
 import pytest
 from fastapi.testclient import TestClient
 
-from hybridmon.agent.alertmanager import AlertmanagerPusher
+from hybridmon.agent.publish.alertmanager import AlertmanagerPusher
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.findings import FindingsCollector
-from hybridmon.agent.history import History
-from hybridmon.agent.runbooks import RunbookLibrary
-from hybridmon.agent.server import create_app
+from hybridmon.agent.publish.findings import FindingsCollector
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.publish.runbooks import RunbookLibrary
+from hybridmon.agent.publish.server import create_app
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.support.alertmanager_helpers import Alertmanager, Switch, WebhookReceiver, wait_until

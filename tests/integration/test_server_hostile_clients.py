@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from hybridmon.agent.httpserver import ServerLimits, connection_cap
-from hybridmon.agent.server import listen_url
+from hybridmon.agent.publish.httpserver import ServerLimits, connection_cap
+from hybridmon.agent.publish.server import listen_url
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, free_port, subprocess_environment
 
 AGENT_FD_LIMIT = 256  # systemd's default is 1024; the same failure, reached with fewer sockets
@@ -202,7 +202,7 @@ def test_on_ipv6_loopback_the_url_is_bracketed_and_sighup_keeps_it_serving(tmp_p
         time.sleep(0.5)
         assert process.poll() is None, f"SIGHUP killed the agent (rc {process.returncode})"
         assert httpx.get(f"http://[::1]:{port}/metrics", timeout=3).status_code == 200
-        # Alert delivery state (agent/alertmanager.py): none configured on the fixture host.
+        # Alert delivery state (agent/publish/alertmanager.py): none configured on the fixture host.
         assert httpx.get(f"http://[::1]:{port}/healthz", timeout=3).json()["alertmanager"] == {}
         assert "received SIGHUP: ignored" in log_path.read_text()
         assert "restart to apply configuration changes" in log_path.read_text()

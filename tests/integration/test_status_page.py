@@ -22,13 +22,13 @@ from hybridmon.agent.detectors.base import Finding
 from hybridmon.units import human_bytes, human_rate
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.pcie_rates import achievable_capacity, theoretical_capacity
-from hybridmon.agent.findings import runbook_url
+from hybridmon.agent.publish.findings import runbook_url
 from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
-from hybridmon.agent.server import create_app
-from hybridmon.agent.status_inference import COUNTERS_READ
-from hybridmon.agent.status_page import render_status_page
-from hybridmon.agent.status_template import SEVERITY_COLOURS
-from hybridmon.agent.status_trends import SPAN_SECONDS
+from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.status.inference import COUNTERS_READ
+from hybridmon.agent.status.page import render_status_page
+from hybridmon.agent.status.template import SEVERITY_COLOURS
+from hybridmon.agent.status.trends import SPAN_SECONDS
 from hybridmon.exporters import bench, gpu, numa, process
 from hybridmon.exporters.base import Samples
 from hybridmon.exporters.inference_names import BY_FIELD, SCRAPE_ERROR, SCRAPE_SUCCESS
@@ -536,14 +536,14 @@ def test_the_agent_card_counts_collectors_with_nothing_to_read_apart(fixture_age
 
 
 def test_quoted_commands_become_code_but_a_command_line_keeps_its_backticks():
-    from hybridmon.agent.status_template import key_values, paragraph
+    from hybridmon.agent.status.template import key_values, paragraph
     assert paragraph("run `hybridmon bench` <now>") == '<p class="">run <code>hybridmon bench</code> &lt;now&gt;</p>'
     assert "<code>" not in key_values([("Command line", "sh -c `id`", False)])
     assert "`id`" in key_values([("Command line", "sh -c `id`", False)])
 
 
 def test_sparkline_draws_lines_references_and_firing_spans_escaped():
-    from hybridmon.agent.status_plots import Line, Reference, sparkline
+    from hybridmon.agent.status.plots import Line, Reference, sparkline
     nan = float("nan")
     times = [0.0, 10.0, 20.0, 30.0, 40.0]
     svg = sparkline("<b>title</b>", 0.0, 40.0, [Line("<i>x</i>", times, [1.0, 2.0, nan, 3.0, 4.0])], str,
@@ -564,7 +564,7 @@ def test_sparkline_draws_lines_references_and_firing_spans_escaped():
 
 def test_the_engine_keeps_an_hour_of_firing_intervals():
     from hybridmon.agent.detectors.engine import FIRING_LOG_SECONDS
-    from hybridmon.agent.history import History
+    from hybridmon.agent.loop.history import History
 
     class Toggle:
         name, alertnames = "toggle", ("Toggle",)
@@ -589,7 +589,7 @@ def test_the_engine_keeps_an_hour_of_firing_intervals():
 
 def test_history_bucketed_gives_each_buckets_mean_and_last_point():
     """The plots' read (History.bucketed): gauges as bucket means, counters by their last points."""
-    from hybridmon.agent.history import History
+    from hybridmon.agent.loop.history import History
 
     history = History(600)
     history.add_collector("process", 1.0)

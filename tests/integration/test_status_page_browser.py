@@ -13,8 +13,8 @@ import pytest
 from PIL import Image
 
 from hybridmon.agent.alerts import memory_growth
-from hybridmon.agent.status_page import render_status_page
-from hybridmon.agent.status_plots import FIRING_FILL, LINE_COLOURS, VIEW_WIDTH
+from hybridmon.agent.status.page import render_status_page
+from hybridmon.agent.status.plots import FIRING_FILL, LINE_COLOURS, VIEW_WIDTH
 from tests.support.status_page_helpers import chromium_binary, count_colour
 from tests.support.status_screenshots import (DESKTOP_WIDTH, PHONE_WIDTH, SCENARIO, Layout, measure,
                                               replayed_agent, screenshot)

@@ -37,7 +37,7 @@ def test_a_generator_names_each_file_it_writes_then_checks(index, tmp_path, caps
 
 
 def test_metric_docs_says_what_it_wrote_to_standard_output():
-    result = subprocess.run([sys.executable, "-m", "hybridmon.agent.metric_docs"], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", "hybridmon.agent.commands.metric_docs"], capture_output=True, text=True,
                             cwd=REPO, timeout=60)
     assert result.returncode == 0 and result.stdout == (REPO / "docs/metrics.md").read_text()
     assert result.stderr.startswith("wrote the metrics reference to standard output: ") and result.stderr.count("\n") == 1

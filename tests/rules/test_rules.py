@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridmon.agent import metric_docs
+from hybridmon.agent.commands import metric_docs
 from hybridmon.agent.alerts.catalogue import DEFAULT_THRESHOLDS_FILE, load_thresholds
-from hybridmon.agent.exposition import SELF_METRICS
+from hybridmon.agent.publish.exposition import SELF_METRICS
 from hybridmon.agent.alerts import catalogue
 from hybridmon.rules import generate
 from hybridmon.pcie_rates import replay_bound_per_minute

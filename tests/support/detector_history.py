@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from hybridmon.agent.alerts.catalogue import load_thresholds
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters import bench, gpu, host_memory, inference_names, numa, pcie, pressure, process
 from hybridmon.exporters.base import Samples
 from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.history import History, SeriesHistory
+from hybridmon.agent.loop.history import History, SeriesHistory
 from tests.support.scenarios import SCENARIOS, START_TIME, TraceSummary, history_seconds_for, write_trace
 
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.status_page import render_status_page
+from hybridmon.agent.status.page import render_status_page
 from tests.support.scenarios import SCENARIOS, history_seconds_for
 
 # An hour and ten minutes of vLLM V1 (API server and engine core), both GPUs busy, the engine core

@@ -1,5 +1,5 @@
-"""The status page's last hour (agent/status_page.py): per GPU, watched process, host and inference
-server, the series its plots draw (agent/status_plots.py), with the related alert's threshold and
+"""The status page's last hour (agent/status/page.py): per GPU, watched process, host and inference
+server, the series its plots draw (agent/status/plots.py), with the related alert's threshold and
 the spans in which that alert fired.
 
 Cheap: each metric is read once per page with History.bucketed (one pass over the hour's points,
@@ -16,8 +16,8 @@ from typing import Callable
 from hybridmon.agent.alerts import (gpu_memory_headroom, kv_offload_pressure, memory_growth, pcie_starvation,
                                     swap_thrash, throughput_decay)
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.history import BucketedSeries, History
-from hybridmon.agent.status_plots import Line, Reference, Window, sparkline
+from hybridmon.agent.loop.history import BucketedSeries, History
+from hybridmon.agent.status.plots import Line, Reference, Window, sparkline
 from hybridmon.exporters import host_memory, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec

@@ -1,4 +1,4 @@
-"""HTML building blocks of the status page (agent/status_page.py): the page shell, its inline CSS
+"""HTML building blocks of the status page (agent/status/page.py): the page shell, its inline CSS
 and small escaping helpers.
 
 Every helper escapes the text it is given (titles, labels, values, URLs), so no caller builds

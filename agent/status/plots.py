@@ -1,9 +1,9 @@
-"""Inline SVG sparklines for the status page (agent/status_page.py): the last hour of a few series,
+"""Inline SVG sparklines for the status page (agent/status/page.py): the last hour of a few series,
 the related alert's threshold as a dashed line, a capacity as a solid one, and the spans in which
 the alert fired shaded.
 
-Pure functions from numbers to markup: the data comes from agent/status_trends.py. No scripts, no
-fonts, no external files (status_template.py's rule). The drawing has a fixed viewBox stretched to
+Pure functions from numbers to markup: the data comes from agent/status/trends.py. No scripts, no
+fonts, no external files (template.py's rule). The drawing has a fixed viewBox stretched to
 the card's width (preserveAspectRatio="none", strokes kept at 1.5 px by vector-effect), so it
 fits a 390 px phone and a desktop card alike; every word (title, legend, values) is HTML beside
 the drawing, not SVG text, so it stays readable and unstretched at any width.
@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Iterable, Literal, Sequence
 
-from hybridmon.agent.status_template import esc
+from hybridmon.agent.status.template import esc
 
 VIEW_WIDTH, VIEW_HEIGHT = 300.0, 60.0
 LINE_COLOURS = ("#1565c0", "#8e24aa", "#00897b", "#ef6c00")  # one per line, in order

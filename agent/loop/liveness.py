@@ -4,7 +4,7 @@ An HTTP server that answers is not enough: it runs in its own thread, and /metri
 the last samples while the sampling loop, every collector or the detectors have stopped. Three
 things must keep happening, each judged against a bound on the sampler's monotonic clock:
 
-- the loop ticks: it starts the collectors (agent/sampler.py run_forever);
+- the loop ticks: it starts the collectors (agent/loop/sampler.py run_forever);
 - some collector finishes a run: one hung collector (NVML stuck on a lost GPU) is isolated and
   shown, not fatal, since a restart would not bring that GPU back and would blind every other
   signal of the host; all of them hung leaves nothing sampled;

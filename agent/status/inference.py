@@ -1,21 +1,21 @@
-"""The status page's "Inference servers" section (agent/status_page.py): per scraped endpoint, what
+"""The status page's "Inference servers" section (agent/status/page.py): per scraped endpoint, what
 its users feel (tokens/s, queue, time to first token, inter-token latency) and the KV cache
 pressure behind it (usage, preemptions, offload traffic), or why the scrape failed.
 
 Gauges come from the latest samples; the four counter rates (generated and prompt tokens,
 preemptions, offload bytes) read the last minute of their series only, like the other rates of
 the page. Endpoint URLs, model names and reasons are whatever the servers and the configuration
-say: status_template.py escapes them.
+say: template.py escapes them.
 """
 from __future__ import annotations
 
 from hybridmon.agent.alerts.inference_scrape import SCRAPE_REASONS
-from hybridmon.agent.status_offload import link_share_now
+from hybridmon.agent.status.offload import link_share_now
 from hybridmon.agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SERVER, human_latency
-from hybridmon.agent.history import History
-from hybridmon.agent.status_signals import LatestValues, counter_rates
-from hybridmon.agent.status_template import Row, card, key_values, paragraph
-from hybridmon.agent.status_trends import Trends, server_plots
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.status.signals import LatestValues, counter_rates
+from hybridmon.agent.status.template import Row, card, key_values, paragraph
+from hybridmon.agent.status.trends import Trends, server_plots
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, OFFLOAD_SECONDS,
                                                  SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS)
 from hybridmon.units import human_bytes, human_rate, percent

@@ -10,7 +10,7 @@ the one before, so evenly spaced whatever the tick: a Prometheus scrape's view).
 read every sample of their last 10 minutes and one per 15 s before that
 (agent/detectors/engine.py), so 2 h at 1 s was 7,200 values a series of which an evaluation ever
 read about 1,070: on a host with 8 GPUs and 64 watched processes that was 62 MiB of rings
-(issue 17), now about 11 MiB. The rings and the reads over them: agent/history_rings.py.
+(issue 17), now about 11 MiB. The rings and the reads over them: agent/loop/history_rings.py.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import math
 import threading
 from typing import Iterator
 
-from hybridmon.agent.history_rings import (  # noqa: F401 (SeriesKey, _kept_by_*: re-exported for tests)
+from hybridmon.agent.loop.history_rings import (  # noqa: F401 (SeriesKey, _kept_by_*: re-exported for tests)
     BucketedSeries, SeriesHistory, SeriesKey, _bucket_points, _bucket_runs, _CollectorRing, _kept_by_bisection,
     _kept_by_walking, _kept_positions, _last_present, _positions_from, _read_parts, _tier_parts)
 from hybridmon.exporters.base import Samples
@@ -134,7 +134,7 @@ class History:
     def bucketed(self, name: str, /, start: float, end: float, buckets: int,
                  **labels: str) -> list[BucketedSeries]:
         """Every series of metric `name` whose labels include `labels`, cut into `buckets` equal
-        spans of [start, end]. For plots (agent/status_plots.py): each bucket is worked out once
+        spans of [start, end]. For plots (agent/status/plots.py): each bucket is worked out once
         per collector as runs of ring positions, then read from every series as array slices (C
         speed), not point by point: an hour at 1 s of ~20 series costs a few ms, not tens."""
         width = (end - start) / buckets

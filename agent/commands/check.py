@@ -20,9 +20,9 @@ from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import EvaluationView
-from hybridmon.agent.findings import SEVERITY_ORDER
-from hybridmon.agent.progress import LiveLine
-from hybridmon.agent.runbooks import runbooks_directory
+from hybridmon.agent.publish.findings import SEVERITY_ORDER
+from hybridmon.agent.commands.progress import LiveLine
+from hybridmon.agent.publish.runbooks import runbooks_directory
 from hybridmon.exporters.base import Samples
 from hybridmon.exporters.registry import COLLECTORS
 

@@ -33,7 +33,7 @@ import httpx
 from prometheus_client.core import Metric
 
 from hybridmon.agent.detectors.engine import Engine, FindingState
-from hybridmon.agent.findings import finding_labels, iso_time, runbook_url
+from hybridmon.agent.publish.findings import finding_labels, iso_time, runbook_url
 from hybridmon.exporters.base import MetricSpec, Samples
 
 log = logging.getLogger(__name__)
@@ -427,7 +427,7 @@ class AlertmanagerCollector:
         self._pusher = pusher
 
     def collect(self) -> Iterable[Metric]:
-        from hybridmon.agent.exposition import families  # the exposition imports this module's specs
+        from hybridmon.agent.publish.exposition import families  # the exposition imports this module's specs
 
         samples = Samples()
         with self._pusher._lock:

@@ -1,12 +1,12 @@
 """HTTP API: /metrics for Prometheus and /healthz for liveness checks (503 once the agent stalled:
-agent/liveness.py).
+agent/loop/liveness.py).
 
 /metrics answers GET and HEAD (the same headers, no body: uvicorn drops a HEAD response's body and
 keeps its Content-Length), in the text format unless Accept negotiates OpenMetrics, gzipped when
-Accept-Encoding allows it (agent/exposition.py: choose_format, accepts_gzip).
+Accept-Encoding allows it (agent/publish/exposition.py: choose_format, accepts_gzip).
 
 The routes live here; the server under them, and what it does against hostile clients, in
-agent/httpserver.py.
+agent/publish/httpserver.py.
 """
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from hybridmon import __version__
-from hybridmon.agent.bench_api import BenchService, router as bench_router
+from hybridmon.agent.publish.bench_api import BenchService, router as bench_router
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.exposition import CONTENT_TYPES, accepts_gzip, choose_format
-from hybridmon.agent.findings import findings_json, iso_time
-from hybridmon.agent import liveness
-from hybridmon.agent.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
-from hybridmon.agent.runbooks import RunbookLibrary
+from hybridmon.agent.publish.exposition import CONTENT_TYPES, accepts_gzip, choose_format
+from hybridmon.agent.publish.findings import findings_json, iso_time
+from hybridmon.agent.loop import liveness
+from hybridmon.agent.publish.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
+from hybridmon.agent.publish.runbooks import RunbookLibrary
 from hybridmon.agent.warmup import warming_up
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,7 @@ def create_app(agent: Agent) -> FastAPI:
     # async: rendered on the event loop's thread. A sync route runs in a worker thread, and each
     # hand-over between threads waits for the GIL, up to the 5 ms switch interval while a tick's
     # collectors or the detectors hold it: paced scrapes paid those waits. The render itself is
-    # ~1-2 ms after a commit on the 8-GPU host (agent/exposition_lines.py), cached otherwise.
+    # ~1-2 ms after a commit on the 8-GPU host (agent/publish/exposition_lines.py), cached otherwise.
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         exposition_format = choose_format(request.headers.get("accept"))
@@ -72,7 +72,7 @@ def create_app(agent: Agent) -> FastAPI:
             for item in agent.sampler.scheduled
         }
         # 503 with the reasons when the loop, every collector or the detectors stalled
-        # (agent/liveness.py): the liveness probe restarts the agent, a person reads why.
+        # (agent/loop/liveness.py): the liveness probe restarts the agent, a person reads why.
         stalled = liveness.problems(agent)
         return JSONResponse({"status": "stalled" if stalled else "ok", "problems": stalled,
                              "mode": agent.mode, "version": __version__, "collectors": collectors,
@@ -100,7 +100,7 @@ def create_app(agent: Agent) -> FastAPI:
             "findings": findings_json(agent.engine, agent.runbook_base_url, wanted),
         })
 
-    from hybridmon.agent.status_page import render_status_page
+    from hybridmon.agent.status.page import render_status_page
 
     @app.get("/", response_class=HTMLResponse)
     def status_page() -> HTMLResponse:
@@ -125,7 +125,7 @@ def create_app(agent: Agent) -> FastAPI:
 
 
 def _alertmanager_health(agent: Agent) -> dict:
-    """Delivery state per Alertmanager (agent/alertmanager.py), {} when pushing is off."""
+    """Delivery state per Alertmanager (agent/publish/alertmanager.py), {} when pushing is off."""
     health = getattr(agent.pusher, "health", None) if agent.pusher is not None else None
     return health() if health is not None else {}
 

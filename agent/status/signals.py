@@ -1,4 +1,4 @@
-"""The signals of the status page (agent/status_page.py): per GPU, per watched process, the host's
+"""The signals of the status page (agent/status/page.py): per GPU, per watched process, the host's
 memory and the last benchmark.
 
 Cheap by construction: gauges come from every collector's latest samples (History.latest(), one
@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.common import PROCESS_LABELS
-from hybridmon.agent.history import History
-from hybridmon.agent.status_template import Row, card, clock_and_age, key_values, paragraph, table
-from hybridmon.agent.status_trends import Trends, gpu_plots, host_plots, process_plots
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.status.template import Row, card, clock_and_age, key_values, paragraph, table
+from hybridmon.agent.status.trends import Trends, gpu_plots, host_plots, process_plots
 from hybridmon.exporters import bench, host_memory, numa, pcie, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
@@ -72,7 +72,7 @@ def counter_rates(history: History, latest: LatestValues, metric: str, label_nam
 
 def gpus_html(latest: LatestValues, trends: Trends, lost_identity: dict[tuple[str, ...], Labels]) -> str:
     """One card per GPU. A lost GPU reports no gpu_info any more (exporters/gpu.py): it is named
-    by `lost_identity`, what it reported while it answered (status_page.lost_gpu_identity)."""
+    by `lost_identity`, what it reported while it answered (page.lost_gpu_identity)."""
     gpu = ("gpu", "uuid")
     identity = {tuple(labels[n] for n in gpu): labels for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)}
     up = latest.keyed(gpu_metrics.GPU_UP.name, *gpu)

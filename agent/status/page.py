@@ -2,10 +2,10 @@
 host without Grafana.
 
 Server-rendered from what the agent already holds: the findings of its engine, then the latest
-signals per GPU, watched process and host, and the last benchmark (agent/status_signals.py), and
-per scraped inference server (agent/status_inference.py). The judging is the detectors' job: the
+signals per GPU, watched process and host, and the last benchmark (agent/status/signals.py), and
+per scraped inference server (agent/status/inference.py). The judging is the detectors' job: the
 page lays out their findings first and flags only what is plainly broken (a lost GPU, a failing
-collector, a failing scrape). HTML and its escaping: agent/status_template.py.
+collector, a failing scrape). HTML and its escaping: agent/status/template.py.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from hybridmon import __version__
 from hybridmon.agent.alerts import gpu_lost
 from hybridmon.agent.detectors.engine import FindingState
-from hybridmon.agent.findings import SEVERITY_ORDER, runbook_url
-from hybridmon.agent.status_inference import inference_html
-from hybridmon.agent.status_signals import LatestValues, bench_html, gpus_html, host_html, processes_html
-from hybridmon.agent.status_trends import Trends
-from hybridmon.agent.status_template import (
+from hybridmon.agent.publish.findings import SEVERITY_ORDER, runbook_url
+from hybridmon.agent.status.inference import inference_html
+from hybridmon.agent.status.signals import LatestValues, bench_html, gpus_html, host_html, processes_html
+from hybridmon.agent.status.trends import Trends
+from hybridmon.agent.status.template import (
     Row, card, clock, clock_and_age, esc, key_values, link, page, paragraph, section,
 )
 from hybridmon.agent.warmup import summary as warming_summary, warming_up

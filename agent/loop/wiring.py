@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Callable
 
 from hybridmon.agent.config import AgentConfig
-from hybridmon.agent.sampler import Scheduled
+from hybridmon.agent.loop.sampler import Scheduled
 from hybridmon.exporters.base import Collector, CollectorContext
 from hybridmon.exporters.registry import COLLECTORS
 from hybridmon.exporters.sources import RawSource

@@ -25,7 +25,7 @@ from hybridmon.agent.bench.build import BenchBuildError, locate_binary
 from hybridmon.agent.bench.runner import BenchError, BenchRunner, GpuActivity, busy_reason
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.history import History
+from hybridmon.agent.loop.history import History
 from hybridmon.exporters.bench_report import Progress, ReportError
 from hybridmon.exporters.gpu import GPU_INFO, PROCESS_MEMORY_USED, UTILIZATION
 from hybridmon.exporters.jsonsafe import loads_bounded

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from hybridmon.agent.history import History
-from hybridmon.agent.trace import TraceWriter
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.loop.trace import TraceWriter
 from hybridmon.exporters.base import Collector, LogOnce, NoDataError, Samples
 
 log = logging.getLogger(__name__)

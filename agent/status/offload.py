@@ -1,4 +1,4 @@
-"""The status page's KV-loads link share (agent/status_inference.py): a server's KV offload loads
+"""The status page's KV-loads link share (agent/status/inference.py): a server's KV offload loads
 beside what NVML counts crossing its GPUs' host->device link and what that link carries.
 
 The page must stay cheap (tests/integration/test_status_page.py counts its history reads), so this
@@ -11,7 +11,7 @@ else every GPU of the host, as InferenceKvOffloadPressure's offload_link picks t
 from __future__ import annotations
 
 from hybridmon.agent.alerts.kv_offload_pressure import HOST_TO_DEVICE, LinkShare, link_capacity
-from hybridmon.agent.status_signals import LatestValues
+from hybridmon.agent.status.signals import LatestValues
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.gpu import PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_THROUGHPUT, PROCESS_MEMORY_USED
 

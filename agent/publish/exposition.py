@@ -4,7 +4,7 @@ The samples are rendered per collector and each collector's text is cached until
 commits again, so a scrape between two ticks costs a lock and a memory copy, and one after a commit
 renders only what that commit changed (the GPU collector's samples every second, not the
 benchmark's, which change every 30 s); that render formats only the values, each series' text
-before its value being cached too (agent/exposition_lines.py). The agent's own health metrics are a
+before its value being cached too (agent/publish/exposition_lines.py). The agent's own health metrics are a
 custom collector on the agent's own registry, rendered by prometheus_client on every scrape.
 
 Two formats, from the same families: the Prometheus text format (the default) and OpenMetrics 1.0
@@ -21,10 +21,10 @@ from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hybridmon import __version__
-from hybridmon.agent.alertmanager import ALERTMANAGER_METRICS
-from hybridmon.agent.exposition_lines import LineCache
-from hybridmon.agent.history import History
-from hybridmon.agent.sampler import Sampler
+from hybridmon.agent.publish.alertmanager import ALERTMANAGER_METRICS
+from hybridmon.agent.publish.exposition_lines import LineCache
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.loop.sampler import Sampler
 from hybridmon.exporters.base import MetricSpec, Samples
 
 

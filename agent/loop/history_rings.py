@@ -1,4 +1,4 @@
-"""The rings behind agent/history.py and the reads over them: which ring positions a read keeps
+"""The rings behind agent/loop/history.py and the reads over them: which ring positions a read keeps
 (by bisection on rising tick times), how a two-tier collector's coarse and fine rings are joined,
 and the copies out of them (C-level slices and map() rather than Python loops)."""
 from __future__ import annotations
