@@ -8,6 +8,8 @@ from pathlib import Path
 
 import markdown
 
+import hybridmon.runbooks
+
 # Alert names are CamelCase words: nothing else can name a file, so no path ever leaves the folder.
 RUNBOOK_NAME = re.compile(r"[A-Z][A-Za-z0-9]{1,80}")
 
@@ -29,8 +31,8 @@ nav {{ font-size: .9rem; margin-bottom: 1rem; }}
 
 
 def runbooks_directory() -> Path:
-    """The runbooks/ folder beside agent/: the checkout's, or the `runbooks` package a wheel installs."""
-    return Path(__file__).resolve().parent.parent / "runbooks"
+    """The runbooks/ folder: the `hybridmon.runbooks` package, a checkout's folder or a wheel's."""
+    return Path(hybridmon.runbooks.__file__).resolve().parent
 
 
 class RunbookLibrary:
