@@ -16,7 +16,7 @@ from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
-from hybridmon.agent.publish.exposition import BUILD_INFO
+from hybridmon.agent.self_metrics import BUILD_INFO
 from hybridmon.exporters.gpu import GPU_INFO
 from hybridmon.exporters.inference_names import SCRAPE_SUCCESS
 

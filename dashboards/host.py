@@ -11,7 +11,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as model
 
 from hybridmon.agent.alerts.catalogue import Thresholds
-from hybridmon.agent.publish.findings import FINDING_ACTIVE, FINDING_THRESHOLD, FINDING_VALUE
+from hybridmon.agent.self_metrics import FINDING_ACTIVE, FINDING_THRESHOLD, FINDING_VALUE
 from hybridmon.dashboards import gpu_panels, inference
 from hybridmon.dashboards.common import (assemble, graph, link, new_dashboard, override_links,
                                          override_threshold, override_unit, query, runbook_links, selector,

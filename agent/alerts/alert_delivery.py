@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable
 
-from hybridmon.agent.publish.alertmanager import CONSECUTIVE_FAILURES, FAILURES
+from hybridmon.agent.self_metrics import ALERTMANAGER_CONSECUTIVE_FAILURES, ALERTMANAGER_FAILURES
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.publish.findings import iso_time
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from hybridmon.agent.publish.alertmanager import DeliveryFailure
 
 ALERTNAME = "HybridmonAlertDeliveryFailing"
-INPUTS = (CONSECUTIVE_FAILURES,)
+INPUTS = (ALERTMANAGER_CONSECUTIVE_FAILURES,)
 
 
 class Settings(Section):
@@ -36,13 +36,13 @@ def alert(s: Settings) -> Alert:
     wait = duration(s.for_seconds)
     return Alert(
         ALERTNAME,
-        f"{CONSECUTIVE_FAILURES.name} > 0",
+        f"{ALERTMANAGER_CONSECUTIVE_FAILURES.name} > 0",
         s.for_seconds, "warning",
         "Alerts from <instance> are not reaching Alertmanager <alertmanager>",
         f"Every push of the agent's findings on <instance> to the Alertmanager at <alertmanager> has "
         f"failed for {wait} or more (threshold: {wait}), <value> in a row: findings it raises page "
         "nobody through that Alertmanager. The agent keeps retrying with backoff. The reasons are "
-        f"counted in {FAILURES.name} (refused, timeout, protocol, http_5xx...); the agent's /healthz "
+        f"counted in {ALERTMANAGER_FAILURES.name} (refused, timeout, protocol, http_5xx...); the agent's /healthz "
         "shows the last error.",
     )
 
@@ -90,9 +90,9 @@ def cases(t, catalog) -> list[Test]:
                 "push and one healthy stay silent", firing(wait) + 120, catalog)
     rest = test.samples - BEFORE_SAMPLES
     # One more failure per sample after the onset: the push loop retries with backoff.
-    test.add(CONSECUTIVE_FAILURES.name, f"0x{BEFORE_SAMPLES - 1} 1+1x{rest - 1}", alertmanager="am-1:9093")
-    test.add(CONSECUTIVE_FAILURES.name, f"0x{BEFORE_SAMPLES - 1} 1 0x{rest - 2}", alertmanager="am-2:9093")
-    test.constant(CONSECUTIVE_FAILURES.name, 0, alertmanager="am-3:9093")
+    test.add(ALERTMANAGER_CONSECUTIVE_FAILURES.name, f"0x{BEFORE_SAMPLES - 1} 1+1x{rest - 1}", alertmanager="am-1:9093")
+    test.add(ALERTMANAGER_CONSECUTIVE_FAILURES.name, f"0x{BEFORE_SAMPLES - 1} 1 0x{rest - 2}", alertmanager="am-2:9093")
+    test.constant(ALERTMANAGER_CONSECUTIVE_FAILURES.name, 0, alertmanager="am-3:9093")
     at = firing(wait)
     test.expect(not_yet(wait), rule.alert)
     test.expect(at, rule.alert,

@@ -4,8 +4,8 @@
 """
 from __future__ import annotations
 
-from hybridmon.agent.publish.exposition import SELF_METRICS
-from hybridmon.agent.publish.findings import FINDING_ACTIVE, FINDING_METRICS, FINDING_THRESHOLD, FINDING_VALUE
+from hybridmon.agent.self_metrics import (FINDING_ACTIVE, FINDING_METRICS, FINDING_THRESHOLD, FINDING_VALUE,
+                                          SELF_METRICS)
 from hybridmon.exporters.registry import COLLECTORS
 
 

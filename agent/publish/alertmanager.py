@@ -25,7 +25,7 @@ import random
 import ssl
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
@@ -34,7 +34,10 @@ from prometheus_client.core import Metric
 
 from hybridmon.agent.detectors.engine import Engine, FindingState
 from hybridmon.agent.publish.findings import finding_labels, iso_time, runbook_url
-from hybridmon.exporters.base import MetricSpec, Samples
+from hybridmon.agent.self_metrics import (ALERTMANAGER_ATTEMPTS, ALERTMANAGER_CONSECUTIVE_FAILURES,
+                                          ALERTMANAGER_FAILURES, ALERTMANAGER_LAST_SUCCESS,
+                                          ALERTMANAGER_LOOP_RESTARTS, families)
+from hybridmon.exporters.base import Samples
 
 log = logging.getLogger(__name__)
 # endsAt of a firing alert: this many push intervals ahead (Prometheus uses 4 x its resend delay).
@@ -61,18 +64,6 @@ REASONS = {
     "http_other": "an unexpected HTTP status (1xx or 3xx redirect)",
     "unexpected": "an error the agent did not expect (logged with its traceback once)",
 }
-
-
-def _spec(name: str, kind: str, documentation: str, *labels: str) -> MetricSpec:
-    return MetricSpec(name, documentation, kind, labels)
-
-
-ATTEMPTS = _spec("hybridmon_alertmanager_attempts_total", "counter", "Pushes of the current alerts to the Alertmanager (alerting.alertmanager_urls), retries included, since the agent started.", "alertmanager")
-FAILURES = _spec("hybridmon_alertmanager_failures_total", "counter", "Failed pushes to the Alertmanager by reason: refused, connect, timeout, connection, protocol, too_large, http_4xx, http_5xx, http_other, unexpected. A reason appears at its first failure.", "alertmanager", "reason")
-CONSECUTIVE_FAILURES = _spec("hybridmon_alertmanager_consecutive_failures", "gauge", "Pushes to the Alertmanager that failed since its last success; 0 while alerts reach it.", "alertmanager")
-LAST_SUCCESS = _spec("hybridmon_alertmanager_last_success_timestamp_seconds", "gauge", "Unix time of the last push the Alertmanager accepted; absent until one is.", "alertmanager")
-LOOP_RESTARTS = _spec("hybridmon_alertmanager_push_loop_restarts_total", "counter", "Restarts of the Alertmanager's delivery task after it raised (a bug: the agent log has the traceback).", "alertmanager")
-ALERTMANAGER_METRICS = (ATTEMPTS, FAILURES, CONSECUTIVE_FAILURES, LAST_SUCCESS, LOOP_RESTARTS)
 
 
 class PushFailed(Exception):
@@ -187,6 +178,12 @@ class AlertmanagerPusher:
                 "restarts": s.restarts,
             } for name, s in self._states.items()}
 
+    def delivery_records(self) -> list[tuple[str, DeliveryState]]:
+        """A copy of each Alertmanager's delivery record, by host:port, for the self metrics."""
+        with self._lock:
+            return [(name, replace(state, failures_by_reason=dict(state.failures_by_reason)))
+                    for name, state in sorted(self._states.items())]
+
     def failing(self) -> list[DeliveryFailure]:
         """The Alertmanagers whose latest push failed, for the HybridmonAlertDeliveryFailing detector."""
         with self._lock:
@@ -222,7 +219,7 @@ class AlertmanagerPusher:
         if first_of_outage:
             log.warning("cannot push alerts to Alertmanager at %s: %s: %s (retrying with backoff up to "
                         "every %.0f s; further failures are counted in %s, not logged)",
-                        name, failure.reason, failure, self.interval_seconds, FAILURES.name)
+                        name, failure.reason, failure, self.interval_seconds, ALERTMANAGER_FAILURES.name)
 
     def _record_restart(self, name: str) -> int:
         """Count a restart of the Alertmanager's delivery task; returns its restarts so far."""
@@ -345,7 +342,7 @@ class AlertmanagerPusher:
             except Exception:  # noqa: BLE001 - whatever it was, delivery must resume (not on cancel)
                 if self._record_restart(name) == 1:  # the traceback once; later ones are counted
                     log.exception("alert delivery to Alertmanager at %s failed unexpectedly; restarting "
-                                  "it (further restarts are counted in %s)", name, LOOP_RESTARTS.name)
+                                  "it (further restarts are counted in %s)", name, ALERTMANAGER_LOOP_RESTARTS.name)
                 await asyncio.sleep(RESTART_DELAY_SECONDS)
 
     async def _main(self) -> None:
@@ -427,15 +424,12 @@ class AlertmanagerCollector:
         self._pusher = pusher
 
     def collect(self) -> Iterable[Metric]:
-        from hybridmon.agent.publish.exposition import families  # the exposition imports this module's specs
-
         samples = Samples()
-        with self._pusher._lock:
-            for name, state in sorted(self._pusher._states.items()):
-                samples.add(ATTEMPTS, state.attempts, name)
-                for reason, count in sorted(state.failures_by_reason.items()):
-                    samples.add(FAILURES, count, name, reason)
-                samples.add(CONSECUTIVE_FAILURES, state.consecutive_failures, name)
-                samples.add(LAST_SUCCESS, state.last_success, name)
-                samples.add(LOOP_RESTARTS, state.restarts, name)
+        for name, state in self._pusher.delivery_records():
+            samples.add(ALERTMANAGER_ATTEMPTS, state.attempts, name)
+            for reason, count in sorted(state.failures_by_reason.items()):
+                samples.add(ALERTMANAGER_FAILURES, count, name, reason)
+            samples.add(ALERTMANAGER_CONSECUTIVE_FAILURES, state.consecutive_failures, name)
+            samples.add(ALERTMANAGER_LAST_SUCCESS, state.last_success, name)
+            samples.add(ALERTMANAGER_LOOP_RESTARTS, state.restarts, name)
         return families(samples, sort=False)

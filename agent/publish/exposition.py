@@ -14,18 +14,21 @@ Two formats, from the same families: the Prometheus text format (the default) an
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 
 from hybridmon import __version__
-from hybridmon.agent.publish.alertmanager import ALERTMANAGER_METRICS
 from hybridmon.agent.publish.exposition_lines import LineCache
+from hybridmon.agent.self_metrics import (BUILD_INFO, COLLECTOR_DURATION, COLLECTOR_ERRORS, COLLECTOR_LAST_ERROR,
+                                          COLLECTOR_NO_DATA, COLLECTOR_RUNNING, COLLECTOR_RUNS, COLLECTOR_SUCCESS,
+                                          HISTORY_SERIES, LOOP_LAG, LOOP_MAX_LAG, LOOP_SCHEDULED, LOOP_SKIPPED,
+                                          LOOP_TICKS, families)
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.loop.sampler import Sampler
-from hybridmon.exporters.base import MetricSpec, Samples
+from hybridmon.exporters.base import Samples
 
 
 # The formats /metrics serves, and their Content-Type.
@@ -35,51 +38,6 @@ CONTENT_TYPES = {TEXT: CONTENT_TYPE_LATEST, OPENMETRICS: openmetrics.CONTENT_TYP
 # OpenMetrics ends an exposition with one "# EOF" line (OpenMetrics 1.0, "Overall Structure");
 # prometheus_client writes one per registry rendered, and /metrics joins several.
 OPENMETRICS_EOF = b"# EOF\n"
-
-
-def families(samples: Samples, sort: bool) -> Iterator[Metric]:
-    """Prometheus metric families from samples; sorted by name and labels when `sort`."""
-    by_name: dict[str, Metric] = {}
-    for sample in samples:
-        spec = sample.spec
-        family = by_name.get(spec.name)
-        if family is None:
-            kind = CounterMetricFamily if spec.kind == "counter" else GaugeMetricFamily
-            family = by_name[spec.name] = kind(spec.name, spec.documentation, labels=spec.label_names)
-        family.add_metric(sample.label_values, sample.value)
-    names = sorted(by_name) if sort else list(by_name)
-    for name in names:
-        family = by_name[name]
-        if sort:
-            family.samples.sort(key=lambda s: tuple(s.labels.values()))
-        yield family
-
-
-def _spec(name: str, kind: str, documentation: str, *labels: str) -> MetricSpec:
-    return MetricSpec(name, documentation, kind, labels)
-
-
-# hybridmon's own metrics, defined once for the exposition and for docs/metrics.md.
-COLLECTOR_SUCCESS = _spec("hybridmon_collector_success", "gauge", "1 if the collector's last run succeeded (a source absent on this host counts as success).", "collector")
-COLLECTOR_NO_DATA = _spec("hybridmon_collector_no_data", "gauge", "1 if the collector's source does not exist on this host; the agent log says why, once.", "collector")
-COLLECTOR_DURATION = _spec("hybridmon_collector_duration_seconds", "gauge", "Wall time of the collector's last run, in seconds.", "collector")
-COLLECTOR_RUNNING = _spec("hybridmon_collector_running_seconds", "gauge", "How long the collector's current run has taken so far, in seconds; 0 when idle. A growing value means a hung source (e.g. NVML after a GPU fell off the bus).", "collector")
-COLLECTOR_LAST_ERROR = _spec("hybridmon_collector_last_error_timestamp_seconds", "gauge", "Unix time of the collector's last failure; absent if it never failed.", "collector")
-COLLECTOR_ERRORS = _spec("hybridmon_collector_errors_total", "counter", "Failed runs of the collector since the agent started.", "collector")
-COLLECTOR_RUNS = _spec("hybridmon_collector_runs_total", "counter", "Runs of the collector since the agent started.", "collector")
-LOOP_LAG = _spec("hybridmon_loop_lag_seconds", "gauge", "How late the sampling loop's last tick started, in seconds.")
-LOOP_MAX_LAG = _spec("hybridmon_loop_max_lag_seconds", "gauge", "The largest tick lag since the agent started, in seconds.")
-LOOP_TICKS = _spec("hybridmon_loop_ticks_total", "counter", "Ticks of the sampling loop since the agent started.")
-LOOP_SKIPPED = _spec("hybridmon_loop_skipped_ticks_total", "counter", "Ticks skipped because the loop fell a whole interval behind (an overloaded host).")
-LOOP_SCHEDULED = _spec("hybridmon_loop_scheduled_ticks_total", "counter", "Ticks the loop's interval has scheduled since the loop started (seconds since then / interval_seconds, read at scrape time); absent in a replay and before the loop starts. rate(hybridmon_loop_ticks_total) / rate(this) is the share of its ticks the loop ran.")
-HISTORY_SERIES = _spec("hybridmon_history_series", "gauge", "Series held in the in-memory history.")
-BUILD_INFO = _spec("hybridmon_build_info", "gauge", "hybridmon's version and mode (live, record or replay); always 1.", "version", "mode")
-
-SELF_METRICS = (
-    COLLECTOR_SUCCESS, COLLECTOR_NO_DATA, COLLECTOR_DURATION, COLLECTOR_RUNNING, COLLECTOR_LAST_ERROR,
-    COLLECTOR_ERRORS, COLLECTOR_RUNS, LOOP_LAG, LOOP_MAX_LAG, LOOP_TICKS, LOOP_SKIPPED, LOOP_SCHEDULED, HISTORY_SERIES,
-    BUILD_INFO, *ALERTMANAGER_METRICS,
-)
 
 
 class AgentHealthCollector:

@@ -7,19 +7,10 @@ from typing import Iterable
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hybridmon.agent.detectors.engine import Engine, FindingState
-from hybridmon.exporters.base import MetricSpec
+from hybridmon.agent.self_metrics import (DETECTOR_DURATION, DETECTOR_ERRORS, DETECTOR_EVALUATIONS, FINDING_ACTIVE,
+                                          FINDING_THRESHOLD, FINDING_VALUE)
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-
-_ENTITY = "alertname, severity, and the entity: gpu, uuid, pid, process_name, pci_bus_id, ..."
-FINDING_ACTIVE = MetricSpec("hybridmon_finding_active", f"1 for each finding firing now. Labels: {_ENTITY}.", "gauge")
-FINDING_VALUE = MetricSpec("hybridmon_finding_value", "The measured value of each firing finding, in the unit of its threshold.", "gauge")
-FINDING_THRESHOLD = MetricSpec("hybridmon_finding_threshold", "The threshold each firing finding's value was compared with.", "gauge")
-DETECTOR_ERRORS = MetricSpec("hybridmon_detector_errors_total", "Evaluations in which the detector raised; its findings keep their state meanwhile.", "counter", ("detector",))
-DETECTOR_EVALUATIONS = MetricSpec("hybridmon_detector_evaluations_total", "Evaluations of all detectors since the agent started.", "counter")
-DETECTOR_DURATION = MetricSpec("hybridmon_detector_evaluation_duration_seconds", "Wall time of the last evaluation of all detectors.", "gauge")
-FINDING_METRICS = (FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD, DETECTOR_ERRORS, DETECTOR_EVALUATIONS, DETECTOR_DURATION)
-
 
 def runbook_url(base_url: str, alertname: str) -> str:
     return f"{base_url.rstrip('/')}/{alertname}"

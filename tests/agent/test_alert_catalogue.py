@@ -11,7 +11,7 @@ import yaml
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import FAMILIES, Thresholds, all_alertnames, all_detectors
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.publish.exposition import SELF_METRICS
+from hybridmon.agent.self_metrics import SELF_METRICS
 from hybridmon.exporters.registry import COLLECTORS
 from hybridmon.rules.templates import markers
 from tests.support.alert_specification import SPECIFIED_ALERTS

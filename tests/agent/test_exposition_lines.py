@@ -6,7 +6,8 @@ import math
 
 import pytest
 
-from hybridmon.agent.publish.exposition import OPENMETRICS, TEXT, _render, families
+from hybridmon.agent.publish.exposition import OPENMETRICS, TEXT, _render
+from hybridmon.agent.self_metrics import families
 from hybridmon.agent.publish.exposition_lines import LineCache
 from hybridmon.exporters.base import MetricSpec, Samples
 

@@ -17,7 +17,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.publish.exposition import BUILD_INFO, accepts_gzip, choose_format
+from hybridmon.agent.publish.exposition import accepts_gzip, choose_format
+from hybridmon.agent.self_metrics import BUILD_INFO
 from tests.support.agent_helpers import (
     FIXTURE_ENVIRONMENT, fixture_config, free_port, run_every_collector_once, start_daemon, stop_daemon, wait_for,
 )

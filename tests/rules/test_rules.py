@@ -17,7 +17,7 @@ import yaml
 
 from hybridmon.agent.commands import metric_docs
 from hybridmon.agent.alerts.catalogue import DEFAULT_THRESHOLDS_FILE, load_thresholds
-from hybridmon.agent.publish.exposition import SELF_METRICS
+from hybridmon.agent.self_metrics import SELF_METRICS
 from hybridmon.agent.alerts import catalogue
 from hybridmon.rules import generate
 from hybridmon.pcie_rates import replay_bound_per_minute
