@@ -30,7 +30,8 @@ from hybridmon.exporters.sources import RawSource, ReplayedCallError
 from hybridmon.exporters import inference_llamacpp, inference_scrape
 from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, MIN_HTTP_TIMEOUT_SECONDS, CollectorContext,
                                       CollectorRegistration, CollectorSettings, LogOnce, NoDataError, Samples)
-from hybridmon.exporters.inference_formats import PERCENTILES, Histogram, ServerStats, interpret, recent_quantile
+from hybridmon.exporters.inference_formats import PERCENTILES, interpret, recent_quantile
+from hybridmon.exporters.inference_stats import Histogram, ServerStats
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
                                          OFFLOAD_DROPPED_TOKENS, OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR,
                                          SCRAPE_SUCCESS, SERVERS, USUAL_PORTS)

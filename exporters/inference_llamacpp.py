@@ -38,10 +38,7 @@ with_metrics_hint() turns that answer into a scrape error that says so.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # inference_formats calls refine(): no import of it at run time
-    from hybridmon.exporters.inference_formats import SampleIndex, ServerStats
+from hybridmon.exporters.inference_stats import SampleIndex, ServerStats
 
 N_DECODE = "llamacpp:n_decode_total"
 BUSY_SLOTS_PER_DECODE = "llamacpp:n_busy_slots_per_decode"

@@ -25,8 +25,9 @@ from hybridmon.agent.status.inference import offload_elsewhere_rows
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import NoDataError, ParseError
 from hybridmon.exporters.inference import InferenceCollector, endpoint_url
-from hybridmon.exporters.inference_formats import (Histogram, ServerStats, interpret, keep_known_families, normalise,
-                                         parse_ollama_ps, parse_prometheus, recent_quantile)
+from hybridmon.exporters.inference_formats import (interpret, keep_known_families, normalise, parse_ollama_ps,
+                                                   parse_prometheus, recent_quantile)
+from hybridmon.exporters.inference_stats import Histogram, ServerStats
 from hybridmon.exporters.inference_names import METRIC_SPECS
 from hybridmon.exporters.inference_scrape import connect_host, fetch, find_listeners, parse_proc_net_tcp
 from tests.support.agent_helpers import fixture_config, run_every_collector_once

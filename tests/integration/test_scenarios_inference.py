@@ -19,7 +19,8 @@ from tests.support.scenarios.library import GEN4_X16, VLLM
 from hybridmon.exporters.sources import LiveSource
 from hybridmon.exporters import inference_scrape
 from hybridmon.exporters.inference import InferenceCollector
-from hybridmon.exporters.inference_formats import Histogram, recent_quantile
+from hybridmon.exporters.inference_formats import recent_quantile
+from hybridmon.exporters.inference_stats import Histogram
 from tests.support.scenario_traces import between, one, rate, value_at
 
 SERVER = {"server": "vllm", "endpoint": ENDPOINT, "model": MODEL}
