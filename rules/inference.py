@@ -7,17 +7,12 @@ endpoint and model but not the pid, which changes on every restart of the server
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema is built from the families, which import these rules
-    from hybridmon.agent.alerts.catalogue import Thresholds
-
 from textwrap import dedent
 
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.rules import pcie
-from hybridmon.rules.model import Recording
+from hybridmon.rules.model import Recording, Thresholds
 from hybridmon.rules.promql import duration, number, rate_name
 
 TOKENS = BY_FIELD["generated_tokens"].name

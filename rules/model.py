@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from hybridmon.rules.promql import duration
 from hybridmon.rules.templates import go_template, markers
 
 Query = tuple[str, tuple[str, ...]]  # PromQL with %q placeholders, the alert labels filling them
+# The loaded thresholds file: agent/alerts/catalogue.Thresholds, a model the catalogue builds at
+# import from the alert families, which import these rules. The rules read it by section and key
+# (t.pcie_starvation.for_seconds) and name it by this alias, never by importing the catalogue.
+Thresholds = Any
 
 
 @dataclass(frozen=True)

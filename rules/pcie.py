@@ -12,15 +12,9 @@ a burst would read as a link many times over full.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema is built from the families, which import these rules
-    from hybridmon.agent.alerts.catalogue import Thresholds
-
-
 from hybridmon.exporters import bench as bench_metrics
 from hybridmon.exporters import gpu as gpu_metrics
-from hybridmon.rules.model import Recording
+from hybridmon.rules.model import Recording, Thresholds
 from hybridmon.pcie_rates import (LANE_ACHIEVABLE_TEXT, LANE_BIDIRECTIONAL_TEXT, LANE_BYTES_PER_SECOND_TEXT,
                                   LANE_LINE_RATE_BITS_PER_SECOND_TEXT)
 from hybridmon.rules.promql import (by_generation,

@@ -7,18 +7,13 @@ stand-in for the agent's Theil-Sen slope: both agree on steady growth and ignore
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # the schema is built from the families, which import these rules
-    from hybridmon.agent.alerts.catalogue import Thresholds
-
 from dataclasses import dataclass
 
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters import cgroup_memory, host_memory, numa, pcie
 from hybridmon.exporters import process as process_metrics
 from hybridmon.exporters.inference_names import BY_FIELD
-from hybridmon.rules.model import Recording
+from hybridmon.rules.model import Recording, Thresholds
 from hybridmon.rules.promql import (SLOPE_NOTE, duration, indent, rate_name, robust_slope)
 
 CPU = f"process:{rate_name(process_metrics.CPU_SECONDS.name)}:rate1m"

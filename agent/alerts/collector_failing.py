@@ -20,7 +20,6 @@ from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
 from hybridmon.agent.loop.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
 
 ALERTNAME = "HybridmonCollectorFailing"
 INPUTS = (COLLECTOR_SUCCESS, COLLECTOR_ERRORS)
@@ -90,26 +89,6 @@ class Detector:
         return findings
 
 
-def cases(t, catalog) -> list[Test]:
-    """gpu fails every run (one a second) from the onset and fires; process fails every other
-    sample (never for the whole `for`) and pcie never fails: both silent."""
-    wait = t.collector_failing.for_seconds
-    rule = catalog.find(ALERTNAME)
-    test = Test("collector failing: gpu failing from the onset fires; process flapping and pcie "
-                "healthy stay silent", firing(wait) + 120, catalog)
-    rest = test.samples - BEFORE_SAMPLES
-    test.gauge(COLLECTOR_SUCCESS.name, 1, 0, collector="gpu")
-    test.counter(COLLECTOR_ERRORS.name, 0, 1.0, collector="gpu")
-    flapping = " ".join(["0", "1"] * rest)[:2 * rest - 1]
-    test.add(COLLECTOR_SUCCESS.name, f"1x{BEFORE_SAMPLES - 1} {flapping}", collector="process")
-    test.counter(COLLECTOR_ERRORS.name, 0, 0.5, collector="process")
-    test.constant(COLLECTOR_SUCCESS.name, 1, collector="pcie")
-    test.constant(COLLECTOR_ERRORS.name, 0, collector="pcie")
-    test.expect(not_yet(wait), rule.alert)
-    test.expect(firing(wait), rule.alert, test.alert(rule, {"collector": "gpu"}, value=wait * 1.0))
-    return [test]
-
-
 FAMILY = AlertFamily(
     section="collector_failing",
     settings=Settings,
@@ -118,7 +97,6 @@ FAMILY = AlertFamily(
     group="hybridmon-agent",
     detector=Detector,
     alerts=lambda t: (alert(t.collector_failing),),
-    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
 )

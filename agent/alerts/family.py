@@ -10,9 +10,12 @@ module holds, side by side (as a monitoring mixin keeps an alert's rule, test an
   same text in Python from the finding's values (`finding()` below), so both doors say the same words;
 - its in-agent detector, a pure function of the history (`evaluate(history, now)`), unless the
   agent cannot see that trouble from inside (its own death: agent_down has `detector=None`);
-- its promtool cases (`rules.promtool_cases.Test`), inputs just past and just inside each threshold;
 - the collectors it judges (so `hybridmon check` can say why it skipped it) and how much history
   it reads.
+
+Its tests are one module, tests/alerts/test_<section>.py: its detector's tests and its rule's
+promtool cases (`promtool_cases`), inputs just past and just inside each threshold, which
+`python -m tests.rules.generate` writes to rules/tests/. The agent never loads them.
 
 A family added after a release gives its settings defaults, so thresholds files copied from the
 release before still load. The catalogue (catalogue.py) lists the families once; the agent,
@@ -55,7 +58,6 @@ class AlertFamily:
     # from inside (agent_down: its own death)
     detector: Callable[[Any], Detector] | None
     alerts: Callable[[Any], tuple[Alert, ...]]      # built from the whole Thresholds
-    cases: Callable[[Any, Any], list] = lambda thresholds, catalog: []   # promtool Tests
     collectors: tuple[str, ...] = ()                # what it judges; `check` skips it without them
     lookback_seconds: Callable[[Any], float] = lambda settings: 0.0      # history it reads
     # what of it the detector reads through the engine's view, where it reads the rest itself

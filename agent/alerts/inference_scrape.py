@@ -9,10 +9,8 @@ from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
-from hybridmon.rules.case_inputs import LLAMA_SERVER, VLLM_SERVER
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
 
 INPUTS = (SCRAPE_SUCCESS, SCRAPE_ERROR)
 # Why a scrape failed (the reason label of the scrape-error series), in words, and the first
@@ -95,24 +93,6 @@ class Detector:
         return findings
 
 
-def cases(t, catalog) -> list[Test]:
-    wait = t.inference_scrape.for_seconds
-    rule = catalog.find("InferenceServerScrapeFailing")
-    test = Test("scrape failing: vLLM's endpoint answers HTML from the onset; llama.cpp's times out "
-                "once", firing(wait) + 120, catalog)
-    vllm, llama = VLLM_SERVER["endpoint"], LLAMA_SERVER["endpoint"]
-    test.gauge(SCRAPE_SUCCESS.name, 1, 0, endpoint=vllm)
-    test.gauge(SCRAPE_ERROR.name, None, 1, endpoint=vllm, reason="not_prometheus")
-    test.constant(SCRAPE_SUCCESS.name, 1, endpoint=llama)
-    rest = test.samples - BEFORE_SAMPLES - 1
-    test.add(SCRAPE_ERROR.name, f"_x{BEFORE_SAMPLES} 1 stale _x{rest - 1}",
-             endpoint=llama, reason="timeout")
-    test.expect(not_yet(wait), rule.alert)
-    test.expect(firing(wait), rule.alert,
-                test.alert(rule, {"endpoint": vllm, "reason": "not_prometheus"}))
-    return [test]
-
-
 FAMILY = AlertFamily(
     section="inference_scrape",
     settings=Settings,
@@ -121,7 +101,6 @@ FAMILY = AlertFamily(
     group="hybridmon-inference",
     detector=Detector,
     alerts=lambda t: (alert(t.inference_scrape),),
-    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
 )

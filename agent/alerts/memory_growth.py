@@ -47,7 +47,6 @@ from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINO
 from hybridmon.rules import process as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, number, query
-from hybridmon.agent.alerts.memory_growth_cases import cases
 from hybridmon.rules.templates import humanize1024, humanize_percentage
 
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
@@ -458,7 +457,6 @@ FAMILY = AlertFamily(
     group="hybridmon-process",
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.memory_growth)),
-    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: settings.window_seconds,
     view_seconds=lambda settings: 0.0,   # the latest figures: its headroom and its servers' tree

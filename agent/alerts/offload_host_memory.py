@@ -41,10 +41,8 @@ from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT
 from hybridmon.agent.alerts.weight_offload import by_root
 from hybridmon.rules import inference as recorded
-from hybridmon.rules.case_inputs import HOST2, SGLANG, SGLANG_SERVER, VLLM, VLLM_SERVER, served
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
-from hybridmon.rules.promtool_cases import GIB, HOST, Test, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
 HOST_TIER = BY_FIELD["kv_offload_host_tier_bytes"]
@@ -181,45 +179,6 @@ class Detector:
 
 # -- promtool cases ------------------------------------------------------------------------------
 
-def tier_case(t, catalog) -> Test:
-    """gpu-host-1: vLLM (pid 4242) configured with a 100 GiB host tier (192 GiB with the overhead)
-    holds 40 GiB resident; MemAvailable falls from 400 to 150 GiB at the onset (a neighbour
-    grows): 152 GiB still to take is past 0.9 of 150 GiB, fires. Its cgroup leaves it 500 GiB:
-    silent there. SGLang (pid 6161) with a 20 GiB tier holding 10 GiB: 28.4 GiB left, silent.
-    gpu-host-2: vLLM with the tier already allocated (resident 200 GiB), 20 GiB available:
-    nothing left to take, silent; a cgroup case on gpu-host-1's SGLang: its cgroup leaves 30 GiB
-    after the onset, 28.4 GiB left to take fires reason cgroup."""
-    s = t.offload_host_memory
-    factor = s.pinned_overhead_factor
-    test = Test("host memory for the KV tier: the rest of vLLM's tier will not fit once MemAvailable "
-                "falls; SGLang's fits the host but not its cgroup; an allocated tier is silent",
-                firing(s.for_seconds) + 120, catalog)
-    test.gauge(MEMORY_AVAILABLE.name, 400 * GIB, 150 * GIB)
-    test.constant(MEMORY_AVAILABLE.name, 20 * GIB, HOST2)
-    for labels, tier, resident, headroom, instance in (
-            (VLLM, 100 * GIB, 40 * GIB, (500 * GIB, 500 * GIB), HOST),
-            (SGLANG, 20 * GIB, 10 * GIB, (400 * GIB, 30 * GIB), HOST),
-            (VLLM, 100 * GIB, 200 * GIB, None, HOST2)):
-        server = VLLM_SERVER if labels is VLLM else SGLANG_SERVER
-        test.constant(HOST_TIER.name, tier, instance, **served(server, labels["pid"]))
-        test.constant(RESIDENT.name, resident, instance, **labels)
-        test.constant(TREE_ROOT.name, 1, instance, **labels, root_pid=labels["pid"])
-        if headroom:
-            test.gauge(CGROUP_MEMORY_HEADROOM.name, *headroom, instance, **labels)
-    available_rule = catalog.find("InferenceOffloadHostMemoryShort", reason="memory_available")
-    cgroup_rule = catalog.find("InferenceOffloadHostMemoryShort", reason="cgroup")
-    vllm_left = 100 * GIB * factor - 40 * GIB
-    sglang_left = 20 * GIB * factor - 10 * GIB
-    test.expect(not_yet(s.for_seconds), "InferenceOffloadHostMemoryShort")
-    test.expect(firing(s.for_seconds), "InferenceOffloadHostMemoryShort",
-                test.alert(cgroup_rule, SGLANG_SERVER, value=sglang_left / (30 * GIB), tier=20 * GIB),
-                test.alert(available_rule, VLLM_SERVER, value=vllm_left / (150 * GIB), tier=100 * GIB))
-    return test
-
-
-def cases(t, catalog) -> list[Test]:
-    return [tier_case(t, catalog)]
-
 
 FAMILY = AlertFamily(
     section="offload_host_memory",
@@ -229,7 +188,6 @@ FAMILY = AlertFamily(
     group="hybridmon-inference",
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.offload_host_memory)),
-    cases=cases,
     collectors=("inference", "process"),
     lookback_seconds=lambda settings: 0.0,
 )

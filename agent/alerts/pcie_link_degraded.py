@@ -14,10 +14,8 @@ from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERAT
                                      PCIE_LINK_WIDTH, UTILIZATION)
 from hybridmon.pcie_rates import theoretical_capacity
 from hybridmon.rules import pcie as recorded
-from hybridmon.rules.case_inputs import capacity, link
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import gpu_query, number
-from hybridmon.rules.promtool_cases import GPU0, GPU1, GPU2, GPU3, Test, above, firing, not_yet
 from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (UTILIZATION, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH)
@@ -106,28 +104,6 @@ class Detector:
         return findings
 
 
-def cases(t, catalog) -> list[Test]:
-    d = t.pcie_link_degraded
-    rule = catalog.find("GpuPcieLinkDegraded")
-    busy = above(d.busy_utilization_at_least)
-    test = Test("PCIe link degraded under load: GPU 0 drops to Gen3, GPU 2 to x8; GPU 1 idles "
-                "at Gen1 and GPU 3 runs Gen1 at idle, Gen4 when busy: both silent",
-                firing(d.for_seconds) + 120, catalog)
-    link(test, GPU0, (4, 3), 16)
-    link(test, GPU1, 1, 16)
-    link(test, GPU2, 4, (16, 8))
-    link(test, GPU3, (1, 4), 16)
-    for gpu, before, after in ((GPU0, busy, busy), (GPU1, 0, 0), (GPU2, busy, busy), (GPU3, 0, busy)):
-        test.gauge(UTILIZATION.name, before, after, **gpu)
-    test.expect(not_yet(d.for_seconds), rule.alert)
-    test.expect(firing(d.for_seconds), rule.alert,
-                test.alert(rule, GPU0, value=capacity(3, 16) / capacity(4, 16), gen=3, width=16,
-                           max_gen=4, max_width=16, util=busy),
-                test.alert(rule, GPU2, value=capacity(4, 8) / capacity(4, 16), gen=4, width=8,
-                           max_gen=4, max_width=16, util=busy))
-    return [test]
-
-
 FAMILY = AlertFamily(
     section="pcie_link_degraded",
     settings=Settings,
@@ -136,7 +112,6 @@ FAMILY = AlertFamily(
     group="hybridmon-pcie",
     detector=Detector,
     alerts=lambda t: (alert(t.pcie_link_degraded),),
-    cases=cases,
     collectors=("gpu",),
     lookback_seconds=lambda settings: settings.for_seconds,
 )

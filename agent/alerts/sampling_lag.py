@@ -33,7 +33,6 @@ from hybridmon.agent.self_metrics import LOOP_SCHEDULED, LOOP_SKIPPED, LOOP_TICK
 from hybridmon.agent.loop.history import History
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
-from hybridmon.rules.promtool_cases import ONSET, Test, not_yet
 
 ALERTNAME = "HybridmonSamplingLagging"
 INPUTS = (LOOP_TICKS, LOOP_SCHEDULED)
@@ -121,28 +120,6 @@ class Detector:
                                  "last_lag_seconds": round(sampler.loop.last_lag_seconds, 3)})]
 
 
-def cases(t, catalog) -> list[Test]:
-    """Five agents, the loop at 1 s, all started with the test (young series: the healthy ones
-    must not fire while rate() underestimates): one runs half its ticks from the onset and one
-    stops (both fire); one runs 95 % (above the threshold), one all, and a replay runs none but
-    schedules none either: all three silent. Checked once the whole window is after the onset, where a linear
-    counter gives the exact share whatever the Prometheus version's window edges."""
-    s = t.sampling_lag
-    rule = catalog.find(ALERTNAME)
-    at = ONSET + 60 * (int(s.window_seconds + s.for_seconds) // 60 + 1)
-    test = Test("sampling loop: half the ticks and none fire; 95 %, every tick and a replay stay "
-                "silent", at + 60, catalog)
-    agents = {"lagging:9787": 0.5, "stopped:9787": 0.0, "busy:9787": 0.95, "healthy:9787": 1.0}
-    for instance, share in agents.items():
-        test.counter(LOOP_TICKS.name, 1.0, share, instance=instance)
-        test.counter(LOOP_SCHEDULED.name, 1.0, 1.0, instance=instance)
-    test.constant(LOOP_TICKS.name, 0, instance="replay:9787")
-    test.expect(not_yet(s.for_seconds), rule.alert)
-    test.expect(at, rule.alert, *(test.alert(rule, {}, instance=instance, value=agents[instance])
-                                  for instance in ("lagging:9787", "stopped:9787")))
-    return [test]
-
-
 FAMILY = AlertFamily(
     section="sampling_lag",
     settings=Settings,
@@ -151,7 +128,6 @@ FAMILY = AlertFamily(
     group="hybridmon-agent",
     detector=Detector,
     alerts=lambda t: (alert(t.sampling_lag),),
-    cases=cases,
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
 )

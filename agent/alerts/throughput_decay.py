@@ -24,12 +24,9 @@ from hybridmon.exporters.host_memory import SWAP_IN_BYTES
 from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.exporters.process import MAJOR_FAULTS, RESIDENT, SWAP
-from hybridmon.rules.case_inputs import (
-    LLAMA, LLAMA_SERVER, SGLANG_SERVER, VLLM, VLLM_SERVER, served, stepped, stepped_counter)
 from hybridmon.rules.inference import SERVER, SERVER_NAME, per_request, running
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration, number, query
-from hybridmon.rules.promtool_cases import Test, above
 from hybridmon.rules.templates import humanize_percentage
 from hybridmon.units import human_bytes, human_duration, human_rate, percent
 
@@ -269,35 +266,6 @@ class Detector:
         return add_note(found, host_sentence(moved))
 
 
-def cases(t, catalog) -> list[Test]:
-    """vLLM's speed per request falls by more than the share at `change` with the same load and
-    fires; SGLang's falls as much while its running requests halve (load fell), llama.cpp's falls
-    by half the share: both silent. The baseline is the first baseline_seconds of the window."""
-    d = t.throughput_decay
-    rule = catalog.find("InferenceThroughputDecay")
-    recent, window = int(d.recent_seconds), int(d.window_seconds)
-    change = window   # from here on the baseline window, [now - window, ...], holds only "before"
-    decay = above(d.decay_share)
-    active = next(s for s in range(0, recent + 60, 60) if decay * s / recent >= d.decay_share)
-    at = change + max(recent, active + int(d.for_seconds)) + 300
-    test = Test("throughput decay: vLLM slows per request under the same load; SGLang slows as its "
-                "load falls; llama.cpp slows a little: only vLLM fires", at + 60, catalog)
-    test.interval = 60
-    load, speed = 8.0, 60.0
-    for labels, after, running_after in (
-            (served(VLLM_SERVER, VLLM["pid"]), 1 - decay, load),
-            (served(SGLANG_SERVER, "6161"), 1 - decay, load / 2),
-            (served(LLAMA_SERVER, LLAMA["pid"]), 1 - d.decay_share / 2, load)):
-        test.values(GENERATED_TOKENS.name, stepped_counter(test, change, speed * load,
-                                                           speed * after * running_after), **labels)
-        test.values(REQUESTS_RUNNING.name, stepped(test, change, load, running_after), **labels)
-    test.expect(change + active + int(d.for_seconds) - 120, rule.alert)
-    test.expect(at, rule.alert, test.alert(
-        rule, VLLM_SERVER, value=decay, after=speed * (1 - decay), before=speed,
-        running_now=load, running_then=load))
-    return [test]
-
-
 FAMILY = AlertFamily(
     section="throughput_decay",
     settings=Settings,
@@ -306,7 +274,6 @@ FAMILY = AlertFamily(
     group="hybridmon-inference",
     detector=Detector,
     alerts=lambda t: (alert(t.throughput_decay),),
-    cases=cases,
     collectors=("inference",),
     lookback_seconds=lambda settings: settings.window_seconds,
 )

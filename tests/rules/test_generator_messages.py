@@ -9,16 +9,17 @@ import pytest
 
 from deploy.kubernetes import generate_prometheusrule
 from hybridmon.rules import generate as rules_generate
+from tests.rules import generate as promtool_tests_generate
 from tests.support.agent_helpers import REPO
 
 
 def generators():
     from hybridmon.dashboards import generate as dashboards_generate  # grafana-foundation-sdk: Python >= 3.11
 
-    return [rules_generate, dashboards_generate, generate_prometheusrule]
+    return [rules_generate, dashboards_generate, generate_prometheusrule, promtool_tests_generate]
 
 
-@pytest.mark.parametrize("index", [0, 1, 2], ids=["rules", "dashboards", "prometheusrule"])
+@pytest.mark.parametrize("index", [0, 1, 2, 3], ids=["rules", "dashboards", "prometheusrule", "promtool-tests"])
 def test_a_generator_names_each_file_it_writes_then_checks(index, tmp_path, capsys):
     if index == 1 and sys.version_info < (3, 11):
         pytest.skip("grafana-foundation-sdk needs Python >= 3.11 (pyproject's floor is 3.10)")

@@ -142,15 +142,26 @@ def test_generated_files_are_current():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+def test_generated_promtool_tests_are_current():
+    result = run(sys.executable, "-m", "tests.rules.generate", "--check")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_check_shows_a_diff_and_fails_when_a_generated_file_was_edited(tmp_path):
     assert run(sys.executable, "-m", "hybridmon.rules.generate", "--output-dir", tmp_path).returncode == 0
     rules = tmp_path / "hybridmon.rules.yml"
     rules.write_text(rules.read_text().replace(">= 0.85", ">= 0.8", 1))
-    (tmp_path / "tests" / "generated_leftover.yml").write_text("tests: []\n")
     result = run(sys.executable, "-m", "hybridmon.rules.generate", "--check", "--output-dir", tmp_path)
     assert result.returncode == 1
     assert re.search(r"^-\s+>= 0\.8$", result.stdout, re.M)
     assert re.search(r"^\+\s+>= 0\.85$", result.stdout, re.M)
+
+
+def test_test_check_names_a_generated_test_no_longer_produced(tmp_path):
+    assert run(sys.executable, "-m", "tests.rules.generate", "--output-dir", tmp_path).returncode == 0
+    (tmp_path / "tests" / "generated_leftover.yml").write_text("tests: []\n")
+    result = run(sys.executable, "-m", "tests.rules.generate", "--check", "--output-dir", tmp_path)
+    assert result.returncode == 1
     assert "tests/generated_leftover.yml: generated earlier, no longer produced" in result.stdout
 
 
@@ -179,9 +190,10 @@ def test_other_thresholds_give_other_rules_whose_generated_tests_pass(tmp_path):
     thresholds = tmp_path / "thresholds.toml"
     thresholds.write_text(other_thresholds())
     out = tmp_path / "rules"
-    result = run(sys.executable, "-m", "hybridmon.rules.generate", "--thresholds", thresholds,
-                 "--runbook-base-url", "https://runbooks.example.com/hybridmon/", "--output-dir", out)
-    assert result.returncode == 0, result.stderr
+    for generator in ("hybridmon.rules.generate", "tests.rules.generate"):
+        result = run(sys.executable, "-m", generator, "--thresholds", thresholds,
+                     "--runbook-base-url", "https://runbooks.example.com/hybridmon/", "--output-dir", out)
+        assert result.returncode == 0, result.stderr
     text = (out / "hybridmon.rules.yml").read_text()
     assert ">= 0.7\n" in text and "<= 0.4\n" in text and "for: 3m" in text
     assert "runbook_url: https://runbooks.example.com/hybridmon/GpuPcieStarvation" in text

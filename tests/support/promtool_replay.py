@@ -30,7 +30,7 @@ from pathlib import Path
 
 import yaml
 
-from hybridmon.rules.promtool_cases import num
+from tests.support.promtool_cases import num
 
 REPO = Path(__file__).resolve().parents[2]
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"

@@ -1,17 +1,25 @@
-"""The promtool cases of InferenceProcessMemoryGrowth (agent/alerts/memory_growth.py): series
-every minute, each case's expected alerts with the text Prometheus must render. Kept apart from
-the family so that each module stays readable."""
+"""The tests of the memory_growth alert family (agent/alerts/memory_growth.py): its rule's promtool
+cases (`promtool_cases`, written to rules/tests/generated_memory_growth.yml by `python -m
+tests.rules.generate` and run by promtool in tests/rules/test_rules.py): series every minute, each
+case's expected alerts with the text Prometheus must render."""
 from __future__ import annotations
 
+from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL
 from hybridmon.exporters.gpu import MEMORY_USED as GPU_MEMORY_USED
-from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
-from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, RESIDENT,
-                                         TREE_ROOT)
-from hybridmon.rules.case_inputs import LLAMA, SGLANG, VLLM, on_gpu
-from hybridmon.rules.promtool_cases import GIB, GPU0, Catalog, Test
+from hybridmon.exporters.process import (
+    CPU_SECONDS,
+    LOCKED,
+    MAJOR_FAULTS,
+    MINOR_FAULTS,
+    RESIDENT,
+    TREE_ROOT,
+)
+
+from tests.support.promtool_cases import GIB, GPU0, Catalog, Test
+from tests.support.promtool_inputs import LLAMA, SGLANG, VLLM, on_gpu
 
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
 REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
@@ -211,6 +219,6 @@ def _real_deployments(t, catalog: Catalog) -> Test:
     return test
 
 
-def cases(t, catalog: Catalog) -> list[Test]:
+def promtool_cases(t, catalog: Catalog) -> list[Test]:
     return [_growth_on_flat_load(t, catalog), _growth_against_server_load(t, catalog),
             _real_deployments(t, catalog)]

@@ -1,5 +1,5 @@
 """Inputs several families' promtool cases share: a GPU's link, a host's memory, the watched
-processes and the inference servers of the test hosts (rules.promtool_cases has the timing and Test)."""
+processes and the inference servers of the test hosts (tests.support.promtool_cases has the timing and Test)."""
 from __future__ import annotations
 
 from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY
@@ -9,7 +9,7 @@ from hybridmon.exporters.host_memory import (MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, S
                                              SYSCTL_VALUE)
 from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND, achievable_capacity, bidirectional_capacity
-from hybridmon.rules.promtool_cases import GIB, HOST, Test
+from tests.support.promtool_cases import GIB, HOST, Test
 
 HOST2 = "gpu-host-2:9787"
 HOST3 = "gpu-host-3:9787"

@@ -1,4 +1,4 @@
-"""promtool unit tests, generated from the same thresholds as the rules.
+"""promtool unit tests, generated from the same thresholds as the rules (tests/rules/generate.py).
 
 Each test is a small host story: healthy series until ONSET, the incident's series after it (from
 the next sample on), inputs chosen just past each threshold (or well inside it, for the healthy
@@ -83,6 +83,8 @@ class Catalog:
 class Test:
     """One promtool test: input series, then evaluations with the alerts expected at each."""
 
+    __test__ = False  # a promtool test, not a pytest one: the families' test modules import it
+
     name: str
     end: int                        # seconds; series run from 0 to here
     catalog: Catalog
@@ -160,16 +162,13 @@ class Test:
         return test
 
 
-def test_files(thresholds, families, groups: list[Group], runbook_base_url: str,
-               shared_cases=lambda thresholds, catalog: []) -> dict[str, dict]:
-    """File name (without prefix and suffix) -> promtool test document: one per alert family with
-    cases (named like its section), and `recordings` for the cases of the shared recording rules."""
+def test_files(thresholds, cases: dict[str, object], groups: list[Group], runbook_base_url: str) -> dict[str, dict]:
+    """File name (without prefix and suffix) -> promtool test document, one per entry of `cases`
+    (name -> `promtool_cases(thresholds, catalog)`) that gives any."""
     catalog = Catalog(groups, runbook_base_url)
     files = {}
-    named = [("recordings", shared_cases)]
-    named += [(family.section, family.cases) for family in families]
-    for name, cases in named:
-        tests = cases(thresholds, catalog)
+    for name, promtool_cases in cases.items():
+        tests = promtool_cases(thresholds, catalog)
         if tests:
             files[name] = {
                 "rule_files": ["../hybridmon.rules.yml"],
