@@ -13,7 +13,7 @@ find them made; so none here does either. (An evaluation further back would read
 it too, which the daemon's never have: a history is read to its newest tick.)
 
 Memory growth works out each process's trend at the first evaluation of a minute and reuses it for
-the other five (agent/alerts/memory_growth_trend.py): every sixth round here makes it forget its
+the other five (agent/alerts/memory_growth/trend.py): every sixth round here makes it forget its
 trends first, as a new minute does, and the figure is the mean of the rounds, not a median, which
 would hide that round.
 """

@@ -1,6 +1,6 @@
 """The recording rules of the process group: CPU, faults, each process's load from its inference
 server, memory slopes and exhaustion, NUMA placement. The alerts that read them are
-agent/alerts/memory_growth.py and numa_misplacement.py.
+agent/alerts/memory_growth/__init__.py and numa_misplacement.py.
 
 Slopes are rules.promql.robust_slope (the median of local least-squares slopes), the PromQL
 stand-in for the agent's Theil-Sen slope: both agree on steady growth and ignore a single jump.
@@ -42,6 +42,18 @@ PROCESS_ON_GPU_NODE = (
     "  * on (job, instance, gpu, uuid) group_right (node)\n"
     f"    max without (process_name) ({gpu_metrics.PROCESS_MEMORY_USED.name} * 0 + 1)"
 )
+
+
+# A process's tree (hybridmon_process_tree_root_info): the pid of its root, the process itself when
+# its parent is not watched. A server's listening pid and the processes holding its GPU memory (vLLM
+# V1's engine core, tensor-parallel workers) meet at their root.
+TREE = f"max without (process_name) ({process_metrics.TREE_ROOT.name})"
+
+
+def by_root(per_pid: str) -> str:
+    """`per_pid` (labels job, instance, pid, ...) with the root_pid label of its process tree; a
+    pid the process collector does not watch (no tree info) drops out, as in the detectors."""
+    return f"(\n  {per_pid}\n    * on (job, instance, pid) group_left (root_pid) {TREE}\n)"
 
 
 @dataclass(frozen=True)
@@ -113,15 +125,14 @@ def tied_to_tree(per_listening_pid: str) -> str:
     """A server figure summed by the pid that listens (labels job, instance, pid), handed to every
     watched process of the same tree (hybridmon_process_tree_root_info: vLLM's engine core gets its
     API server's load); a listening pid without a tree keeps it alone, as before trees were read."""
-    tree = f"max without (process_name) ({process_metrics.TREE_ROOT.name})"
     return (
         "sum by (job, instance, pid) (\n"
-        f"    {tree}\n"
+        f"    {TREE}\n"
         "  * on (job, instance, root_pid) group_left ()\n"
         "    sum by (job, instance, root_pid) (\n"
         f"        {per_listening_pid}\n"
         "      * on (job, instance, pid) group_left (root_pid)\n"
-        f"        {tree}\n"
+        f"        {TREE}\n"
         "    )\n"
         ")\n"
         f"or\n{per_listening_pid}"

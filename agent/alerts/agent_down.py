@@ -11,6 +11,7 @@ names the job after the Service unless the ServiceMonitor sets jobLabel).
 from __future__ import annotations
 
 from hybridmon.agent.alerts.family import AlertFamily, Section
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
@@ -55,7 +56,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=(),
     alertnames=(ALERTNAME,),
-    group="hybridmon-agent",
+    group=groups.AGENT,
     detector=None,
     alerts=lambda t: alerts(t.agent_down),
     collectors=(),

@@ -17,6 +17,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.publish.findings import iso_time
 from hybridmon.agent.loop.history import History
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
@@ -85,7 +86,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-agent",
+    group=groups.AGENT,
     detector=Detector,
     alerts=lambda t: (alert(t.alert_delivery),),
     collectors=(),

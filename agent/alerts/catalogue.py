@@ -1,67 +1,65 @@
-"""The alert families, listed once. The agent's detectors, `hybridmon check`, the thresholds file's
+"""The alert families, found once. The agent's detectors, `hybridmon check`, the thresholds file's
 schema, the Prometheus rule file and its promtool tests, the runbooks and the tests all come from
-this list; adding an alert is a family module (family.py) plus a line here.
+FAMILIES: adding an alert is a family module in this package (family.py says what it holds), its
+[section] in thresholds.toml, its runbook and its test; nothing here lists it.
 
-The order is the rule file's: families in the order of their rule groups, alerts in the order they
-appear in their group.
+A family is each module of this package, or subpackage (memory_growth/, whose other modules are
+that family's parts), other than this one and family.py; each must define FAMILY, an AlertFamily
+named like the module. The order is the rule file's: the groups in rules.groups.GROUPS order, in
+each group its families by section name.
 """
 from __future__ import annotations
 
+import importlib
+import pkgutil
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 from pydantic import ValidationError, create_model
 
-from hybridmon.agent.alerts import (agent_down, alert_delivery, collector_failing, gpu_lost,
-                                    gpu_memory_headroom, host_config, inference_scrape,
-                                    kv_offload_pressure, memory_growth, numa_misplacement,
-                                    pcie_bandwidth_low, pcie_errors, pcie_link_degraded,
-                                    pcie_starvation, sampling_lag, swap_thrash, throughput_decay,
-                                    offload_host_memory, weight_offload)
 from hybridmon.agent.alerts.family import AlertFamily, Section
 from hybridmon.agent.detectors.base import Detector
-from hybridmon.rules import recordings
-from hybridmon.rules.model import Group, Recording
+from hybridmon.rules.groups import GROUPS
+from hybridmon.rules.model import Group
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover
     import tomli as tomllib
 
-FAMILIES: tuple[AlertFamily, ...] = (
-    pcie_starvation.FAMILY,
-    pcie_link_degraded.FAMILY,
-    pcie_errors.FAMILY,
-    gpu_lost.FAMILY,
-    gpu_memory_headroom.FAMILY,
-    pcie_bandwidth_low.FAMILY,
-    swap_thrash.FAMILY,
-    host_config.FAMILY,
-    memory_growth.FAMILY,
-    numa_misplacement.FAMILY,
-    throughput_decay.FAMILY,
-    kv_offload_pressure.FAMILY,
-    weight_offload.FAMILY,
-    offload_host_memory.FAMILY,
-    inference_scrape.FAMILY,
-    alert_delivery.FAMILY,
-    collector_failing.FAMILY,
-    sampling_lag.FAMILY,
-    agent_down.FAMILY,
-)
-# Rule groups in file order, each with the recording rules its alerts share (rules/recordings.py).
-GROUPS: tuple[tuple[str, Callable[..., tuple[Recording, ...]]], ...] = (
-    ("hybridmon-pcie", recordings.pcie),
-    ("hybridmon-gpu-memory", recordings.gpu_memory),
-    ("hybridmon-bench", recordings.none),
-    ("hybridmon-host-memory", recordings.host_memory),
-    ("hybridmon-host-config", recordings.none),
-    ("hybridmon-process", recordings.process),
-    ("hybridmon-inference", recordings.inference),
-    ("hybridmon-agent", recordings.none),
-)
+PACKAGE = __name__.rpartition(".")[0]
+NOT_FAMILIES = frozenset({"catalogue", "family"})
+
+
+class CatalogueError(Exception):
+    """A module of agent/alerts/ is not a family as family.py describes one: the message says how."""
+
+
+def discover() -> tuple[AlertFamily, ...]:
+    """Every family of this package, in the rule file's order."""
+    package = importlib.import_module(PACKAGE)
+    found = []
+    for module_info in pkgutil.iter_modules(package.__path__):
+        if module_info.name in NOT_FAMILIES:
+            continue
+        module = importlib.import_module(f"{PACKAGE}.{module_info.name}")
+        family = getattr(module, "FAMILY", None)
+        if not isinstance(family, AlertFamily):
+            raise CatalogueError(f"{module.__name__} defines no FAMILY = AlertFamily(...): every module of "
+                                 f"agent/alerts/ is an alert family; a family's helper module goes inside "
+                                 f"its family's package (as memory_growth/ holds its trend and load)")
+        if family.section != module_info.name:
+            raise CatalogueError(f"{module.__name__}: its FAMILY's section is {family.section!r}; a family "
+                                 f"is named like its module, its thresholds section and its test module")
+        if family.group not in GROUPS:
+            raise CatalogueError(f"{module.__name__}: its group {family.group.name!r} is not in rules.groups.GROUPS")
+        found.append(family)
+    return tuple(sorted(found, key=lambda family: (GROUPS.index(family.group), family.section)))
+
+
+FAMILIES: tuple[AlertFamily, ...] = discover()
 DEFAULT_THRESHOLDS_FILE = Path(__file__).resolve().parent / "thresholds.toml"
+
 
 def _field(family: AlertFamily) -> tuple:
     """A section is required unless every key of it has a default: a family added in a later
@@ -136,11 +134,6 @@ def lookback_seconds(thresholds) -> float:
 
 def rule_groups(thresholds) -> list[Group]:
     """The Prometheus rule groups: each group's shared recordings, then its families' alerts."""
-    groups = []
-    for name, group_recordings in GROUPS:
-        alerts = [alert for f in FAMILIES if f.group == name for alert in f.alerts(thresholds)]
-        groups.append(Group(name, (*group_recordings(thresholds), *alerts)))
-    unknown = {f.group for f in FAMILIES} - {name for name, _ in GROUPS}
-    if unknown:
-        raise ValueError(f"families name rule groups that GROUPS lacks: {sorted(unknown)}")
-    return groups
+    return [Group(group.name, (*group.recordings(thresholds),
+                               *(alert for f in FAMILIES if f.group == group for alert in f.alerts(thresholds))))
+            for group in GROUPS]

@@ -18,6 +18,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
 from hybridmon.agent.loop.history import History
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
@@ -94,7 +95,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-agent",
+    group=groups.AGENT,
     detector=Detector,
     alerts=lambda t: (alert(t.collector_failing),),
     collectors=(),

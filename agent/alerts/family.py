@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hybridmon.agent.detectors.base import Detector, Finding
 from hybridmon.exporters.base import MetricSpec
+from hybridmon.rules.groups import RuleGroup
 from hybridmon.rules.model import Alert
 from hybridmon.rules.templates import expected_text, markers
 
@@ -53,7 +54,7 @@ class AlertFamily:
     settings: type[Section]
     inputs: tuple[MetricSpec, ...]                  # the series it reads, as the exporters declare them
     alertnames: tuple[str, ...]                     # every alertname it raises: one runbook each
-    group: str                                      # the Prometheus rule group its alerts join
+    group: RuleGroup                                # the Prometheus rule group its alerts join
     # built from its settings; None for a rule-only family, whose trouble the agent cannot see
     # from inside (agent_down: its own death)
     detector: Callable[[Any], Detector] | None

@@ -20,6 +20,7 @@ from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import GPU_INFO, GPU_UP
 from hybridmon.exporters.pcie import DEVICE_PRESENT
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
@@ -151,7 +152,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-pcie",
+    group=groups.PCIE,
     detector=Detector,
     alerts=lambda t: (alert(t.gpu_lost),),
     collectors=("gpu",),

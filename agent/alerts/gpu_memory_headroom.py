@@ -27,6 +27,7 @@ from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
+from hybridmon.rules import groups
 from hybridmon.rules import pcie as recorded  # its MEMORY_USED: the group's 1 min average of ours
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, gpu_query, number, selector
@@ -217,7 +218,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-gpu-memory",
+    group=groups.GPU_MEMORY,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.gpu_memory_headroom)),
     collectors=("gpu",),

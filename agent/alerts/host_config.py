@@ -17,6 +17,7 @@ from hybridmon.exporters.host_memory import (MEMORY_AVAILABLE, MEMORY_TOTAL, SWA
                                              TRANSPARENT_HUGEPAGE_MODE)
 from hybridmon.exporters.numa import NODE_MEMORY_TOTAL
 from hybridmon.exporters.process import MEMLOCK_LIMIT
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
 from hybridmon.rules.templates import humanize1024, humanize_percentage
@@ -243,7 +244,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-host-config",
+    group=groups.HOST_CONFIG,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.host_config)),
     collectors=(),

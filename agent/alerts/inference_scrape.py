@@ -9,6 +9,7 @@ from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.loop.history import History, SeriesHistory
 from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
@@ -98,7 +99,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-inference",
+    group=groups.INFERENCE,
     detector=Detector,
     alerts=lambda t: (alert(t.inference_scrape),),
     collectors=(),

@@ -20,6 +20,7 @@ from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK
                                      PCIE_THROUGHPUT, PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.pcie_rates import effective_capacity, link_name
+from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
@@ -281,7 +282,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-inference",
+    group=groups.INFERENCE,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.kv_offload_pressure)),
     collectors=("inference",),

@@ -30,6 +30,7 @@ from hybridmon.exporters.numa import (NODE_CPUS, NODE_MEMORY_TOTAL, PROCESS_ALLO
                                       PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT)
 from hybridmon.exporters.pcie import DEVICE_NUMA_NODE
 from hybridmon.exporters.process import ALLOWED_CPUS
+from hybridmon.rules import groups
 from hybridmon.rules import process as recorded
 from hybridmon.rules.host import NUMA_NODES
 from hybridmon.rules.model import Alert
@@ -212,7 +213,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-process",
+    group=groups.PROCESS,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.numa_misplacement)),
     collectors=("gpu",),

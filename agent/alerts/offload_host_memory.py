@@ -39,9 +39,10 @@ from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT
-from hybridmon.agent.alerts.weight_offload import by_root
+from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.model import Alert
+from hybridmon.rules.process import by_root
 from hybridmon.rules.promql import number, query
 from hybridmon.rules.templates import humanize_percentage
 
@@ -185,7 +186,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-inference",
+    group=groups.INFERENCE,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.offload_host_memory)),
     collectors=("inference", "process"),

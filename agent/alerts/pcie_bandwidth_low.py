@@ -13,6 +13,7 @@ from hybridmon.agent.loop.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY, TIMESTAMP
 from hybridmon.exporters.gpu import PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH
 from hybridmon.pcie_rates import link_name, theoretical_capacity
+from hybridmon.rules import groups
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import by_generation, gpu_query
@@ -118,7 +119,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-bench",
+    group=groups.BENCH,
     detector=Detector,
     alerts=lambda t: (alert(t.pcie_bandwidth_low),),
     collectors=("gpu", "bench"),

@@ -15,6 +15,7 @@ from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import GPU_INFO, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_REPLAYS
 from hybridmon.exporters.pcie import AER_ERRORS
 from hybridmon.pcie_rates import LANE_LINE_RATE_BITS_PER_SECOND, replay_bound_per_minute
+from hybridmon.rules import groups
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration, gpu_query, number
@@ -195,7 +196,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-pcie",
+    group=groups.PCIE,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.pcie_errors)),
     collectors=("gpu",),

@@ -13,6 +13,7 @@ from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH,
                                      PCIE_LINK_WIDTH, UTILIZATION)
 from hybridmon.pcie_rates import theoretical_capacity
+from hybridmon.rules import groups
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import gpu_query, number
@@ -109,7 +110,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-pcie",
+    group=groups.PCIE,
     detector=Detector,
     alerts=lambda t: (alert(t.pcie_link_degraded),),
     collectors=("gpu",),

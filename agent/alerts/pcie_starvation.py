@@ -24,6 +24,7 @@ from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
                                      PCIE_THROUGHPUT, UTILIZATION)
 from hybridmon.pcie_rates import bidirectional_capacity, effective_capacity
+from hybridmon.rules import groups
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import gpu_query, number, query
@@ -169,7 +170,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-pcie",
+    group=groups.PCIE,
     detector=Detector,
     alerts=lambda t: (alert(t.pcie_starvation),),
     collectors=("gpu",),

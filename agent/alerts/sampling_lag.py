@@ -31,6 +31,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.self_metrics import LOOP_SCHEDULED, LOOP_SKIPPED, LOOP_TICKS
 from hybridmon.agent.loop.history import History
+from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
@@ -125,7 +126,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-agent",
+    group=groups.AGENT,
     detector=Detector,
     alerts=lambda t: (alert(t.sampling_lag),),
     collectors=(),

@@ -15,6 +15,7 @@ from hybridmon.exporters.host_memory import MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, SW
 from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.exporters.process import MAJOR_FAULTS as PROCESS_MAJOR_FAULTS
 from hybridmon.exporters.process import SWAP as PROCESS_SWAP
+from hybridmon.rules import groups
 from hybridmon.rules import host as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import indent, number, query
@@ -136,15 +137,6 @@ def alerts(s: Settings) -> list[Alert]:
     return [host_alert(s), process_alert(s)]
 
 
-def host_rate(history: History, metric: str, now: float, **labels: str) -> float | None:
-    """The 1 min rate of the host's counter (as PromQL's rate()); None without one."""
-    for series in history.series(metric, **labels):
-        value = windows.rate(series, now)
-        if value is not None:
-            return value
-    return None
-
-
 class Detector:
     """HostSwapThrash, warning (no labels): swap-in rate >= swap_in_bytes_per_second and swap-out
     rate >= swap_out_bytes_per_second and (major faults/s >= major_faults_per_second or PSI
@@ -166,10 +158,10 @@ class Detector:
 
     def evaluate(self, history: History, now: float) -> list[Finding]:
         config = self.config
-        swap_in = host_rate(history, SWAP_IN_BYTES.name, now)
-        swap_out = host_rate(history, SWAP_OUT_BYTES.name, now)
-        major = host_rate(history, MAJOR_PAGE_FAULTS.name, now)
-        pressure = host_rate(history, STALLED_SECONDS.name, now, resource="memory", scope="some")
+        swap_in = common.host_rate(history, SWAP_IN_BYTES.name, now)
+        swap_out = common.host_rate(history, SWAP_OUT_BYTES.name, now)
+        major = common.host_rate(history, MAJOR_PAGE_FAULTS.name, now)
+        pressure = common.host_rate(history, STALLED_SECONDS.name, now, resource="memory", scope="some")
         if swap_in is None or swap_out is None:
             return []
         stalled = ((major is not None and major >= config.major_faults_per_second)
@@ -269,7 +261,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-host-memory",
+    group=groups.HOST_MEMORY,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.swap_thrash)),
     collectors=(),

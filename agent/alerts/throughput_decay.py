@@ -24,6 +24,7 @@ from hybridmon.exporters.host_memory import SWAP_IN_BYTES
 from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.exporters.process import MAJOR_FAULTS, RESIDENT, SWAP
+from hybridmon.rules import groups
 from hybridmon.rules.inference import SERVER, SERVER_NAME, per_request, running
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration, number, query
@@ -271,7 +272,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-inference",
+    group=groups.INFERENCE,
     detector=Detector,
     alerts=lambda t: (alert(t.throughput_decay),),
     collectors=("inference",),

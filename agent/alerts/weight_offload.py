@@ -38,8 +38,10 @@ from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUG
                                      PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.exporters.process import TREE_ROOT
+from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules import pcie
+from hybridmon.rules.process import by_root
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
 from hybridmon.rules.templates import humanize1024
@@ -60,18 +62,10 @@ class Settings(Section):
 
 
 # -- PromQL ---------------------------------------------------------------------------------------
-# Every step is keyed by the root of the process tree (root_pid): a server's listening pid and the
-# processes holding its GPU memory meet there. Every watched process has its tree info (the
-# process itself as root when its parent is not watched), so both doors judge watched pids only.
-
-TREE = f"max without (process_name) ({TREE_ROOT.name})"
-
-
-def by_root(per_pid: str) -> str:
-    """`per_pid` (labels job, instance, pid, ...) with the root_pid label of its process tree; a
-    pid the process collector does not watch (no tree info) drops out, as in the detectors."""
-    return f"(\n  {per_pid}\n    * on (job, instance, pid) group_left (root_pid) {TREE}\n)"
-
+# Every step is keyed by the root of the process tree (root_pid, rules.process.by_root): a server's
+# listening pid and the processes holding its GPU memory meet there. Every watched process has its
+# tree info (the process itself as root when its parent is not watched), so both doors judge
+# watched pids only.
 
 # (job, instance, gpu, uuid, root_pid) = 1: the trees holding memory on each GPU
 GPU_ROOT = ("max by (job, instance, gpu, uuid, root_pid) "
@@ -278,7 +272,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-inference",
+    group=groups.INFERENCE,
     detector=Detector,
     alerts=lambda t: (alert(t.weight_offload),),
     collectors=("inference", "gpu", "process"),

@@ -94,6 +94,15 @@ def host_latest(history: History, metric: str, now: float, **labels: str) -> flo
     return None
 
 
+def host_rate(history: History, metric: str, now: float, **labels: str) -> float | None:
+    """The 1 min rate of the host's counter (as PromQL's rate()); None without one."""
+    for series in history.series(metric, **labels):
+        value = windows.rate(series, now)
+        if value is not None:
+            return value
+    return None
+
+
 def host_series(history: History, metric: str, **labels: str) -> SeriesHistory | None:
     found = history.series(metric, **labels)
     return found[0] if found else None

@@ -37,7 +37,7 @@ TREND_POINTS = 300
 """Theil-Sen looks at most at this many points (n^2/2 pairwise slopes), picked evenly in time."""
 LONG_TREND_POINTS = 121
 """For memory growth's hour-long trends: every other point of the hour's 241 at one per 15 s
-(memory_growth_trend.TREND_STEP_SECONDS), evenly spaced, one per 30 s; 7,260 pairwise slopes."""
+(memory_growth.trend.TREND_STEP_SECONDS), evenly spaced, one per 30 s; 7,260 pairwise slopes."""
 NUMPY_PAIRS_FROM = 40
 """theil_sen_slope hands trends of at least this many points (780 pairs) to window_arrays
 (numpy, the same floats ~30x sooner); below it the pure-Python slopes cost less than the setup."""

@@ -127,7 +127,7 @@ class History:
         what a Prometheus scrape every `step_seconds` holds. A two-tier collector's points are
         then its coarse tier's alone, so a window over them holds the same points whenever it is
         read: an hour-long trend worked out over one need not be worked out again until the
-        window moves (agent/alerts/memory_growth_trend.py)."""
+        window moves (agent/alerts/memory_growth/trend.py)."""
         return self.series(name, since=since, coarse_before=math.inf, coarse_seconds=step_seconds,
                            **labels)
 

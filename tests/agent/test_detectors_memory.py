@@ -4,7 +4,8 @@ import pytest
 
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.alerts import gpu_memory_headroom
-from hybridmon.agent.alerts import memory_growth, memory_growth_trend
+from hybridmon.agent.alerts import memory_growth
+from hybridmon.agent.alerts.memory_growth import trend as memory_growth_trend
 from hybridmon.agent.detectors import servers
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT

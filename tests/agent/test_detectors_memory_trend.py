@@ -2,7 +2,8 @@
 finds must be what a detector without that memory finds, evaluation after evaluation."""
 import pytest
 
-from hybridmon.agent.alerts import memory_growth, memory_growth_trend
+from hybridmon.agent.alerts import memory_growth
+from hybridmon.agent.alerts.memory_growth import trend as memory_growth_trend
 from hybridmon.agent.detectors import windows
 from tests.support.detector_history import GIB, T0, THRESHOLDS, Trace, process_rows
 

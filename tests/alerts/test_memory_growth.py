@@ -1,4 +1,4 @@
-"""The tests of the memory_growth alert family (agent/alerts/memory_growth.py): its rule's promtool
+"""The tests of the memory_growth alert family (agent/alerts/memory_growth/__init__.py): its rule's promtool
 cases (`promtool_cases`, written to rules/tests/generated_memory_growth.yml by `python -m
 tests.rules.generate` and run by promtool in tests/rules/test_rules.py): series every minute, each
 case's expected alerts with the text Prometheus must render."""

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS
 from hybridmon.agent.loop.history import History, SeriesHistory
-from hybridmon.agent.alerts.memory_growth_load import Load
+from hybridmon.agent.alerts.memory_growth.load import Load
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,
                                          START_TIME)
@@ -55,7 +55,7 @@ class Inputs:
         self.gpu_memory = windows.group_by(read(PROCESS_MEMORY_USED.name), "pid")
         self.start_times = windows.group_by(read(START_TIME.name), *labels)
         faults = windows.group_by(read(MINOR_FAULTS.name) + read(MAJOR_FAULTS.name), *labels)
-        # CPU time first, then the page-fault counters: memory_growth_load.counter_rates' order
+        # CPU time first, then the page-fault counters: memory_growth.load.counter_rates' order
         self.counters = {key: [cpu, *faults.get(key, ())] for key, cpu in self.cpu.items()}
         self.tokens = windows.group_by(read(servers.GENERATED_TOKENS), "pid")
         self.running = windows.group_by(read(servers.REQUESTS_RUNNING), "pid")

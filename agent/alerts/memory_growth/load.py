@@ -1,9 +1,9 @@
-"""The load a watched process's memory growth is set against (agent/alerts/memory_growth.py):
+"""The load a watched process's memory growth is set against (agent/alerts/memory_growth/__init__.py):
 how fast the work it does rose over the window, from per-minute figures, and whether its page
 faults per CPU second climb. The rule's side is rules/process.py (load_rise, fault_slope).
 
 Every figure here is over the trend window that ends at `end`, the last whole minute
-(memory_growth_trend.trend_end), not at the evaluation's own time."""
+(memory_growth.trend.trend_end), not at the evaluation's own time."""
 from __future__ import annotations
 
 from bisect import bisect_left

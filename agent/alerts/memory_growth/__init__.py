@@ -18,7 +18,7 @@ page faults per CPU second climb, whatever the load does.
 Slopes are robust to a single jump (a model or adapter load): the agent takes a Theil-Sen slope,
 the rule rules.promql.robust_slope (the median of local least-squares slopes), which agree on
 steady growth. Both judge the window up to the last whole minute, at one point per 15 s
-(memory_growth_trend: the agent works a trend out once a minute and keeps it). The recordings
+(memory_growth/trend.py: the agent works a trend out once a minute and keeps it). The recordings
 the rules read (slopes, the load and its rise, the exhaustion forecast) are the process group's,
 in rules/process.py.
 """
@@ -29,8 +29,8 @@ from typing import Sequence
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.alerts.memory_growth_load import Load, LoadJudge, counter_rates, surely_below
-from hybridmon.agent.alerts.memory_growth_trend import (Growing, Inputs, ProcessKey, Trend, TrendMemory,
+from hybridmon.agent.alerts.memory_growth.load import Load, LoadJudge, counter_rates, surely_below
+from hybridmon.agent.alerts.memory_growth.trend import (Growing, Inputs, ProcessKey, Trend, TrendMemory,
                                                        trend_end, trend_signature)
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.loop.history import History, SeriesHistory
@@ -44,6 +44,7 @@ from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,
                                          TREE_ROOT)
+from hybridmon.rules import groups
 from hybridmon.rules import process as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, number, query
@@ -167,7 +168,7 @@ class Detector:
     """InferenceProcessMemoryGrowth, per watched process and resource (gpu_memory: NVML's
     per-process GPU memory summed over its GPUs; resident: VmRSS; locked: VmLck + VmPin).
 
-    Over the window_seconds before the last whole minute (memory_growth_trend.trend_end), one
+    Over the window_seconds before the last whole minute (memory_growth.trend.trend_end), one
     point per 15 s, since the process (re)started, with at least min_window_seconds between its
     first and last point: the Theil-Sen slope x 3600 less mean x the load's rise per
     hour x load_following_factor (the growth its load explains), in bytes per hour (the value),
@@ -182,7 +183,7 @@ class Detector:
     until it takes what bounds it: for host memory the tighter of MemAvailable and what its cgroup
     (or an ancestor's) limit leaves, for GPU memory the free memory of its GPUs (all on top of its
     own use); the horizon is reported, not a condition. A process's trend is worked out once per
-    minute and kept (memory_growth_trend.TrendMemory); the current amount and the headroom are
+    minute and kept (memory_growth.trend.TrendMemory); the current amount and the headroom are
     read at every evaluation."""
 
     name = "memory_growth"
@@ -454,7 +455,7 @@ FAMILY = AlertFamily(
     settings=Settings,
     inputs=INPUTS,
     alertnames=Detector.alertnames,
-    group="hybridmon-process",
+    group=groups.PROCESS,
     detector=Detector,
     alerts=lambda t: tuple(alerts(t.memory_growth)),
     collectors=(),
