@@ -92,9 +92,7 @@ class Agent:
         # Detectors that judge the agent itself (its alert delivery, its collectors) read its parts,
         # not the host's history: each is handed the agent once, here.
         for detector in self.engine.detectors:
-            attach = getattr(detector, "attach", None)
-            if attach is not None:
-                attach(self)
+            detector.attach(self)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 

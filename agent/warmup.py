@@ -54,7 +54,7 @@ def warming_up(engine: Engine, scheduled: Iterable) -> list[WarmingUp]:
               if item.state.last_success is False or item.state.no_data_reason}
     found = []
     for detector in engine.detectors:
-        needs = float(getattr(detector, "min_history_seconds", 0.0) or 0.0)
+        needs = detector.min_history_seconds
         left = max(0.0, needs - span)
         waiting = tuple(name for name in input_collectors(detector.name, scheduled)
                         if name not in seen and name not in unable)

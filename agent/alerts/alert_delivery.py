@@ -14,9 +14,8 @@ from typing import TYPE_CHECKING, Callable
 
 from hybridmon.agent.self_metrics import ALERTMANAGER_CONSECUTIVE_FAILURES, ALERTMANAGER_FAILURES
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, RunningAgent
 from hybridmon.agent.publish.findings import iso_time
-from hybridmon.agent.loop.history import History
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
@@ -47,20 +46,20 @@ def alert(s: Settings) -> Alert:
     )
 
 
-class Detector:
+class Detector(DetectorBase):
     """Per Alertmanager (host:port), warning: pushes have failed without a success in between;
     fires once that has lasted for_seconds."""
 
     name = "alert_delivery"
     alertnames = (ALERTNAME,)
-    min_history_seconds = 0.0
+    judges_the_agent = True
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alert = alert(config)
         self._failing: Callable[[], list[DeliveryFailure]] | None = None
 
-    def attach(self, agent) -> None:
+    def attach(self, agent: RunningAgent) -> None:
         """Called once by the agent (daemon.Agent): judge its pusher, when it has one."""
         if agent.pusher is not None:
             self.watch(agent.pusher.failing)
@@ -69,7 +68,7 @@ class Detector:
         """Judge the deliveries `failing()` reports (AlertmanagerPusher.failing)."""
         self._failing = failing
 
-    def evaluate(self, _history: History, now: float) -> list[Finding]:
+    def evaluate(self, _history: HistoryReader, now: float) -> list[Finding]:
         if self._failing is None:
             return []
         return [self._finding(failure) for failure in self._failing()]

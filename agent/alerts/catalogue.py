@@ -109,15 +109,8 @@ def family(section: str) -> AlertFamily:
 def all_detectors(thresholds) -> list[Detector]:
     """One detector per family that has one (not the rule-only ones), built from its section, in
     catalogue order."""
-    detectors = []
-    for family in (f for f in FAMILIES if f.detector is not None):
-        settings = getattr(thresholds, family.section)
-        detector = family.detector(settings)
-        # What the engine lets it read (engine.EvaluationView.reading_back): its family's span
-        # plus a minute for its 1-minute averages, as lookback_seconds() counts it.
-        detector.lookback_seconds = 60.0 + (family.view_seconds or family.lookback_seconds)(settings)
-        detectors.append(detector)
-    return detectors
+    built = (family.build_detector(getattr(thresholds, family.section)) for family in FAMILIES)
+    return [detector for detector in built if detector is not None]
 
 
 def all_alertnames() -> list[str]:

@@ -15,9 +15,8 @@ from collections import deque
 from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, RunningAgent
 from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
-from hybridmon.agent.loop.history import History
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
@@ -54,14 +53,14 @@ def alert(s: Settings) -> Alert:
     )
 
 
-class Detector:
+class Detector(DetectorBase):
     """Per collector, warning: its last run failed (a source absent on this host is no failure);
     fires once every run has failed for for_seconds, as the engine keeps it pending meanwhile. Its
     value is the failed runs over the last for_seconds, as the rule's increase() counts them."""
 
     name = "collector_failing"
     alertnames = (ALERTNAME,)
-    min_history_seconds = 0.0
+    judges_the_agent = True
 
     def __init__(self, config: Settings) -> None:
         self.config = config
@@ -70,11 +69,11 @@ class Detector:
         # (time, errors so far) per collector at each evaluation, for the failed runs in the window
         self._errors_seen: dict[str, deque[tuple[float, int]]] = {}
 
-    def attach(self, agent) -> None:
+    def attach(self, agent: RunningAgent) -> None:
         """Called once by the agent (daemon.Agent): judge its sampler's collectors."""
         self._scheduled = list(agent.sampler.scheduled)
 
-    def evaluate(self, _history: History, now: float) -> list[Finding]:
+    def evaluate(self, _history: HistoryReader, now: float) -> list[Finding]:
         findings = []
         for item in self._scheduled:
             name, state = item.collector.name, item.state

@@ -65,6 +65,15 @@ class AlertFamily:
     # (memory_growth reads its hour one point per 15 s: History.series_every); None: all of it
     view_seconds: Callable[[Any], float] | None = None
 
+    def build_detector(self, settings: Section) -> Detector | None:
+        """Its detector, built from its thresholds section, reading what the engine's view lets
+        it: its span plus a minute for its 1-minute averages (None for a rule-only family)."""
+        if self.detector is None:
+            return None
+        detector = self.detector(settings)
+        detector.lookback_seconds = 60.0 + (self.view_seconds or self.lookback_seconds)(settings)
+        return detector
+
 
 def render(text: str, values: Mapping[str, float | str]) -> str:
     """An annotation text with its markers filled, exactly as Prometheus fills them. Remembered

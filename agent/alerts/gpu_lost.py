@@ -16,8 +16,7 @@ from bisect import bisect_right
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.gpu import GPU_INFO, GPU_UP
 from hybridmon.exporters.pcie import DEVICE_PRESENT
 from hybridmon.rules import groups
@@ -89,7 +88,7 @@ def alert(settings: Settings) -> Alert:
     )
 
 
-def identities(history: History, now: float) -> tuple[dict[tuple[str, str], str],
+def identities(history: HistoryReader, now: float) -> tuple[dict[tuple[str, str], str],
                                                        dict[str, tuple[str, str]]]:
     """((gpu, uuid) -> pci_bus_id, pci_bus_id -> (gpu, uuid)) from the gpu_info series with a
     point in the last IDENTITY_LOOKBACK_SECONDS, as the rule's last_over_time reads them; where
@@ -110,20 +109,19 @@ def identities(history: History, now: float) -> tuple[dict[tuple[str, str], str]
     return by_gpu, by_bus
 
 
-class Detector:
+class Detector(DetectorBase):
     """GpuLost: GPU_UP == 0 (NVML reports the GPU lost) or DEVICE_PRESENT == 0 (the PCI function
     left the bus), current values, each labelled with gpu, uuid and pci_bus_id where gpu_info gave
     the GPU's identity in the last hour; one finding per GPU, as the rule's `or` merges them."""
 
     name = "gpu_lost"
     alertnames = ("GpuLost",)
-    min_history_seconds = 0.0
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alert = alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         findings = []
         bus_of, gpu_at = identities(history, now)
         named_buses = set()

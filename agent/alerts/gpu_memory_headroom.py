@@ -24,8 +24,8 @@ from typing import Sequence
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
+from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
 from hybridmon.rules import groups
 from hybridmon.rules import pcie as recorded  # its MEMORY_USED: the group's 1 min average of ours
@@ -155,7 +155,7 @@ def recent_slope(series: SeriesHistory, now: float, window_seconds: float) -> fl
     return least_squares_slope(*windows.window(series, now, recorded.local_slope_seconds(window_seconds)))
 
 
-class Detector:
+class Detector(DetectorBase):
     """GpuMemoryHeadroomLow per GPU: reason=used when used/total (avg 1m each) >= used_share for
     for_seconds; reason=forecast when the slower of the trend slope and the recent slope (module
     docstring) is positive and reaches total within forecast_horizon_seconds, with at least half
@@ -172,7 +172,7 @@ class Detector:
         self.used = used_alert(config)
         self.forecast = forecast_alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         config = self.config
         totals = common.gpu_averages(history, MEMORY_TOTAL.name, now)
         used_series = windows.by_labels(history.series(MEMORY_USED.name), *common.GPU_LABELS)

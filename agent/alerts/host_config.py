@@ -11,8 +11,7 @@ import math
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.host_memory import (MEMORY_AVAILABLE, MEMORY_TOTAL, SWAP_TOTAL, SYSCTL_VALUE,
                                              TRANSPARENT_HUGEPAGE_MODE)
 from hybridmon.exporters.numa import NODE_MEMORY_TOTAL
@@ -145,7 +144,7 @@ def alerts(c: Settings) -> list[Alert]:
             numa_balancing_alert(c), no_swap_headroom_alert(c), memlock_alert(c)]
 
 
-class Detector:
+class Detector(DetectorBase):
     """Six info checks on current values:
 
     - HostSwappinessHigh: vm.swappiness > max_swappiness_with_swap while SwapTotal > 0.
@@ -163,13 +162,12 @@ class Detector:
     name = "host_config"
     alertnames = ("HostSwappinessHigh", "HostDirtyRatioHigh", "HostTransparentHugepageAlways",
                   "HostNumaBalancingEnabled", "HostNoSwapLowHeadroom", "InferenceProcessMemlockLow")
-    min_history_seconds = 0.0
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alerts = {alert.alert: alert for alert in alerts(config)}
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         config = self.config
         sysctl = {name: common.host_latest(history, SYSCTL_VALUE.name, now, sysctl=name)
                   for name in ("vm.swappiness", "vm.dirty_ratio", "kernel.numa_balancing")}
@@ -208,7 +206,7 @@ class Detector:
         return finding(self.alerts[alertname], labels or {}, float(value), float(threshold),
                        values=values, unit=unit, details=details)
 
-    def _no_swap_headroom(self, history: History, now: float, swap_total: float | None,
+    def _no_swap_headroom(self, history: HistoryReader, now: float, swap_total: float | None,
                           findings: list[Finding]) -> None:
         if swap_total is None or swap_total != 0:
             return
@@ -227,7 +225,7 @@ class Detector:
             values={"available": available_value, "total": total_value},
             details={"memory_available_bytes": available_value, "memory_total_bytes": total_value}))
 
-    def _memlock(self, history: History, now: float, findings: list[Finding]) -> None:
+    def _memlock(self, history: HistoryReader, now: float, findings: list[Finding]) -> None:
         limit = self.config.min_memlock_bytes
         processes = windows.by_labels(history.series(MEMLOCK_LIMIT.name), *common.PROCESS_LABELS)
         for (pid, process_name), series in sorted(processes.items(),

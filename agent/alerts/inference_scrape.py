@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
+from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
@@ -63,19 +63,18 @@ def _last_time(series: SeriesHistory, now: float) -> float | None:
     return times[-1] if times else None
 
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceServerScrapeFailing, per endpoint and reason, warning: the endpoint's last scrape
     failed (its scrape-error series is present in the collector's latest run)."""
 
     name = "inference_scrape"
     alertnames = ("InferenceServerScrapeFailing",)
-    min_history_seconds = 0.0
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alert = alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         last_scrape = {series.labels["endpoint"]: _last_time(series, now)
                        for series in history.series(SCRAPE_SUCCESS.name)}
         findings = []

@@ -12,9 +12,8 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.detectors.base import Finding, add_note
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.loop.history import History
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
                                      PCIE_THROUGHPUT, PROCESS_MEMORY_USED)
@@ -145,7 +144,7 @@ class LinkShare:
                 f"{percent(self.of_traffic)} of it (the rest: weights, activations, other processes).")
 
 
-def link_share(history: History, server: Server, now: float,
+def link_share(history: HistoryReader, server: Server, now: float,
                capacities: dict[tuple[str, str], LinkCapacity],
                traffic: dict[tuple[str, ...], dict[str, float]]) -> LinkShare | None:
     """The LinkShare of `server` over the GPUs the offload_link reason judges it on (those its
@@ -162,7 +161,7 @@ def link_share(history: History, server: Server, now: float,
                      tuple(gpu[0] for gpu in mine))
 
 
-def gpu_capacities(history: History, now: float) -> dict[tuple[str, str], LinkCapacity]:
+def gpu_capacities(history: HistoryReader, now: float) -> dict[tuple[str, str], LinkCapacity]:
     """(gpu, uuid) -> its host->device capacity, its link sized by the best generation and
     width of the minute the loads are averaged over (a link idling at Gen1 between loads
     still carries them at Gen4)."""
@@ -178,7 +177,7 @@ def gpu_capacities(history: History, now: float) -> dict[tuple[str, str], LinkCa
     return found
 
 
-def gpus_of(history: History, pid: str, now: float) -> set[tuple[str, str]]:
+def gpus_of(history: HistoryReader, pid: str, now: float) -> set[tuple[str, str]]:
     """(gpu, uuid) of the GPUs process `pid` holds memory on now (NVML per-process memory)."""
     if not pid:
         return set()
@@ -186,7 +185,7 @@ def gpus_of(history: History, pid: str, now: float) -> set[tuple[str, str]]:
             if windows.latest(s, now) is not None}
 
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceKvOffloadPressure, per server (labels server, endpoint, model, reason), warning.
 
     kv_cache_full: KV cache usage (avg 1m) >= kv_cache_usage_at_least and the preemption rate
@@ -206,7 +205,7 @@ class Detector:
         self.cache_full_alert = cache_full_alert(config)
         self.offload_link_alert = offload_link_alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         findings = []
         capacities: dict[tuple[str, str], LinkCapacity] | None = None
         traffic: dict[tuple[str, ...], dict[str, float]] | None = None
@@ -230,10 +229,10 @@ class Detector:
                 findings.append(self._with_link_share(found, history, server, now, capacities, traffic))
         return findings
 
-    def capacities(self, history: History, now: float) -> dict[tuple[str, str], LinkCapacity]:
+    def capacities(self, history: HistoryReader, now: float) -> dict[tuple[str, str], LinkCapacity]:
         return gpu_capacities(history, now)
 
-    def _cache_full(self, history: History, server: Server, now: float) -> Finding | None:
+    def _cache_full(self, history: HistoryReader, server: Server, now: float) -> Finding | None:
         c = self.config
         usage_series = servers.series_of(history, KV_CACHE_USAGE.name, server)
         usage = None if usage_series is None else windows.avg_over_time(usage_series, now)
@@ -249,7 +248,7 @@ class Detector:
                      "pid": server.pid})
 
     @staticmethod
-    def _with_link_share(found: Finding, history: History, server: Server, now: float,
+    def _with_link_share(found: Finding, history: HistoryReader, server: Server, now: float,
                          capacities: dict[tuple[str, str], LinkCapacity],
                          traffic: dict[tuple[str, ...], dict[str, float]]) -> Finding:
         """The loads' share of the traffic NVML counted, which only the agent adds: the rule's

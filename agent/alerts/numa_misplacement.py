@@ -23,8 +23,7 @@ from __future__ import annotations
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.gpu import GPU_INFO, NUMA_NODE, PROCESS_MEMORY_USED
 from hybridmon.exporters.numa import (NODE_CPUS, NODE_MEMORY_TOTAL, PROCESS_ALLOWED_CPUS_ON_NODE,
                                       PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT)
@@ -109,7 +108,7 @@ def alerts(n: Settings) -> list[Alert]:
     ]
 
 
-def gpu_numa_nodes(history: History, now: float) -> dict[tuple[str, ...], str]:
+def gpu_numa_nodes(history: HistoryReader, now: float) -> dict[tuple[str, ...], str]:
     """(gpu, uuid) -> the NUMA node nearest the GPU: its PCI device's sysfs numa_node, found
     through gpu_info's pci_bus_id. GPUs whose device has none (-1, absent) are left out.
 
@@ -129,7 +128,7 @@ def gpu_numa_nodes(history: History, now: float) -> dict[tuple[str, ...], str]:
     return nodes
 
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceProcessNumaMisplaced, only on hosts with at least two NUMA nodes: for every process
     using a GPU (NVML's per-process memory) and every such GPU whose node is known, the share of
     the process's CPU time over the last CPU_WINDOW (reason=cpus; PromQL's rate() of its per-node
@@ -144,7 +143,7 @@ class Detector:
         self.config = config
         self.alerts = {rule.labels["reason"]: rule for rule in alerts(config)}
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         if common.numa_node_count(history, now) < 2:
             return []
         cpu_nodes = sum(1 for series in history.series(NODE_CPUS.name)
@@ -176,7 +175,7 @@ class Detector:
         return findings
 
     @staticmethod
-    def _per_node(history: History, now: float, reason: str) -> dict[tuple[str, str], dict[str, float]]:
+    def _per_node(history: HistoryReader, now: float, reason: str) -> dict[tuple[str, str], dict[str, float]]:
         """(pid, process_name) -> node -> CPU seconds per second (cpus) or resident bytes (memory)."""
         per_process: dict[tuple[str, str], dict[str, float]] = {}
         spec = PROCESS_CPU_SECONDS_ON_NODE if reason == "cpus" else PROCESS_NUMA_RESIDENT

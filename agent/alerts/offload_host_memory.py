@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.loop.history import History
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.inference_names import BY_FIELD
@@ -116,7 +115,7 @@ def alerts(s: Settings) -> list[Alert]:
 
 # -- the agent's door ----------------------------------------------------------------------------
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceOffloadHostMemoryShort per server with a pid and a configured host tier (labels
     server, endpoint, model, reason), warning: max(0, tier x pinned_overhead_factor - resident
     bytes of its process tree) over MemAvailable (avg 1m; reason memory_available) and over the
@@ -125,13 +124,12 @@ class Detector:
 
     name = "offload_host_memory"
     alertnames = ("InferenceOffloadHostMemoryShort",)
-    min_history_seconds = 0.0
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alerts = {a.labels["reason"]: a for a in alerts(config)}
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         available_series = common.host_series(history, MEMORY_AVAILABLE.name)
         available = windows.avg_over_time(available_series, now) if available_series else None
         roots = servers.tree_roots(history, now)
@@ -152,7 +150,7 @@ class Detector:
         return findings
 
     @staticmethod
-    def _tree_values(history: History, metric: str, now: float, roots: dict[str, str], reduce) -> dict[str, float]:
+    def _tree_values(history: HistoryReader, metric: str, now: float, roots: dict[str, str], reduce) -> dict[str, float]:
         values: dict[str, list[float]] = {}
         for series in history.series(metric):
             value = windows.latest(series, now)

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.bench import MEASURED_CAPACITY, TIMESTAMP
 from hybridmon.exporters.gpu import PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH
 from hybridmon.pcie_rates import link_name, theoretical_capacity
@@ -72,19 +71,18 @@ def alert(b: Settings) -> Alert:
     )
 
 
-class Detector:
+class Detector(DetectorBase):
     """The slower direction of the measured capacity below floor_share(max generation) x the
     theoretical rate of max generation x max width."""
 
     name = "pcie_bandwidth_low"
     alertnames = ("GpuPcieBandwidthLow",)
-    min_history_seconds = 0.0
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alert = alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         max_generation = common.gpu_latest(history, PCIE_LINK_MAX_GENERATION.name, now)
         max_width = common.gpu_latest(history, PCIE_LINK_MAX_WIDTH.name, now)
         measured_at = common.gpu_latest(history, TIMESTAMP.name, now)

@@ -10,8 +10,7 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.gpu import GPU_INFO, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_REPLAYS
 from hybridmon.exporters.pcie import AER_ERRORS
 from hybridmon.pcie_rates import LANE_LINE_RATE_BITS_PER_SECOND, replay_bound_per_minute
@@ -121,7 +120,7 @@ def alerts(e: Settings) -> list[Alert]:
             aer_correctable_alert(e)]
 
 
-class Detector:
+class Detector(DetectorBase):
     """GpuPcieReplayErrors: replays per minute, rate over window_seconds, above the DCGM bound of
     the current link (current generation and width). PcieAerErrors: critical for any increase of
     a nonfatal or fatal AER counter over window_seconds (only when aer_uncorrectable_any, as in
@@ -138,10 +137,10 @@ class Detector:
         self.uncorrectable = aer_uncorrectable_alert(config)
         self.correctable = aer_correctable_alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         return self._replays(history, now) + self._aer(history, now)
 
-    def _replays(self, history: History, now: float) -> list[Finding]:
+    def _replays(self, history: HistoryReader, now: float) -> list[Finding]:
         generation = common.gpu_latest(history, PCIE_LINK_GENERATION.name, now)
         width = common.gpu_latest(history, PCIE_LINK_WIDTH.name, now)
         findings = []
@@ -161,7 +160,7 @@ class Detector:
                          "window_seconds": self.config.window_seconds}))
         return findings
 
-    def _aer(self, history: History, now: float) -> list[Finding]:
+    def _aer(self, history: HistoryReader, now: float) -> list[Finding]:
         gpus = common.gpus_by_bus_id(history)
         findings = []
         per_hour_limit = self.config.aer_correctable_per_hour

@@ -8,8 +8,7 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_MAX_WIDTH,
                                      PCIE_LINK_WIDTH, UTILIZATION)
 from hybridmon.pcie_rates import theoretical_capacity
@@ -64,7 +63,7 @@ def alert(d: Settings) -> Alert:
     )
 
 
-class Detector:
+class Detector(DetectorBase):
     """Current generation < max generation or current width < max width (current values, not
     averages: a link state), while utilization (avg 1m) is at least busy_utilization_at_least."""
 
@@ -76,7 +75,7 @@ class Detector:
         self.config = config
         self.alert = alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         utilization = common.gpu_averages(history, UTILIZATION.name, now)
         generation = common.gpu_latest(history, PCIE_LINK_GENERATION.name, now)
         max_generation = common.gpu_latest(history, PCIE_LINK_MAX_GENERATION.name, now)

@@ -18,8 +18,7 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
                                      PCIE_THROUGHPUT, UTILIZATION)
@@ -95,7 +94,7 @@ def both_ways_capacity(measured: dict[str, float], generation: float | None,
     return (factor, "bidirectional factor") if factor else None
 
 
-class Detector:
+class Detector(DetectorBase):
     """The fullest of each direction's traffic over its capacity and both directions' sum over
     the link's bidirectional capacity at or above traffic_share_of_capacity, while GPU utilization
     (avg 1m) is at or below gpu_utilization_at_most. Traffic per direction: rate 1m of the PCIe
@@ -111,7 +110,7 @@ class Detector:
         self.config = config
         self.alert = alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         utilization = common.gpu_averages(history, UTILIZATION.name, now)
         generation = common.gpu_maxima(history, PCIE_LINK_GENERATION.name, now)
         width = common.gpu_maxima(history, PCIE_LINK_WIDTH.name, now)

@@ -28,9 +28,8 @@ from collections import deque
 from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, RunningAgent
 from hybridmon.agent.self_metrics import LOOP_SCHEDULED, LOOP_SKIPPED, LOOP_TICKS
-from hybridmon.agent.loop.history import History
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
@@ -75,7 +74,7 @@ def alert(s: Settings) -> Alert:
     )
 
 
-class Detector:
+class Detector(DetectorBase):
     """One finding for the agent, warning: over the last window_seconds (or 20 ticks, if longer)
     the loop ran less than min_tick_share of the ticks its interval schedules; fires once that has
     lasted for_seconds. Its value is that share (0-1). It reads the sampler's own record, on the
@@ -83,7 +82,7 @@ class Detector:
 
     name = "sampling_lag"
     alertnames = (ALERTNAME,)
-    min_history_seconds = 0.0
+    judges_the_agent = True
 
     def __init__(self, config: Settings) -> None:
         self.config = config
@@ -91,11 +90,11 @@ class Detector:
         self._sampler = None
         self._seen: deque[tuple[float, int]] = deque()  # (monotonic time, ticks) at each evaluation
 
-    def attach(self, agent) -> None:
+    def attach(self, agent: RunningAgent) -> None:
         """Called once by the agent (daemon.Agent): judge its sampler's loop."""
         self._sampler = agent.sampler
 
-    def evaluate(self, _history: History, _now: float) -> list[Finding]:
+    def evaluate(self, _history: HistoryReader, _now: float) -> list[Finding]:
         sampler = self._sampler
         if sampler is None or sampler.loop.started_at is None:
             return []  # not started, or a replay: no loop to judge

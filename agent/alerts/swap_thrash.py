@@ -9,8 +9,7 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.host_memory import MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, SWAP_OUT_BYTES, SYSCTL_VALUE
 from hybridmon.exporters.pressure import STALLED_SECONDS
 from hybridmon.exporters.process import MAJOR_FAULTS as PROCESS_MAJOR_FAULTS
@@ -137,7 +136,7 @@ def alerts(s: Settings) -> list[Alert]:
     return [host_alert(s), process_alert(s)]
 
 
-class Detector:
+class Detector(DetectorBase):
     """HostSwapThrash, warning (no labels): swap-in rate >= swap_in_bytes_per_second and swap-out
     rate >= swap_out_bytes_per_second and (major faults/s >= major_faults_per_second or PSI
     memory some >= memory_pressure_some_ratio), all over the last minute.
@@ -156,7 +155,7 @@ class Detector:
         self.host_alert = host_alert(config)
         self.process_alert = process_alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         config = self.config
         swap_in = common.host_rate(history, SWAP_IN_BYTES.name, now)
         swap_out = common.host_rate(history, SWAP_OUT_BYTES.name, now)
@@ -194,7 +193,7 @@ class Detector:
                 findings.append(self._process_finding(host, process, settings))
         return findings
 
-    def _processes(self, history: History, now: float) -> list[dict]:
+    def _processes(self, history: HistoryReader, now: float) -> list[dict]:
         """Every watched process with its VmSwap (avg 1m), whether it grows, its major faults/s."""
         faults = {key: windows.rate(series, now) for key, series in
                   windows.by_labels(history.series(PROCESS_MAJOR_FAULTS.name),

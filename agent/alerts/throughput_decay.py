@@ -16,9 +16,8 @@ from pydantic import model_validator
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import servers, windows
-from hybridmon.agent.detectors.base import Finding, add_note
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import MEMORY_USED, PCIE_THROUGHPUT, PROCESS_MEMORY_USED
 from hybridmon.exporters.host_memory import SWAP_IN_BYTES
 from hybridmon.exporters.inference_names import BY_FIELD
@@ -140,7 +139,7 @@ def host_sentence(moved: list[Signal]) -> str:
             "lengths, sampling settings, scheduler, cache hit rate).")
 
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceThroughputDecay, per server (labels server, endpoint, model), warning.
 
     Per request: generated tokens/s (rate of the counter, as PromQL's rate() computes it) divided
@@ -165,7 +164,7 @@ class Detector:
         baseline_end = now - c.baseline_offset_seconds
         return (baseline_end - c.baseline_seconds, baseline_end), (now - c.recent_seconds, now)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         c = self.config
         findings = []
         for server in servers.scraped(history, now):
@@ -190,7 +189,7 @@ class Detector:
                 findings.append(self._finding(server, decay, speeds, rates, loads, moved))
         return findings
 
-    def host_signals(self, history: History, server: Server, now: float) -> list[Signal]:
+    def host_signals(self, history: HistoryReader, server: Server, now: float) -> list[Signal]:
         """Host signals whose mean moved by at least host_signal_moved_share (and MIN_MOVE)
         between the baseline and the recent window: the server's process (if known), its GPUs
         (every GPU if the process is unknown), and the host's memory pressure and swap-in."""

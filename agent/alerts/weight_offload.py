@@ -31,9 +31,8 @@ from dataclasses import dataclass
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
@@ -160,12 +159,12 @@ class GpuShare:
         return max(0.0, self.host_to_device - self.kv_loads)
 
 
-def roots_of(history: History, now: float) -> dict[str, str]:
+def roots_of(history: HistoryReader, now: float) -> dict[str, str]:
     """pid -> root_pid of its tree of watched processes; a pid not listed is not watched."""
     return servers.tree_roots(history, now)
 
 
-def tree_gpus(history: History, now: float, roots: dict[str, str]) -> dict[str, set[tuple[str, str]]]:
+def tree_gpus(history: HistoryReader, now: float, roots: dict[str, str]) -> dict[str, set[tuple[str, str]]]:
     """root_pid -> the (gpu, uuid) its tree's processes hold memory on now."""
     found: dict[str, set[tuple[str, str]]] = {}
     for series in history.series(PROCESS_MEMORY_USED.name):
@@ -175,7 +174,7 @@ def tree_gpus(history: History, now: float, roots: dict[str, str]) -> dict[str, 
     return found
 
 
-def _root_rates(history: History, metric: str, now: float, roots: dict[str, str],
+def _root_rates(history: HistoryReader, metric: str, now: float, roots: dict[str, str],
                 **labels: str) -> dict[str, float]:
     totals: dict[str, float] = {}
     for series in history.series(metric, **labels):
@@ -186,7 +185,7 @@ def _root_rates(history: History, metric: str, now: float, roots: dict[str, str]
     return totals
 
 
-def gpu_shares(history: History, now: float, roots: dict[str, str],
+def gpu_shares(history: HistoryReader, now: float, roots: dict[str, str],
                gpus: dict[str, set[tuple[str, str]]]) -> dict[tuple[str, str], GpuShare]:
     """(gpu, uuid) -> GpuShare, for the GPUs with host->device traffic now."""
     traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name, PCIE_THROUGHPUT.name, now)
@@ -204,7 +203,7 @@ def gpu_shares(history: History, now: float, roots: dict[str, str],
     return shares
 
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceWeightsCrossingBus per server (labels server, endpoint, model), warning. Over the
     GPUs its process tree holds memory on: the sum of max(0, host->device bytes/s - the KV
     offload loads/s of the servers there) over the sum of the tokens/s generated there (each
@@ -220,7 +219,7 @@ class Detector:
         self.config = config
         self.alert = alert(config)
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         roots = roots_of(history, now)
         scraped = [server for server in servers.scraped(history, now) if server.pid in roots]
         if not scraped:
@@ -235,7 +234,7 @@ class Detector:
                 findings.append(found)
         return findings
 
-    def _judge(self, history: History, server: Server, mine: Iterable[tuple[str, str]],
+    def _judge(self, history: HistoryReader, server: Server, mine: Iterable[tuple[str, str]],
                shares: dict[tuple[str, str], GpuShare], now: float) -> Finding | None:
         c = self.config
         mine = list(mine)

@@ -102,11 +102,11 @@ def run_check(config: AgentConfig, duration_seconds: float, progress: LiveLine |
         view = EvaluationView(agent.history)
         findings, skipped = [], []
         for detector in agent.engine.detectors:
-            if hasattr(detector, "attach"):
+            if detector.judges_the_agent:
                 # It judges the running agent (alert delivery, collectors failing for minutes); a
                 # check reports its own collector failures and exits 3 on the essential ones.
                 continue
-            needs = getattr(detector, "min_history_seconds", 0.0)
+            needs = detector.min_history_seconds
             missing = missing_source(detector.name)
             if missing:
                 skipped.append(Skipped(detector.name, missing))

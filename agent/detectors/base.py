@@ -7,10 +7,12 @@ rule's `for`, so an in-agent finding and its Prometheus rule fire at about the s
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from hybridmon.agent.loop.history import History
+from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.exporters.base import Samples
 
 Severity = Literal["info", "warning", "critical"]
 
@@ -38,13 +40,69 @@ class Finding:
         return self.alertname, tuple(sorted(self.labels.items()))
 
 
+class HistoryReader(Protocol):
+    """What a detector reads of the history: History itself (loop/history.py), or the engine's
+    view of one evaluation (engine.EvaluationView), which reads the same History."""
+
+    @property
+    def source(self) -> History:
+        """The History read: itself, or the one a view reads. A detector that keeps figures from
+        one evaluation to the next keeps them for one History only (memory_growth's trends)."""
+
+    def series(self, name: str, /, **labels: str) -> list[SeriesHistory]:
+        """Every series of metric `name` whose labels include `labels`, oldest point first."""
+
+    def series_every(self, name: str, /, step_seconds: float, since: float | None = None,
+                     **labels: str) -> list[SeriesHistory]:
+        """As series(), one point per `step_seconds` over the whole span."""
+
+    def latest(self) -> dict[str, tuple[float, Samples]]:
+        """Per collector: the time and samples of its last successful run."""
+
+
+class RunningAgent(Protocol):
+    """What a detector that judges the agent itself reads of it (daemon.Agent), once, at attach."""
+
+    sampler: Any          # loop.sampler.Sampler: its collectors' records and the loop's
+    pusher: Any           # publish.alertmanager.AlertmanagerPusher, or None without Alertmanagers
+
+
 class Detector(Protocol):
+    """One alert family's judge (agent/alerts/family.py builds it from its thresholds section).
+    DetectorBase below gives every part but evaluate() its usual value."""
+
     name: str                       # section name in thresholds.toml
     alertnames: tuple[str, ...]     # every alertname it can return (one runbook each)
-    # Optional `lookback_seconds`: the span of history it reads (catalogue.all_detectors sets it
-    # from its family); the engine copies it no more than that (and at least 10 minutes).
+    # History it needs before its silence means health: `check` skips it on a shorter window and
+    # the agent reports it as warming up until the history spans it (agent/warmup.py).
+    min_history_seconds: float
+    # The span of history the engine lets it read (engine.EvaluationView.reading_back), set by its
+    # family when it is built (AlertFamily.build_detector); inf: all the engine's lookback.
+    lookback_seconds: float
+    # True when it judges the agent itself (its collectors, its loop, its alert delivery) from the
+    # parts attach() hands it rather than the host's history: `check` runs no agent to judge.
+    judges_the_agent: bool
 
-    def evaluate(self, history: History, now: float) -> list[Finding]: ...
+    def attach(self, agent: RunningAgent) -> None:
+        """Called once by the running agent before the first evaluation."""
+
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
+        """The findings whose condition holds at `now`; a pure function of the history (and, for
+        one that judges the agent, of the parts attach() handed it)."""
+
+
+class DetectorBase:
+    """The usual answers of the Detector contract: no history needed before judging, the whole
+    lookback readable until its family sets its span, judges the host, nothing to attach."""
+
+    name: str
+    alertnames: tuple[str, ...]
+    min_history_seconds: float = 0.0
+    lookback_seconds: float = math.inf
+    judges_the_agent: bool = False
+
+    def attach(self, agent: RunningAgent) -> None:
+        """A detector of the host's history reads nothing of the agent."""
 
 
 def add_note(found: Finding, sentence: str) -> Finding:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
+from hybridmon.agent.detectors.base import HistoryReader
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.exporters.numa import NODE_CPUS, NODE_MEMORY_TOTAL
 from hybridmon.exporters.gpu import GPU_INFO
 
@@ -17,7 +18,7 @@ def gpu_entity(key: tuple[str, ...]) -> dict[str, str]:
     return {"gpu": key[0], "uuid": key[1]}
 
 
-def gpus_by_bus_id(history: History) -> dict[str, dict[str, str]]:
+def gpus_by_bus_id(history: HistoryReader) -> dict[str, dict[str, str]]:
     """pci_bus_id (lower case) -> gpu_info labels, from any time in history: a GPU that fell off
     the bus no longer reports its identity, so its last report names it. The PCIe collector's
     series (AER counters, presence, NUMA node) are keyed by bus id; this names their GPU."""
@@ -30,7 +31,7 @@ def gpus_by_bus_id(history: History) -> dict[str, dict[str, str]]:
     return {bus_id: labels for bus_id, (_, labels) in found.items()}
 
 
-def gpu_reduced(history: History, metric: str, now: float, reduce) -> dict[tuple[str, ...], float]:
+def gpu_reduced(history: HistoryReader, metric: str, now: float, reduce) -> dict[tuple[str, ...], float]:
     """reduce(series, now) per GPU (gpu, uuid); GPUs whose series give no value are left out."""
     found = {}
     for key, series in windows.by_labels(history.series(metric), *GPU_LABELS).items():
@@ -40,24 +41,24 @@ def gpu_reduced(history: History, metric: str, now: float, reduce) -> dict[tuple
     return found
 
 
-def gpu_averages(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
+def gpu_averages(history: HistoryReader, metric: str, now: float) -> dict[tuple[str, ...], float]:
     """avg_over_time(metric[1m]) per GPU (gpu, uuid), GPUs without points in the minute left out."""
     return gpu_reduced(history, metric, now, windows.avg_over_time)
 
 
-def gpu_maxima(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
+def gpu_maxima(history: HistoryReader, metric: str, now: float) -> dict[tuple[str, ...], float]:
     """max_over_time(metric[1m]) per GPU: the best state (link generation, width) seen over the
     window the averages cover, so a link that dropped speed at idle after a burst still counts
     at the speed it carried the burst with."""
     return gpu_reduced(history, metric, now, windows.max_over_time)
 
 
-def gpu_latest(history: History, metric: str, now: float) -> dict[tuple[str, ...], float]:
+def gpu_latest(history: HistoryReader, metric: str, now: float) -> dict[tuple[str, ...], float]:
     """The current value of a state gauge (link generation, width, up) per GPU."""
     return gpu_reduced(history, metric, now, windows.latest)
 
 
-def gpu_directions(history: History, metric: str, now: float,
+def gpu_directions(history: HistoryReader, metric: str, now: float,
                    reduce=windows.latest) -> dict[tuple[str, ...], dict[str, float]]:
     """{(gpu, uuid): {direction: value}} of a per-direction GPU series, `reduce` (windows.latest
     or windows.avg_over_time) applied to each; series without a value now are left out."""
@@ -70,7 +71,7 @@ def gpu_directions(history: History, metric: str, now: float,
     return found
 
 
-def gpu_traffic(history: History, counter: str, sampled_counter: str, gauge: str,
+def gpu_traffic(history: HistoryReader, counter: str, sampled_counter: str, gauge: str,
                 now: float) -> dict[tuple[str, ...], dict[str, float]]:
     """{(gpu, uuid): {direction: bytes/s}} over the last minute, per direction the first that has
     a value, as the rules' `rate(counter[1m]) or rate(sampled_counter[1m]) or
@@ -85,7 +86,7 @@ def gpu_traffic(history: History, counter: str, sampled_counter: str, gauge: str
     return found
 
 
-def host_latest(history: History, metric: str, now: float, **labels: str) -> float | None:
+def host_latest(history: HistoryReader, metric: str, now: float, **labels: str) -> float | None:
     """The current value of a host-wide gauge (one series for the given labels)."""
     for series in history.series(metric, **labels):
         value = windows.latest(series, now)
@@ -94,7 +95,7 @@ def host_latest(history: History, metric: str, now: float, **labels: str) -> flo
     return None
 
 
-def host_rate(history: History, metric: str, now: float, **labels: str) -> float | None:
+def host_rate(history: HistoryReader, metric: str, now: float, **labels: str) -> float | None:
     """The 1 min rate of the host's counter (as PromQL's rate()); None without one."""
     for series in history.series(metric, **labels):
         value = windows.rate(series, now)
@@ -103,12 +104,12 @@ def host_rate(history: History, metric: str, now: float, **labels: str) -> float
     return None
 
 
-def host_series(history: History, metric: str, **labels: str) -> SeriesHistory | None:
+def host_series(history: HistoryReader, metric: str, **labels: str) -> SeriesHistory | None:
     found = history.series(metric, **labels)
     return found[0] if found else None
 
 
-def numa_node_count(history: History, now: float) -> int:
+def numa_node_count(history: HistoryReader, now: float) -> int:
     """NUMA nodes currently reported (by memory or CPUs, a node may have only one of them)."""
     nodes = set()
     for metric in (NODE_MEMORY_TOTAL.name, NODE_CPUS.name):

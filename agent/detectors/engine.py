@@ -31,8 +31,9 @@ from dataclasses import dataclass, replace
 from typing import Callable, Literal, Sequence
 
 from hybridmon.agent.detectors import impact
-from hybridmon.agent.detectors.base import Detector, Finding
+from hybridmon.agent.detectors.base import Detector, Finding, HistoryReader
 from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.exporters.base import Samples
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class FindingState:
 
 ChangeCallback = Callable[[FindingState, Change], None]
 # (history, finding, when its condition began, now) -> the finding, with figures added
-Correlator = Callable[[History, Finding, float, float], Finding]
+Correlator = Callable[[HistoryReader, Finding, float, float], Finding]
 
 
 class EvaluationView:
@@ -103,7 +104,8 @@ class EvaluationView:
     and shared by every detector that asks (several read GPU utilization, link state, gpu_info),
     label filters answered from an index built once per metric and label set (a detector that
     asks for each of 256 processes' series does not scan every process's series each time).
-    Anything else is History's own.
+    It reads as detectors.base.HistoryReader promises: series() through the view, series_every()
+    and latest() from the History itself.
 
     `reading_back(seconds)` narrows what the detectors asking next see to the last `seconds`
     (never less than FULL_RESOLUTION_SECONDS): the same points a reader of the whole lookback gets
@@ -172,8 +174,18 @@ class EvaluationView:
                 coarse_seconds=COARSE_STEP_SECONDS, keep_from=wide_from)
         return _cut_from(wide, keep_from)
 
-    def __getattr__(self, attribute: str):
-        return getattr(self._history, attribute)
+    @property
+    def source(self) -> History:
+        return self._history
+
+    def series_every(self, name: str, /, step_seconds: float, since: float | None = None,
+                     **labels: str) -> list[SeriesHistory]:
+        """History.series_every: the reader of an hour at one point per step reads it itself,
+        whatever span reading_back() set (AlertFamily.view_seconds)."""
+        return self._history.series_every(name, step_seconds, since=since, **labels)
+
+    def latest(self) -> dict[str, tuple[float, Samples]]:
+        return self._history.latest()
 
 
 def _cut_from(series: list[SeriesHistory], keep_from: float | None) -> list[SeriesHistory]:
@@ -250,10 +262,10 @@ class Engine:
             seen = frozenset(self.history.latest())
             view = self.view_at(now, self._widest_reads)
             for detector in self.detectors:
-                # the span its family reads (all_detectors sets it), else the whole lookback
-                view.reading_back(getattr(detector, "lookback_seconds", None))
+                # the span its family reads (AlertFamily.build_detector sets it; inf: the whole lookback)
+                view.reading_back(None if math.isinf(detector.lookback_seconds) else detector.lookback_seconds)
                 try:
-                    findings = detector.evaluate(view, now)  # type: ignore[arg-type]
+                    findings = detector.evaluate(view, now)
                 except Exception:
                     failed.add(detector.name)
                     self._detector_failed(detector.name)
@@ -262,7 +274,7 @@ class Engine:
                     returned[finding.key] = (detector.name, finding)
             if self.correlate is not None:
                 # the servers' figures from when a condition began, however long ago
-                self._correlate(view.reading_back(None), returned, now)
+                self._correlate(self.correlate, view.reading_back(None), returned, now)
             self._widest_reads = view.reads_back
             with self._lock:
                 changes = self._update(now, returned, failed)
@@ -315,14 +327,14 @@ class Engine:
             self._firing_log.popleft()
         return changes
 
-    def _correlate(self, view: EvaluationView, returned: dict[tuple, tuple[str, Finding]],
-                   now: float) -> None:
+    def _correlate(self, correlate: Correlator, view: EvaluationView,
+                   returned: dict[tuple, tuple[str, Finding]], now: float) -> None:
         with self._lock:
             began = {key: state.pending_since for key, state in self._states.items()
                      if key in returned and state.state != "resolved"}
         for key, (detector, finding) in returned.items():
             try:
-                correlated = self.correlate(view, finding, began.get(key, now), now)  # type: ignore[misc,arg-type]
+                correlated = correlate(view, finding, began.get(key, now), now)
             except Exception:
                 with self._lock:
                     first = "correlate" not in self._logged_failures

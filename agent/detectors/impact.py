@@ -23,9 +23,8 @@ from dataclasses import replace
 from typing import Callable
 
 from hybridmon.agent.detectors import servers, windows
-from hybridmon.agent.detectors.base import Finding, add_note
+from hybridmon.agent.detectors.base import Finding, HistoryReader, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.agent.loop.history import History
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.units import human_duration, human_rate
@@ -39,7 +38,7 @@ STEADY_SHARE = 0.10
 Figures = dict[str, float]
 
 
-def correlate(history: History, finding: Finding, began: float, now: float) -> Finding:
+def correlate(history: HistoryReader, finding: Finding, began: float, now: float) -> Finding:
     """`finding` with its server-side impact added, or unchanged (not a CORRELATED alert, no
     server scraped, no figure known)."""
     if finding.alertname not in CORRELATED:
@@ -59,7 +58,7 @@ def correlate(history: History, finding: Finding, began: float, now: float) -> F
     return add_note(replace(finding, details=details), sentence)
 
 
-def servers_concerned(history: History, finding: Finding, now: float) -> tuple[list[Server], bool]:
+def servers_concerned(history: HistoryReader, finding: Finding, now: float) -> tuple[list[Server], bool]:
     """The servers whose figures belong with `finding`, and whether they are every server of the
     host only because none could be tied to a GPU (the sentence then says so)."""
     scraped = servers.scraped(history, now)
@@ -75,7 +74,7 @@ def servers_concerned(history: History, finding: Finding, now: float) -> tuple[l
                   key=lambda s: (s.server, s.endpoint, s.model, s.pid)), False
 
 
-def servers_by_gpu(history: History, scraped: list[Server], now: float
+def servers_by_gpu(history: HistoryReader, scraped: list[Server], now: float
                    ) -> dict[tuple[str, str], set[Server]]:
     """(gpu, uuid) -> the scraped servers using it: a server uses a GPU when the process it is tied
     to (its pid label), or a process in that process's tree (same root_pid of
@@ -108,7 +107,7 @@ def servers_by_gpu(history: History, scraped: list[Server], now: float
     return tied
 
 
-def measure(history: History, server: Server, began: float, now: float) -> Figures:
+def measure(history: HistoryReader, server: Server, began: float, now: float) -> Figures:
     """The server's figures before the condition began and now; keys as in Finding.details, less
     the `server_` prefix. Figures the server does not publish are left out."""
     before = (began - NOW_SECONDS - BEFORE_SECONDS, began - NOW_SECONDS)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hybridmon.agent.detectors.base import HistoryReader
 from hybridmon.agent.detectors import windows
-from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.exporters.inference_names import BY_FIELD, HISTOGRAM_SPECS
 from hybridmon.exporters.inference_names import OFFLOAD_BYTES as OFFLOAD_BYTES_SPEC
@@ -62,7 +63,7 @@ def server_of(series: SeriesHistory) -> Server:
     return Server(*(series.labels.get(name, "") for name in SERVER_LABELS))
 
 
-def scraped(history: History, now: float) -> list[Server]:
+def scraped(history: HistoryReader, now: float) -> list[Server]:
     """Every server with a current point (at most a minute old) in one of the PRESENCE series."""
     found = set()
     for metric in PRESENCE:
@@ -72,7 +73,7 @@ def scraped(history: History, now: float) -> list[Server]:
     return sorted(found, key=lambda s: (s.server, s.endpoint, s.model, s.pid))
 
 
-def tree_roots(history: History, now: float) -> dict[str, str]:
+def tree_roots(history: HistoryReader, now: float) -> dict[str, str]:
     """pid -> the root of its tree of watched processes (hybridmon_process_tree_root_info), as
     the process collector saw it last."""
     roots = {}
@@ -104,7 +105,7 @@ def for_process(servers: list[Server], pid: str | None, tied: set[str] | None = 
     return servers
 
 
-def series_of(history: History, metric: str, server: Server, **labels: str) -> SeriesHistory | None:
+def series_of(history: HistoryReader, metric: str, server: Server, **labels: str) -> SeriesHistory | None:
     found = history.series(metric, server=server.server, endpoint=server.endpoint,
                            model=server.model, pid=server.pid, **labels)
     return found[0] if found else None

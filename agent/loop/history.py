@@ -79,6 +79,12 @@ class History:
                     self._coarse_last_at[collector_name] = time
             self._latest[collector_name] = (time, samples)
 
+    @property
+    def source(self) -> "History":
+        """Itself: what a reader of the history reads (detectors.base.HistoryReader), as the engine's
+        view of one evaluation names the History it reads."""
+        return self
+
     def latest(self) -> dict[str, tuple[float, Samples]]:
         """Per collector: the time and samples of its last successful run."""
         with self._lock:

@@ -2,7 +2,7 @@ import logging
 import threading
 
 
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.loop.history import History
 
@@ -13,7 +13,7 @@ def finding(alertname="TestAlert", for_seconds=120.0, value=1.0, **labels):
                    for_seconds=for_seconds)
 
 
-class Scripted:
+class Scripted(DetectorBase):
     """A detector whose findings the test sets before each evaluation."""
 
     def __init__(self, name="scripted"):
@@ -27,7 +27,7 @@ class Scripted:
         return list(self.findings)
 
 
-class Broken:
+class Broken(DetectorBase):
     name = "broken"
     alertnames = ("BrokenAlert",)
 
@@ -315,7 +315,7 @@ def test_each_detector_reads_its_own_span_and_the_same_points_in_it():
             return []
 
     short, whole = Reader("short"), Reader("whole")
-    short.lookback_seconds = 120.0   # as catalogue.all_detectors sets it; `whole` declares none
+    short.lookback_seconds = 120.0   # as AlertFamily.build_detector sets it; `whole` keeps inf
     engine = Engine([short, whole], history, lookback_seconds=7260.0)
     engine.evaluate(7199.0)
     (series,) = short.seen["pid 7"]

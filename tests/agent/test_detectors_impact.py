@@ -4,7 +4,7 @@ import pytest
 
 from hybridmon.agent.alerts import pcie_starvation
 from hybridmon.agent.detectors import impact
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.pcie_rates import theoretical_capacity
 from hybridmon.exporters.process import TREE_ROOT
@@ -188,7 +188,7 @@ def test_the_before_window_is_anchored_where_the_condition_began_not_where_it_is
     'before' figures stay those of the minutes before the incident, however long it lasts."""
     holds = {"now": True}
 
-    class Switch:
+    class Switch(DetectorBase):
         name, alertnames = "switch", ("HostSwapThrash",)
 
         def evaluate(self, history, now):

@@ -18,7 +18,7 @@ from PIL import Image
 from hybridmon.agent.bench.store import save_run
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding
 from hybridmon.units import human_bytes, human_rate
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.pcie_rates import achievable_capacity, theoretical_capacity
@@ -260,7 +260,7 @@ def test_replayed_swap_thrash_page_reads_like_the_incident(swap_thrash_agent):
     assert "replay" in section_text(page, "agent")
 
 
-class HostileDetector:
+class HostileDetector(DetectorBase):
     name = "hostile"
     alertnames = ("HostSwapThrash",)
 
@@ -566,7 +566,7 @@ def test_the_engine_keeps_an_hour_of_firing_intervals():
     from hybridmon.agent.detectors.engine import FIRING_LOG_SECONDS
     from hybridmon.agent.loop.history import History
 
-    class Toggle:
+    class Toggle(DetectorBase):
         name, alertnames = "toggle", ("Toggle",)
         on = True
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import httpx
 
-from hybridmon.agent.detectors.base import Finding
+from hybridmon.agent.detectors.base import DetectorBase, Finding
 from tests.support.agent_helpers import free_port
 
 
-class Switch:
+class Switch(DetectorBase):
     """A detector whose finding, one per GPU in `gpus`, is on or off."""
 
     name = "test"

@@ -32,8 +32,8 @@ from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.alerts.memory_growth.load import Load, LoadJudge, counter_rates, surely_below
 from hybridmon.agent.alerts.memory_growth.trend import (Growing, Inputs, ProcessKey, Trend, TrendMemory,
                                                        trend_end, trend_signature)
-from hybridmon.agent.detectors.base import Finding
-from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
+from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.exporters.base import MetricSpec
 from hybridmon.exporters.gpu import MEMORY_RESERVED as GPU_MEMORY_RESERVED
 from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL
@@ -164,7 +164,7 @@ def alerts(g: Settings) -> list[Alert]:
     return rules
 
 
-class Detector:
+class Detector(DetectorBase):
     """InferenceProcessMemoryGrowth, per watched process and resource (gpu_memory: NVML's
     per-process GPU memory summed over its GPUs; resident: VmRSS; locked: VmLck + VmPin).
 
@@ -201,7 +201,7 @@ class Detector:
         benchmarks time that one beside the others without evaluating at another minute)."""
         self._memory = TrendMemory()
 
-    def evaluate(self, history: History, now: float) -> list[Finding]:
+    def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         end = trend_end(now)
         inputs = Inputs(history, end - self.config.window_seconds)
         self._memory.begin(history)
@@ -275,7 +275,7 @@ class Detector:
             found[key] = (signature, Trend(tuple(sloped.get(key, ())), load))
         return found
 
-    def _findings(self, history: History, trends: dict[ProcessKey, tuple[tuple, Trend]],
+    def _findings(self, history: HistoryReader, trends: dict[ProcessKey, tuple[tuple, Trend]],
                   now_held: dict, now: float) -> list[Finding]:
         """The findings of an evaluation at `now`: each growing resource judged with its trend
         and its amount and headroom now."""
@@ -395,7 +395,7 @@ class Detector:
                     "running": load.requests_running},
             details=details)
 
-    def _gpu_free(self, history: History, uuids: tuple[str, ...], now: float) -> float | None:
+    def _gpu_free(self, history: HistoryReader, uuids: tuple[str, ...], now: float) -> float | None:
         """Memory no process holds on the GPUs the process holds memory on now (`uuids`): total -
         used - reserved (nvmlMemory_v2_t: free is what is neither reserved nor allocated; without
         v2 the used figure already holds the reserved part and no reserved series exists)."""

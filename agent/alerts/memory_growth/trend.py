@@ -21,9 +21,10 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
+from hybridmon.agent.detectors.base import HistoryReader
 from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS
-from hybridmon.agent.loop.history import History, SeriesHistory
+from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.agent.alerts.memory_growth.load import Load
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,
@@ -44,7 +45,7 @@ class Inputs:
     """memory_growth's series in one evaluation, one point per TREND_STEP_SECONDS from `since`
     on, by process: (pid, process_name), or (pid,) for NVML's memory and the servers' figures."""
 
-    def __init__(self, history: History, since: float) -> None:
+    def __init__(self, history: HistoryReader, since: float) -> None:
         def read(name: str) -> list[SeriesHistory]:
             return history.series_every(name, TREND_STEP_SECONDS, since=since)
 
@@ -124,9 +125,8 @@ class TrendMemory:
         self._history: object | None = None
         self._trends: dict[ProcessKey, tuple[tuple, Trend]] = {}
 
-    def begin(self, history: History) -> None:
-        # An EvaluationView hands out its History's own bound methods: that History is the owner.
-        owner = getattr(history.series_every, "__self__", history)
+    def begin(self, history: HistoryReader) -> None:
+        owner = history.source  # an evaluation's view is new each time; its History is not
         if owner is not self._history:
             self._history, self._trends = owner, {}
 
