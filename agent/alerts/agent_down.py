@@ -61,4 +61,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: alerts(t.agent_down),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    no_scenario=("a Prometheus rule only: the agent's own death, which no replay of a host shows"),
 )

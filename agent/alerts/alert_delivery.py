@@ -90,4 +90,6 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.alert_delivery),),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    no_scenario=("it judges the agent's own pushes to Alertmanager, not the host, and a replay "
+                 "pushes to none"),
 )

@@ -99,4 +99,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.collector_failing),),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    no_scenario=("it judges the agent's own collectors, which a replay runs on good readings"),
 )

@@ -64,6 +64,11 @@ class AlertFamily:
     # what of it the detector reads through the engine's view, where it reads the rest itself
     # (memory_growth reads its hour one point per 15 s: History.series_every); None: all of it
     view_seconds: Callable[[Any], float] | None = None
+    # What the suite replays to see it fire: the name of a synthetic host of the test suite's
+    # scenario library (tests/support/scenarios) whose story raises its alerts, or, where no such
+    # host can tell its story, why not (its detector's tests and promtool cases stand alone).
+    scenario: str | None = None
+    no_scenario: str | None = None
 
     def build_detector(self, settings: Section) -> Detector | None:
         """Its detector, built from its thresholds section, reading what the engine's view lets

@@ -155,4 +155,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.gpu_lost),),
     collectors=("gpu",),
     lookback_seconds=lambda settings: IDENTITY_LOOKBACK_SECONDS,
+    scenario="gpu_lost",
 )

@@ -223,4 +223,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.gpu_memory_headroom)),
     collectors=("gpu",),
     lookback_seconds=lambda settings: settings.trend_window_seconds,
+    scenario="gpu_memory_headroom",
 )

@@ -247,4 +247,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.host_config)),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    scenario="host_config_risks",
 )

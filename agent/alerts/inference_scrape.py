@@ -103,4 +103,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.inference_scrape),),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    scenario="inference_server_down",
 )

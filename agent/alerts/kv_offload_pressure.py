@@ -286,4 +286,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.kv_offload_pressure)),
     collectors=("inference",),
     lookback_seconds=lambda settings: 0.0,
+    scenario="kv_cache_full",
 )

@@ -217,4 +217,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.numa_misplacement)),
     collectors=("gpu",),
     lookback_seconds=lambda settings: 0.0,
+    scenario="numa_misplacement",
 )

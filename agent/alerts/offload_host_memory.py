@@ -189,4 +189,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.offload_host_memory)),
     collectors=("inference", "process"),
     lookback_seconds=lambda settings: 0.0,
+    scenario="offload_host_memory_short",
 )

@@ -122,4 +122,6 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.pcie_bandwidth_low),),
     collectors=("gpu", "bench"),
     lookback_seconds=lambda settings: 0.0,
+    no_scenario=("it judges what `hybridmon bench` stored, and the synthetic hosts run no benchmark; its "
+                 "unit tests read stored reports"),
 )

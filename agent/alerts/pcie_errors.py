@@ -200,4 +200,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.pcie_errors)),
     collectors=("gpu",),
     lookback_seconds=lambda settings: settings.window_seconds,
+    scenario="pcie_errors",
 )

@@ -114,4 +114,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.pcie_link_degraded),),
     collectors=("gpu",),
     lookback_seconds=lambda settings: settings.for_seconds,
+    scenario="pcie_link_degraded",
 )

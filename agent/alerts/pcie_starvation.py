@@ -174,4 +174,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.pcie_starvation),),
     collectors=("gpu",),
     lookback_seconds=lambda settings: settings.for_seconds,
+    scenario="pcie_starvation",
 )

@@ -130,4 +130,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.sampling_lag),),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    no_scenario=("it judges the sampling loop's own ticks, and a replay runs no loop"),
 )

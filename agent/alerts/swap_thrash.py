@@ -265,4 +265,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: tuple(alerts(t.swap_thrash)),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
+    scenario="swap_thrash",
 )

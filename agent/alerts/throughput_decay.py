@@ -276,4 +276,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.throughput_decay),),
     collectors=("inference",),
     lookback_seconds=lambda settings: settings.window_seconds,
+    scenario="throughput_decay",
 )

@@ -276,4 +276,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.weight_offload),),
     collectors=("inference", "gpu", "process"),
     lookback_seconds=lambda settings: 0.0,
+    scenario="weights_crossing_bus",
 )

@@ -461,4 +461,5 @@ FAMILY = AlertFamily(
     collectors=(),
     lookback_seconds=lambda settings: settings.window_seconds,
     view_seconds=lambda settings: 0.0,   # the latest figures: its headroom and its servers' tree
+    scenario="memory_growth",
 )

@@ -12,7 +12,10 @@ from tests.support.scenarios.library import (GEN4_X16, VLLM, VLLM_SERVER, GpuLoa
                                      healthy_load, ramp, scenario)
 
 
+# The decay is judged against the earliest part of a window_seconds window: nothing before the
+# history reaches back that far, window_seconds after the trace's start.
 @scenario("throughput_decay", tick_seconds=10, duration_seconds=8100, onset_seconds=600,
+          ramp=lambda t: t.throughput_decay.window_seconds - 600,
           expected=[("InferenceThroughputDecay", VLLM_SERVER)],
           # The host-side KV tier's 1 GiB/h is 4.3 GB a day: past memory growth's absolute rate
           # (issue 14), though under its relative one in a 28 GiB process. Right either way.
@@ -63,7 +66,8 @@ def throughput_decay(host: SyntheticHost) -> Step:
     return step
 
 
-@scenario("kv_cache_full", tick_seconds=1, duration_seconds=600, onset_seconds=60,
+# KV-cache usage climbs past 95 % over ~55 s.
+@scenario("kv_cache_full", tick_seconds=1, duration_seconds=600, onset_seconds=60, ramp=60,
           expected=[("InferenceKvOffloadPressure", {**VLLM_SERVER, "reason": "kv_cache_full"})])
 def kv_cache_full(host: SyntheticHost) -> Step:
     """vLLM without a KV offload connector (no kv_offload family) meets a burst of long prompts at

@@ -15,7 +15,7 @@ over the tick that ends at `t`). Noise is deterministic (seeded by the scenario'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from tests.support.scenarios.host import GIB, MIB, SyntheticHost, link_capacity_bytes_per_second
 from tests.support.scenarios.inference import ENDPOINT, MODEL, ServerLoad
@@ -44,6 +44,13 @@ class Scenario:
     # Alerts that may fire too (a second reason for the same entity, a host-level twin of a
     # per-process finding), so that a test of "nothing unexpected" can tell them from noise.
     allowed: list[Expectation] = field(default_factory=list)
+    # Seconds from onset until its signal is past its threshold (a VRAM fill that climbs for
+    # minutes, a trend that needs its window), given the thresholds in force: the detection
+    # tests allow it on top of each alert's `for` (tests/integration/test_detection.py).
+    ramp: Callable[[Any], float] | float = 0.0
+
+    def ramp_seconds(self, thresholds) -> float:
+        return self.ramp(thresholds) if callable(self.ramp) else float(self.ramp)
 
     @property
     def healthy(self) -> bool:
@@ -58,12 +65,13 @@ SCENARIOS: dict[str, Scenario] = {}
 
 
 def scenario(name: str, tick_seconds: float, duration_seconds: float, onset_seconds: float | None,
-             expected: list[Expectation], allowed: list[Expectation] | None = None):
+             expected: list[Expectation], allowed: list[Expectation] | None = None,
+             ramp: Callable[[Any], float] | float = 0.0):
     """Register `build` (whose docstring is the scenario's description) under `name`."""
     def register(build: Callable[[SyntheticHost], Step]) -> Callable[[SyntheticHost], Step]:
         description = " ".join((build.__doc__ or "").split())
         SCENARIOS[name] = Scenario(name, description, tick_seconds, duration_seconds, onset_seconds,
-                                   expected, build, allowed or [])
+                                   expected, build, allowed or [], ramp)
         return build
     return register
 
@@ -231,7 +239,10 @@ def pcie_link_degraded(host: SyntheticHost) -> Step:
     return step
 
 
+# Rates over a 5 min window (PromQL rate() semantics): at twice the threshold's rate, as the
+# scenario's AER errors run, the window's rate crosses after half the window.
 @scenario("pcie_errors", tick_seconds=1, duration_seconds=480, onset_seconds=60,
+          ramp=lambda t: t.pcie_errors.window_seconds / 2,
           expected=[("GpuPcieReplayErrors", {"gpu": "0", "uuid": GPU0_UUID}),
                     ("PcieAerErrors", {"pci_bus_id": GPU0_ADDRESS, "aer_severity": "nonfatal"}),
                     ("PcieAerErrors", {"pci_bus_id": GPU0_ADDRESS, "aer_severity": "correctable"})])
@@ -348,7 +359,9 @@ def swap_thrash(host: SyntheticHost) -> Step:
     return step
 
 
+# A trend needs its window.
 @scenario("memory_growth", tick_seconds=10, duration_seconds=8400, onset_seconds=600,
+          ramp=lambda t: t.memory_growth.min_window_seconds,
           expected=[("InferenceProcessMemoryGrowth", {"pid": str(VLLM), "process_name": VLLM_NAME, "resource": "gpu_memory"}),
                     ("InferenceProcessMemoryGrowth", {"pid": str(VLLM), "process_name": VLLM_NAME, "resource": "resident"})])
 def memory_growth(host: SyntheticHost) -> Step:
@@ -380,7 +393,9 @@ def memory_growth(host: SyntheticHost) -> Step:
     return step
 
 
+# Pages migrate over ~2 min; CPU time is judged over 2 min.
 @scenario("numa_misplacement", tick_seconds=1, duration_seconds=720, onset_seconds=60,
+          ramp=120,
           expected=[("InferenceProcessNumaMisplaced", {"pid": str(VLLM), "process_name": VLLM_NAME, "gpu": "0", "reason": "cpus"}),
                     ("InferenceProcessNumaMisplaced", {"pid": str(VLLM), "process_name": VLLM_NAME, "gpu": "0", "reason": "memory"})])
 def numa_misplacement(host: SyntheticHost) -> Step:
@@ -404,7 +419,9 @@ def numa_misplacement(host: SyntheticHost) -> Step:
     return step
 
 
+# VRAM climbs from 80 % past 95 % over ~5 min.
 @scenario("gpu_memory_headroom", tick_seconds=1, duration_seconds=840, onset_seconds=60,
+          ramp=300,
           expected=[("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "used"})],
           allowed=[("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "forecast"})])
 def gpu_memory_headroom(host: SyntheticHost) -> Step:
@@ -550,7 +567,9 @@ def healthy_growth_with_load(host: SyntheticHost) -> Step:
 FILLS_GROWTH_STOPS = 570         # gpu_memory_fills: seconds from the start when its growth stops
 RAMP_STOPS_GROWTH_STOPS = 660    # gpu_memory_ramp_stops: the same
 
+# VRAM climbs 2 %/min from 80 %: 95 % after 450 s.
 @scenario("gpu_memory_fills", tick_seconds=5, duration_seconds=960, onset_seconds=60,
+          ramp=450,
           expected=[("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "forecast"}),
                     ("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "used"})])
 def gpu_memory_fills(host: SyntheticHost) -> Step:
@@ -571,7 +590,9 @@ def gpu_memory_fills(host: SyntheticHost) -> Step:
     return step
 
 
+# The forecast's trend (a median of local slopes) sees growth once half its window has it.
 @scenario("gpu_memory_ramp_stops", tick_seconds=5, duration_seconds=900, onset_seconds=60,
+          ramp=lambda t: t.gpu_memory_headroom.trend_window_seconds / 2,
           expected=[("GpuMemoryHeadroomLow", {"gpu": "0", "uuid": GPU0_UUID, "reason": "forecast"})])
 def gpu_memory_ramp_stops(host: SyntheticHost) -> Step:
     """GPU0 (48 GiB) holds 70 %, nearly all by vLLM (pid 4242). From onset its memory climbs
@@ -740,7 +761,9 @@ def healthy_vllm_v1_traffic_ramp(host: SyntheticHost) -> Step:
     return step
 
 
+# A trend needs its window, and the load's rise a settled minute of figures in its older half.
 @scenario("memory_growth_vllm_v1_engine_leak", tick_seconds=10, duration_seconds=4200, onset_seconds=0,
+          ramp=lambda t: t.memory_growth.min_window_seconds + 120,
           expected=[("InferenceProcessMemoryGrowth", {"pid": str(ENGINE), "process_name": VLLM_NAME,
                                                       "resource": "resident"})])
 def memory_growth_vllm_v1_engine_leak(host: SyntheticHost) -> Step:
@@ -782,7 +805,9 @@ def healthy_memory_follows_load(host: SyntheticHost) -> Step:
     return step
 
 
+# A trend needs its window, and the load's rise a settled minute of figures in its older half.
 @scenario("memory_leak_big_process", tick_seconds=10, duration_seconds=2400, onset_seconds=0,
+          ramp=lambda t: t.memory_growth.min_window_seconds + 120,
           expected=[("InferenceProcessMemoryGrowth", {"pid": str(LLAMA), "process_name": LLAMA_NAME,
                                                       "resource": "resident"})])
 def memory_leak_big_process(host: SyntheticHost) -> Step:
