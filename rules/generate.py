@@ -15,7 +15,6 @@ families it finds (agent/alerts/catalogue.py), which themselves read the PromQL 
 from __future__ import annotations
 
 import argparse
-import difflib
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ except ModuleNotFoundError as missing:  # a test extra: an agent installed with 
 
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import ThresholdsError, load_thresholds
+from hybridmon.generated import check, check_or_write, write  # noqa: F401 (the other generators' too)
 from hybridmon.rules.model import Group
 
 RULES_DIR = Path(__file__).resolve().parent
@@ -66,50 +66,6 @@ def render(thresholds, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL) -> dict
     """The rule file's name with its text."""
     groups = rule_groups(thresholds)
     return {RULES_FILE: HEADER + dump({"groups": [g.to_dict(runbook_base_url) for g in groups]})}
-
-
-def check(output_dir: Path, files: dict[str, str]) -> list[str]:
-    """Unified diffs of every generated file that differs from what is on disk."""
-    diffs = []
-    for name, text in files.items():
-        path = output_dir / name
-        current = path.read_text() if path.exists() else ""
-        if current != text:
-            diffs.append("".join(difflib.unified_diff(
-                current.splitlines(keepends=True), text.splitlines(keepends=True),
-                f"{name} (committed)", f"{name} (generated)")))
-    return diffs
-
-
-def write(output_dir: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = output_dir / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-
-
-def check_or_write(output_dir: Path, files: dict[str, str], check_only: bool, command: str,
-                   checker=None, writer=None) -> int:
-    """The end of every generator here: with --check, exit 1 with a diff when the files on disk
-    differ from `files` (`checker`, default `check`); otherwise write them (`writer`, default
-    `write`). Either way one line per file on stderr says what was checked or written, so a
-    silent success cannot be mistaken for nothing done. Returns the exit status."""
-    if check_only:
-        diffs = (checker or check)(output_dir, files)
-        for name, text in files.items():
-            path = output_dir / name
-            current = path.read_text() if path.exists() else None
-            state = "up to date" if current == text else "missing" if current is None else "differs"
-            print(f"checked {path}: {state}", file=sys.stderr)
-        if diffs:
-            sys.stdout.write("".join(diffs))
-            print(f"generated files are stale: run {command}", file=sys.stderr)
-            return 1
-        return 0
-    (writer or write)(output_dir, files)
-    for name in files:
-        print(f"wrote {output_dir / name}", file=sys.stderr)
-    return 0
 
 
 def run_generator(argv: list[str] | None, module: str, description: str, output_dir: Path,

@@ -23,17 +23,18 @@ def _none(thresholds: Thresholds) -> tuple[Recording, ...]:
 @dataclass(frozen=True)
 class RuleGroup:
     name: str                                                   # the group's name in the rule file
+    title: str                                                  # its heading in runbooks/README.md
     recordings: Callable[[Thresholds], tuple[Recording, ...]] = _none   # before its alerts
 
 
-PCIE = RuleGroup("hybridmon-pcie", pcie.recordings)
-GPU_MEMORY = RuleGroup("hybridmon-gpu-memory", pcie.memory_recordings)
-BENCH = RuleGroup("hybridmon-bench")
-HOST_MEMORY = RuleGroup("hybridmon-host-memory", lambda thresholds: host.recordings())
-HOST_CONFIG = RuleGroup("hybridmon-host-config")
-PROCESS = RuleGroup("hybridmon-process", process.recordings)
-INFERENCE = RuleGroup("hybridmon-inference", inference.recordings)
-AGENT = RuleGroup("hybridmon-agent")
+PCIE = RuleGroup("hybridmon-pcie", "The PCIe link and the GPU on it", pcie.recordings)
+GPU_MEMORY = RuleGroup("hybridmon-gpu-memory", "GPU memory", pcie.memory_recordings)
+BENCH = RuleGroup("hybridmon-bench", "What the offload benchmark measured")
+HOST_MEMORY = RuleGroup("hybridmon-host-memory", "Host memory", lambda thresholds: host.recordings())
+HOST_CONFIG = RuleGroup("hybridmon-host-config", "Host configuration")
+PROCESS = RuleGroup("hybridmon-process", "Inference processes", process.recordings)
+INFERENCE = RuleGroup("hybridmon-inference", "Inference servers", inference.recordings)
+AGENT = RuleGroup("hybridmon-agent", "The agent itself")
 # The rule file's order: what the agent sees first (the link, the GPU), then the host, the
 # processes and servers on it, and the agent itself last.
 GROUPS: tuple[RuleGroup, ...] = (PCIE, GPU_MEMORY, BENCH, HOST_MEMORY, HOST_CONFIG, PROCESS, INFERENCE, AGENT)

@@ -1,3 +1,3 @@
 """The one-shot commands behind agent/cli.py: `hybridmon check` (check.py), `hybridmon budget`
-(budget.py), the files `hybridmon rules|dashboards|runbooks` print (shipped.py), the live progress
-line they share (progress.py), and the metrics reference's generator (metric_docs.py)."""
+(budget.py), the files `hybridmon rules|dashboards|runbooks` print (shipped.py), and the live
+progress line they share (progress.py)."""

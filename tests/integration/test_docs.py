@@ -4,22 +4,31 @@ import importlib.util
 import re
 from pathlib import Path
 
-from hybridmon.agent.commands import metric_docs
+from docs import generate as docs_generate
 from hybridmon.agent.config import AgentConfig, tomllib
 from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_metrics_doc_is_current():
-    assert (REPO / "docs" / "metrics.md").read_text() == metric_docs.render(), (
-        "run: python -m hybridmon.agent.commands.metric_docs > docs/metrics.md"
-    )
+def test_the_generated_documentation_is_current():
+    """docs/metrics.md, the collector lists and the schema's enum, the runbook index."""
+    stale = [name for name, text in docs_generate.render().items() if (REPO / name).read_text() != text]
+    assert stale == [], "run: python -m docs.generate"
 
 
-def test_every_collector_is_documented_once():
-    documented = [c.name for c in metric_docs.collector_classes()]
-    assert sorted(documented) == sorted(COLLECTOR_NAMES)
+def test_every_collector_is_named_where_the_docs_list_them():
+    assert [name for name in COLLECTOR_NAMES if f"`{name}`" not in docs_generate.collector_names()] == []
+    assert [name for name in COLLECTOR_NAMES if f"## `{name}`" not in docs_generate.metrics()] == []
+
+
+def test_a_generated_block_missing_from_its_file_is_named():
+    try:
+        docs_generate.fill("no block here", "docs/example.md", {"collectors": "x"})
+    except ValueError as error:
+        assert "docs/example.md" in str(error) and "collectors" in str(error)
+    else:
+        raise AssertionError("a missing block went unnoticed")
 
 
 def test_configuration_doc_example_is_a_valid_config():
@@ -43,7 +52,7 @@ def test_readme_has_the_two_set_up_commands_and_ci_runs_the_test_one():
 DOCUMENTS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), *sorted(REPO.glob("*/README.md")),
              *sorted((REPO / "runbooks").glob("*.md")), *sorted((REPO / "tests" / "fixtures").rglob("README.md"))]
 OLD_TOP_LEVEL = ("agent", "exporters", "rules", "dashboards", "runbooks")  # now hybridmon.<folder>
-OUR_MODULES = ("hybridmon", "tests", "deploy", "benchmarks", *OLD_TOP_LEVEL)
+OUR_MODULES = ("hybridmon", "tests", "deploy", "benchmarks", "docs", *OLD_TOP_LEVEL)
 REPOSITORY_PATH = re.compile(
     r"(?<![\w./-])((?:agent|exporters|rules|dashboards|runbooks|tests|benchmarks|docs|deploy|scripts|hybridmon)/"
     r"[\w./<>*{}-]*)")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridmon.agent.commands import metric_docs
+from hybridmon.exporters.registry import COLLECTORS
 from hybridmon.agent.alerts.catalogue import DEFAULT_THRESHOLDS_FILE, load_thresholds
 from hybridmon.agent.self_metrics import SELF_METRICS
 from hybridmon.agent.alerts import catalogue
@@ -265,7 +265,7 @@ def test_recording_rule_names_are_level_metric_operation():
 
 
 def exported_metrics() -> dict[str, tuple[str, ...]]:
-    specs = [spec for collector in metric_docs.collector_classes() for spec in collector.metric_specs]
+    specs = [spec for registration in COLLECTORS for spec in registration.metric_specs]
     return {spec.name: spec.label_names for spec in [*specs, *SELF_METRICS]}
 
 

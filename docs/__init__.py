@@ -1,0 +1,1 @@
+"""The documentation; generate.py rewrites the parts of it derived from the code."""
