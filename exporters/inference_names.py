@@ -383,6 +383,28 @@ SCRAPE_ERROR = MetricSpec(
     "of the expected server; missing_families: a family every version of the server publishes is "
     "missing (its names changed).", "gauge", ("endpoint", "reason"))
 
+# What each `reason` of SCRAPE_ERROR means and what to check first: the finding's text
+# (agent/alerts/inference_scrape.py) and the status page name them in these words.
+SCRAPE_REASONS = {
+    "timeout": ("gave no complete answer within [inference] timeout_seconds",
+                "a server stuck or overloaded; `curl -m 5 -sS -o /dev/null -w '%{time_total}' URL`"),
+    "refused": ("refused the connection: nothing listens there",
+                "the server is down or moved port; `ss -ltnp` and the server's own log"),
+    "connection": ("failed at the connection (reset, TLS or DNS)", "`curl -v URL`"),
+    "http_status": ("answered with an HTTP status other than 200",
+                    "metrics switched off (llama-server needs --metrics, SGLang --enable-metrics) or a "
+                    "proxy in the way; `curl -i URL`"),
+    "too_large": ("answered a body over [inference] max_body_bytes",
+                  "a label with unbounded values (one series per request) or the wrong URL"),
+    "not_prometheus": ("answered something that is not the Prometheus text format (an HTML page)",
+                       "the URL points at a web UI or a proxy's error page; `curl -s URL | head`"),
+    "not_json": ("answered something that is not JSON (Ollama's /api/ps)", "`curl -s URL | head`"),
+    "unknown_server": ("answered metrics of no server hybridmon knows",
+                       "name the server in [inference] endpoints or check the URL"),
+    "missing_families": ("answered, but a family every version of the server publishes is missing: "
+                         "its metric names changed", "compare `curl -s URL` with docs/inference-servers.md"),
+}
+
 METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS, OFFLOAD_DROPPED_TOKENS,
                 *(spec for specs in HISTOGRAM_SPECS.values() for spec in specs),
                 SCRAPE_SUCCESS, SCRAPE_DURATION, SCRAPE_ERROR)

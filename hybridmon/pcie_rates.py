@@ -17,6 +17,7 @@ which a saturated link never shows.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 # Generation -> (bytes/s per lane per direction as a PromQL-ready literal, the encoding behind it).
 LANE_BYTES_PER_SECOND_TEXT = {
@@ -110,15 +111,30 @@ def bidirectional_capacity(generation: float, lanes: float) -> float | None:
     return lanes * (LANE_BYTES_PER_SECOND[int(round(generation))] * 2 * share)
 
 
+@dataclass(frozen=True)
+class LinkCapacity:
+    """What one direction of a link carries, bytes/s, and where that figure comes from."""
+
+    bytes_per_second: float
+    source: str                # "measured" (by `hybridmon bench` on this host) or "achievable"
+    link: str | None = None    # the link it was worked out for ("Gen4 x16"); None when measured
+
+    @property
+    def described(self) -> str:
+        """"measured", or "achievable on Gen4 x16": how a finding or the status page names it."""
+        return f"{self.source} on {self.link}" if self.link else self.source
+
+
 def effective_capacity(measured: float | None, generation: float | None,
-                       lanes: float | None) -> tuple[float, str] | None:
-    """(bytes/s, "measured" or "achievable") of one direction of a link: what `hybridmon bench`
-    measured on this host where it has run, else achievable_capacity of the generation x width
-    given (the detectors pass the best seen over their traffic window; the rules'
-    effective-capacity recording says the same); None when neither is known."""
+                       lanes: float | None) -> LinkCapacity | None:
+    """One direction of a link: what `hybridmon bench` measured on this host where it has run,
+    else achievable_capacity of the generation x width given (the detectors pass the best seen
+    over their traffic window; the rules' effective-capacity recording says the same); None when
+    neither is known. GpuPcieStarvation, InferenceKvOffloadPressure and the status page all size a
+    link by this one function."""
     if measured is not None and measured > 0:
-        return measured, "measured"
+        return LinkCapacity(measured, "measured")
     if generation is None or lanes is None:
         return None
     achievable = achievable_capacity(generation, lanes)
-    return (achievable, "achievable") if achievable else None
+    return LinkCapacity(achievable, "achievable", link_name(generation, lanes)) if achievable else None

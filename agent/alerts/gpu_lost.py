@@ -89,11 +89,12 @@ def alert(settings: Settings) -> Alert:
 
 
 def identities(history: HistoryReader, now: float) -> tuple[dict[tuple[str, str], str],
-                                                       dict[str, tuple[str, str]]]:
-    """((gpu, uuid) -> pci_bus_id, pci_bus_id -> (gpu, uuid)) from the gpu_info series with a
-    point in the last IDENTITY_LOOKBACK_SECONDS, as the rule's last_over_time reads them; where
-    two compete, the one seen last wins (the rule's topk keeps either: they differ only for a GPU
-    moved or replaced within the hour)."""
+                                                             dict[str, tuple[str, str]],
+                                                             dict[tuple[str, str], dict[str, str]]]:
+    """((gpu, uuid) -> pci_bus_id, pci_bus_id -> (gpu, uuid), (gpu, uuid) -> its gpu_info labels)
+    from the gpu_info series with a point in the last IDENTITY_LOOKBACK_SECONDS, as the rule's
+    last_over_time reads them; where two compete, the one seen last wins (the rule's topk keeps
+    either: they differ only for a GPU moved or replaced within the hour)."""
     seen = []
     for series in history.series(GPU_INFO.name):
         end = bisect_right(series.times, now)
@@ -101,18 +102,22 @@ def identities(history: HistoryReader, now: float) -> tuple[dict[tuple[str, str]
             seen.append((series.times[end - 1], series.labels))
     by_gpu: dict[tuple[str, str], str] = {}
     by_bus: dict[str, tuple[str, str]] = {}
+    reported: dict[tuple[str, str], dict[str, str]] = {}
     for _, labels in sorted(seen, key=lambda pair: pair[0]):
         gpu, bus_id = (labels["gpu"], labels["uuid"]), labels.get("pci_bus_id", "")
+        reported[gpu] = labels
         if bus_id:
             by_gpu[gpu] = bus_id
             by_bus[bus_id] = gpu
-    return by_gpu, by_bus
+    return by_gpu, by_bus, reported
 
 
 class Detector(DetectorBase):
     """GpuLost: GPU_UP == 0 (NVML reports the GPU lost) or DEVICE_PRESENT == 0 (the PCI function
     left the bus), current values, each labelled with gpu, uuid and pci_bus_id where gpu_info gave
-    the GPU's identity in the last hour; one finding per GPU, as the rule's `or` merges them."""
+    the GPU's identity in the last hour; one finding per GPU, as the rule's `or` merges them. Its
+    figures: each lost GPU's last gpu_info labels within that hour (its name, its address), by
+    (gpu, uuid), which a lost GPU no longer reports and the status page names it by."""
 
     name = "gpu_lost"
     alertnames = ("GpuLost",)
@@ -123,11 +128,13 @@ class Detector(DetectorBase):
 
     def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         findings = []
-        bus_of, gpu_at = identities(history, now)
+        bus_of, gpu_at, reported = identities(history, now)
         named_buses = set()
+        lost: dict[tuple[str, ...], dict[str, str]] = {}
         for key, up in sorted(common.gpu_latest(history, GPU_UP.name, now).items()):
             if up != 0:
                 continue
+            lost[key] = reported.get((key[0], key[1]), {})
             labels = common.gpu_entity(key)
             bus_id = bus_of.get((key[0], key[1]))
             if bus_id:
@@ -141,7 +148,9 @@ class Detector(DetectorBase):
             labels = {"pci_bus_id": bus_id}
             if bus_id in gpu_at:
                 labels.update(common.gpu_entity(gpu_at[bus_id]))
+                lost[gpu_at[bus_id]] = reported[gpu_at[bus_id]]
             findings.append(finding(self.alert, labels, 0.0, 1.0))
+        self.figures = lost
         return findings
 
 

@@ -8,7 +8,7 @@ from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.agent.loop.history import SeriesHistory
-from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
+from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_REASONS, SCRAPE_SUCCESS
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
@@ -16,27 +16,6 @@ from hybridmon.rules.promql import duration
 INPUTS = (SCRAPE_SUCCESS, SCRAPE_ERROR)
 # Why a scrape failed (the reason label of the scrape-error series), in words, and the first
 # check; the status page prints the words, the runbook has the same table.
-SCRAPE_REASONS = {
-    "timeout": ("gave no complete answer within [inference] timeout_seconds",
-                "a server stuck or overloaded; `curl -m 5 -sS -o /dev/null -w '%{time_total}' URL`"),
-    "refused": ("refused the connection: nothing listens there",
-                "the server is down or moved port; `ss -ltnp` and the server's own log"),
-    "connection": ("failed at the connection (reset, TLS or DNS)", "`curl -v URL`"),
-    "http_status": ("answered with an HTTP status other than 200",
-                    "metrics switched off (llama-server needs --metrics, SGLang --enable-metrics) or a "
-                    "proxy in the way; `curl -i URL`"),
-    "too_large": ("answered a body over [inference] max_body_bytes",
-                  "a label with unbounded values (one series per request) or the wrong URL"),
-    "not_prometheus": ("answered something that is not the Prometheus text format (an HTML page)",
-                       "the URL points at a web UI or a proxy's error page; `curl -s URL | head`"),
-    "not_json": ("answered something that is not JSON (Ollama's /api/ps)", "`curl -s URL | head`"),
-    "unknown_server": ("answered metrics of no server hybridmon knows",
-                       "name the server in [inference] endpoints or check the URL"),
-    "missing_families": ("answered, but a family every version of the server publishes is missing: "
-                         "its metric names changed", "compare `curl -s URL` with docs/inference-servers.md"),
-}
-
-
 class Settings(Section):
     for_seconds: float
 

@@ -2,35 +2,36 @@
 kv_cache_full: the GPU KV cache is (almost) full while requests are preempted, so they stop and are
 recomputed or reloaded. offload_link: loads of offloaded KV cache from host memory alone fill the
 host-to-device PCIe link of the server's GPUs. The agent's offload_link finding adds the loads'
-share of the host->device traffic NVML counted on the same GPUs (LinkShare; the status page
-shows it too, agent/status/offload.py); the rule's text keeps the capacity side. Runbook: InferenceKvOffloadPressure.md.
+share of the host->device traffic NVML counted on the same GPUs (detectors.links.LinkShare); the
+rule's text keeps the capacity side. Every server with loads has its LinkShare in the detector's
+figures, which the status page shows. Runbook: InferenceKvOffloadPressure.md.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
+from hybridmon.agent.detectors.links import HOST_TO_DEVICE, LinkShare
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, add_note
 from hybridmon.agent.detectors.servers import Server
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
                                      PCIE_THROUGHPUT, PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
-from hybridmon.pcie_rates import effective_capacity, link_name
+from hybridmon.pcie_rates import LinkCapacity, effective_capacity
 from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
 from hybridmon.rules.templates import humanize, humanize_percentage
-from hybridmon.units import human_rate, percent
+from hybridmon.units import human_rate
 
 KV_CACHE_USAGE = BY_FIELD["kv_cache_usage_ratio"]
 PREEMPTIONS = BY_FIELD["preemptions"]
 INPUTS = (KV_CACHE_USAGE, PREEMPTIONS, OFFLOAD_BYTES, PROCESS_MEMORY_USED, PCIE_LINK_GENERATION,
           PCIE_LINK_WIDTH, MEASURED_CAPACITY, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT)
-HOST_TO_DEVICE = "host_to_device"
 
 
 class Settings(Section):
@@ -97,62 +98,11 @@ def alerts(k: Settings) -> list[Alert]:
     return [cache_full_alert(k), offload_link_alert(k)]
 
 
-@dataclass(frozen=True)
-class LinkCapacity:
-    """One GPU's host->device capacity (bytes/s) and where it comes from."""
-
-    bytes_per_second: float
-    source: str          # "measured" or "achievable on Gen4 x16"
-
-
-def link_capacity(measured: float | None, generation: float | None,
-                  lanes: float | None) -> LinkCapacity | None:
-    """The capacity GpuPcieStarvation and the rules' effective-capacity recording read too, its
-    source naming the link when it is what copies achieve on it."""
-    found = effective_capacity(measured, generation, lanes)
-    if found is None:
-        return None
-    value, source = found
-    return LinkCapacity(value, source if source == "measured" else f"{source} on {link_name(generation, lanes)}")
-
-
-@dataclass(frozen=True)
-class LinkShare:
-    """How much of its GPUs' host->device link a server's KV offload loads take, over the last
-    minute: beside what NVML counted crossing it (the loads' share of the real traffic; the rest
-    is weights, activations and other processes) and beside what it carries (capacity)."""
-
-    loads: float                   # the server's KV offload loads, bytes/s (its own /metrics)
-    traffic: float | None          # NVML host->device bytes/s of the same GPUs (counter, sampled, gauge)
-    capacity: float | None         # their host->device capacity, bytes/s (measured, else achievable)
-    gpus: tuple[str, ...]          # the GPU indexes, as the finding names them
-
-    @property
-    def of_traffic(self) -> float | None:
-        return self.loads / self.traffic if self.traffic else None
-
-    @property
-    def of_capacity(self) -> float | None:
-        return self.loads / self.capacity if self.capacity else None
-
-    def sentence(self) -> str | None:
-        """The finding's note: the loads beside the traffic NVML counted on the same GPUs."""
-        if self.of_traffic is None:
-            return None
-        return (f"NVML counted {human_rate(self.traffic or 0.0)} host to device on GPU "
-                f"{', '.join(self.gpus)} over the same minute: the server's KV loads were "
-                f"{percent(self.of_traffic)} of it (the rest: weights, activations, other processes).")
-
-
-def link_share(history: HistoryReader, server: Server, now: float,
+def link_share(history: HistoryReader, server: Server, loads: float, now: float,
                capacities: dict[tuple[str, str], LinkCapacity],
-               traffic: dict[tuple[str, ...], dict[str, float]]) -> LinkShare | None:
-    """The LinkShare of `server` over the GPUs the offload_link reason judges it on (those its
-    process holds memory on, else every GPU of the host); None without KV loads."""
-    loads = servers.rate(servers.series_of(history, OFFLOAD_BYTES.name, server, direction="load"),
-                         now, windows.AVERAGE_SECONDS)
-    if loads is None:
-        return None
+               traffic: dict[tuple[str, ...], dict[str, float]]) -> LinkShare:
+    """The LinkShare of `server`'s KV loads (bytes/s) over the GPUs the offload_link reason judges
+    it on (those its process holds memory on, else every GPU of the host)."""
     known = set(capacities) or set(traffic)  # as the finding's capacity is summed, where there is one
     mine = sorted(gpus_of(history, server.pid, now) & known or known)
     to_gpu = [traffic[gpu][HOST_TO_DEVICE] for gpu in mine if HOST_TO_DEVICE in traffic.get(gpu, {})]
@@ -170,8 +120,8 @@ def gpu_capacities(history: HistoryReader, now: float) -> dict[tuple[str, str], 
     measured = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
     found = {}
     for gpu in set(generation) | set(measured):
-        capacity = link_capacity(measured.get(gpu, {}).get(HOST_TO_DEVICE),
-                                 generation.get(gpu), width.get(gpu))
+        capacity = effective_capacity(measured.get(gpu, {}).get(HOST_TO_DEVICE),
+                                      generation.get(gpu), width.get(gpu))
         if capacity is not None:
             found[gpu] = capacity
     return found
@@ -207,6 +157,7 @@ class Detector(DetectorBase):
 
     def evaluate(self, history: HistoryReader, now: float) -> list[Finding]:
         findings = []
+        shares: dict[tuple[str, ...], LinkShare] = {}   # its figures: every server with KV loads
         capacities: dict[tuple[str, str], LinkCapacity] | None = None
         traffic: dict[tuple[str, ...], dict[str, float]] | None = None
         for server in servers.scraped(history, now):
@@ -219,14 +170,16 @@ class Detector(DetectorBase):
                 continue
             if capacities is None:
                 capacities = self.capacities(history, now)
+                traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name,
+                                             PCIE_THROUGHPUT.name, now)
+            share = shares[(server.server, server.endpoint, server.model, server.pid)] = link_share(
+                history, server, loads, now, capacities, traffic or {})
             mine = gpus_of(history, server.pid, now) & set(capacities) or set(capacities)
             total = sum(capacities[gpu].bytes_per_second for gpu in mine)
             if total > 0 and loads >= self.config.offload_load_share_of_capacity * total:
                 found = self._link_full(server, loads, total, {gpu: capacities[gpu] for gpu in sorted(mine)})
-                if traffic is None:
-                    traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name,
-                                                 PCIE_THROUGHPUT.name, now)
-                findings.append(self._with_link_share(found, history, server, now, capacities, traffic))
+                findings.append(self._with_link_share(found, share))
+        self.figures = shares
         return findings
 
     def capacities(self, history: HistoryReader, now: float) -> dict[tuple[str, str], LinkCapacity]:
@@ -248,14 +201,11 @@ class Detector(DetectorBase):
                      "pid": server.pid})
 
     @staticmethod
-    def _with_link_share(found: Finding, history: HistoryReader, server: Server, now: float,
-                         capacities: dict[tuple[str, str], LinkCapacity],
-                         traffic: dict[tuple[str, ...], dict[str, float]]) -> Finding:
+    def _with_link_share(found: Finding, share: LinkShare) -> Finding:
         """The loads' share of the traffic NVML counted, which only the agent adds: the rule's
         text has the capacity side (the dashboard's inference panel shows both)."""
-        share = link_share(history, server, now, capacities, traffic)
-        sentence = share.sentence() if share else None
-        if share is None or sentence is None:
+        sentence = share.sentence()
+        if sentence is None:
             return found
         noted = add_note(found, sentence)
         return replace(noted, details={**noted.details, "host_to_device_bytes_per_second": share.traffic or 0.0,
@@ -265,7 +215,7 @@ class Detector(DetectorBase):
                    gpus: dict[tuple[str, str], LinkCapacity]) -> Finding:
         # Which GPUs' links make up the capacity, and where each figure comes from: more than
         # the rule can say, so it is a detail (the runbook points at the findings API for it).
-        links = ", ".join(f"GPU {gpu[0]} {human_rate(capacity.bytes_per_second)} ({capacity.source})"
+        links = ", ".join(f"GPU {gpu[0]} {human_rate(capacity.bytes_per_second)} ({capacity.described})"
                           for gpu, capacity in gpus.items())
         return finding(
             self.offload_link_alert, server.labels, loads / total,

@@ -18,6 +18,7 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
+from hybridmon.agent.detectors.links import DirectionLoad
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
@@ -118,13 +119,16 @@ class Detector(DetectorBase):
         measured_capacity = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
         measured_both_ways = common.gpu_directions(history, MEASURED_BIDIRECTIONAL_CAPACITY.name, now)
         findings = []
+        loads: dict[tuple[str, ...], dict[str, DirectionLoad]] = {}   # its figures: every GPU with traffic
         for key, directions in sorted(traffic.items()):
             busy = utilization.get(key)
             gen, lanes, benchmarked = generation.get(key), width.get(key), measured_capacity.get(key, {})
             # Both directions, as the rule's capacity recording holds them (traffic or not).
             capacities = {direction: found for direction in recorded.DIRECTIONS
                           if (found := effective_capacity(benchmarked.get(direction), gen, lanes)) is not None}
-            shares = {direction: value / capacities[direction][0]
+            loads[key] = {direction: DirectionLoad(value, capacities.get(direction))
+                          for direction, value in directions.items()}
+            shares = {direction: value / capacities[direction].bytes_per_second
                       for direction, value in directions.items() if direction in capacities}
             both_found = both_ways_capacity(measured_both_ways.get(key, {}), gen, lanes)
             both = both_found[0] if both_found else None
@@ -136,7 +140,7 @@ class Detector(DetectorBase):
             share = shares[judged]
             if share < self.config.traffic_share_of_capacity or busy > self.config.gpu_utilization_at_most:
                 continue
-            judged_capacity = both if judged == recorded.BOTH else capacities[judged][0]
+            judged_capacity = both if judged == recorded.BOTH else capacities[judged].bytes_per_second
             details: dict[str, float | str] = {
                 "direction": judged,
                 "traffic_bytes_per_second": (sum(directions.values()) if judged == recorded.BOTH
@@ -144,7 +148,7 @@ class Detector(DetectorBase):
                 "threshold_bytes_per_second": self.config.traffic_share_of_capacity * judged_capacity,
                 "capacity_bytes_per_second": judged_capacity,
                 "capacity_source": (both_found[1] if judged == recorded.BOTH and both_found
-                                    else capacities[judged][1]),
+                                    else capacities[judged].source),
                 "gpu_utilization_ratio": busy,
             }
             for name, value in directions.items():
@@ -158,9 +162,10 @@ class Detector(DetectorBase):
                 self.alert, common.gpu_entity(key), share, self.config.traffic_share_of_capacity,
                 unit="ratio",
                 values={"to_gpu": directions.get(HOST_TO_DEVICE), "from_gpu": directions.get(DEVICE_TO_HOST),
-                        "capacity": max((found for found, _ in capacities.values()), default=None),
+                        "capacity": max((found.bytes_per_second for found in capacities.values()), default=None),
                         "both": both, "util": busy, "gen": gen, "width": lanes},
                 details=details))
+        self.figures = loads
         return findings
 
 

@@ -8,7 +8,9 @@ rule's `for`, so an in-agent finding and its Prometheus rule fire at about the s
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Literal, Protocol
 
 from hybridmon.agent.loop.history import History, SeriesHistory
@@ -82,6 +84,11 @@ class Detector(Protocol):
     # True when it judges the agent itself (its collectors, its loop, its alert delivery) from the
     # parts attach() hands it rather than the host's history: `check` runs no agent to judge.
     judges_the_agent: bool
+    # What it judged each entity by at its last evaluation, by the entity's label values (a GPU's
+    # (gpu, uuid), a server's (server, endpoint, model, pid)): the figures the status page shows,
+    # as decided here, instead of working them out again (detectors/links.py has their types).
+    # Replaced whole at each evaluation, so a reader on another thread sees one evaluation's.
+    figures: Mapping[tuple[str, ...], Any]
 
     def attach(self, agent: RunningAgent) -> None:
         """Called once by the running agent before the first evaluation."""
@@ -93,13 +100,15 @@ class Detector(Protocol):
 
 class DetectorBase:
     """The usual answers of the Detector contract: no history needed before judging, the whole
-    lookback readable until its family sets its span, judges the host, nothing to attach."""
+    lookback readable until its family sets its span, judges the host, publishes no figures,
+    nothing to attach."""
 
     name: str
     alertnames: tuple[str, ...]
     min_history_seconds: float = 0.0
     lookback_seconds: float = math.inf
     judges_the_agent: bool = False
+    figures: Mapping[tuple[str, ...], Any] = MappingProxyType({})
 
     def attach(self, agent: RunningAgent) -> None:
         """A detector of the host's history reads nothing of the agent."""

@@ -28,7 +28,8 @@ from bisect import bisect_left
 import time
 from collections import deque
 from dataclasses import dataclass, replace
-from typing import Callable, Literal, Sequence
+from collections.abc import Mapping
+from typing import Any, Callable, Literal, Sequence
 
 from hybridmon.agent.detectors import impact
 from hybridmon.agent.detectors.base import Detector, Finding, HistoryReader
@@ -237,6 +238,14 @@ class Engine:
         self._widest_reads: dict[str, float] = {}
         self._lock = threading.Lock()            # guards the states and counters, held briefly
         self._evaluating = threading.Lock()      # one evaluation at a time
+
+    def figures(self, detector: str) -> Mapping[tuple[str, ...], Any]:
+        """What `detector` judged each entity by at its last evaluation (Detector.figures); empty
+        for one that publishes none or is not running."""
+        for candidate in self.detectors:
+            if candidate.name == detector:
+                return candidate.figures
+        return {}
 
     @property
     def detector_errors(self) -> dict[str, int]:

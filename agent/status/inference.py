@@ -9,21 +9,19 @@ say: template.py escapes them.
 """
 from __future__ import annotations
 
-from hybridmon.agent.alerts.inference_scrape import SCRAPE_REASONS
-from hybridmon.agent.status.offload import link_share_now
 from hybridmon.agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SERVER, human_latency
 from hybridmon.agent.loop.history import History
-from hybridmon.agent.status.signals import LatestValues, counter_rates
+from hybridmon.agent.status.signals import Decided, LatestValues, counter_rates
 from hybridmon.agent.status.template import Row, card, key_values, paragraph
 from hybridmon.agent.status.trends import Trends, server_plots
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, OFFLOAD_SECONDS,
-                                                 SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS)
+                                                 SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_REASONS, SCRAPE_SUCCESS)
 from hybridmon.units import human_bytes, human_rate, percent
 
 COUNTERS_READ = 4  # generated and prompt tokens, preemptions, offload bytes: one series read each
 
 
-def inference_html(history: History, latest: LatestValues, trends: Trends) -> str:
+def inference_html(history: History, latest: LatestValues, trends: Trends, decided: Decided) -> str:
     success = latest.keyed(SCRAPE_SUCCESS.name, "endpoint")
     errors: dict[str, list[str]] = {}
     for labels, _ in latest.all(SCRAPE_ERROR.name):
@@ -56,7 +54,7 @@ def inference_html(history: History, latest: LatestValues, trends: Trends) -> st
             server, _endpoint, model, pid = key
             heading = " · ".join(part for part in (DISPLAY_NAMES.get(server, server), model,
                                                    f"pid {pid}" if pid else "") if part)
-            body += paragraph(heading, "sub") + key_values(server_rows(key, latest, rates)) + server_plots(trends, key)
+            body += paragraph(heading, "sub") + key_values(server_rows(key, latest, rates, decided)) + server_plots(trends, key)
         cards.append(card(endpoint, body))
     return f'<div class="grid">{"".join(cards)}</div>'
 
@@ -84,7 +82,7 @@ def offload_elsewhere_rows(in_lmcache: float | None) -> list[Row]:
              "LMCache's exporter does (port 9090 unless --prometheus-port; scraped as server lmcache)", False)]
 
 
-def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates) -> list[Row]:
+def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates, decided: Decided) -> list[Row]:
     def gauge(field: str) -> float | None:
         return latest.keyed(BY_FIELD[field].name, *SERVER).get(key)
 
@@ -116,12 +114,13 @@ def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates) 
     if load is not None or store is not None:
         rows.append(("KV offload", " · ".join(f"{what} {human_rate(rate)}" for rate, what in (
             (load, "loads"), (store, "stores")) if rate is not None), False))
-    # the loads beside the GPUs' NVML host->device traffic and capacity (issue 15; no history read)
-    share = None if load is None else link_share_now(load, key[3], latest)
+    # the loads beside the GPUs' NVML host->device traffic and capacity over the minute, as
+    # InferenceKvOffloadPressure judged them at its last evaluation (issue 15; no history read)
+    share = decided.kv_shares.get(key)
     if share is not None and (share.of_traffic is not None or share.of_capacity is not None):
         parts = []
         if share.of_traffic is not None:
-            parts.append(f"{percent(share.of_traffic)} of the {human_rate(share.traffic or 0.0)} NVML counts now")
+            parts.append(f"{percent(share.of_traffic)} of the {human_rate(share.traffic or 0.0)} NVML counted")
         if share.of_capacity is not None:
             parts.append(f"{percent(share.of_capacity)} of its {human_rate(share.capacity or 0.0)} capacity")
         rows.append((f"KV loads on GPU {', '.join(share.gpus)} host→device link", " · ".join(parts), False))

@@ -14,17 +14,15 @@ import time
 from typing import TYPE_CHECKING
 
 from hybridmon import __version__
-from hybridmon.agent.alerts import gpu_lost
 from hybridmon.agent.detectors.engine import FindingState
 from hybridmon.agent.publish.findings import SEVERITY_ORDER, runbook_url
 from hybridmon.agent.status.inference import inference_html
-from hybridmon.agent.status.signals import LatestValues, bench_html, gpus_html, host_html, processes_html
+from hybridmon.agent.status.signals import Decided, LatestValues, bench_html, gpus_html, host_html, processes_html
 from hybridmon.agent.status.trends import Trends
 from hybridmon.agent.status.template import (
     Row, card, clock, clock_and_age, esc, key_values, link, page, paragraph, section,
 )
 from hybridmon.agent.warmup import summary as warming_summary, warming_up
-from hybridmon.exporters.gpu import GPU_INFO, GPU_UP
 from hybridmon.units import human_duration
 
 if TYPE_CHECKING:
@@ -43,39 +41,18 @@ def render_status_page(agent: Agent) -> str:
     banner_class, banner_text, banner_detail = banner(agent, states, latest, now)
     # The plots end at the newest sample, like the minute's rates: a replay's hour is recorded time.
     trends = Trends(agent.history, agent.engine, agent.thresholds, latest.newest)
+    decided = Decided(agent.engine)
     sections = [
         section("Findings", findings_html(states, agent.runbook_base_url, now), "findings"),
-        section("GPUs", gpus_html(latest, trends, lost_gpu_identity(agent, latest)), "gpus"),
+        section("GPUs", gpus_html(latest, trends, decided), "gpus"),
         section("Watched processes", processes_html(agent.history, latest, trends), "processes"),
-        section("Inference servers", inference_html(agent.history, latest, trends), "inference"),
+        section("Inference servers", inference_html(agent.history, latest, trends, decided), "inference"),
         section("Host memory", host_html(agent.history, latest, trends), "host"),
         section("Last benchmark", bench_html(latest, now), "bench"),
         section("Agent", agent_html(agent, latest, now), "agent"),
     ]
     title = f"hybridmon · {socket.gethostname()}"
     return page(title, banner_class, banner_text, banner_detail, sections)
-
-
-def lost_gpu_identity(agent: Agent, latest: LatestValues) -> dict[tuple[str, ...], dict[str, str]]:
-    """Name, PCI address of each GPU that is up == 0 with no gpu_info now: the last gpu_info it
-    reported within gpu_lost.IDENTITY_LOOKBACK_SECONDS (the lookback GpuLost names it by), else the
-    pci_bus_id label of its GpuLost finding. Reads the history only while a GPU is lost."""
-    current = {(labels["gpu"], labels["uuid"]) for labels, _ in latest.all(GPU_INFO.name)}
-    lost = [key for key, up in latest.keyed(GPU_UP.name, "gpu", "uuid").items() if up == 0 and key not in current]
-    if not lost or latest.newest is None:
-        return {}
-    found: dict[tuple[str, ...], dict[str, str]] = {}
-    for state in agent.engine.states():
-        labels = state.finding.labels
-        if state.finding.alertname in gpu_lost.Detector.alertnames and labels.get("pci_bus_id"):
-            found[(labels.get("gpu", ""), labels.get("uuid", ""))] = {"pci_bus_id": labels["pci_bus_id"]}
-    since = latest.newest - gpu_lost.IDENTITY_LOOKBACK_SECONDS
-    for series in agent.history.series(GPU_INFO.name, since=since, coarse_before=latest.newest,
-                                       coarse_seconds=gpu_lost.IDENTITY_LOOKBACK_SECONDS):
-        key = (series.labels["gpu"], series.labels["uuid"])
-        if key in lost and series.times:
-            found[key] = series.labels
-    return found
 
 
 def banner(agent: Agent, states: list[FindingState], latest: LatestValues,

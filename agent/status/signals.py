@@ -7,15 +7,20 @@ each process's major faults) read the last minute of their series only.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.common import PROCESS_LABELS
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.detectors.links import HOST_TO_DEVICE, DirectionLoad, LinkShare
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.status.template import Row, card, clock_and_age, key_values, paragraph, table
 from hybridmon.agent.status.trends import Trends, gpu_plots, host_plots, process_plots
 from hybridmon.exporters import bench, host_memory, numa, pcie, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
-from hybridmon.pcie_rates import effective_capacity, link_name
+from hybridmon.pcie_rates import link_name
 from hybridmon.units import human_bytes, human_rate, percent
 
 DIRECTIONS = {"host_to_device": "host → device", "device_to_host": "device → host",
@@ -55,6 +60,22 @@ class LatestValues:
         return found
 
 
+class Decided:
+    """What the alert families decided at the engine's last evaluation (Detector.figures), which the
+    page shows as they were decided and never works out again: each GPU link's load against its
+    capacity (GpuPcieStarvation), each server's KV loads against its GPUs' link
+    (InferenceKvOffloadPressure), each lost GPU's last identity (GpuLost). Empty before the
+    first evaluation and with the detectors off."""
+
+    def __init__(self, engine: Engine | None) -> None:
+        def figures(detector: str) -> Mapping[tuple[str, ...], Any]:
+            return engine.figures(detector) if engine is not None else {}
+
+        self.link_loads: Mapping[tuple[str, ...], dict[str, DirectionLoad]] = figures("pcie_starvation")
+        self.kv_shares: Mapping[tuple[str, ...], LinkShare] = figures("kv_offload_pressure")
+        self.lost_gpus: Mapping[tuple[str, ...], Labels] = figures("gpu_lost")
+
+
 def counter_rates(history: History, latest: LatestValues, metric: str, label_names: tuple[str, ...],
                   **wanted: str) -> dict[tuple[str, ...], float]:
     """rate(metric[1m]) per label set over the minute that ends at the newest sample (not the wall
@@ -70,9 +91,9 @@ def counter_rates(history: History, latest: LatestValues, metric: str, label_nam
     return rates
 
 
-def gpus_html(latest: LatestValues, trends: Trends, lost_identity: dict[tuple[str, ...], Labels]) -> str:
+def gpus_html(latest: LatestValues, trends: Trends, decided: Decided) -> str:
     """One card per GPU. A lost GPU reports no gpu_info any more (exporters/gpu.py): it is named
-    by `lost_identity`, what it reported while it answered (page.lost_gpu_identity)."""
+    by what it reported while it answered, as GpuLost found it (Decided.lost_gpus)."""
     gpu = ("gpu", "uuid")
     identity = {tuple(labels[n] for n in gpu): labels for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)}
     up = latest.keyed(gpu_metrics.GPU_UP.name, *gpu)
@@ -81,28 +102,25 @@ def gpus_html(latest: LatestValues, trends: Trends, lost_identity: dict[tuple[st
         return paragraph("No GPU seen (no NVIDIA driver, or the gpu collector is off or failing: see Agent).", "meta")
     cards = []
     for key in keys:
-        info = identity.get(key) or lost_identity.get(key, {})
+        info = identity.get(key) or decided.lost_gpus.get(key, {})
         title = f"GPU {key[0]} · {info.get('name') or 'model unknown'}"
         subtitle = " · ".join(part for part in (info.get("pci_bus_id") or "PCI address unknown", key[1]) if part)
         if up.get(key) == 0:
             rows: list[Row] = [("State", "lost: no NVML call on it succeeds (fell off the bus, or the driver is gone)", True)]
             plots = ""
         else:
-            rows = gpu_rows(key, latest)
-            measured = {direction: value for (g, u, direction), value in
-                        latest.keyed(bench.MEASURED_CAPACITY.name, "gpu", "uuid", "direction").items() if (g, u) == key}
-            plots = gpu_plots(trends, key, lambda spec: latest.keyed(spec.name, *gpu).get(key), measured)
+            rows = gpu_rows(key, latest, decided)
+            plots = gpu_plots(trends, key, lambda spec: latest.keyed(spec.name, *gpu).get(key),
+                              decided.link_loads.get(key, {}).get(HOST_TO_DEVICE))
         cards.append(card(title, key_values(rows) + plots, subtitle))
     return f'<div class="grid">{"".join(cards)}</div>'
 
 
-def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
+def gpu_rows(key: tuple[str, ...], latest: LatestValues, decided: Decided) -> list[Row]:
     def get(spec: MetricSpec) -> float | None:
         return latest.keyed(spec.name, "gpu", "uuid").get(key)
 
     traffic = latest.keyed(gpu_metrics.PCIE_THROUGHPUT.name, "gpu", "uuid", "direction")
-    measured = latest.keyed(bench.MEASURED_CAPACITY.name, "gpu", "uuid", "direction")
-
     rows: list[Row] = []
     utilization = get(gpu_metrics.UTILIZATION)
     if utilization is not None:
@@ -111,16 +129,18 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues) -> list[Row]:
     if used is not None and total:
         rows.append(("Memory used", f"{human_bytes(used)} of {human_bytes(total)} ({percent(used / total)})", False))
     generation, width = get(gpu_metrics.PCIE_LINK_GENERATION), get(gpu_metrics.PCIE_LINK_WIDTH)
+    loads = decided.link_loads.get(key, {})
     for direction in ("host_to_device", "device_to_host"):
-        rate = traffic.get((*key, direction))
-        if rate is None:
-            continue
-        # What GpuPcieStarvation divides by: measured by `hybridmon bench`, else what copies achieve
-        # on the link. The alert sizes the link by the best of its minute; this snapshot page reads
-        # only the latest samples, so it sizes it by the link now (shown in the "PCIe link" row).
-        found = effective_capacity(measured.get((*key, direction)), generation or None, width or None)
-        of = f" of {human_rate(found[0])} {found[1]} ({percent(rate / found[0])})" if found else ""
-        rows.append((f"PCIe {DIRECTIONS[direction]}", f"{human_rate(rate)}{of}", False))
+        load = loads.get(direction)
+        if load is not None and load.capacity is not None and load.share is not None:
+            # As GpuPcieStarvation judged its last minute: the traffic against the capacity it
+            # divided by (measured by `hybridmon bench`, else what copies achieve on the best
+            # link of the minute).
+            rows.append((f"PCIe {DIRECTIONS[direction]}", f"{human_rate(load.traffic)} of "
+                         f"{human_rate(load.capacity.bytes_per_second)} {load.capacity.described} "
+                         f"({percent(load.share)}) over the last minute", False))
+        elif (now := traffic.get((*key, direction))) is not None:  # not judged yet: the reading alone
+            rows.append((f"PCIe {DIRECTIONS[direction]}", f"{human_rate(now)} now", False))
     best_generation, best_width = get(gpu_metrics.PCIE_LINK_MAX_GENERATION), get(gpu_metrics.PCIE_LINK_MAX_WIDTH)
     if generation and width:
         best = f" (max {link_name(best_generation, best_width)})" if best_generation and best_width else ""

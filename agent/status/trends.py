@@ -13,16 +13,15 @@ from __future__ import annotations
 import math
 from typing import Callable
 
-from hybridmon.agent.alerts import (gpu_memory_headroom, kv_offload_pressure, memory_growth, pcie_starvation,
-                                    swap_thrash, throughput_decay)
+from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.detectors.links import DirectionLoad
 from hybridmon.agent.loop.history import BucketedSeries, History
 from hybridmon.agent.status.plots import Line, Reference, Window, sparkline
 from hybridmon.exporters import host_memory, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
 from hybridmon.exporters.inference_names import BY_FIELD
-from hybridmon.pcie_rates import effective_capacity
 from hybridmon.units import human_bytes, human_rate, percent
 
 SPAN_SECONDS = 3600.0
@@ -111,31 +110,35 @@ def matches(**wanted: str) -> Callable[[Labels], bool]:
     return lambda labels: all(labels.get(k) == v for k, v in wanted.items())
 
 
+def alertname(section: str) -> str:
+    """The alert the family of thresholds section `section` raises (its first, where it has several)."""
+    return catalogue.family(section).alertnames[0]
+
+
 def gpu_plots(trends: Trends, key: tuple[str, str], latest_get: Callable[[MetricSpec], float | None],
-              measured: dict[str, float]) -> str:
-    """PCIe traffic both ways against the link's capacity and GpuPcieStarvation's share of it; VRAM
-    used against total and GpuMemoryHeadroomLow's used_share of it."""
+              host_to_device: DirectionLoad | None) -> str:
+    """PCIe traffic both ways against the host->device capacity GpuPcieStarvation last judged it
+    by and its share of it; VRAM used against total and GpuMemoryHeadroomLow's used_share of it."""
     gpu, uuid = key
     starvation, headroom = trends.thresholds.pcie_starvation, trends.thresholds.gpu_memory_headroom
-    found = effective_capacity(measured.get("host_to_device"), latest_get(gpu_metrics.PCIE_LINK_GENERATION) or None,
-                               latest_get(gpu_metrics.PCIE_LINK_WIDTH) or None)
+    capacity = host_to_device.capacity if host_to_device is not None else None
     references = []
-    if found:
-        references = [Reference(f"{found[1]} capacity", found[0], "capacity"),
+    if capacity is not None:
+        references = [Reference(f"{capacity.described} capacity", capacity.bytes_per_second, "capacity"),
                       Reference(f"alert at {percent(starvation.traffic_share_of_capacity)}:",
-                                starvation.traffic_share_of_capacity * found[0], "threshold")]
+                                starvation.traffic_share_of_capacity * capacity.bytes_per_second, "threshold")]
     traffic = trends.plot("PCIe traffic, last hour", [
         ("host → device", trends.gauge(gpu_metrics.PCIE_THROUGHPUT, gpu=gpu, uuid=uuid, direction="host_to_device")),
         ("device → host", trends.gauge(gpu_metrics.PCIE_THROUGHPUT, gpu=gpu, uuid=uuid, direction="device_to_host")),
-    ], human_rate, references, trends.windows(pcie_starvation.Detector.alertnames[0], matches(gpu=gpu, uuid=uuid)))
+    ], human_rate, references, trends.windows(alertname("pcie_starvation"), matches(gpu=gpu, uuid=uuid)))
     total = latest_get(gpu_metrics.MEMORY_TOTAL)
     references = [] if not total else [
         Reference("total", total, "capacity"),
         Reference(f"alert at {percent(headroom.used_share)}:", headroom.used_share * total, "threshold")]
-    alertname = gpu_memory_headroom.Detector.alertnames[0]
+    memory_alert = alertname("gpu_memory_headroom")
     memory = trends.plot("GPU memory used, last hour",
                          [("used", trends.gauge(gpu_metrics.MEMORY_USED, gpu=gpu, uuid=uuid))], human_bytes,
-                         references, trends.windows(alertname, matches(gpu=gpu, uuid=uuid)))
+                         references, trends.windows(memory_alert, matches(gpu=gpu, uuid=uuid)))
     return traffic + memory
 
 
@@ -143,7 +146,7 @@ def process_plots(trends: Trends, pid: str, process_name: str) -> str:
     """Resident, swapped-out and GPU memory (all GPUs summed) against the swap a watched process may
     hold before HostSwapThrash turns critical; shaded where that or its memory growth fired."""
     thrash = trends.thresholds.swap_thrash
-    swap_alert, growth_alert = swap_thrash.Detector.alertnames[0], memory_growth.Detector.alertnames[0]
+    swap_alert, growth_alert = alertname("swap_thrash"), alertname("memory_growth")
     windows = {**trends.windows(swap_alert, matches(pid=pid)), **trends.windows(growth_alert, matches(pid=pid))}
     return trends.plot("Memory, last hour", [
         ("resident", trends.gauge(process.RESIDENT, pid=pid, process_name=process_name)),
@@ -156,8 +159,7 @@ def host_plots(trends: Trends) -> str:
     """Swap in/out and major faults against HostSwapThrash's rates, PSI memory some against its
     share; shaded where the host-wide HostSwapThrash (no pid label) fired."""
     thrash = trends.thresholds.swap_thrash
-    alertname = swap_thrash.Detector.alertnames[0]
-    windows = trends.windows(alertname, lambda labels: "pid" not in labels)
+    windows = trends.windows(alertname("swap_thrash"), lambda labels: "pid" not in labels)
     if thrash.swap_out_bytes_per_second == thrash.swap_in_bytes_per_second:
         swap_references = [Reference("alert when both ways reach", thrash.swap_in_bytes_per_second, "threshold")]
     else:
@@ -180,7 +182,7 @@ def server_plots(trends: Trends, key: tuple[str, ...]) -> str:
     InferenceKvOffloadPressure's kv_cache_full share."""
     server, endpoint, model, pid = key
     labels = {"server": server, "endpoint": endpoint, "model": model, "pid": pid}
-    decay, pressure_alert = throughput_decay.Detector.alertnames[0], kv_offload_pressure.Detector.alertnames[0]
+    decay, pressure_alert = alertname("throughput_decay"), alertname("kv_offload_pressure")
     entity = matches(server=server, endpoint=endpoint, model=model)
     kv = trends.thresholds.kv_offload_pressure
     return (trends.plot("Tokens/s generated, last hour",

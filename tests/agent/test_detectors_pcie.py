@@ -3,7 +3,7 @@ import pytest
 from hybridmon.agent.alerts import pcie_bandwidth_low, pcie_starvation
 from hybridmon.agent.alerts import pcie_link_degraded
 from hybridmon.exporters import bench, gpu
-from hybridmon.pcie_rates import (achievable_capacity, bidirectional_capacity, effective_capacity,
+from hybridmon.pcie_rates import (LinkCapacity, achievable_capacity, bidirectional_capacity, effective_capacity,
                                   theoretical_capacity)
 from hybridmon.agent.alerts import gpu_lost, pcie_errors
 from tests.support.detector_history import (assert_says_its_rules_words, T0, THRESHOLDS, Trace,
@@ -40,8 +40,10 @@ def test_achievable_capacity_is_below_what_a_saturated_copy_engine_shows():
     assert GEN4_BOTH_WAYS == pytest.approx(2 * 0.58 * GEN4_X16)
     assert achievable_capacity(1, 16) == pytest.approx(0.76 * 16 * 250e6)
     assert achievable_capacity(7, 16) is None and bidirectional_capacity(4, 0) is None
-    assert effective_capacity(26e9, 4, 16) == (26e9, "measured")
-    assert effective_capacity(None, 4, 16) == (GEN4_ACHIEVABLE, "achievable")
+    assert effective_capacity(26e9, 4, 16) == LinkCapacity(26e9, "measured")
+    assert effective_capacity(None, 4, 16) == LinkCapacity(GEN4_ACHIEVABLE, "achievable", "Gen4 x16")
+    assert effective_capacity(None, 4, 16).described == "achievable on Gen4 x16"
+    assert effective_capacity(26e9, 4, 16).described == "measured"
     share = THRESHOLDS.pcie_starvation.traffic_share_of_capacity
     # copy-engine saturation fires; 0.70 of the theoretical rate, one direction alone, does not
     assert 0.82 * GEN4_X16 / GEN4_ACHIEVABLE >= share > 0.70 * GEN4_X16 / GEN4_ACHIEVABLE

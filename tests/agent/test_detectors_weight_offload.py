@@ -5,6 +5,7 @@ measurements."""
 import pytest
 
 from hybridmon.agent.status.trends import Trends  # no history read: the plots are not under test here
+from hybridmon.agent.alerts.catalogue import all_detectors
 from hybridmon.agent.alerts.offload_host_memory import Detector as HostMemoryDetector
 from hybridmon.agent.alerts.weight_offload import Detector as WeightOffloadDetector
 from hybridmon.exporters import process
@@ -199,11 +200,22 @@ def test_the_kv_offload_finding_says_what_share_of_the_counted_traffic_its_loads
     assert_says_its_rules_words(finding)
 
 
-def test_the_status_page_shows_the_link_share_of_kv_loads():
+def test_the_status_page_shows_the_link_share_of_kv_loads_as_the_family_judged_it():
+    """The page reads the LinkShare InferenceKvOffloadPressure worked out at its last evaluation
+    (its figures), for every server with KV loads, firing or not: it works nothing out itself."""
+    from hybridmon.agent.detectors.engine import Engine
     from hybridmon.agent.status.inference import inference_html
-    from hybridmon.agent.status.signals import LatestValues
-    trace, _ = loading_trace(5e9, 20e9)
-    page = inference_html(trace.history, LatestValues(trace.history), Trends(trace.history, None, THRESHOLDS, None))
-    assert "KV loads on GPU 0 host→device link" in page
-    assert "25 % of the 20.0 GB/s NVML counts now" in page
-    assert "20 % of its 25.5 GB/s capacity" in page
+    from hybridmon.agent.status.signals import Decided, LatestValues
+    trace, now = loading_trace(5e9, 20e9)
+    engine = Engine(all_detectors(THRESHOLDS), trace.history)
+
+    def page() -> str:
+        return inference_html(trace.history, LatestValues(trace.history),
+                              Trends(trace.history, None, THRESHOLDS, None), Decided(engine))
+
+    assert "KV loads on GPU 0" not in page()   # not judged yet
+    engine.evaluate(now)
+    assert engine.firing() == [] and engine.pending() == []   # 20 % of the link: nothing to say
+    assert "KV loads on GPU 0 host→device link" in page()
+    assert "25 % of the 20.0 GB/s NVML counted" in page()
+    assert "20 % of its 25.5 GB/s capacity" in page()

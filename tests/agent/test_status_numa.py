@@ -3,7 +3,7 @@ device's sysfs numa_node), not NVML's NumaNodeId, which is GPU memory's own node
 from __future__ import annotations
 
 from hybridmon.agent.status.trends import Trends  # no history read: the plots are not under test here
-from hybridmon.agent.status.signals import LatestValues, gpu_rows, processes_html
+from hybridmon.agent.status.signals import Decided, LatestValues, gpu_rows, processes_html
 from tests.support.detector_history import (GIB, T0, THRESHOLDS, Trace, gpu_rows as gpu_series, numa_rows, pcie_rows,
                                             process_numa_rows, process_rows)
 
@@ -29,5 +29,5 @@ def test_a_process_card_names_the_node_nearest_its_gpu_not_gpu_memorys_node():
 
 def test_the_gpu_card_calls_nvmls_node_gpu_memorys():
     history = grace_like_trace().history
-    rows = dict((label, value) for label, value, _ in gpu_rows(("0", "GPU-0000"), LatestValues(history)))
+    rows = dict((label, value) for label, value, _ in gpu_rows(("0", "GPU-0000"), LatestValues(history), Decided(None)))
     assert rows["GPU memory NUMA node"] == "4" and "NUMA node" not in rows

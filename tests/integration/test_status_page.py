@@ -137,6 +137,7 @@ def test_the_page_shows_the_last_benchmark_and_starvation_uses_its_measured_capa
     agent = Agent(fixture_config(state_dir=str(tmp_path)))
     try:
         run_every_collector_once(agent, at=sampled_at)
+        agent.engine.evaluate(sampled_at)   # the rows show what GpuPcieStarvation judged
         page = render_status_page(agent)
         measured = latest_value(agent, bench.MEASURED_CAPACITY.name, gpu="0", direction="host_to_device")
         largest = max(item["bytes"] for item in report["results"])
@@ -505,7 +506,8 @@ def test_plot_thresholds_are_the_loaded_thresholds_files(tmp_path):
 
 def test_a_lost_gpu_is_named_by_what_it_reported_while_it_answered(fixture_agent):
     """GPU 1 falls off the bus: the gpu collector reports up 0 and no gpu_info for it any more
-    (exporters/gpu.py). Before issue 16 its card read "unknown model, PCI address unknown"."""
+    (exporters/gpu.py). Before issue 16 its card read "unknown model, PCI address unknown"; it is
+    named by the identity GpuLost judged it with (its figures), read from the last hour."""
     earlier = {s.label_values[:2]: s for s in fixture_agent.history.latest()["gpu"][1].find(gpu.GPU_INFO.name)}
     lost_key = next(key for key in earlier if key[0] == "1")
     _bus = earlier[lost_key].label_values[3]
@@ -515,6 +517,7 @@ def test_a_lost_gpu_is_named_by_what_it_reported_while_it_answered(fixture_agent
             now.add(sample.spec, sample.value, *sample.label_values)
     now.add(gpu.GPU_UP, 0.0, *lost_key)
     fixture_agent.history.commit("gpu", NOW + 1, now)
+    fixture_agent.engine.evaluate(NOW + 1)   # the page names it as GpuLost found it
     gpus = section_text(render_status_page(fixture_agent), "gpus")
     lost_card = gpus[gpus.index("GPU 1 ·"):]
     assert lost_card.startswith(f"GPU 1 · {earlier[lost_key].label_values[2]}"), lost_card[:200]

@@ -1,0 +1,54 @@
+"""What the PCIe families judge a link by, as they publish it for the status page (Detector.figures):
+each direction of a GPU's link against what it carries (GpuPcieStarvation), and a server's KV
+offload loads against its GPUs' host->device link (InferenceKvOffloadPressure). The page shows
+these as the families decided them and works nothing out again; the capacity is always
+hybridmon.pcie_rates.effective_capacity of the best link of the minute judged."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridmon.pcie_rates import LinkCapacity
+from hybridmon.units import human_rate, percent
+
+HOST_TO_DEVICE, DEVICE_TO_HOST = "host_to_device", "device_to_host"
+
+
+@dataclass(frozen=True)
+class DirectionLoad:
+    """One direction of a GPU's link over the minute judged: its traffic (the byte counters'
+    rate, else the sampled counter's, else the throughput gauge's average) and its capacity."""
+
+    traffic: float                     # bytes/s
+    capacity: LinkCapacity | None      # None: neither a benchmark nor the link's state is known
+
+    @property
+    def share(self) -> float | None:
+        return self.traffic / self.capacity.bytes_per_second if self.capacity else None
+
+
+@dataclass(frozen=True)
+class LinkShare:
+    """How much of its GPUs' host->device link a server's KV offload loads take, over the last
+    minute: beside what NVML counted crossing it (the loads' share of the real traffic; the rest
+    is weights, activations and other processes) and beside what it carries (capacity)."""
+
+    loads: float                   # the server's KV offload loads, bytes/s (its own /metrics)
+    traffic: float | None          # NVML host->device bytes/s of the same GPUs (counter, sampled, gauge)
+    capacity: float | None         # their host->device capacity, bytes/s (measured, else achievable)
+    gpus: tuple[str, ...]          # the GPU indexes, as the finding names them
+
+    @property
+    def of_traffic(self) -> float | None:
+        return self.loads / self.traffic if self.traffic else None
+
+    @property
+    def of_capacity(self) -> float | None:
+        return self.loads / self.capacity if self.capacity else None
+
+    def sentence(self) -> str | None:
+        """The finding's note: the loads beside the traffic NVML counted on the same GPUs."""
+        if self.of_traffic is None:
+            return None
+        return (f"NVML counted {human_rate(self.traffic or 0.0)} host to device on GPU "
+                f"{', '.join(self.gpus)} over the same minute: the server's KV loads were "
+                f"{percent(self.of_traffic)} of it (the rest: weights, activations, other processes).")
