@@ -262,7 +262,7 @@ class _StopSignals:
 def _run(args: argparse.Namespace, config) -> int:
     from hybridmon.agent.allocator import cap_malloc_arenas
     from hybridmon.agent.daemon import Agent
-    from hybridmon.agent.publish.server import bind_socket, listen_url, serve
+    from hybridmon.agent.api.server import bind_socket, listen_url, serve
     from hybridmon.agent.thread_names import name_threads_in_kernel
 
     if args.speed != 1.0 and not args.replay:
@@ -311,12 +311,12 @@ def _record(args: argparse.Namespace, config) -> int:
 
 
 def _bench(args: argparse.Namespace, config) -> int:
-    from hybridmon.agent.bench import command
+    from hybridmon.agent.commands import bench as bench_command
 
     if args.max_seconds is not None:
         config = config.model_copy(update={"bench": config.bench.model_copy(
             update={"max_seconds": args.max_seconds})})
-    return command.main(config, args.gpu, args.json, args.force, args.binary, not args.no_remote,
+    return bench_command.main(config, args.gpu, args.json, args.force, args.binary, not args.no_remote,
                         mig_instance=args.mig_instance)
 
 

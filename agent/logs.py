@@ -2,7 +2,7 @@
 
 Format. configure_logging() puts one handler on the root logger, and every line the process writes
 goes through it: the agent's own loggers, uvicorn's (uvicorn.Config(log_config=None) in
-agent/publish/httpserver.py leaves uvicorn's loggers without handlers of their own, so they propagate
+agent/api/httpserver.py leaves uvicorn's loggers without handlers of their own, so they propagate
 here), asyncio's, warnings.warn (logging.captureWarnings) and exceptions that end a thread. "text" is one line per record:
 `2026-11-25T09:43:24.951+00:00 INFO hybridmon: serving ...`; "json" is one JSON object per line,
 {"time", "level", "logger", "message"} plus "exception" when there is a traceback, for journald

@@ -454,7 +454,7 @@ def memory_child(host_json: str, ticks: int, process_memory: str = "leak") -> No
     host = ScaledHost(**json.loads(host_json))
     rss_start = rss_bytes()
     from hybridmon.agent.daemon import Agent  # imports counted separately from the agent
-    from hybridmon.agent.publish.server import create_app  # the daemon's HTTP stack (FastAPI, uvicorn), as it runs
+    from hybridmon.agent.api.server import create_app  # the daemon's HTTP stack (FastAPI, uvicorn), as it runs
 
     fake = load_fake_nvml(host, 0.0)
     rss_imported = rss_bytes()

@@ -22,7 +22,7 @@ from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import EvaluationView
 from hybridmon.agent.publish.findings import SEVERITY_ORDER
 from hybridmon.agent.commands.progress import LiveLine
-from hybridmon.agent.publish.runbooks import runbooks_directory
+from hybridmon.agent.api.runbooks import runbooks_directory
 from hybridmon.exporters.base import Samples
 from hybridmon.exporters.registry import COLLECTORS
 

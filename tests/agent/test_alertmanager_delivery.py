@@ -18,7 +18,7 @@ from hybridmon.agent.alerts.alert_delivery import ALERTNAME
 from hybridmon.agent.alerts.family import AGENT_INSTANCE
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.loop.history import History
-from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.api.server import create_app
 from tests.support.detector_history import assert_says_its_rules_words
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config

@@ -9,7 +9,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.api.server import create_app
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.support.bench_helpers import calls, fake_binary

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from hybridmon.agent.loop import liveness
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.api.server import create_app
 
 BOUND_SECONDS = 1.0  # the floor, lowered so a test waits a second instead of a minute
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from hybridmon.agent.publish.httpserver import ServerLimits, build_server, stop_aggregating
+from hybridmon.agent.api.httpserver import ServerLimits, build_server, stop_aggregating
 from hybridmon.agent.logs import RepeatedMessageFilter
 
 BIG_BODY = b"x" * (8 << 20)  # more than every socket buffer between the server and a non-reader
@@ -153,7 +153,7 @@ def test_accept_failing_for_lack_of_fds_sheds_idle_connections_and_logs_once(cap
             loop = server.servers[0].get_loop()
             context = {"message": "socket.accept() out of system resource",
                        "exception": OSError(24, "Too many open files")}
-            with caplog.at_level(logging.WARNING, logger="hybridmon.agent.publish.httpserver"):
+            with caplog.at_level(logging.WARNING, logger="hybridmon.agent.api.httpserver"):
                 for _ in range(50):  # what asyncio's accept loop reports in one batch
                     loop.call_soon_threadsafe(server._loop_exception, loop, context)
                 assert wait_until(lambda: server.guard.accept_failures == 50, 3)

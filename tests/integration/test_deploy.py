@@ -116,7 +116,7 @@ def test_unit_keeps_what_the_agent_needs_and_nothing_more():
 
 
 def test_unit_fd_limit_and_stop_timeout_cover_the_http_servers_bounds():
-    from hybridmon.agent.publish.httpserver import MAX_CONNECTIONS, SHUTDOWN_BACKSTOP_SECONDS, ServerLimits, connection_cap
+    from hybridmon.agent.api.httpserver import MAX_CONNECTIONS, SHUTDOWN_BACKSTOP_SECONDS, ServerLimits, connection_cap
 
     single = {key: values[-1] for key, values in unit_settings().items()}
     # The whole connection cap fits under the unit's fd limit, beside the agent's own files.

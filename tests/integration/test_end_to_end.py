@@ -263,7 +263,7 @@ def test_sigterm_stops_the_daemon_even_with_a_collector_hung_in_nvml(tmp_path):
 
 
 def test_listening_socket_is_tcp_so_scrapes_get_nodelay():
-    from hybridmon.agent.publish.server import bind_socket
+    from hybridmon.agent.api.server import bind_socket
 
     sock = bind_socket("127.0.0.1", 0)
     try:

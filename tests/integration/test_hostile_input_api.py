@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridmon.agent.publish.bench_api import MAX_BODY_BYTES
+from hybridmon.agent.api.bench_api import MAX_BODY_BYTES
 from hybridmon.agent.daemon import Agent
-from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.api.server import create_app
 from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.support.bench_helpers import calls, fake_binary
 

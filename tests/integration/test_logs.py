@@ -1,5 +1,5 @@
 """The agent's log as an operator's tools read it: one format for every line, JSON when asked,
-and a shutdown told in the order it happens (agent/logs.py, agent/publish/httpserver.py).
+and a shutdown told in the order it happens (agent/logs.py, agent/api/httpserver.py).
 
 The daemon runs for real on the fixture host: `hybridmon run` on a free loopback port, a few
 scrapes and one malformed request (so that uvicorn's loggers write too), then SIGTERM.

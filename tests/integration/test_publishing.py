@@ -14,8 +14,8 @@ from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.publish.findings import FindingsCollector
 from hybridmon.agent.loop.history import History
-from hybridmon.agent.publish.runbooks import RunbookLibrary
-from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.api.runbooks import RunbookLibrary
+from hybridmon.agent.api.server import create_app
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.support.alertmanager_helpers import Alertmanager, Switch, WebhookReceiver, wait_until

@@ -18,8 +18,8 @@ import httpx
 import psutil
 import pytest
 
-from hybridmon.agent.publish.httpserver import ServerLimits, connection_cap
-from hybridmon.agent.publish.server import listen_url
+from hybridmon.agent.api.httpserver import ServerLimits, connection_cap
+from hybridmon.agent.api.server import listen_url
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, free_port, subprocess_environment
 
 AGENT_FD_LIMIT = 256  # systemd's default is 1024; the same failure, reached with fewer sockets

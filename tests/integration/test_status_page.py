@@ -24,7 +24,7 @@ from hybridmon.agent.detectors.engine import Engine
 from hybridmon.pcie_rates import achievable_capacity, theoretical_capacity
 from hybridmon.agent.publish.findings import runbook_url
 from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
-from hybridmon.agent.publish.server import create_app
+from hybridmon.agent.api.server import create_app
 from hybridmon.agent.status.inference import COUNTERS_READ
 from hybridmon.agent.status.page import render_status_page
 from hybridmon.agent.status.template import SEVERITY_COLOURS

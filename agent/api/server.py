@@ -6,7 +6,7 @@ keeps its Content-Length), in the text format unless Accept negotiates OpenMetri
 Accept-Encoding allows it (agent/publish/exposition.py: choose_format, accepts_gzip).
 
 The routes live here; the server under them, and what it does against hostile clients, in
-agent/publish/httpserver.py.
+agent/api/httpserver.py.
 """
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from hybridmon import __version__
-from hybridmon.agent.publish.bench_api import BenchService, router as bench_router
+from hybridmon.agent.api.bench_api import BenchService, router as bench_router
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.publish.exposition import CONTENT_TYPES, accepts_gzip, choose_format
 from hybridmon.agent.publish.findings import findings_json, iso_time
 from hybridmon.agent.loop import liveness
-from hybridmon.agent.publish.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
-from hybridmon.agent.publish.runbooks import RunbookLibrary
+from hybridmon.agent.api.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
+from hybridmon.agent.api.runbooks import RunbookLibrary
 from hybridmon.agent.warmup import warming_up
 
 log = logging.getLogger(__name__)

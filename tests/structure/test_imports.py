@@ -1,13 +1,15 @@
 """The layers point one way, and a metric's name is written once: read from the source itself (ast),
 so a module is checked the moment it exists, without importing it.
 
-The floors, bottom up (issue 12):
-- hybridmon/*.py, the shared facts (PCIe rates, units): import no subpackage;
+The floors, bottom up (issues 12 and 27):
+- hybridmon/*.py, the shared facts (PCIe rates, units, generated files): import no subpackage;
 - exporters/: the sources and their parsers, and the MetricSpec of every series; import nothing
   from the agent, the rules or the dashboards;
-- rules/: the PromQL library; reads the agent's alert families only for type hints (generate.py,
-  the command that writes the rule file from the families, is the one exception);
-- agent/ and dashboards/: the top; they read the floors below.
+- rules/: the PromQL library; reads nothing of the agent (generate.py, the command that writes the
+  rule file from the alert families, is the one exception);
+- agent/: its subpackages on floors of their own (AGENT_FLOORS below), each importing only the
+  floors under it;
+- dashboards/: the top; it reads the floors below.
 None of them imports the test-support package `tests`, and no two modules import each other at
 module level (a cycle makes the import order decide which one sees the other half-initialised).
 """
@@ -162,9 +164,55 @@ def test_shared_facts_import_no_subpackage():
     assert offending_imports(root_facts, SUBPACKAGES) == []
 
 
-def test_rules_read_the_agent_only_for_type_hints():
+def test_rules_read_nothing_of_the_agent_but_the_rule_command():
     library = [name for name in members("hybridmon.rules") if name != RULES_COMMAND]
-    assert offending_imports(library, ("hybridmon.agent",), allow_type_checking=True) == []
+    assert offending_imports(library, ("hybridmon.agent",)) == []
+
+
+# The agent's floors, bottom up: a module imports only from its own floor's package and the floors
+# under it (type hints included). A new module joins a floor here; a new subpackage takes a floor.
+AGENT_FLOORS = (
+    ("hybridmon.agent.config", "hybridmon.agent.logs", "hybridmon.agent.allocator",
+     "hybridmon.agent.thread_names", "hybridmon.agent.self_metrics", "hybridmon.agent.loop",
+     "hybridmon.agent.bench"),
+    ("hybridmon.agent.detectors",),
+    ("hybridmon.agent.publish",),
+    ("hybridmon.agent.alerts",),
+    ("hybridmon.agent.daemon", "hybridmon.agent.warmup"),
+    ("hybridmon.agent.status",),
+    ("hybridmon.agent.api",),
+    ("hybridmon.agent.commands",),
+    ("hybridmon.agent.cli",),
+)
+
+
+def _floor(module: str) -> int | None:
+    for index, floor in enumerate(AGENT_FLOORS):
+        if _within(module, floor):
+            return index
+    return None
+
+
+def test_every_agent_module_stands_on_a_floor():
+    assert [name for name in members("hybridmon.agent") if name != "hybridmon.agent" and _floor(name) is None] == []
+
+
+def test_the_agent_imports_only_downwards():
+    offences = []
+    for name in members("hybridmon.agent"):
+        here = _floor(name)
+        for statement in imports(name):
+            there = _floor(statement.target)
+            if here is not None and there is not None and there > here:
+                offences.append(f"{modules()[name].where}:{statement.line} imports {statement.target} "
+                                f"(floor {there} over its own {here})")
+    assert offences == []
+
+
+def test_the_agents_top_level_holds_at_most_15_modules():
+    top = [name for name, module in modules().items()
+           if name.startswith("hybridmon.agent.") and name.count(".") == 2 and not module.is_package]
+    assert len(top) <= 15, sorted(top)
 
 
 def test_the_installed_code_never_imports_the_test_support():
