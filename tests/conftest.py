@@ -1,10 +1,13 @@
-
+"""Shared fixtures; the suite's two speeds (./scripts/test and ./scripts/test --fast) are the
+plugin tests/support/fast_loop.py."""
 import pytest
 
 from hybridmon.exporters.sources import LiveSource
 from tests.support.paths import FIXTURE_HOST
 from tests.support.scenario_traces import ScenarioTraces
 
+# fast_loop: --fast and the slow marker; pytester: tests/structure/test_fast_loop.py runs a suite
+pytest_plugins = ["tests.support.fast_loop", "pytester"]
 
 
 @pytest.fixture

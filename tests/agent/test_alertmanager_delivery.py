@@ -49,6 +49,7 @@ def fakes():
 
 
 
+@pytest.mark.slow
 def test_answers_that_are_not_http_or_cut_short_are_counted_and_delivery_goes_on(firing_engine, fakes):
     """Item 1: BadStatusLine and IncompleteRead used to escape and kill the push thread."""
     garbage, truncated, good = fakes("garbage"), fakes("truncated"), fakes()
@@ -71,6 +72,7 @@ def test_answers_that_are_not_http_or_cut_short_are_counted_and_delivery_goes_on
         pusher.stop()
 
 
+@pytest.mark.slow
 def test_a_dripping_or_hung_alertmanager_delays_no_other_and_meets_its_deadline(firing_engine, fakes):
     """Item 2: URLs were pushed one after another with a per-read timeout; a drip of one byte a
     second never trips it, so the Alertmanager listed after it waited for ever."""
@@ -97,6 +99,7 @@ def test_a_dripping_or_hung_alertmanager_delays_no_other_and_meets_its_deadline(
     print(f"good Alertmanager reached in {good_latency * 1000:.0f} ms; push_once returned after {whole:.2f} s")
 
 
+@pytest.mark.slow
 def test_an_endless_answer_is_read_only_to_a_bound(firing_engine, fakes):
     """Item 3: the answer was read whole; an endless 200 body grew the agent without limit."""
     endless = fakes("endless")
@@ -115,6 +118,7 @@ def test_an_endless_answer_is_read_only_to_a_bound(firing_engine, fakes):
     print(f"peak Python allocation {peak / 1e6:.2f} MB while the endless fake sent {endless.bytes_sent / 1e6:.2f} MB")
 
 
+@pytest.mark.slow
 def test_every_failure_class_is_counted_by_reason_with_no_credentials(firing_engine, fakes):
     urls = {"refused": refused_url().replace("http://", "http://user:secret@"),
             "http_5xx": fakes("http_500").url, "protocol": fakes("garbage").url,
@@ -139,6 +143,7 @@ def test_retries_back_off_exponentially_with_jitter_up_to_the_interval(firing_en
         assert max(delays) - min(delays) > ceiling / 10  # jittered, not in lock-step
 
 
+@pytest.mark.slow
 def test_the_push_loop_survives_an_unexpected_exception_and_counts_the_restart(firing_engine, fakes):
     good = fakes()
     pusher = AlertmanagerPusher(firing_engine, [good.url], "http://x/runbooks", interval_seconds=1)
@@ -172,6 +177,7 @@ def agent_with_alertmanagers(fakes):
     fake_nvml.reset()
 
 
+@pytest.mark.slow
 def test_delivery_is_exported_as_metrics_health_and_a_finding(agent_with_alertmanagers):
     """Item 4: attempts, failures and the last success per Alertmanager were nowhere."""
     agent, failing, good = agent_with_alertmanagers

@@ -59,19 +59,23 @@ def run_child(mode: str, **environment: str) -> dict:
     return json.loads(completed.stdout)
 
 
+@pytest.mark.slow
 def test_without_the_cap_each_thread_gets_an_arena_of_its_own():
     """The control: what the cap changes (glibc allows 8 per core, at least 8 arenas here)."""
     assert run_child("none")["arenas"] > allocator.DAEMON_ARENAS
 
 
+@pytest.mark.slow
 def test_the_cap_is_set_and_holds_for_threads_started_after_it():
     assert run_child("cap") == {"outcome": allocator.CAPPED, "arenas": allocator.DAEMON_ARENAS}
 
 
+@pytest.mark.slow
 def test_an_operators_malloc_arena_max_wins():
     assert run_child("cap", MALLOC_ARENA_MAX="4") == {"outcome": allocator.ENVIRONMENT, "arenas": 4}
 
 
+@pytest.mark.slow
 def test_an_operators_glibc_tunable_wins():
     found = run_child("cap", GLIBC_TUNABLES="glibc.malloc.arena_max=3")
     assert found == {"outcome": allocator.ENVIRONMENT, "arenas": 3}

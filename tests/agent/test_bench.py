@@ -147,6 +147,7 @@ def test_a_gpu_whose_processes_cannot_be_read_counts_as_in_use():
         assert reason and "cannot be told" in reason
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("error", ["NVMLError_NotSupported", "NVMLError_NoPermission"])
 def test_runner_refuses_when_nvml_will_not_list_processes_and_a_forced_run_is_contended(tmp_path, error):
     nvml = idle_nvml()
@@ -169,6 +170,7 @@ def test_runner_refuses_a_busy_gpu_and_runs_nothing(tmp_path):
     assert calls(tmp_path) == [] and not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_forced_run_beside_a_busy_gpu_is_stored_as_contended(tmp_path):
     record = runner(tmp_path, nvml=FakeNvml()).run_gpu(0, force=True)
     assert "pid 4242" in record["contended"]
@@ -178,6 +180,7 @@ def test_forced_run_beside_a_busy_gpu_is_stored_as_contended(tmp_path):
 
 # --- a run ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_run_measures_local_then_the_farthest_remote_node_and_stores_both(tmp_path):
     progress = []
     record = runner(tmp_path, progress=lambda gpu, placement, step: progress.append(
@@ -199,6 +202,7 @@ def test_run_measures_local_then_the_farthest_remote_node_and_stores_both(tmp_pa
     assert len(list((tmp_path / "state" / "bench" / "runs").glob("*-0000:17:00.0.json"))) == 1
 
 
+@pytest.mark.slow
 def test_the_binary_runs_in_pci_bus_order_without_the_callers_device_mask(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
     env_dump = tmp_path / "env.json"
@@ -210,6 +214,7 @@ def test_the_binary_runs_in_pci_bus_order_without_the_callers_device_mask(tmp_pa
     assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID" and "CUDA_VISIBLE_DEVICES" not in env
 
 
+@pytest.mark.slow
 def test_a_device_order_mismatch_is_an_error_not_a_mislabelled_result(tmp_path):
     # NVML GPU 1 is 0000:ca:00.0 but the binary (the fixture report) says 0000:17:00.0.
     with pytest.raises(Exception, match="disagree on device order"):
@@ -217,6 +222,7 @@ def test_a_device_order_mismatch_is_an_error_not_a_mislabelled_result(tmp_path):
     assert not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_a_failing_remote_run_keeps_the_local_result_and_says_why(tmp_path):
     broken = tmp_path / "broken.json"
     broken.write_text('{"version": 1, "error": "host error", "detail": "mbind failed"}')
@@ -228,6 +234,7 @@ def test_a_failing_remote_run_keeps_the_local_result_and_says_why(tmp_path):
     assert "exit status 6" in record["failures"][0]["error"] and "mbind failed" in record["failures"][0]["error"]
 
 
+@pytest.mark.slow
 def test_garbage_output_with_status_zero_is_refused(tmp_path):
     garbage = tmp_path / "garbage.json"
     garbage.write_text('{"version": 1, "results": "lots"}')
@@ -238,6 +245,7 @@ def test_garbage_output_with_status_zero_is_refused(tmp_path):
 
 # --- storage ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_store_keeps_the_latest_per_gpu_and_prunes_old_runs(tmp_path):
     record = runner(tmp_path).run_gpu(0)
     for offset in range(RUNS_KEPT_PER_GPU + 5):
@@ -249,6 +257,7 @@ def test_store_keeps_the_latest_per_gpu_and_prunes_old_runs(tmp_path):
     assert not [p for p in (tmp_path / "state" / "bench" / "latest").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_store_refuses_what_it_could_not_read_back(tmp_path):
     record = runner(tmp_path).run_gpu(0)
     with pytest.raises(bench_report.ReportError):
@@ -258,6 +267,7 @@ def test_store_refuses_what_it_could_not_read_back(tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+@pytest.mark.slow
 def test_measured_capacity_is_the_largest_pinned_local_copy_per_direction(tmp_path):
     run = parse_stored_run(json.dumps(runner(tmp_path).run_gpu(0)))
     assert measured_capacity(run) == {"host_to_device": (pytest.approx(26.208e9), 268435456),
@@ -266,6 +276,7 @@ def test_measured_capacity_is_the_largest_pinned_local_copy_per_direction(tmp_pa
 
 # --- metrics ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_collector_exports_the_stored_run(tmp_path):
     runner(tmp_path).run_gpu(0)
     samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
@@ -292,6 +303,7 @@ def test_collector_exports_the_stored_run(tmp_path):
     assert samples.value(MEASURED_BIDIRECTIONAL_CAPACITY.name, **labels, direction="device_to_host") == pytest.approx(21.185e9)
 
 
+@pytest.mark.slow
 def test_a_version_1_run_keeps_its_figures_and_exports_no_bidirectional_capacity(tmp_path):
     runner(tmp_path, local="report-v1-gen4-local.json", remote=None).run_gpu(0)
     samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
@@ -302,6 +314,7 @@ def test_a_version_1_run_keeps_its_figures_and_exports_no_bidirectional_capacity
     assert samples.find(MEASURED_BIDIRECTIONAL_CAPACITY.name) == []
 
 
+@pytest.mark.slow
 def test_collector_leaves_the_capacity_of_a_contended_run_out(tmp_path):
     runner(tmp_path, nvml=FakeNvml()).run_gpu(0, force=True)
     samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
@@ -310,6 +323,7 @@ def test_collector_leaves_the_capacity_of_a_contended_run_out(tmp_path):
     assert samples.find("hybridmon_bench_bandwidth_bytes_per_second")
 
 
+@pytest.mark.slow
 def test_collector_without_results_and_with_a_corrupt_file(tmp_path):
     with pytest.raises(NoDataError, match="run `hybridmon bench`"):
         BenchCollector(LiveSource(), tmp_path / "state").collect()
@@ -319,6 +333,7 @@ def test_collector_without_results_and_with_a_corrupt_file(tmp_path):
     assert samples.find("hybridmon_bench_timestamp_seconds", gpu="0")  # the good file still counts
 
 
+@pytest.mark.slow
 def test_collector_parses_a_result_file_again_only_when_its_text_changed(tmp_path, monkeypatch):
     """Issue 17: the files change once per benchmark run and are read every 30 s; an unchanged
     text gives the samples it gave, a changed one (or a corrupt one) is parsed again."""
@@ -338,6 +353,7 @@ def test_collector_parses_a_result_file_again_only_when_its_text_changed(tmp_pat
     assert len(collector.collect()) == 0 and len(parsed) == 3  # logged and left out, never reused
 
 
+@pytest.mark.slow
 def test_collector_record_and_replay_give_the_same_samples(tmp_path):
     runner(tmp_path).run_gpu(0)
     recording = RecordingSource()
@@ -349,6 +365,7 @@ def test_collector_record_and_replay_give_the_same_samples(tmp_path):
 
 # --- budget -----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_budget_uses_the_slowest_measured_host_to_device_capacity(tmp_path):
     assert budget.measured_bandwidth(tmp_path / "state") is None
     runner(tmp_path).run_gpu(0)
@@ -372,6 +389,7 @@ def hybridmon(*args: str, state: Path, **env: str) -> subprocess.CompletedProces
                           env=environment, timeout=60, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_cli_refuses_a_busy_gpu_with_exit_4_and_runs_it_with_force(tmp_path):
     binary = fake_binary(tmp_path)
     refused = hybridmon("bench", "--gpu", "0", "--binary", str(binary), state=tmp_path / "state")
@@ -388,6 +406,7 @@ def test_cli_refuses_a_busy_gpu_with_exit_4_and_runs_it_with_force(tmp_path):
     assert "host->device      device->host  h->d (both ways)  d->h (both ways)" in forced.stdout
 
 
+@pytest.mark.slow
 def test_cli_json_on_an_idle_gpu(tmp_path):
     layout = tmp_path / "layout.json"
     nvml = idle_nvml()
@@ -399,6 +418,7 @@ def test_cli_json_on_an_idle_gpu(tmp_path):
     assert run["contended"] is None and [p["placement"] for p in run["placements"]] == ["local", "remote"]
 
 
+@pytest.mark.slow
 def test_cli_turns_cudas_missing_device_into_exit_3(tmp_path):
     """NVML lists GPUs but CUDA finds none (e.g. no compute capability in the container): the
     binary's exit 3 and its reason reach the user."""
@@ -410,6 +430,7 @@ def test_cli_turns_cudas_missing_device_into_exit_3(tmp_path):
     assert "Traceback" not in result.stderr and not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_without_a_gpu_bench_says_so_before_compiling_anything(tmp_path):
     """Issue 13: nvcc used to compile for ~14 s before the binary said there was no GPU. With no
     driver (real pynvml, no libnvidia-ml here), no <procfs>/driver/nvidia/gpus and no
@@ -432,6 +453,7 @@ def test_without_a_gpu_bench_says_so_before_compiling_anything(tmp_path):
     assert not (tmp_path / "cache").exists() and not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_cli_rejects_a_binary_built_from_another_source(tmp_path):
     binary = fake_binary(tmp_path)
     binary.write_text(binary.read_text().replace('"source_sha256": ', '"source_sha256": "0" + '))
@@ -439,6 +461,7 @@ def test_cli_rejects_a_binary_built_from_another_source(tmp_path):
     assert result.returncode == 1 and "rebuild it with `python -m hybridmon.agent.bench.build`" in result.stderr
 
 
+@pytest.mark.slow
 def test_without_nvml_the_run_goes_ahead_and_is_stored_as_contended(tmp_path):
     """Nothing can be asked without NVML: refusing would stop every such host, so the run is kept
     but marked contended (its capacity may be understated)."""

@@ -75,6 +75,7 @@ def test_missing_or_wrong_tokens_get_401_and_start_nothing(tmp_path, idle_gpus, 
     assert calls(tmp_path) == [] and api.get("/api/v1/bench").json()["state"] == "idle"
 
 
+@pytest.mark.slow
 def test_a_busy_gpu_is_refused_unless_forced(tmp_path):
     api = client(make_agent(tmp_path))  # fixture host: pid 4242 on GPU 0 at 87 %
     refused = api.post("/api/v1/bench", json={"gpu": 0}, headers=AUTH)
@@ -90,6 +91,7 @@ def test_a_busy_gpu_is_refused_unless_forced(tmp_path):
     assert "pid 4242" in stored["contended"]
 
 
+@pytest.mark.slow
 def test_an_idle_host_runs_every_gpu_and_reports_progress(tmp_path, idle_gpus):
     api = client(make_agent(tmp_path))
     assert api.post("/api/v1/bench", headers=AUTH).status_code == 202  # no body: every GPU
@@ -101,6 +103,7 @@ def test_an_idle_host_runs_every_gpu_and_reports_progress(tmp_path, idle_gpus):
     assert status["progress"]["steps"] == 20 and status["busy"] == {}
 
 
+@pytest.mark.slow
 def test_one_benchmark_at_a_time(tmp_path, idle_gpus):
     agent = make_agent(tmp_path)
     binary = tmp_path / "offload_bench"
@@ -138,6 +141,7 @@ def test_a_replaying_agent_refuses(tmp_path, idle_gpus):
     assert answer.status_code == 409 and "replays a trace" in answer.json()["error"]
 
 
+@pytest.mark.slow
 def test_agent_loads_the_latest_run_at_start_and_judges_it(tmp_path, idle_gpus):
     """A slow run stored through the API: a new agent over the same state directory exports it,
     uses it as capacity and raises GpuPcieBandwidthLow (fixture GPU 0 has a Gen4 x16 maximum)."""

@@ -102,6 +102,7 @@ def test_cpu_lists_are_written_in_the_kernels_form(cpus, text):
 
 # --- the runner, with those files ----------------------------------------------------------------
 
+@pytest.mark.slow
 def test_a_gpu_node_outside_cpuset_mems_no_longer_fails_the_local_run(tmp_path):
     """Issue 13: binding to a node outside the container's cpuset.mems failed the local run
     (set_mempolicy EINVAL, exit 6). Now the memory is left unbound with a note in the stored run,
@@ -120,11 +121,13 @@ def test_a_gpu_node_outside_cpuset_mems_no_longer_fails_the_local_run(tmp_path):
     assert "NUMA node 1 is outside this process's allowed memory nodes 0" in record["failures"][0]["error"]
 
 
+@pytest.mark.slow
 def test_the_remote_run_moves_only_the_buffers(tmp_path):
     run(tmp_path, sysfs_tree(tmp_path), procfs_tree(tmp_path))
     assert [placement_args(call) for call in calls(tmp_path)] == [("1", "16-31"), ("0", "16-31")]
 
 
+@pytest.mark.slow
 def test_without_nvml_the_binary_places_itself(tmp_path):
     run(tmp_path, sysfs_tree(tmp_path), procfs_tree(tmp_path), nvml="hybridmon_no_such_nvml_module")
     assert placement_args(calls(tmp_path)[0]) == ("auto", "auto")
@@ -145,6 +148,7 @@ def test_a_gpu_in_mig_mode_is_refused_before_anything_runs(tmp_path):
     assert calls(tmp_path) == [] and not (tmp_path / "state").exists()
 
 
+@pytest.mark.slow
 def test_a_mig_instance_run_is_history_only_and_never_the_gpus_capacity(tmp_path):
     """CUDA enumerates MIG instances with the parent's bus id: one slice's figure stored as the
     GPU's latest run would become the link capacity GpuPcieStarvation divides by."""

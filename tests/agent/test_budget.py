@@ -212,6 +212,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "hybridmon.agent.cli", "budget", *args], capture_output=True, text=True, env=env, timeout=60)
 
 
+@pytest.mark.slow
 def test_cli_text_summary():
     result = _cli("--model", "llama-3-8b", "--context", "12000", "--dtype", "fp16", "--bandwidth", "24GB/s", "--vram-free", "1GiB")
     assert result.returncode == 0, result.stderr
@@ -219,6 +220,7 @@ def test_cli_text_summary():
         assert expected in result.stdout
 
 
+@pytest.mark.slow
 def test_cli_json():
     result = _cli("--model", "llama-3-8b", "--context", "12000", "--bandwidth", "24e9", "--vram-free", "1073741824", "--json")
     assert result.returncode == 0, result.stderr
@@ -232,6 +234,7 @@ def test_cli_json():
     assert data["bandwidth_source"] == "--bandwidth"
 
 
+@pytest.mark.slow
 def test_cli_without_bandwidth_still_prints_sizes():
     result = _cli("--model", "qwen2.5-7b", "--context", "12000", "--json")
     assert result.returncode == 0, result.stderr
@@ -241,12 +244,14 @@ def test_cli_without_bandwidth_still_prints_sizes():
     assert "run `hybridmon bench` or pass --bandwidth" in text.stdout
 
 
+@pytest.mark.slow
 def test_cli_config_json(tmp_path):
     result = _cli("--config-json", str(_write(tmp_path, LLAMA_3_8B_CONFIG)), "--context", "12000", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["context_bytes"] == 1_572_864_000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args, message",
     [

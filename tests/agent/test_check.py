@@ -23,6 +23,7 @@ def expected_exit(report):
     return max((SEVERITY_EXIT.get(f["severity"], 0) for f in report["findings"]), default=0)
 
 
+@pytest.mark.slow
 def test_check_on_this_machine_lists_gpu_checks_as_skipped_with_the_reason():
     result = run_check("--duration", "2", "--json")
     report = json.loads(result.stdout)
@@ -37,6 +38,7 @@ def test_check_on_this_machine_lists_gpu_checks_as_skipped_with_the_reason():
     assert "30 min of history" in skipped["memory_growth"]
 
 
+@pytest.mark.slow
 def test_check_on_the_fixture_host_reports_its_problems_with_runbooks():
     result = run_check("--duration", "2", "--json", environment=FIXTURE_ENVIRONMENT)
     report = json.loads(result.stdout)
@@ -53,6 +55,7 @@ def test_check_on_the_fixture_host_reports_its_problems_with_runbooks():
         assert (REPO / "runbooks" / f"{finding['alertname']}.md").is_file()
 
 
+@pytest.mark.slow
 def test_check_table_and_strict_mode():
     table = run_check("--duration", "2", environment=FIXTURE_ENVIRONMENT)
     assert table.returncode == 1
@@ -66,12 +69,14 @@ def test_check_table_and_strict_mode():
     assert lenient.returncode == 0
 
 
+@pytest.mark.slow
 def test_check_that_cannot_read_the_host_exits_3(tmp_path):
     result = run_check("--duration", "1", "--procfs", str(tmp_path / "missing"), "--sysfs", str(tmp_path / "missing"))
     assert result.returncode == 3
     assert "could not read this host" in result.stderr
 
 
+@pytest.mark.slow
 def test_check_that_cannot_read_the_host_still_prints_json_with_the_reason(tmp_path):
     result = run_check("--duration", "1", "--json", "--procfs", str(tmp_path / "missing"),
                        "--sysfs", str(tmp_path / "missing"))
@@ -109,6 +114,7 @@ def test_check_names_each_essential_collector_it_could_not_read(tmp_path, capsys
     assert report["findings"], "what could be read is still judged and shown"
 
 
+@pytest.mark.slow
 def test_check_refuses_a_bad_duration():
     assert run_check("--duration", "0").returncode == 64
 

@@ -93,6 +93,7 @@ def test_an_internal_error_exits_70_with_the_traceback(monkeypatch, capsys):
     assert "internal error" in err and "Traceback" in err and "RuntimeError: a bug in a command" in err
 
 
+@pytest.mark.slow
 def test_an_internal_error_with_json_logs_is_one_json_line():
     """In a process of its own: in-process, pytest's log capture keeps the CLI from installing its
     handler (agent/logs.py)."""
@@ -126,6 +127,7 @@ def run_hybridmon(*args: str, environment: dict | None = None) -> subprocess.Com
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_a_taken_port_exits_74_and_a_bad_trace_65(tmp_path):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -141,6 +143,7 @@ def test_a_taken_port_exits_74_and_a_bad_trace_65(tmp_path):
     assert "not a hybridmon trace" in bad_trace.stderr and "Traceback" not in bad_trace.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [BUDGET, ["--help"], ["check", "--duration", "1", "--json"]],
                          ids=["budget", "help", "check"])
 def test_a_reader_that_goes_away_ends_the_command_quietly_with_141(args):

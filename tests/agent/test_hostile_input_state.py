@@ -81,6 +81,7 @@ def hostile_file(name: str, state: Path) -> bytes:
     return json.dumps(run).encode()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", HOSTILE_FILES)
 def test_a_hostile_stored_run_costs_only_its_own_gpu_series(state, name, caplog):
     """The old collector let RecursionError (nested) and OverflowError (width) out of collect(), so
@@ -105,6 +106,7 @@ def budget_cli(state: Path) -> subprocess.CompletedProcess[str]:
                           timeout=60, cwd=REPO)
 
 
+@pytest.mark.slow
 def test_budget_reports_a_corrupt_stored_result_with_its_path_not_as_unmeasured(state):
     """The old `budget` crashed with a RecursionError traceback on a nested file, and called a
     merely broken one "run `hybridmon bench`" as if nothing had been measured."""

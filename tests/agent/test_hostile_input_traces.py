@@ -94,6 +94,7 @@ REPLAY_WITH_TIME_1E308 = """
 """
 
 
+@pytest.mark.slow
 def test_a_replay_of_a_trace_with_time_1e308_ends_with_a_clear_error(tmp_path):
     """The old agent's detectors spun forever on it (windows.rate_steps: 1e308 - 60 == 1e308)."""
     child = run_python(REPLAY_WITH_TIME_1E308.format(trace=str(tmp_path / "t.jsonl.gz")), 60)
@@ -123,6 +124,7 @@ HOSTILE_WINDOWS = [  # (start, end, step); each spun the old loop forever, or fo
 ]
 
 
+@pytest.mark.slow
 def test_window_loops_end_whatever_the_times_and_step():
     child = run_python(WINDOW_LOOPS.format(cases=repr(HOSTILE_WINDOWS)), 30)
     assert child.returncode == 0, f"a window loop ran past {child.seconds:.0f} s: {child.stderr[-2000:]}"
@@ -161,6 +163,7 @@ GZIP_BOMB = """
 """
 
 
+@pytest.mark.slow
 def test_a_gzip_bomb_line_is_refused_naming_the_line_within_bounded_memory(tmp_path):
     """The old reader inflated the whole 1 GiB line (3.2 GB allocated): here MemoryError under the
     child's 2 GiB address-space limit."""

@@ -42,6 +42,7 @@ def healthz_after(agent, seconds: float):
     return TestClient(create_app(agent)).get("/healthz")
 
 
+@pytest.mark.slow  # real time waited out
 def test_a_sampler_whose_collectors_all_block_answers_503_within_the_bound(agent, monkeypatch):
     """Before: /healthz was a constant "ok", and a probe could not catch a hung sampler."""
     for item in agent.sampler.scheduled:
@@ -57,6 +58,7 @@ def test_a_sampler_whose_collectors_all_block_answers_503_within_the_bound(agent
     assert agent.sampler.loop.ticks > 10  # the loop itself kept ticking: it is not what stalled
 
 
+@pytest.mark.slow  # real time waited out
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the loop's death
 def test_a_dead_sampling_loop_answers_503(agent, monkeypatch):
     ticks = []
@@ -73,6 +75,7 @@ def test_a_dead_sampling_loop_answers_503(agent, monkeypatch):
     assert any(p.startswith("the sampling loop has not ticked for ") for p in answer.json()["problems"])
 
 
+@pytest.mark.slow  # real time waited out
 def test_a_working_agent_and_one_hung_collector_among_working_ones_answer_ok(agent, monkeypatch):
     # One source hung (NVML on a lost GPU): shown, not fatal; a restart would not bring it back.
     monkeypatch.setattr(next(i for i in agent.sampler.scheduled if i.collector.name == "pcie").collector,

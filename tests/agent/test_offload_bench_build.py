@@ -74,6 +74,7 @@ def fake_nvcc(directory: Path, compile_script: str = 'touch "$out"; chmod +x "$o
     return script
 
 
+@pytest.mark.slow
 def test_build_produces_an_executable_in_the_hash_keyed_cache(built, bench_cache):
     digest = bench_build.source_hash()
     assert built == bench_cache / digest / "offload_bench"
@@ -86,6 +87,7 @@ def test_build_produces_an_executable_in_the_hash_keyed_cache(built, bench_cache
     assert not [p for p in built.parent.iterdir() if p.name.startswith(".build-")], "temp dir left"
 
 
+@pytest.mark.slow
 def test_second_build_reuses_the_cache_without_running_nvcc(built, bench_cache, monkeypatch):
     before = built.stat()
 
@@ -99,6 +101,7 @@ def test_second_build_reuses_the_cache_without_running_nvcc(built, bench_cache, 
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 
 
+@pytest.mark.slow
 def test_binary_without_a_device_exits_with_the_documented_status_and_json_error(built):
     proc = run_binary(built)
     assert proc.returncode == EXIT_NO_DEVICE == 3, proc.stderr
@@ -107,6 +110,7 @@ def test_binary_without_a_device_exits_with_the_documented_status_and_json_error
     assert report["detail"]  # cudaGetErrorName: cudaGetErrorString, e.g. cudaErrorNoDevice
 
 
+@pytest.mark.slow
 def test_binary_reports_its_source_hash_and_rejects_bad_options_as_json(built):
     version = run_binary(built, "--version")
     assert version.returncode == 0
@@ -117,12 +121,14 @@ def test_binary_reports_its_source_hash_and_rejects_bad_options_as_json(built):
         assert json.loads(proc.stdout)["error"] == "usage"
 
 
+@pytest.mark.slow
 def test_locate_binary_accepts_a_prebuilt_binary_of_the_same_source(built, monkeypatch, tmp_path):
     monkeypatch.setenv(bench_build.BINARY_ENV, str(built))
     assert bench_build.locate_binary(cache_dir=tmp_path / "unused") == built
     assert not (tmp_path / "unused").exists()
 
 
+@pytest.mark.slow
 def test_locate_binary_rejects_a_binary_of_another_source(tmp_path):
     other = tmp_path / "offload_bench"
     other.write_text('#!/bin/sh\necho \'{"version": 1, "source_sha256": "0000"}\'\n')
@@ -153,6 +159,7 @@ def test_nvcc_found_in_cuda_home(monkeypatch, tmp_path):
     assert bench_build.find_nvcc() == nvcc
 
 
+@pytest.mark.slow
 def test_gencode_flags_cover_sm75_and_newer_plus_ptx_for_the_newest(tmp_path):
     flags = bench_build.gencode_flags(fake_nvcc(tmp_path))
     targets = flags[1::2]
@@ -167,6 +174,7 @@ def test_gencode_flags_cover_sm75_and_newer_plus_ptx_for_the_newest(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_build_failure_carries_nvcc_stderr_and_leaves_no_binary(tmp_path):
     nvcc = fake_nvcc(tmp_path / "bin", "echo 'offload_bench.cu(1): error: broken on purpose' >&2; exit 2")
     with pytest.raises(BuildFailed, match="broken on purpose"):
@@ -205,6 +213,7 @@ def cuobjdump() -> str | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_binary_carries_sass_for_every_listed_arch_and_ptx_for_the_newest(built):
     """What the container image ships (deploy/container/Dockerfile builds it the same way): a GPU
     of any listed architecture runs its SASS, a newer one JITs the PTX."""
@@ -224,6 +233,7 @@ def test_the_binary_carries_sass_for_every_listed_arch_and_ptx_for_the_newest(bu
     assert re.findall(r"\.sm_(\d+)\.ptx", ptx) == [str(ptx_arch)] and ptx_arch == max(wanted)
 
 
+@pytest.mark.slow
 def test_hybridmon_bench_turns_no_device_into_a_clear_message_and_exit_3(built, tmp_path):
     """The real binary through the whole command, NVML (the fake) listing a GPU that CUDA cannot
     reach. `hybridmon bench` clears CUDA_VISIBLE_DEVICES on purpose (device order), so on a host

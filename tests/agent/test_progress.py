@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from hybridmon.agent.commands.progress import ERASE_LINE, LiveLine, Ticker
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
 from tests.support.bench_helpers import fake_binary
@@ -70,6 +72,7 @@ def hybridmon(*args: str, tty: bool, **env: str) -> tuple[int, str, str]:
     return process.wait(timeout=60), stdout, received.decode()
 
 
+@pytest.mark.slow
 def test_check_shows_its_sampling_window_on_a_terminal_only():
     code, stdout, stderr = hybridmon("check", "--duration", "2", tty=True)
     assert code in (0, 1, 2, 3), stderr
@@ -80,6 +83,7 @@ def test_check_shows_its_sampling_window_on_a_terminal_only():
     assert code in (0, 1, 2, 3) and "sampling" not in stderr and "\r" not in stderr
 
 
+@pytest.mark.slow
 def test_bench_shows_each_step_on_a_terminal_only(tmp_path):
     binary = str(fake_binary(tmp_path))
     arguments = ("bench", "--gpu", "0", "--binary", binary, "--force")

@@ -65,6 +65,7 @@ def wait_until(predicate, seconds: float) -> bool:
     return predicate()
 
 
+@pytest.mark.slow
 def test_past_the_cap_the_oldest_idle_connection_makes_room_for_a_request():
     with running_server(ServerLimits(max_connections=4, request_timeout_seconds=30)) as (server, port):
         idle = [socket.create_connection(("127.0.0.1", port), timeout=3) for _ in range(10)]
@@ -79,6 +80,7 @@ def test_past_the_cap_the_oldest_idle_connection_makes_room_for_a_request():
                 conn.close()
 
 
+@pytest.mark.slow
 def test_a_client_that_does_not_read_its_response_is_cut_off_after_the_stall_limit():
     limits = ServerLimits(write_stall_timeout_seconds=0.5, request_timeout_seconds=30)
     with running_server(limits) as (server, port):
@@ -96,6 +98,7 @@ def test_a_client_that_does_not_read_its_response_is_cut_off_after_the_stall_lim
             stuck.close()
 
 
+@pytest.mark.slow
 def test_a_request_that_does_not_arrive_in_time_is_closed_even_while_bytes_drip():
     with running_server(ServerLimits(request_timeout_seconds=0.5)) as (server, port):
         with socket.create_connection(("127.0.0.1", port), timeout=3) as conn:
@@ -145,6 +148,7 @@ def test_repeated_warnings_make_one_line_and_one_summary_per_window(caplog):
     assert repeats.suppressed_total == 999
 
 
+@pytest.mark.slow
 def test_accept_failing_for_lack_of_fds_sheds_idle_connections_and_logs_once(caplog):
     with running_server(ServerLimits(request_timeout_seconds=30)) as (server, port):
         idle = [socket.create_connection(("127.0.0.1", port), timeout=3) for _ in range(6)]

@@ -31,6 +31,7 @@ print(json.dumps(found))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl(PR_SET_NAME) is Linux's")
 def test_threads_started_after_the_hook_carry_their_names_in_the_kernel():
     result = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60,

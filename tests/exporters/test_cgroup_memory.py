@@ -112,6 +112,7 @@ def _memory_cgroup_root() -> tuple[int, str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_a_real_memory_cgroup_is_read_through_the_collector():
     """Makes a memory cgroup with a 256 MiB limit, puts a sleeping child in it, and reads it back."""
     found = _memory_cgroup_root() if os.geteuid() == 0 else None

@@ -289,6 +289,7 @@ def test_record_replay_round_trip_v1_and_missing_library():
     round_trip(FakeNvml(library_missing=True), [lambda f: None, lambda f: None])
 
 
+@pytest.mark.slow
 def test_module_by_dotted_name_and_layout_from_environment(tmp_path):
     try:
         collector = GpuCollector(LiveSource(), "tests.support.fake_nvml")

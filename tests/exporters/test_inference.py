@@ -412,6 +412,7 @@ def vllm_server():
         yield server
 
 
+@pytest.mark.slow
 def test_a_good_scrape_over_http(vllm_server):
     samples, _ = collect_once(vllm_server.url())
     assert samples.value("hybridmon_inference_scrape_success", endpoint=vllm_server.url()) == 1.0
@@ -420,6 +421,7 @@ def test_a_good_scrape_over_http(vllm_server):
     assert samples.value("hybridmon_inference_requests_running", server="vllm") == 12
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, reason", [
     ("html", "not_prometheus"), ("status_500", "http_status"), ("huge", "too_large"),
     ("huge_declared", "too_large"), ("slow", "timeout"), ("trickle", "timeout"),
@@ -434,6 +436,7 @@ def test_bad_answers_are_a_clear_scrape_error(vllm_server, mode, reason):
         assert vllm_server.bytes_sent < 20 * 1024 * 1024  # stopped reading soon past the limit
 
 
+@pytest.mark.slow
 def test_a_server_that_is_down_is_refused_then_comes_back(vllm_server):
     vllm_server.down()
     samples, _ = collect_once(vllm_server.url())
@@ -464,6 +467,7 @@ def test_missing_families_names_what_is_missing():
     assert interpret(ok("u", text), None).detail == "vllm: nothing read for kv_cache_usage_ratio"
 
 
+@pytest.mark.slow
 def test_slow_endpoints_are_scraped_together_within_one_timeout(vllm_server):
     vllm_server.mode = "slow"
     urls = [vllm_server.url(f"/metrics?replica={i}") for i in range(3)]
@@ -474,6 +478,7 @@ def test_slow_endpoints_are_scraped_together_within_one_timeout(vllm_server):
     assert [scrape_error(samples, u) for u in urls] == [["timeout"]] * 3
 
 
+@pytest.mark.slow
 def test_the_agent_keeps_every_other_collector_going_with_a_broken_server(vllm_server):
     vllm_server.mode = "html"
     agent = Agent(fixture_config(**{"inference.endpoints": [vllm_server.url()], "inference.timeout_seconds": 0.5}))
@@ -488,6 +493,7 @@ def test_the_agent_keeps_every_other_collector_going_with_a_broken_server(vllm_s
     assert 'hybridmon_process_resident_bytes{pid="4242",process_name="python3"}' in text
 
 
+@pytest.mark.slow
 def test_exposition_with_every_series_passes_promtool(vllm_server):
     promtool = shutil.which("promtool")
     assert promtool, "promtool is installed by scripts/test (Debian package prometheus)"
@@ -562,6 +568,7 @@ def test_a_port_that_is_no_server_is_not_reported(caplog):
     assert "pid 4242 listens at http://127.0.0.1:18000, which does not answer as an inference server" in caplog.text
 
 
+@pytest.mark.slow
 def test_live_discovery_of_a_server_in_this_process_on_the_real_proc(vllm_server):
     """The fake server's socket belongs to this test process: /proc/self is read for real."""
     collector = InferenceCollector(LiveSource(), watched=lambda: {os.getpid(): "pytest"}, timeout_seconds=0.5)
@@ -570,6 +577,7 @@ def test_live_discovery_of_a_server_in_this_process_on_the_real_proc(vllm_server
         ("vllm", vllm_server.url(), LLAMA_3, str(os.getpid())): 12}
 
 
+@pytest.mark.slow
 def test_usual_ports_are_probed_when_no_watched_process_listens(vllm_server):
     collector = InferenceCollector(LiveSource(), probe_ports=(vllm_server.port,), watched=lambda: {})
     samples = collector.collect()
@@ -577,6 +585,7 @@ def test_usual_ports_are_probed_when_no_watched_process_listens(vllm_server):
     assert {s.label_values[-1] for s in samples.find("hybridmon_inference_requests_running")} == {""}
 
 
+@pytest.mark.slow
 def test_ollama_is_found_on_api_ps_when_metrics_is_404():
     with FakeInferenceServer({"/api/ps": pair("ollama-ps")}, content_types={"/api/ps": "application/json"}) as ollama:
         collector = InferenceCollector(LiveSource(), probe_ports=(ollama.port,))
@@ -586,6 +595,7 @@ def test_ollama_is_found_on_api_ps_when_metrics_is_404():
         ("ollama", ollama.url("/api/ps"), "llama3.1:70b", ""): 25e9}
 
 
+@pytest.mark.slow
 def test_ollama_without_a_loaded_model_is_still_found_and_other_json_is_not_ollama():
     with FakeInferenceServer({"/api/ps": ['{"models": []}']}) as ollama:
         samples = InferenceCollector(LiveSource(), probe_ports=(ollama.port,)).collect()
@@ -622,6 +632,7 @@ def test_this_host_without_a_server_says_so():
             "vllm", "sglang", "llamacpp", "tgi", "lmcache"}
 
 
+@pytest.mark.slow
 def test_a_listening_socket_of_this_process_is_found_on_the_real_proc():
     with socket.socket() as listening:
         listening.bind(("127.0.0.1", 0))
@@ -715,6 +726,7 @@ def test_vllm_offloading_through_lmcache_is_said_not_shown_as_zero(tmp_path, arg
 
 # --- record and replay ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_record_then_replay_gives_identical_samples(vllm_server):
     recorder = RecordingSource(LiveSource())
 

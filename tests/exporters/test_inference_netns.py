@@ -16,6 +16,8 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import pytest
+
 from hybridmon.exporters.inference_scrape import find_listeners
 from hybridmon.exporters.sources import LiveSource
 
@@ -109,6 +111,7 @@ def test_a_namespace_whose_first_pid_cannot_be_read_is_read_through_the_next(tmp
     assert source.table_reads() == Counter({f"{tmp_path}/101/net/tcp": 1})
 
 
+@pytest.mark.slow
 def test_real_proc_two_processes_of_this_namespace_read_the_table_once():
     """This process and a `sleep` child holding the same listening socket (inherited fd): both
     are found on the real /proc, through one read of net/tcp."""

@@ -358,6 +358,7 @@ def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs,
         assert len(recorded) == 14  # 10, and CPU time on each of 2 nodes for each of 2 processes
 
 
+@pytest.mark.slow
 def test_numa_and_process_modules_do_not_import_each_other(fixture_procfs, fixture_sysfs):
     loaded = "print(sorted(m for m in sys.modules if m in ('hybridmon.exporters.numa', 'hybridmon.exporters.process')))"
     scripts = {

@@ -410,6 +410,7 @@ def nvidia_gpus_here() -> list[str]:
     return found
 
 
+@pytest.mark.slow
 def test_pyudev_works_here_and_lists_the_nvidia_gpus_of_this_machine():
     ctypes.CDLL("libudev.so.1")
     here = list(pyudev.Context().list_devices(subsystem="pci"))
@@ -429,6 +430,7 @@ def live_expectation(collector: PcieCollector) -> dict | None:
     return {s.label_values[0]: s.value for s in samples.find("hybridmon_pcie_device_present")}
 
 
+@pytest.mark.slow
 def test_live_host_via_udev_and_its_monitor(live_source):
     gpus = nvidia_gpus_here()
     recording = RecordingSource(live_source)
@@ -517,6 +519,7 @@ def fake_pyudev(monkeypatch):
     return FakeMonitor
 
 
+@pytest.mark.slow
 def test_udev_events_are_exported_and_trigger_rediscovery(tmp_path, live_source, fake_pyudev,
                                                           monkeypatch):
     sysfs = fixture_copy(tmp_path)
@@ -539,6 +542,7 @@ def test_udev_events_are_exported_and_trigger_rediscovery(tmp_path, live_source,
     assert not collector.udev_monitor_running
 
 
+@pytest.mark.slow
 def test_refused_netlink_leaves_the_counter_absent_and_says_why_once(
         fixture_sysfs, live_source, fake_pyudev, monkeypatch, caplog):
     fake_pyudev.refused = PermissionError(errno.EPERM, "Operation not permitted")
@@ -565,6 +569,7 @@ class RefusingObserver:
         raise RuntimeError("can't start new thread")
 
 
+@pytest.mark.slow
 def test_failed_observer_leaves_no_reference_to_the_monitor(fixture_sysfs, live_source,
                                                             fake_pyudev, monkeypatch, caplog):
     started = []
@@ -580,6 +585,7 @@ def test_failed_observer_leaves_no_reference_to_the_monitor(fixture_sysfs, live_
     assert "RuntimeError: can't start new thread" in caplog.text
 
 
+@pytest.mark.slow
 def test_failed_observer_closes_the_real_netlink_socket(fixture_sysfs, live_source, monkeypatch,
                                                        caplog):
     monkeypatch.setattr(pcie.pyudev, "MonitorObserver", RefusingObserver)
@@ -611,6 +617,7 @@ def test_udev_off_outside_the_hosts_sysfs_says_so_once(fixture_sysfs, live_sourc
     assert "uevents" not in caplog.text  # events not asked for: nothing to explain
 
 
+@pytest.mark.slow
 def test_dead_observer_thread_drops_the_counter(fixture_sysfs, live_source, fake_pyudev,
                                                 monkeypatch, caplog):
     monkeypatch.setattr(pcie, "list_nvidia_gpus_udev", lambda: [GPU0])
@@ -671,12 +678,14 @@ def test_record_then_replay_gives_identical_samples(tmp_path):
     assert recorded[4][("hybridmon_pcie_device_present", (GPU1,))] == 0
 
 
+@pytest.mark.slow
 def test_record_then_replay_on_this_machine():
     recorded, replayed = record_and_replay(PcieCollector, [lambda: None, lambda: time.sleep(0.01)])
     assert recorded == replayed
     assert (recorded[0][0] == "no data") == (not nvidia_gpus_here())  # no data here
 
 
+@pytest.mark.slow
 def test_replay_of_a_udev_trace_needs_no_monitor(fixture_sysfs, live_source, fake_pyudev,
                                                  monkeypatch):
     monkeypatch.setattr(pcie, "list_nvidia_gpus_udev", lambda: [GPU1])

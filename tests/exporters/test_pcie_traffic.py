@@ -199,6 +199,7 @@ def test_one_window_per_tick_misses_by_about_13_percent_at_half_duty():
     assert rms(errors) <= share_standard_error(0.5, 60) * 1.05
 
 
+@pytest.mark.slow  # real time sampled: seconds per case
 @pytest.mark.parametrize("duty", [0.5, 0.9])
 def test_sampling_stays_within_the_documented_bound(duty):
     samples_per_second = 10  # the agent's default: n = 600 in the 1 min window

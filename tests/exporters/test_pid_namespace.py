@@ -84,6 +84,7 @@ PROBE = ("from hybridmon.exporters.pid_namespace import pid_view;"
          "print(pid_view(LiveSource(), '/proc').value)")
 
 
+@pytest.mark.slow
 def test_this_machines_proc_and_a_real_new_pid_namespace():
     """The real kernel: this test's own /proc, and `unshare --pid --mount-proc` (a container's view).
     The second needs root or unprivileged user namespaces, which this project's CI has."""

@@ -104,6 +104,7 @@ def sample_lines(draw):
             + draw(st.sampled_from(["", " 1700000000000", " 1 2", " -5", " x", "\r"])))
 
 
+@pytest.mark.slow  # a fuzzing budget of 1,500 bodies: ~10 s
 @settings(max_examples=1500, deadline=None)
 @given(st.lists(st.one_of(sample_lines(), st.sampled_from(_COMMENTS)), max_size=8))
 def test_any_body_reads_or_fails_as_prometheus_client_reads_it(lines):

@@ -137,6 +137,7 @@ def expected_processes(layout_gpu: dict, kinds: set[str]) -> dict[int, int | Non
 
 
 # --- it is the real binding over the stub ----------------------------------------------------------
+@pytest.mark.slow
 def test_the_real_pynvml_at_that_version_drives_the_stub(probes, version):
     report = probes(version)
     assert report["pynvml_version"] == version
@@ -175,10 +176,12 @@ def abi_mismatches(report: dict) -> list[str]:
     return problems
 
 
+@pytest.mark.slow
 def test_pynvml_structs_match_nvml_h(probes, version):
     assert abi_mismatches(probes(version)) == []
 
 
+@pytest.mark.slow
 def test_the_abi_check_catches_the_12_535_77_process_struct(probes):
     problems = abi_mismatches(probes(STRUCT_STRIDE_BUG))
     assert any("c_nvmlProcessInfo_t.sizeof: pynvml [0, 32], nvml.h [0, 24]" in p for p in problems)
@@ -186,6 +189,7 @@ def test_the_abi_check_catches_the_12_535_77_process_struct(probes):
 
 
 # --- values marshalled through the real binding ---------------------------------------------------
+@pytest.mark.slow
 def test_identity(probes, version):
     report = probes(version)
     assert report["wrapper"]["device_count"] == {"value": 3}
@@ -196,6 +200,7 @@ def test_identity(probes, version):
         assert reading(report, gpu, "pci_bus_id") == SYSFS_BUS_IDS[gpu]
 
 
+@pytest.mark.slow
 def test_memory_info_v2(probes, version):
     report = probes(version)
     assert report["wrapper"]["memory_info_version"] == {"value": "v2"}
@@ -204,6 +209,7 @@ def test_memory_info_v2(probes, version):
             layout_gpu["memory_used"], layout_gpu["memory_total"], layout_gpu["memory_reserved"]]
 
 
+@pytest.mark.slow
 def test_pcie_link_replays_and_throughput(probes, version):
     report = probes(version)
     for gpu, layout_gpu in enumerate(LAYOUT["gpus"]):
@@ -221,6 +227,7 @@ def test_pcie_link_replays_and_throughput(probes, version):
         assert device_to_host == layout_gpu["pcie_tx_kbps"] * kilobyte
 
 
+@pytest.mark.slow
 def test_utilization_numa_node_and_not_supported_is_absent(probes, version):
     report = probes(version)
     assert reading(report, 0, "utilization_ratio") == pytest.approx(0.87)
@@ -230,6 +237,7 @@ def test_utilization_numa_node_and_not_supported_is_absent(probes, version):
     assert reading(report, 1, "numa_node") == 2
 
 
+@pytest.mark.slow
 def test_all_three_processes_of_each_list_come_through(probes, version):
     report = probes(version)
     for gpu in (0, 1):
@@ -245,6 +253,7 @@ def test_all_three_processes_of_each_list_come_through(probes, version):
     assert calls["nvmlDeviceGetComputeRunningProcesses_v2"] == 0
 
 
+@pytest.mark.slow
 def test_pynvml_itself_unmarshals_every_process(probes, version):
     """Without hybridmon: the binding's own list has the right pid and memory in every entry."""
     direct = probes(version)["direct"]["value"]["gpus"][0]
@@ -253,11 +262,13 @@ def test_pynvml_itself_unmarshals_every_process(probes, version):
                                 if kind == "compute"]}
 
 
+@pytest.mark.slow
 def test_cpu_affinity_words(probes, version):
     direct = probes(version)["direct"]["value"]["gpus"][0]
     assert direct["nvmlDeviceGetCpuAffinity"] == {"value": L40S["cpu_affinity"]}
 
 
+@pytest.mark.slow
 def test_the_stub_shows_12_535_77s_garbage_from_the_second_process_on(probes):
     listed = probes(STRUCT_STRIDE_BUG)["direct"]["value"]["gpus"][0]
     pids = [pid for pid, _ in listed["nvmlDeviceGetComputeRunningProcesses"]["value"]]
@@ -265,6 +276,7 @@ def test_the_stub_shows_12_535_77s_garbage_from_the_second_process_on(probes):
     assert pids[1:3] != [104243, 104250]
 
 
+@pytest.mark.slow
 def test_mig_mode(probes, version):
     report = probes(version)
     assert reading(report, 0, "mig_enabled") is False
@@ -280,6 +292,7 @@ def received_and_sent(counters) -> tuple[int, int]:
     return counters[0], counters[1]
 
 
+@pytest.mark.slow
 def test_pcie_byte_counters_from_field_values(probes, version):
     report = probes(version)
     # RX (198) is what the GPU receives from the host; TX (197) what it sends.
@@ -288,18 +301,21 @@ def test_pcie_byte_counters_from_field_values(probes, version):
     assert reading(report, 1, "pcie_byte_counters") is None  # per-field NOT_SUPPORTED
 
 
+@pytest.mark.slow
 def test_process_names(probes, version):
     names = probes(version)["wrapper"]["process_names"]["value"]
     assert names["104242"] == "python3"
     assert names["104250"] == "tritonserver"
 
 
+@pytest.mark.slow
 def test_no_function_is_missing_from_the_oldest_allowed_binding(probes, version):
     lacking = [line for line in probes(version)["logs"] if "nvidia-ml-py" in line and " lacks " in line]
     assert lacking == []
 
 
 # --- an old driver: no _v3 process entry points, no memory info v2 ---------------------------------
+@pytest.mark.slow
 def test_old_driver_lists_processes_through_v2(probes, version):
     report = probes(version, "old-driver")
     calls = report["calls_after_wrapper"]
@@ -311,6 +327,7 @@ def test_old_driver_lists_processes_through_v2(probes, version):
         L40S, {"compute", "graphics", "mps"})
 
 
+@pytest.mark.slow
 def test_old_driver_memory_falls_back_to_v1(probes, version):
     report = probes(version, "old-driver")
     assert report["wrapper"]["memory_info_version"] == {"value": "v1"}
@@ -326,6 +343,7 @@ def collected(report: dict) -> dict[tuple, float]:
     return {(name, tuple(labels)): value for name, labels, value in answer["value"]["samples"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["current", "old-driver"])
 def test_collector_exports_the_layout(probes, version, variant):
     samples = collected(probes(version, variant))
@@ -348,6 +366,7 @@ def test_collector_exports_the_layout(probes, version, variant):
 
 
 # --- what the floor excludes, shown over the real binding -----------------------------------------
+@pytest.mark.slow
 def test_a_binding_without_numa_node_id_still_collects(probes):
     """12.535.x has no nvmlDeviceGetNumaNodeId: unsupported and logged, the tick goes on."""
     report = probes(LACKS_NUMA_NODE_ID)
@@ -377,6 +396,7 @@ def test_the_cache_follows_xdg_cache_home(monkeypatch, tmp_path):
     assert build.cache_root() == Path.home() / ".cache" / "hybridmon"
 
 
+@pytest.mark.slow
 def test_a_bad_layout_line_fails_init_and_says_which(tmp_path, version):
     try:
         stub, binding = build.build_stub("current"), build.pynvml_dir(version)

@@ -38,6 +38,7 @@ def test_a_generator_names_each_file_it_writes_then_checks(index, tmp_path, caps
     assert f"checked {changed}: differs" in capsys.readouterr().err.splitlines()
 
 
+@pytest.mark.slow
 def test_the_docs_generator_names_each_file_it_checks():
     result = subprocess.run([sys.executable, "-m", "docs.generate", "--check"], capture_output=True, text=True,
                             cwd=REPO, timeout=60)

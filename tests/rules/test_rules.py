@@ -136,16 +136,19 @@ def recording_rules(path: Path = RULES_FILE) -> list[dict]:
     return [rule for group in rule_groups(path) for rule in group["rules"] if "record" in rule]
 
 
+@pytest.mark.slow
 def test_generated_files_are_current():
     result = run(sys.executable, "-m", "hybridmon.rules.generate", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_generated_promtool_tests_are_current():
     result = run(sys.executable, "-m", "tests.rules.generate", "--check")
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_check_shows_a_diff_and_fails_when_a_generated_file_was_edited(tmp_path):
     assert run(sys.executable, "-m", "hybridmon.rules.generate", "--output-dir", tmp_path).returncode == 0
     rules = tmp_path / "hybridmon.rules.yml"
@@ -156,6 +159,7 @@ def test_check_shows_a_diff_and_fails_when_a_generated_file_was_edited(tmp_path)
     assert re.search(r"^\+\s+>= 0\.85$", result.stdout, re.M)
 
 
+@pytest.mark.slow
 def test_test_check_names_a_generated_test_no_longer_produced(tmp_path):
     assert run(sys.executable, "-m", "tests.rules.generate", "--output-dir", tmp_path).returncode == 0
     (tmp_path / "tests" / "generated_leftover.yml").write_text("tests: []\n")
@@ -169,12 +173,14 @@ def test_generation_is_deterministic():
     assert generate.render(thresholds) == generate.render(thresholds)
 
 
+@pytest.mark.slow
 def test_promtool_check_rules_passes():
     result = run(promtool(), "check", "rules", RULES_FILE)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
+@pytest.mark.slow
 def test_promtool_unit_tests_pass():
     tests = sorted((RULES / "tests").glob("*.yml"))
     assert {p.name for p in tests} >= {f"generated_{n}.yml" for n in
@@ -184,6 +190,7 @@ def test_promtool_unit_tests_pass():
     assert result.stdout.count("SUCCESS") == len(tests)
 
 
+@pytest.mark.slow
 def test_other_thresholds_give_other_rules_whose_generated_tests_pass(tmp_path):
     """Tests are generated, not hand-written: new thresholds bring their own passing tests."""
     thresholds = tmp_path / "thresholds.toml"
@@ -205,6 +212,7 @@ def test_other_thresholds_give_other_rules_whose_generated_tests_pass(tmp_path):
     assert tested.returncode == 0, tested.stdout + tested.stderr
 
 
+@pytest.mark.slow
 def test_bad_thresholds_file_is_refused_with_its_name(tmp_path):
     thresholds = tmp_path / "thresholds.toml"
     thresholds.write_text(other_thresholds().replace("for_seconds = 180", "for_seconds = 'soon'"))
