@@ -135,3 +135,22 @@ def test_a_clean_window_with_skipped_detectors_is_not_called_healthy_for_them():
     clean = io.StringIO()
     check.render_table(check.CheckResult([], [], {}, 2.0, {}), clean)
     assert "nothing wrong was seen in this window" in clean.getvalue()
+
+
+CHECK_AND_LIST_MODULES = """
+import sys
+from hybridmon.agent.cli import main
+code = main(["check", "--duration", "1", "--json", "--log-level", "error"])
+loaded = sorted(name for name in sys.modules
+                if name == "tests" or name.startswith("tests.") or "promtool" in name or "case_inputs" in name)
+print("LOADED", loaded, file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_a_check_loads_no_promtool_case_builder_nor_any_test_module():
+    """The promtool cases and their inputs are test code (tests/alerts/, tests/support/promtool_*):
+    the running agent never imports them (issue 27). A check imports every alert family."""
+    result = subprocess.run([HYBRIDMON[0], "-c", CHECK_AND_LIST_MODULES], env=subprocess_environment(),
+                            cwd="/", capture_output=True, text=True, timeout=60)
+    assert "LOADED []" in result.stderr, result.stderr[-2000:]
