@@ -4,7 +4,6 @@ and run by promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
 from hybridmon.agent.alerts.agent_down import ALERTNAME, UP
-
 from tests.support.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
 
 

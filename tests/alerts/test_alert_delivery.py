@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from hybridmon.agent.alerts.alert_delivery import ALERTNAME
 from hybridmon.agent.self_metrics import ALERTMANAGER_CONSECUTIVE_FAILURES
-
 from tests.support.promtool_cases import (
     BEFORE_SAMPLES,
     ONSET,

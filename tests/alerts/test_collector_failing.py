@@ -1,12 +1,85 @@
-"""The tests of the collector_failing alert family (agent/alerts/collector_failing.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_collector_failing.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the collector_failing alert family (agent/alerts/collector_failing.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_collector_failing.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
-from hybridmon.agent.alerts.collector_failing import ALERTNAME
-from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
+import pytest
 
+from hybridmon.agent.alerts import collector_failing
+from hybridmon.agent.alerts.collector_failing import ALERTNAME
+from hybridmon.agent.config import load_config
+from hybridmon.agent.daemon import Agent
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.loop.history import History
+from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
+from tests.support.detector_history import THRESHOLDS, assert_says_its_rules_words
 from tests.support.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
+
+T0 = 1_700_000_000.0
+
+
+class BrokenSource(Exception):
+    pass
+
+
+@pytest.fixture
+def agent(tmp_path, fixture_procfs, fixture_sysfs):
+    """The agent on the fixture host without a GPU library: gpu has nothing to read (no failure)."""
+    config = load_config(environ={}, overrides={
+        "paths.procfs": fixture_procfs, "paths.sysfs": fixture_sysfs, "state_dir": str(tmp_path),
+        "gpu.nvml_module": "hybridmon_no_such_nvml_module"})
+    agent = Agent(config)
+    yield agent
+    agent.stop()
+
+
+def scheduled(agent, name):
+    (item,) = [item for item in agent.sampler.scheduled if item.collector.name == name]
+    return item
+
+
+def test_a_collector_failing_every_run_fires_after_for_and_says_what_is_blind(agent, monkeypatch):
+    def broken(*_args, **_kwargs):
+        raise BrokenSource("/proc/meminfo: unexpected line 'MemTotal: lots'")
+
+    host_memory = scheduled(agent, "host_memory")
+    monkeypatch.setattr(host_memory.collector, "collect", broken)
+    detector = next(d for d in agent.engine.detectors if isinstance(d, collector_failing.Detector))
+    engine = Engine([detector], History(600))
+    wait = THRESHOLDS.collector_failing.for_seconds
+    for step in range(0, int(wait) + 20, 10):
+        agent.sampler.run_collector(host_memory)
+        agent.sampler.run_collector(scheduled(agent, "gpu"))
+        engine.evaluate(T0 + step)
+    (state,) = engine.firing()
+    finding = state.finding
+    assert finding.alertname == "HybridmonCollectorFailing" and finding.labels == {"collector": "host_memory"}
+    assert finding.details["errors"] >= wait / 10 and "MemTotal: lots" in finding.details["last_error"]
+    assert finding.value == pytest.approx(wait / 10, abs=1)  # failed runs in the last `for`, one each 10 s
+    assert_says_its_rules_words(finding)
+    assert "Collector host_memory on " in finding.summary and "keeps failing" in finding.summary
+    assert "failed for 5m or more" in finding.description
+    # the GPU library is absent: nothing to read is not a failure
+    assert scheduled(agent, "gpu").state.last_success is True
+
+
+def test_a_collector_that_recovers_resolves_and_one_that_fails_once_stays_pending(agent, monkeypatch):
+    pressure = scheduled(agent, "pressure")
+    real = pressure.collector.collect
+    monkeypatch.setattr(pressure.collector, "collect", lambda *a, **k: (_ for _ in ()).throw(BrokenSource("x")))
+    detector = next(d for d in agent.engine.detectors if isinstance(d, collector_failing.Detector))
+    engine = Engine([detector], History(600))
+    agent.sampler.run_collector(pressure)
+    engine.evaluate(T0)
+    assert [s.state for s in engine.states()] == ["pending"]
+    monkeypatch.setattr(pressure.collector, "collect", real)
+    agent.sampler.run_collector(pressure)
+    engine.evaluate(T0 + 10)
+    assert engine.firing() == [] and [s.state for s in engine.states() if s.state != "resolved"] == []
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def promtool_cases(t, catalog) -> list[Test]:

@@ -1,15 +1,26 @@
-"""The tests of the gpu_memory_headroom alert family (agent/alerts/gpu_memory_headroom.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_gpu_memory_headroom.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the gpu_memory_headroom alert family (agent/alerts/gpu_memory_headroom.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_gpu_memory_headroom.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
 import math
 
+import pytest
+
+from hybridmon.agent.alerts import gpu_memory_headroom
+from hybridmon.agent.detectors.engine import Engine
 from hybridmon.exporters.gpu import MEMORY_TOTAL, MEMORY_USED
 from hybridmon.rules import (
     pcie as recorded,  # its MEMORY_USED: the group's 1 min average of ours
 )
-
+from tests.support.detector_history import (
+    T0,
+    THRESHOLDS,
+    Trace,
+    assert_says_its_rules_words,
+    gpu_rows,
+)
 from tests.support.promtool_cases import (
     GIB,
     GPU0,
@@ -23,6 +34,135 @@ from tests.support.promtool_cases import (
     not_yet,
     num,
 )
+
+HOUR = 3600.0
+
+STEP = 10.0  # samples every 10 s keep an hour of trace quick to build
+
+
+def headroom():
+    return gpu_memory_headroom.Detector(THRESHOLDS.gpu_memory_headroom)
+
+
+def replay_ramp(used_at, start: float, end: float, step: float = 1.0) -> dict[str, list[tuple[float, str]]]:
+    """Every `step` from start to end, one GPU whose used memory is used_at(t) (of 48 GiB), through
+    the engine: reason -> [(time, "firing" | "resolved")] as they happened."""
+    trace = Trace()
+    engine = Engine([headroom()], trace.history)
+    changes: dict[str, list[tuple[float, str]]] = {}
+    engine.on_change.append(lambda state, change: changes.setdefault(
+        state.finding.labels["reason"], []).append((engine_time[0], change)))
+    engine_time = [start]
+    t = start
+    while t <= end:
+        trace.commit("gpu", t, gpu_rows(used=used_at(t), total=48 * GIB))
+        engine_time[0] = t
+        if round(t - start) % 10 == 0:   # the agent evaluates every 10 s
+            engine.evaluate(t)
+        t += step
+    return changes
+
+
+def test_vram_over_95_percent_is_low_headroom():
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(used=23 * GIB, total=24 * GIB))
+    (finding,) = headroom().evaluate(trace.history, now)
+    assert finding.labels == {"gpu": "0", "uuid": "GPU-0000", "reason": "used"}
+    assert finding.value == pytest.approx(23 / 24) and finding.threshold == 0.95
+    assert finding.for_seconds == 300
+    assert "95.83% of its memory in use (23GiB of 24GiB)" in finding.summary
+
+
+def test_vram_with_room_and_no_trend_is_silent():
+    trace = Trace()
+    now = trace.run(T0, T0 + 1800, STEP, gpu=lambda t: gpu_rows(used=20 * GIB, total=24 * GIB))
+    assert headroom().evaluate(trace.history, now) == []
+
+
+def test_vram_forecast_full_within_the_horizon():
+    trace = Trace()
+    now = trace.run(T0, T0 + 1800, STEP, gpu=lambda t: gpu_rows(
+        used=14 * GIB + 8 * GIB * (t - T0) / HOUR, total=24 * GIB))
+    (finding,) = headroom().evaluate(trace.history, now)
+    assert finding.labels["reason"] == "forecast"
+    assert_says_its_rules_words(finding)
+    used_now = 14 * GIB + 8 * GIB * 1770 / HOUR       # last-minute mean
+    assert finding.value == pytest.approx((24 * GIB - used_now) / (8 * GIB / HOUR))
+    assert finding.threshold == 3600 and finding.unit == "s"
+    # slower growth: full in about 2.5 h, beyond the 1 h horizon
+    trace = Trace()
+    now = trace.run(T0, T0 + 1800, STEP, gpu=lambda t: gpu_rows(
+        used=18 * GIB + 2 * GIB * (t - T0) / HOUR, total=24 * GIB))
+    assert headroom().evaluate(trace.history, now) == []
+
+
+def test_a_gpu_that_appeared_recently_has_no_forecast_yet():
+    """Less than half the trend window of data: no forecast yet; with half of it, one."""
+    window = THRESHOLDS.gpu_memory_headroom.trend_window_seconds
+    trace = Trace()
+    now = trace.run(T0, T0 + window / 2 - 2 * STEP, STEP, gpu=lambda t: gpu_rows(
+        used=2 * GIB + 40 * GIB * (t - T0) / HOUR, total=24 * GIB))
+    assert headroom().evaluate(trace.history, now) == []
+    now = trace.run(now + STEP, T0 + window / 2, STEP, gpu=lambda t: gpu_rows(
+        used=2 * GIB + 40 * GIB * (t - T0) / HOUR, total=24 * GIB))
+    (finding,) = headroom().evaluate(trace.history, now)
+    assert finding.labels["reason"] == "forecast"
+
+
+def test_a_model_load_is_a_step_not_a_trend():
+    # 1 GiB, then a model load to 20 GiB at T0 + 900, flat after. Least squares over the window
+    # would forecast the GPU full for ten minutes, and the last 100 s slope is steep right after
+    # the load; but only two of the window's eleven 100 s slopes see the jump, so their median
+    # (the trend) stays 0 and the slower of the two slopes never grows.
+    trace = Trace()
+    engine = Engine([headroom()], trace.history)
+    t = T0
+    while t <= T0 + 3600:
+        trace.commit("gpu", t, gpu_rows(used=GIB if t < T0 + 900 else 20 * GIB, total=24 * GIB))
+        engine.evaluate(t)
+        assert engine.pending() == [] and engine.firing() == [], t
+        t += STEP
+
+
+def test_vram_forecast_comes_before_the_used_finding_on_a_ramp_that_fills():
+    """Issue 14, item 4: VRAM flat at 80 % for 30 min, then filling at 20 % of 48 GiB per 8 min
+    (72 GiB/h; 95 % after 6 min, full after 8). The forecast must fire before `used` (95 % plus
+    its for_seconds) and before the GPU is full. A 30 min trend fired it ~14 min in, after
+    `used`, when the GPU had been full for minutes."""
+    h = THRESHOLDS.gpu_memory_headroom
+    onset, total = T0 + 1800, 48 * GIB
+    filling = lambda t: total * min(1.0, max(0.8, 0.8 + 0.2 * (t - onset) / 480))
+    changes = replay_ramp(filling, T0, onset + 900)
+    forecast_at = changes["forecast"][0]
+    used_at = changes["used"][0]
+    assert forecast_at[1] == "firing" and used_at[1] == "firing"
+    print(f"forecast {forecast_at[0] - onset:.0f} s after onset, used {used_at[0] - onset:.0f} s: "
+          f"lead {used_at[0] - forecast_at[0]:.0f} s")
+    assert forecast_at[0] < onset + 480 < used_at[0]
+    # Growth stops when the GPU is full: the forecast resolves, `used` stays.
+    assert changes["forecast"][-1][1] == "resolved"
+    assert changes["forecast"][-1][0] - (onset + 480) <= h.trend_window_seconds / 6 + 20
+    assert changes["used"] == [used_at]
+
+
+def test_vram_forecast_resolves_once_growth_stops():
+    """Issue 14, item 4: a ramp that would fill the GPU within the hour stops below full (70 % ->
+    88 % of 48 GiB over 10 min). Nothing can know in advance that it stops, so the forecast fires
+    while it grows; once it stops, the forecast resolves within the last 100 s slope's span (plus
+    an evaluation), where the window's median alone kept it for minutes (30 min window: 15)."""
+    h = THRESHOLDS.gpu_memory_headroom
+    onset, stop, total = T0 + 1800, T0 + 2400, 48 * GIB
+    ramp = lambda t: total * min(0.88, max(0.70, 0.70 + 0.18 * (t - onset) / 600))
+    changes = replay_ramp(ramp, T0, stop + 900)
+    assert "used" not in changes
+    (fired, firing), (resolved, state) = changes["forecast"]
+    assert (firing, state) == ("firing", "resolved")
+    assert onset < fired < stop
+    print(f"forecast fired {fired - onset:.0f} s after onset, resolved {resolved - stop:.0f} s after growth stopped")
+    assert 0 < resolved - stop <= h.trend_window_seconds / 6 + 20
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def used_case(t, catalog) -> Test:

@@ -1,12 +1,40 @@
-"""The tests of the inference_scrape alert family (agent/alerts/inference_scrape.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_inference_scrape.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the inference_scrape alert family (agent/alerts/inference_scrape.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_inference_scrape.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
+from hybridmon.agent.alerts.inference_scrape import Detector as ScrapeFailingDetector
 from hybridmon.exporters.inference_names import SCRAPE_ERROR, SCRAPE_SUCCESS
-
+from tests.support.detector_history import (
+    T0,
+    THRESHOLDS,
+    VLLM_ENDPOINT,
+    Trace,
+    inference_rows,
+    scrape_error_rows,
+)
 from tests.support.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
 from tests.support.promtool_inputs import LLAMA_SERVER, VLLM_SERVER
+
+
+def test_a_failing_scrape_is_reported_while_it_is_in_the_latest_scrape():
+    detector = ScrapeFailingDetector(THRESHOLDS.inference_scrape)
+    trace = Trace()
+    other = "http://127.0.0.1:8080/metrics"
+    now = trace.run(T0, T0 + 60, 5.0, inference=lambda t: (
+        scrape_error_rows(reason="not_prometheus") + inference_rows(endpoint=other, server="llamacpp")))
+    (finding,) = detector.evaluate(trace.history, now)
+    assert finding.labels == {"endpoint": VLLM_ENDPOINT, "reason": "not_prometheus"}
+    assert finding.for_seconds == THRESHOLDS.inference_scrape.for_seconds
+    assert "HTML" in finding.description and VLLM_ENDPOINT in finding.summary
+    assert finding.summary.endswith("cannot be read: not_prometheus")
+    # The next scrape succeeds: the error is gone at once, as Prometheus marks it stale.
+    now = trace.run(now + 5, now + 5, 5.0, inference=lambda t: inference_rows())
+    assert detector.evaluate(trace.history, now) == []
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def promtool_cases(t, catalog) -> list[Test]:

@@ -1,13 +1,36 @@
-"""The tests of the kv_offload_pressure alert family (agent/alerts/kv_offload_pressure.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_kv_offload_pressure.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the kv_offload_pressure alert family (agent/alerts/kv_offload_pressure.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_kv_offload_pressure.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
+import pytest
+
+from hybridmon.agent.alerts.catalogue import all_detectors
 from hybridmon.agent.alerts.kv_offload_pressure import KV_CACHE_USAGE, PREEMPTIONS
+from hybridmon.agent.alerts.kv_offload_pressure import (
+    Detector as KvOffloadPressureDetector,
+)
+from hybridmon.agent.status.trends import (
+    Trends,  # no history read: the plots are not under test here
+)
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.inference_names import OFFLOAD_BYTES
+from hybridmon.pcie_rates import achievable_capacity, theoretical_capacity
 from hybridmon.rules import inference as recorded
-
+from tests.support.detector_history import (
+    GIB,
+    T0,
+    THRESHOLDS,
+    VLLM_ENDPOINT,
+    Trace,
+    alertnames,
+    assert_says_its_rules_words,
+    bench_rows,
+    gpu_rows,
+    inference_rows,
+    only,
+)
 from tests.support.promtool_cases import GPU0, GPU1, Test, above, firing, not_yet
 from tests.support.promtool_inputs import (
     LLAMA,
@@ -21,6 +44,150 @@ from tests.support.promtool_inputs import (
     on_gpu,
     served,
 )
+
+STEP = 10.0
+
+GEN4_X16 = theoretical_capacity(4, 16)
+
+GEN4_ACHIEVABLE = achievable_capacity(4, 16)   # 0.81 of it: what copies achieve (pcie_rates)
+
+
+def kv_trace(**server) -> tuple[Trace, float]:
+    trace = Trace()
+    state = {"preempted": 0.0, "loaded": 0.0}
+
+    def rows(t):
+        state["preempted"] += server.get("preemptions_per_second", 0.0) * STEP
+        state["loaded"] += server.get("loads_per_second", 0.0) * STEP
+        return inference_rows(pid=server.get("pid", "4242"), kv_usage=server.get("usage", 0.5),
+                              preemptions=state["preempted"], offload_load_bytes=state["loaded"])
+
+    collectors = {"inference": rows, "gpu": lambda t: (
+        gpu_rows(processes={"4242": ("python3", 20 * GIB)})
+        + gpu_rows("1", "GPU-0001", generation=4, width=8, pci_bus_id="0000:ca:00.0"))}
+    if "measured" in server:
+        collectors["bench"] = lambda t: bench_rows(h2d=server["measured"])
+    return trace, trace.run(T0, T0 + 300, STEP, **collectors)
+
+
+def gpus(h2d: dict[str, float], processes: dict[str, dict[str, tuple[str, float]]]):
+    """Collector rows for GPUs "0", "1", ...: host->device bytes/s and the processes on each."""
+    def rows(t):
+        found = []
+        for index, traffic in h2d.items():
+            found += gpu_rows(index, f"GPU-{index}", h2d=traffic, d2h=1e8,
+                              processes=processes.get(index, {}))
+        return found
+    return rows
+
+
+def servers(*specs: dict):
+    """Inference rows: each spec gives pid, tokens (per second), loads (bytes/s) and endpoint."""
+    def rows(t):
+        found = []
+        for spec in specs:
+            loads = spec.get("loads")
+            found += inference_rows(
+                pid=spec["pid"], endpoint=spec.get("endpoint", VLLM_ENDPOINT),
+                server=spec.get("server", "vllm"), model=spec.get("model", "llama-3-8b"),
+                generated_tokens=spec["tokens"] * (t - T0),
+                offload_load_bytes=None if loads is None else loads * (t - T0))
+        return found
+    return rows
+
+VLLM_ON_GPU0 = {"0": {"4242": ("python3", 20 * GIB)}}
+
+
+def loading_trace(loads: float, h2d: float):
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=gpus({"0": h2d}, VLLM_ON_GPU0),
+                    inference=servers({"pid": "4242", "tokens": 500, "loads": loads}))
+    return trace, now
+
+
+def test_kv_cache_full_needs_preemptions_too():
+    detector = KvOffloadPressureDetector(THRESHOLDS.kv_offload_pressure)
+    trace, now = kv_trace(usage=0.97, preemptions_per_second=0.5)
+    finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="kv_cache_full")
+    assert finding.labels == {"server": "vllm", "endpoint": VLLM_ENDPOINT, "model": "llama-3-8b",
+                              "reason": "kv_cache_full"}
+    assert finding.value == pytest.approx(0.97) and finding.details["preemptions_per_second"] == pytest.approx(0.5)
+    for usage, preemptions in ((0.97, 0.0), (0.9, 0.5)):
+        trace, now = kv_trace(usage=usage, preemptions_per_second=preemptions)
+        assert detector.evaluate(trace.history, now) == []
+
+
+def test_offload_loads_are_judged_against_the_link_of_the_servers_gpus():
+    detector = KvOffloadPressureDetector(THRESHOLDS.kv_offload_pressure)
+    share = THRESHOLDS.kv_offload_pressure.offload_load_share_of_capacity
+    # pid 4242 holds memory on GPU 0 only (Gen4 x16): GPU 1's link does not count.
+    trace, now = kv_trace(loads_per_second=(share + 0.05) * GEN4_ACHIEVABLE)
+    finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="offload_link")
+    assert finding.value == pytest.approx(share + 0.05, rel=0.01)
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(GEN4_ACHIEVABLE)
+    assert finding.details["capacity_sources"] == "GPU 0 25.5 GB/s (achievable on Gen4 x16)"
+    assert "of the 25.52GB/s host-to-device capacity" in finding.description
+    trace, now = kv_trace(loads_per_second=(share - 0.05) * GEN4_ACHIEVABLE)
+    assert alertnames(detector.evaluate(trace.history, now)) == []
+    # What `hybridmon bench` measured is the capacity when there is a measurement.
+    trace, now = kv_trace(loads_per_second=(share - 0.05) * GEN4_ACHIEVABLE, measured=0.7 * GEN4_X16)
+    finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="offload_link")
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(0.7 * GEN4_X16)
+    # A server tied to no process is judged against every GPU of the host (x16 + x8).
+    trace, now = kv_trace(loads_per_second=(share + 0.05) * GEN4_ACHIEVABLE, pid="")
+    assert alertnames(detector.evaluate(trace.history, now)) == []
+    trace, now = kv_trace(loads_per_second=(share + 0.05) * 1.5 * GEN4_ACHIEVABLE, pid="")
+    finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="offload_link")
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(1.5 * GEN4_ACHIEVABLE)
+
+
+def test_offload_loads_that_fill_the_link_are_reachable():
+    # 0.78 of the theoretical rate, what a copy engine moves short of its ceiling (0.81-0.83 on
+    # Gen4 x16, nvbandwidth), fills the link; the old threshold, 0.80 of the theoretical rate,
+    # sat at that ceiling and never saw it.
+    detector = KvOffloadPressureDetector(THRESHOLDS.kv_offload_pressure)
+    trace, now = kv_trace(loads_per_second=0.78 * GEN4_X16)
+    finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="offload_link")
+    assert finding.value == pytest.approx(0.78 * GEN4_X16 / GEN4_ACHIEVABLE, rel=0.01)
+
+
+def test_the_kv_offload_finding_says_what_share_of_the_counted_traffic_its_loads_are():
+    from hybridmon.agent.alerts.kv_offload_pressure import (
+        Detector as KvOffloadPressureDetector,
+    )
+    from hybridmon.pcie_rates import achievable_capacity
+    loads = 0.9 * achievable_capacity(4, 16)
+    trace, now = loading_trace(loads, loads / 0.8)
+    finding = only(KvOffloadPressureDetector(THRESHOLDS.kv_offload_pressure).evaluate(trace.history, now),
+                   "InferenceKvOffloadPressure", reason="offload_link")
+    assert finding.details["loads_share_of_host_to_device_traffic"] == pytest.approx(0.8, rel=0.01)
+    assert finding.details["agent_note"].startswith("NVML counted 28.7 GB/s host to device on GPU 0")
+    assert "KV loads were 80 % of it" in finding.description
+    assert_says_its_rules_words(finding)
+
+
+def test_the_status_page_shows_the_link_share_of_kv_loads_as_the_family_judged_it():
+    """The page reads the LinkShare InferenceKvOffloadPressure worked out at its last evaluation
+    (its figures), for every server with KV loads, firing or not: it works nothing out itself."""
+    from hybridmon.agent.detectors.engine import Engine
+    from hybridmon.agent.status.inference import inference_html
+    from hybridmon.agent.status.signals import Decided, LatestValues
+    trace, now = loading_trace(5e9, 20e9)
+    engine = Engine(all_detectors(THRESHOLDS), trace.history)
+
+    def page() -> str:
+        return inference_html(trace.history, LatestValues(trace.history),
+                              Trends(trace.history, None, THRESHOLDS, None), Decided(engine))
+
+    assert "KV loads on GPU 0" not in page()   # not judged yet
+    engine.evaluate(now)
+    assert engine.firing() == [] and engine.pending() == []   # 20 % of the link: nothing to say
+    assert "KV loads on GPU 0 host→device link" in page()
+    assert "25 % of the 20.0 GB/s NVML counted" in page()
+    assert "20 % of its 25.5 GB/s capacity" in page()
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def kv_cache_full_case(t, catalog) -> Test:

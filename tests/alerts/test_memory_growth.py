@@ -1,7 +1,8 @@
-"""The tests of the memory_growth alert family (agent/alerts/memory_growth/__init__.py): its rule's promtool
+"""The tests of the memory_growth alert family (agent/alerts/memory_growth/): its rule's promtool
 cases (`promtool_cases`, written to rules/tests/generated_memory_growth.yml by `python -m
 tests.rules.generate` and run by promtool in tests/rules/test_rules.py): series every minute, each
-case's expected alerts with the text Prometheus must render."""
+case's expected alerts with the text Prometheus must render. Its detector's tests are in
+test_memory_growth_detector.py and test_memory_growth_trend.py."""
 from __future__ import annotations
 
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
@@ -17,7 +18,6 @@ from hybridmon.exporters.process import (
     RESIDENT,
     TREE_ROOT,
 )
-
 from tests.support.promtool_cases import GIB, GPU0, Catalog, Test
 from tests.support.promtool_inputs import LLAMA, SGLANG, VLLM, on_gpu
 

@@ -1,13 +1,29 @@
-"""The tests of the offload_host_memory alert family (agent/alerts/offload_host_memory.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_offload_host_memory.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the offload_host_memory alert family (agent/alerts/offload_host_memory.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_offload_host_memory.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
+import pytest
+
 from hybridmon.agent.alerts.offload_host_memory import HOST_TIER
+from hybridmon.agent.alerts.offload_host_memory import Detector as HostMemoryDetector
+from hybridmon.exporters import process
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT
-
+from tests.support.detector_history import (
+    T0,
+    THRESHOLDS,
+    VLLM_ENDPOINT,
+    Trace,
+    alertnames,
+    assert_says_its_rules_words,
+    host_memory_rows,
+    inference_rows,
+    only,
+    process_rows,
+)
 from tests.support.promtool_cases import GIB, HOST, Test, firing, not_yet
 from tests.support.promtool_inputs import (
     HOST2,
@@ -17,6 +33,56 @@ from tests.support.promtool_inputs import (
     VLLM_SERVER,
     served,
 )
+
+
+def trees(roots: dict[str, str]):
+    return lambda t: [(process.TREE_ROOT, 1, pid, "python3", root) for pid, root in roots.items()]
+
+
+def host_trace(*, tier=100 * GIB, resident=40 * GIB, available=150 * GIB, headroom=None, pid="4242"):
+    trace = Trace()
+
+    def inference(t):
+        rows = inference_rows(pid=pid, generated_tokens=10 * (t - T0))
+        return rows + [(HOST_TIER, tier, "vllm", VLLM_ENDPOINT, "llama-3-8b", pid)]
+
+    def processes(t):
+        rows = process_rows("4242", "python3", resident=resident) + trees({"4242": "4242"})(t)
+        if headroom is not None:
+            rows.append((CGROUP_MEMORY_HEADROOM, headroom, "4242", "python3"))
+        return rows
+
+    now = trace.run(T0, T0 + 60, inference=inference, process=processes,
+                    host_memory=lambda t: host_memory_rows(memory_total=512 * GIB, memory_available=available))
+    return HostMemoryDetector(THRESHOLDS.offload_host_memory).evaluate(trace.history, now)
+
+
+def test_a_tier_that_will_not_fit_in_memory_available_is_found_before_it_fills():
+    factor = THRESHOLDS.offload_host_memory.pinned_overhead_factor
+    finding = only(host_trace(), "InferenceOffloadHostMemoryShort", reason="memory_available")
+    assert finding.value == pytest.approx((100 * factor - 40) / 150)
+    assert finding.details["remaining_bytes"] == pytest.approx((100 * factor - 40) * GIB)
+    assert_says_its_rules_words(finding)
+
+
+def test_a_tier_already_held_or_with_room_is_silent():
+    # resident 200 GiB: the tier is allocated, MemAvailable already lacks it
+    assert host_trace(resident=200 * GIB, available=20 * GIB) == []
+    assert host_trace(available=400 * GIB) == []
+    # a server the agent cannot tie to a process: what it holds is unknown
+    assert host_trace(pid="") == []
+
+
+def test_the_cgroup_headroom_bounds_the_tier_too():
+    findings = host_trace(available=400 * GIB, headroom=100 * GIB)
+    finding = only(findings, "InferenceOffloadHostMemoryShort", reason="cgroup")
+    factor = THRESHOLDS.offload_host_memory.pinned_overhead_factor
+    assert finding.value == pytest.approx((100 * factor - 40) / 100)
+    assert alertnames(findings) == ["InferenceOffloadHostMemoryShort"]
+    assert_says_its_rules_words(finding)
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def tier_case(t, catalog) -> Test:

@@ -1,10 +1,14 @@
-"""The tests of the pcie_link_degraded alert family (agent/alerts/pcie_link_degraded.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_pcie_link_degraded.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the pcie_link_degraded alert family (agent/alerts/pcie_link_degraded.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_pcie_link_degraded.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
-from hybridmon.exporters.gpu import UTILIZATION
+import pytest
 
+from hybridmon.agent.alerts import pcie_link_degraded
+from hybridmon.exporters.gpu import UTILIZATION
+from tests.support.detector_history import T0, THRESHOLDS, Trace, gpu_rows
 from tests.support.promtool_cases import (
     GPU0,
     GPU1,
@@ -16,6 +20,54 @@ from tests.support.promtool_cases import (
     not_yet,
 )
 from tests.support.promtool_inputs import capacity, link
+
+GEN4_X16 = 16 * 1969.2e6
+
+# The GPU the detector histories write (tests/support/detector_history.gpu_rows).
+HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
+
+
+def degraded():
+    return pcie_link_degraded.Detector(THRESHOLDS.pcie_link_degraded)
+
+
+def test_link_degraded_fires_under_load():
+    trace = Trace()
+    now = trace.run(T0, T0 + 60, gpu=lambda t: gpu_rows(utilization=0.8, generation=3, width=8))
+    (finding,) = degraded().evaluate(trace.history, now)
+    assert finding.labels == HISTORY_GPU0 and finding.for_seconds == 300
+    assert finding.value == pytest.approx(8 * 984.6e6 / GEN4_X16) and finding.threshold == 1
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(8 * 984.6e6)
+    assert "PCIe link at Gen3 x8 of Gen4 x16" in finding.summary
+    assert finding.details["link_width_lanes"] == 8
+
+
+def test_link_degraded_silent_on_an_idle_downshifted_gpu():
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.0, generation=1, h2d=0,
+                                                          d2h=0))
+    assert degraded().evaluate(trace.history, now) == []
+
+
+def test_link_degraded_needs_the_busy_threshold():
+    trace = Trace()
+    now = trace.run(T0, T0 + 60, gpu=lambda t: gpu_rows(utilization=0.29, width=8))
+    assert degraded().evaluate(trace.history, now) == []
+    trace = Trace()
+    now = trace.run(T0, T0 + 60, gpu=lambda t: gpu_rows(utilization=0.30, width=8))
+    assert len(degraded().evaluate(trace.history, now)) == 1
+
+
+def test_link_degraded_silent_at_full_speed_and_without_link_figures():
+    trace = Trace()
+    now = trace.run(T0, T0 + 60, gpu=lambda t: gpu_rows(utilization=1.0))
+    assert degraded().evaluate(trace.history, now) == []
+    trace = Trace()
+    now = trace.run(T0, T0 + 60, gpu=lambda t: gpu_rows(utilization=1.0, width=8, max_width=None))
+    assert degraded().evaluate(trace.history, now) == []
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def promtool_cases(t, catalog) -> list[Test]:

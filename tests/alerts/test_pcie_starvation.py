@@ -1,18 +1,36 @@
-"""The tests of the pcie_starvation alert family (agent/alerts/pcie_starvation.py): its rule's promtool cases
-(`promtool_cases`, written to rules/tests/generated_pcie_starvation.yml by `python -m tests.rules.generate`
-and run by promtool in tests/rules/test_rules.py)."""
+"""The tests of the pcie_starvation alert family (agent/alerts/pcie_starvation.py): its detector, on
+histories written sample by sample, and its rule's promtool cases (`promtool_cases`, written
+to rules/tests/generated_pcie_starvation.yml by `python -m tests.rules.generate` and run by
+promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
+import pytest
+
+from hybridmon.agent.alerts import pcie_starvation
 from hybridmon.agent.alerts.pcie_starvation import DEVICE_TO_HOST, HOST_TO_DEVICE
+from hybridmon.exporters import bench
+from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.gpu import (
     PCIE_BYTES,
     PCIE_SAMPLED_BYTES,
     PCIE_THROUGHPUT,
     UTILIZATION,
 )
+from hybridmon.pcie_rates import (
+    achievable_capacity,
+    bidirectional_capacity,
+    theoretical_capacity,
+)
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.model import Alert
-
+from tests.support.detector_history import (
+    T0,
+    THRESHOLDS,
+    Trace,
+    assert_says_its_rules_words,
+    bench_rows,
+    gpu_rows,
+)
 from tests.support.promtool_cases import (
     GPU0,
     GPU1,
@@ -32,6 +50,215 @@ from tests.support.promtool_inputs import (
     measured,
     measured_bidirectional,
 )
+
+GEN4_X16 = 16 * 1969.2e6
+
+# The GPU the detector histories write (tests/support/detector_history.gpu_rows).
+HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
+
+
+def starvation():
+    return pcie_starvation.Detector(THRESHOLDS.pcie_starvation)
+
+GEN4_ACHIEVABLE = achievable_capacity(4, 16)
+
+GEN4_BOTH_WAYS = bidirectional_capacity(4, 16)
+
+
+def measured_both_ways(h2d: float | None, d2h: float | None) -> list:
+    """A benchmark run's rows (exporters/bench.py): 26 GB/s one direction at a time, and what each
+    direction carried while the other copied too (None: the run has no figure that way)."""
+    return bench_rows(h2d=26e9, d2h=26e9) + [
+        (bench.MEASURED_BIDIRECTIONAL_CAPACITY, value, "0", "GPU-0000", direction)
+        for direction, value in (("host_to_device", h2d), ("device_to_host", d2h)) if value is not None]
+
+
+def test_starvation_fires_when_the_link_is_full_and_the_gpu_waits():
+    trace = Trace()
+    h2d = 0.82 * GEN4_X16   # 25.8 GB/s: a saturated copy engine
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.2, h2d=h2d, d2h=2e9))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.alertname == "GpuPcieStarvation" and finding.severity == "warning"
+    assert finding.labels == HISTORY_GPU0
+    assert finding.value == pytest.approx(h2d / GEN4_ACHIEVABLE) and finding.threshold == 0.9
+    assert finding.details["traffic_bytes_per_second"] == pytest.approx(h2d)
+    assert finding.details["threshold_bytes_per_second"] == pytest.approx(0.9 * GEN4_ACHIEVABLE)
+    assert finding.for_seconds == 120
+    assert finding.details["direction"] == "host_to_device"
+    assert finding.details["capacity_source"] == "achievable"
+    assert finding.summary.startswith("GPU 0 on ") and "link 101.2% full, GPU 20% busy" in finding.summary
+    assert "moved 25.84GB/s host to device and 2GB/s device to host" in finding.description
+    assert "up to 25.52GB/s each way" in finding.description and "Gen4 x16" in finding.description
+    assert "36.55GB/s both ways at once" in finding.description
+    assert "utilization was 20% (threshold: at most 50%)" in finding.description
+    assert_says_its_rules_words(finding)
+
+
+def test_starvation_silent_clearly_below_what_the_link_carries():
+    trace = Trace()
+    # a busy, healthy offload host: 0.70 of 31.5 GB/s one way (86 % of what copies achieve),
+    # little the other way, the GPU mostly idle
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.3, h2d=0.70 * GEN4_X16, d2h=2e9))
+    assert starvation().evaluate(trace.history, now) == []
+
+
+def test_starvation_silent_while_the_gpu_keeps_working():
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.9, h2d=29e9))
+    assert starvation().evaluate(trace.history, now) == []
+
+
+def test_starvation_fires_when_both_directions_fill_the_link_together():
+    # 0.60 of the theoretical rate each way: neither direction near its own 0.81, but together
+    # past the 2 x 0.58 nvbandwidth's bidirectional copies reach
+    trace = Trace()
+    each = 0.60 * GEN4_X16
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=each, d2h=each))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.details["direction"] == "both"
+    assert finding.value == pytest.approx(2 * each / GEN4_BOTH_WAYS)
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(GEN4_BOTH_WAYS)
+    assert finding.details["capacity_source"] == "bidirectional factor"
+    assert finding.details["host_to_device_share_of_capacity"] == pytest.approx(each / GEN4_ACHIEVABLE)
+    lighter = Trace()
+    now = lighter.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=0.45 * GEN4_X16,
+                                                          d2h=0.45 * GEN4_X16))
+    assert starvation().evaluate(lighter.history, now) == []
+
+
+def test_starvation_judges_a_link_back_at_gen1_by_the_gen4_it_carried_the_minute_with():
+    # a minute of copies at 0.6 of Gen4 x16, then the link drops to Gen1 x16 at idle (power saving):
+    # 10 s later the minute's average (0.5 of Gen4) is 4 times what Gen1 carries, yet the link was
+    # never full
+    trace = Trace()
+    trace.run(T0, T0 + 59, gpu=lambda t: gpu_rows(utilization=0.3, h2d=1e8, d2h=1e8))
+    trace.run(T0 + 60, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.3, h2d=0.6 * GEN4_X16, d2h=1e8))
+    now = trace.run(T0 + 121, T0 + 130, gpu=lambda t: gpu_rows(utilization=0.3, h2d=1e6, d2h=1e6, generation=1))
+    assert starvation().evaluate(trace.history, now) == []
+
+
+def test_starvation_silent_on_bursts_below_capacity_with_the_link_idling_between():
+    # 10 s on, 10 s off at a saturated copy engine's 0.82 of Gen4 x16 (average 0.41), the link at
+    # Gen1 whenever it idles: judged now (Gen1) it is 3 times full, judged by its best (Gen4) half
+    trace = Trace()
+
+    def bursty(t: float):
+        on = int(t - T0) % 20 < 10
+        return gpu_rows(utilization=0.3, h2d=0.82 * GEN4_X16 if on else 1e6, d2h=1e6, generation=4 if on else 1)
+
+    now = trace.run(T0, T0 + 135, gpu=bursty)   # the last 6 ticks idle, at Gen1
+    assert starvation().evaluate(trace.history, now) == []
+
+
+def test_starvation_judges_a_link_running_gen1_under_traffic_against_gen1():
+    # below its maximum under load is GpuPcieLinkDegraded's business; the link it delivered with,
+    # Gen1 x16, is full
+    trace = Trace()
+    gen1 = theoretical_capacity(1, 16)
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=0.82 * gen1, d2h=1e6, generation=1))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.value == pytest.approx(0.82 * gen1 / achievable_capacity(1, 16))
+    assert finding.details["link_generation"] == 1
+
+
+@pytest.mark.parametrize("counter", [gpu_metrics.PCIE_BYTES, gpu_metrics.PCIE_SAMPLED_BYTES])
+def test_starvation_reads_a_bytes_counter_before_the_gauge(counter):
+    """The 20 ms gauge reads 0.3 of the link, the counter 0.82: the counter is read, as the rule
+    reads it. PCIE_BYTES is NVML's exact count; PCIE_SAMPLED_BYTES the sampler's estimate on GPUs
+    without one, which a 15 s scrape keeps whole where it keeps one gauge tick in fifteen."""
+    trace = Trace()
+    h2d, d2h = 0.82 * GEN4_X16, 2e9
+
+    def counted(t: float):
+        return gpu_rows(utilization=0.1, h2d=0.3 * GEN4_X16, d2h=d2h) + [
+            (counter, h2d * (t - T0), "0", "GPU-0000", "host_to_device"),
+            (counter, d2h * (t - T0), "0", "GPU-0000", "device_to_host")]
+
+    now = trace.run(T0, T0 + 120, gpu=counted)
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.details["traffic_bytes_per_second"] == pytest.approx(h2d)
+    assert finding.value == pytest.approx(h2d / GEN4_ACHIEVABLE)
+    gauge_only = Trace()
+    now = gauge_only.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=0.3 * GEN4_X16, d2h=d2h))
+    assert starvation().evaluate(gauge_only.history, now) == []
+
+
+def test_starvation_judges_both_directions_against_the_measured_bidirectional_capacity():
+    # 13 GB/s each way on a Gen4 x16 link whose bench carried only 14 GB/s each way while both
+    # copied (nvbandwidth issue #15 saw 11-16 on some hosts): 93 % of the measured 28 GB/s, though
+    # only 71 % of the factor's 36.55 GB/s (2 x 0.58 x 31.5)
+    load = lambda t: gpu_rows(utilization=0.1, h2d=13e9, d2h=13e9)
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=load, bench=lambda t: measured_both_ways(14e9, 14e9))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.details["direction"] == "both"
+    assert finding.value == pytest.approx(26 / 28)
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(28e9)
+    assert finding.details["capacity_source"] == "measured"
+    assert "28GB/s both ways at once" in finding.description
+    assert_says_its_rules_words(finding)
+    # without the bidirectional figure, or with only one direction's (half a sum), the factor counts
+    for h2d, d2h in ((None, None), (14e9, None)):
+        factor = Trace()
+        now = factor.run(T0, T0 + 120, gpu=load, bench=lambda t: measured_both_ways(h2d, d2h))
+        assert starvation().evaluate(factor.history, now) == [], (h2d, d2h)
+    assert 26e9 / GEN4_BOTH_WAYS < THRESHOLDS.pcie_starvation.traffic_share_of_capacity
+
+
+def test_starvation_uses_the_measured_capacity_when_there_is_one():
+    gpu_load = lambda t: gpu_rows(utilization=0.1, h2d=21e9, d2h=2e9)
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=gpu_load)
+    assert starvation().evaluate(trace.history, now) == []   # 82 % of what Gen4 x16 achieves
+    measured = Trace()
+    now = measured.run(T0, T0 + 120, gpu=gpu_load, bench=lambda t: bench_rows(h2d=22e9, d2h=25e9))
+    (finding,) = starvation().evaluate(measured.history, now)
+    assert finding.value == pytest.approx(21 / 22)
+    assert finding.details["threshold_bytes_per_second"] == pytest.approx(0.9 * 22e9)
+    assert finding.details["capacity_source"] == "measured"
+    assert "up to 25GB/s each way and 36.55GB/s both ways at once (what hybridmon bench measured" \
+        in finding.description
+
+
+def test_starvation_judges_each_direction_against_its_own_capacity():
+    # 20 GB/s device->host is 95 % of a measured 21 GB/s, while 6 GB/s host->device is 23 % of 26.
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=6e9, d2h=20e9),
+                    bench=lambda t: bench_rows(h2d=26e9, d2h=21e9))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.details["direction"] == "device_to_host"
+    assert finding.value == pytest.approx(20 / 21)
+
+
+def test_starvation_judges_the_minute_average_not_one_burst():
+    trace = Trace()
+    # pinned for 20 s of the last minute only
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(
+        utilization=0.1, h2d=26e9 if t > T0 + 100 else 5e9))
+    assert starvation().evaluate(trace.history, now) == []
+
+
+def test_starvation_of_a_gpu_that_appeared_mid_window():
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.9, h2d=1e9) + (
+        gpu_rows("1", "GPU-1111", utilization=0.05, h2d=1e9, d2h=26e9, pci_bus_id="0000:ca:00.0")
+        if t >= T0 + 90 else []))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.labels == {"gpu": "1", "uuid": "GPU-1111"}
+    assert finding.details["traffic_bytes_per_second"] == pytest.approx(26e9)
+    assert finding.details["direction"] == "device_to_host"
+
+
+def test_starvation_silent_when_the_series_stopped():
+    trace = Trace()
+    last = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(utilization=0.1, h2d=26e9))
+    # the GPU collector has had nothing for over a minute (a gap): absent, not starving
+    trace.run(last + 1, last + 70, gpu=lambda t: [])
+    assert starvation().evaluate(trace.history, last + 70) == []
+    assert len(starvation().evaluate(trace.history, last + 30)) == 1
+
+
+# --- its rule's promtool cases ------------------------------------------------------------------
 
 
 def expected(test: Test, rule: Alert, gpu: dict, value: float, h2d: float, d2h: float, capacity: float,

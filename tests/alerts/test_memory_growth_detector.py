@@ -1,19 +1,33 @@
+"""The memory_growth family's detector (agent/alerts/memory_growth/), on histories written sample
+by sample: growth against the process's own load or its server's, restarts, trees, forecasts.
+Its promtool cases are in test_memory_growth.py, its kept trends' tests in
+test_memory_growth_trend.py."""
+from __future__ import annotations
+
 import re
 
 import pytest
 
-from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.alerts import gpu_memory_headroom
 from hybridmon.agent.alerts import memory_growth
 from hybridmon.agent.alerts.memory_growth import trend as memory_growth_trend
 from hybridmon.agent.detectors import servers
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.process import RESIDENT, TREE_ROOT
-from tests.support.detector_history import (assert_says_its_rules_words, GIB, MIB, T0, THRESHOLDS,
-                                            Trace, gpu_rows, host_memory_rows, inference_rows,
-                                            process_rows)
+from tests.support.detector_history import (
+    GIB,
+    MIB,
+    T0,
+    THRESHOLDS,
+    Trace,
+    assert_says_its_rules_words,
+    gpu_rows,
+    host_memory_rows,
+    inference_rows,
+    process_rows,
+)
 
 HOUR = 3600.0
+
 STEP = 10.0  # samples every 10 s keep an hour of trace quick to build
 
 
@@ -28,6 +42,41 @@ def leaking(t, *, pid="4242", start=T0 - 86400, base=8 * GIB, per_hour=GIB, sinc
     cpu = cpu_rate * s
     return process_rows(pid, "vllm", start_time=start, resident=base + per_hour * s / HOUR,
                         cpu_seconds=cpu, minor_faults=faults_per_cpu_second * cpu)
+
+
+def with_server(tokens_per_second, running=lambda t: 8.0, pid="4242"):
+    """A vLLM server tied to `pid` generating tokens_per_second(t) (its counter integrated per
+    STEP) while running running(t) requests."""
+    state = {"tokens": 0.0}
+
+    def rows(t):
+        state["tokens"] += tokens_per_second(t) * STEP
+        return inference_rows(generated_tokens=state["tokens"], running=running(t), pid=pid)
+    return rows
+
+
+def tree(pid, name, root):
+    """hybridmon_process_tree_root_info of one process, as exporters/process.py exports it."""
+    return [(TREE_ROOT, 1, pid, name, root)]
+
+
+def vllm_v1(tokens_growth_per_hour, *, with_tree=True):
+    """vLLM V1 under a traffic ramp: the API server (pid 4242) serves /metrics, its child the
+    engine core (pid 4343) holds memory exactly proportional to the tokens/s while its busy loop
+    keeps one core flat at 100 %."""
+    def rate(t):
+        return 1000.0 * (1 + tokens_growth_per_hour * (t - T0) / HOUR)
+
+    def processes(t):
+        s = t - T0
+        rows = (process_rows("4242", "python3", resident=2 * GIB, cpu_seconds=0.2 * s,
+                             minor_faults=100 * s)
+                + process_rows("4343", "python3", resident=4 * GIB * rate(t) / 1000.0,
+                               cpu_seconds=1.0 * s, minor_faults=100 * s))
+        if with_tree:
+            rows += tree("4242", "python3", "4242") + tree("4343", "python3", "4242")
+        return rows
+    return processes, with_server(rate)
 
 
 def test_steady_growth_under_flat_load_fires_with_slope_and_forecast():
@@ -188,17 +237,6 @@ def test_locked_memory_is_locked_plus_pinned():
     assert finding.details["slope_bytes_per_second"] == pytest.approx(2 * GIB / HOUR)
 
 
-def with_server(tokens_per_second, running=lambda t: 8.0, pid="4242"):
-    """A vLLM server tied to `pid` generating tokens_per_second(t) (its counter integrated per
-    STEP) while running running(t) requests."""
-    state = {"tokens": 0.0}
-
-    def rows(t):
-        state["tokens"] += tokens_per_second(t) * STEP
-        return inference_rows(generated_tokens=state["tokens"], running=running(t), pid=pid)
-    return rows
-
-
 def test_growth_under_the_servers_flat_load_fires_and_says_so():
     trace = Trace()
     now = trace.run(T0, T0 + HOUR, STEP, process=leaking, inference=with_server(lambda t: 1200.0))
@@ -228,30 +266,6 @@ def test_a_server_on_another_pid_does_not_stand_for_the_process_load():
     now = trace.run(T0, T0 + HOUR, STEP, process=leaking, inference=rising)
     (finding,) = growth().evaluate(trace.history, now)
     assert finding.details["load_source"] == "cpu"
-
-
-def tree(pid, name, root):
-    """hybridmon_process_tree_root_info of one process, as exporters/process.py exports it."""
-    return [(TREE_ROOT, 1, pid, name, root)]
-
-
-def vllm_v1(tokens_growth_per_hour, *, with_tree=True):
-    """vLLM V1 under a traffic ramp: the API server (pid 4242) serves /metrics, its child the
-    engine core (pid 4343) holds memory exactly proportional to the tokens/s while its busy loop
-    keeps one core flat at 100 %."""
-    def rate(t):
-        return 1000.0 * (1 + tokens_growth_per_hour * (t - T0) / HOUR)
-
-    def processes(t):
-        s = t - T0
-        rows = (process_rows("4242", "python3", resident=2 * GIB, cpu_seconds=0.2 * s,
-                             minor_faults=100 * s)
-                + process_rows("4343", "python3", resident=4 * GIB * rate(t) / 1000.0,
-                               cpu_seconds=1.0 * s, minor_faults=100 * s))
-        if with_tree:
-            rows += tree("4242", "python3", "4242") + tree("4343", "python3", "4242")
-        return rows
-    return processes, with_server(rate)
 
 
 def test_a_vllm_engine_core_is_judged_with_its_api_servers_traffic():
@@ -361,130 +375,6 @@ def test_a_cgroup_limit_bounds_the_forecast_before_memavailable():
     (finding,) = growth().evaluate(trace.history, now)
     assert finding.details["forecast_seconds_to_exhaustion"] == pytest.approx(
         (2 * GIB - leak_per_second * HOUR) / leak_per_second, rel=0.01)
-
-
-# --- GpuMemoryHeadroomLow ------------------------------------------------------------------
-
-def headroom():
-    return gpu_memory_headroom.Detector(THRESHOLDS.gpu_memory_headroom)
-
-
-def test_vram_over_95_percent_is_low_headroom():
-    trace = Trace()
-    now = trace.run(T0, T0 + 120, gpu=lambda t: gpu_rows(used=23 * GIB, total=24 * GIB))
-    (finding,) = headroom().evaluate(trace.history, now)
-    assert finding.labels == {"gpu": "0", "uuid": "GPU-0000", "reason": "used"}
-    assert finding.value == pytest.approx(23 / 24) and finding.threshold == 0.95
-    assert finding.for_seconds == 300
-    assert "95.83% of its memory in use (23GiB of 24GiB)" in finding.summary
-
-
-def test_vram_with_room_and_no_trend_is_silent():
-    trace = Trace()
-    now = trace.run(T0, T0 + 1800, STEP, gpu=lambda t: gpu_rows(used=20 * GIB, total=24 * GIB))
-    assert headroom().evaluate(trace.history, now) == []
-
-
-def test_vram_forecast_full_within_the_horizon():
-    trace = Trace()
-    now = trace.run(T0, T0 + 1800, STEP, gpu=lambda t: gpu_rows(
-        used=14 * GIB + 8 * GIB * (t - T0) / HOUR, total=24 * GIB))
-    (finding,) = headroom().evaluate(trace.history, now)
-    assert finding.labels["reason"] == "forecast"
-    assert_says_its_rules_words(finding)
-    used_now = 14 * GIB + 8 * GIB * 1770 / HOUR       # last-minute mean
-    assert finding.value == pytest.approx((24 * GIB - used_now) / (8 * GIB / HOUR))
-    assert finding.threshold == 3600 and finding.unit == "s"
-    # slower growth: full in about 2.5 h, beyond the 1 h horizon
-    trace = Trace()
-    now = trace.run(T0, T0 + 1800, STEP, gpu=lambda t: gpu_rows(
-        used=18 * GIB + 2 * GIB * (t - T0) / HOUR, total=24 * GIB))
-    assert headroom().evaluate(trace.history, now) == []
-
-
-def test_a_gpu_that_appeared_recently_has_no_forecast_yet():
-    """Less than half the trend window of data: no forecast yet; with half of it, one."""
-    window = THRESHOLDS.gpu_memory_headroom.trend_window_seconds
-    trace = Trace()
-    now = trace.run(T0, T0 + window / 2 - 2 * STEP, STEP, gpu=lambda t: gpu_rows(
-        used=2 * GIB + 40 * GIB * (t - T0) / HOUR, total=24 * GIB))
-    assert headroom().evaluate(trace.history, now) == []
-    now = trace.run(now + STEP, T0 + window / 2, STEP, gpu=lambda t: gpu_rows(
-        used=2 * GIB + 40 * GIB * (t - T0) / HOUR, total=24 * GIB))
-    (finding,) = headroom().evaluate(trace.history, now)
-    assert finding.labels["reason"] == "forecast"
-
-
-def test_a_model_load_is_a_step_not_a_trend():
-    # 1 GiB, then a model load to 20 GiB at T0 + 900, flat after. Least squares over the window
-    # would forecast the GPU full for ten minutes, and the last 100 s slope is steep right after
-    # the load; but only two of the window's eleven 100 s slopes see the jump, so their median
-    # (the trend) stays 0 and the slower of the two slopes never grows.
-    trace = Trace()
-    engine = Engine([headroom()], trace.history)
-    t = T0
-    while t <= T0 + 3600:
-        trace.commit("gpu", t, gpu_rows(used=GIB if t < T0 + 900 else 20 * GIB, total=24 * GIB))
-        engine.evaluate(t)
-        assert engine.pending() == [] and engine.firing() == [], t
-        t += STEP
-
-
-def replay_ramp(used_at, start: float, end: float, step: float = 1.0) -> dict[str, list[tuple[float, str]]]:
-    """Every `step` from start to end, one GPU whose used memory is used_at(t) (of 48 GiB), through
-    the engine: reason -> [(time, "firing" | "resolved")] as they happened."""
-    trace = Trace()
-    engine = Engine([headroom()], trace.history)
-    changes: dict[str, list[tuple[float, str]]] = {}
-    engine.on_change.append(lambda state, change: changes.setdefault(
-        state.finding.labels["reason"], []).append((engine_time[0], change)))
-    engine_time = [start]
-    t = start
-    while t <= end:
-        trace.commit("gpu", t, gpu_rows(used=used_at(t), total=48 * GIB))
-        engine_time[0] = t
-        if round(t - start) % 10 == 0:   # the agent evaluates every 10 s
-            engine.evaluate(t)
-        t += step
-    return changes
-
-
-def test_vram_forecast_comes_before_the_used_finding_on_a_ramp_that_fills():
-    """Issue 14, item 4: VRAM flat at 80 % for 30 min, then filling at 20 % of 48 GiB per 8 min
-    (72 GiB/h; 95 % after 6 min, full after 8). The forecast must fire before `used` (95 % plus
-    its for_seconds) and before the GPU is full. A 30 min trend fired it ~14 min in, after
-    `used`, when the GPU had been full for minutes."""
-    h = THRESHOLDS.gpu_memory_headroom
-    onset, total = T0 + 1800, 48 * GIB
-    filling = lambda t: total * min(1.0, max(0.8, 0.8 + 0.2 * (t - onset) / 480))
-    changes = replay_ramp(filling, T0, onset + 900)
-    forecast_at = changes["forecast"][0]
-    used_at = changes["used"][0]
-    assert forecast_at[1] == "firing" and used_at[1] == "firing"
-    print(f"forecast {forecast_at[0] - onset:.0f} s after onset, used {used_at[0] - onset:.0f} s: "
-          f"lead {used_at[0] - forecast_at[0]:.0f} s")
-    assert forecast_at[0] < onset + 480 < used_at[0]
-    # Growth stops when the GPU is full: the forecast resolves, `used` stays.
-    assert changes["forecast"][-1][1] == "resolved"
-    assert changes["forecast"][-1][0] - (onset + 480) <= h.trend_window_seconds / 6 + 20
-    assert changes["used"] == [used_at]
-
-
-def test_vram_forecast_resolves_once_growth_stops():
-    """Issue 14, item 4: a ramp that would fill the GPU within the hour stops below full (70 % ->
-    88 % of 48 GiB over 10 min). Nothing can know in advance that it stops, so the forecast fires
-    while it grows; once it stops, the forecast resolves within the last 100 s slope's span (plus
-    an evaluation), where the window's median alone kept it for minutes (30 min window: 15)."""
-    h = THRESHOLDS.gpu_memory_headroom
-    onset, stop, total = T0 + 1800, T0 + 2400, 48 * GIB
-    ramp = lambda t: total * min(0.88, max(0.70, 0.70 + 0.18 * (t - onset) / 600))
-    changes = replay_ramp(ramp, T0, stop + 900)
-    assert "used" not in changes
-    (fired, firing), (resolved, state) = changes["forecast"]
-    assert (firing, state) == ("firing", "resolved")
-    assert onset < fired < stop
-    print(f"forecast fired {fired - onset:.0f} s after onset, resolved {resolved - stop:.0f} s after growth stopped")
-    assert 0 < resolved - stop <= h.trend_window_seconds / 6 + 20
 
 
 def test_memory_that_does_not_grow_costs_no_slopes_and_no_load(monkeypatch):

@@ -1,5 +1,7 @@
 """memory_growth keeps each process's trend from one evaluation to the next (issue 17): what it
 finds must be what a detector without that memory finds, evaluation after evaluation."""
+from __future__ import annotations
+
 import pytest
 
 from hybridmon.agent.alerts import memory_growth
@@ -8,6 +10,7 @@ from hybridmon.agent.detectors import windows
 from tests.support.detector_history import GIB, T0, THRESHOLDS, Trace, process_rows
 
 HOUR = 3600.0
+
 STEP = 10.0
 
 
@@ -18,7 +21,6 @@ def growth():
 def leaking(t, pid="4242", per_hour=GIB, start=T0 - 86400):
     return process_rows(pid, "vllm", start_time=start, resident=8 * GIB + per_hour * (t - T0) / HOUR,
                         cpu_seconds=2.0 * (t - T0), minor_faults=1000.0 * (t - T0))
-
 
 RESTART = T0 + HOUR + 95   # pid 4243 restarts then (a new start time), within the evaluations
 
