@@ -1,7 +1,7 @@
 """What an alert family is: everything about one kind of trouble, in one module.
 
-A family is named like its `[section]` in thresholds.toml, its runbook(s) and its scenario. Its
-module holds, side by side (as a monitoring mixin keeps an alert's rule, test and config together):
+A family is named like its `[section]` in thresholds.toml and its test module. Its module holds,
+side by side (as a monitoring mixin keeps an alert's rule, test and config together):
 
 - `Settings`: the pydantic model of its thresholds section;
 - its inputs: the exporters' MetricSpec objects it reads (never a metric name typed again);
@@ -10,16 +10,17 @@ module holds, side by side (as a monitoring mixin keeps an alert's rule, test an
   same text in Python from the finding's values (`finding()` below), so both doors say the same words;
 - its in-agent detector, a pure function of the history (`evaluate(history, now)`), unless the
   agent cannot see that trouble from inside (its own death: agent_down has `detector=None`);
-- the collectors it judges (so `hybridmon check` can say why it skipped it) and how much history
-  it reads.
+- the collectors it judges (so `hybridmon check` can say why it skipped it), how much history
+  it reads, its rule group (rules/groups.py), and the synthetic host of the test suite that raises
+  its alerts, or why there is none.
 
 Its tests are one module, tests/alerts/test_<section>.py: its detector's tests and its rule's
 promtool cases (`promtool_cases`), inputs just past and just inside each threshold, which
 `python -m tests.rules.generate` writes to rules/tests/. The agent never loads them.
 
 A family added after a release gives its settings defaults, so thresholds files copied from the
-release before still load. The catalogue (catalogue.py) lists the families once; the agent,
-`check`, the rule generator and the tests iterate it.
+release before still load. The catalogue (catalogue.py) finds the families, every module of this
+package; the agent, `check`, the rule generator and the tests iterate what it found.
 """
 from __future__ import annotations
 

@@ -23,13 +23,16 @@ from tests.support.detector_history import (
     T0,
     THRESHOLDS,
     VLLM_ENDPOINT,
+    VLLM_ON_GPU0,
     Trace,
     alertnames,
     assert_says_its_rules_words,
     bench_rows,
     gpu_rows,
+    gpus_over_time,
     inference_rows,
     only,
+    servers_over_time,
 )
 from tests.support.promtool_cases import GPU0, GPU1, Test, above, firing, not_yet
 from tests.support.promtool_inputs import (
@@ -70,38 +73,12 @@ def kv_trace(**server) -> tuple[Trace, float]:
     return trace, trace.run(T0, T0 + 300, STEP, **collectors)
 
 
-def gpus(h2d: dict[str, float], processes: dict[str, dict[str, tuple[str, float]]]):
-    """Collector rows for GPUs "0", "1", ...: host->device bytes/s and the processes on each."""
-    def rows(t):
-        found = []
-        for index, traffic in h2d.items():
-            found += gpu_rows(index, f"GPU-{index}", h2d=traffic, d2h=1e8,
-                              processes=processes.get(index, {}))
-        return found
-    return rows
-
-
-def servers(*specs: dict):
-    """Inference rows: each spec gives pid, tokens (per second), loads (bytes/s) and endpoint."""
-    def rows(t):
-        found = []
-        for spec in specs:
-            loads = spec.get("loads")
-            found += inference_rows(
-                pid=spec["pid"], endpoint=spec.get("endpoint", VLLM_ENDPOINT),
-                server=spec.get("server", "vllm"), model=spec.get("model", "llama-3-8b"),
-                generated_tokens=spec["tokens"] * (t - T0),
-                offload_load_bytes=None if loads is None else loads * (t - T0))
-        return found
-    return rows
-
-VLLM_ON_GPU0 = {"0": {"4242": ("python3", 20 * GIB)}}
 
 
 def loading_trace(loads: float, h2d: float):
     trace = Trace()
-    now = trace.run(T0, T0 + 120, gpu=gpus({"0": h2d}, VLLM_ON_GPU0),
-                    inference=servers({"pid": "4242", "tokens": 500, "loads": loads}))
+    now = trace.run(T0, T0 + 120, gpu=gpus_over_time({"0": h2d}, VLLM_ON_GPU0),
+                    inference=servers_over_time({"pid": "4242", "tokens": 500, "loads": loads}))
     return trace, now
 
 

@@ -17,12 +17,13 @@ from tests.support.detector_history import (
     T0,
     THRESHOLDS,
     VLLM_ENDPOINT,
+    VLLM_ON_GPU0,
     Trace,
     alertnames,
     assert_says_its_rules_words,
-    gpu_rows,
-    inference_rows,
+    gpus_over_time,
     only,
+    servers_over_time,
 )
 from tests.support.promtool_cases import GPU0, GPU1, GPU2, GPU3, Test, firing, not_yet
 from tests.support.promtool_inputs import (
@@ -41,31 +42,6 @@ WEIGHTS = THRESHOLDS.weight_offload
 SECOND_ENDPOINT = "http://127.0.0.1:8001/metrics"
 
 
-def gpus(h2d: dict[str, float], processes: dict[str, dict[str, tuple[str, float]]]):
-    """Collector rows for GPUs "0", "1", ...: host->device bytes/s and the processes on each."""
-    def rows(t):
-        found = []
-        for index, traffic in h2d.items():
-            found += gpu_rows(index, f"GPU-{index}", h2d=traffic, d2h=1e8,
-                              processes=processes.get(index, {}))
-        return found
-    return rows
-
-
-def servers(*specs: dict):
-    """Inference rows: each spec gives pid, tokens (per second), loads (bytes/s) and endpoint."""
-    def rows(t):
-        found = []
-        for spec in specs:
-            loads = spec.get("loads")
-            found += inference_rows(
-                pid=spec["pid"], endpoint=spec.get("endpoint", VLLM_ENDPOINT),
-                server=spec.get("server", "vllm"), model=spec.get("model", "llama-3-8b"),
-                generated_tokens=spec["tokens"] * (t - T0),
-                offload_load_bytes=None if loads is None else loads * (t - T0))
-        return found
-    return rows
-
 
 def trees(roots: dict[str, str]):
     return lambda t: [(process_metrics.TREE_ROOT, 1, pid, "python3", root) for pid, root in roots.items()]
@@ -75,12 +51,11 @@ def weights_trace(h2d, processes, *specs, roots=None):
     """Every pid watched, each the root of its own tree unless `roots` says otherwise."""
     trace = Trace()
     pids = {spec["pid"] for spec in specs if spec["pid"]} | {pid for on in processes.values() for pid in on}
-    collectors = {"gpu": gpus(h2d, processes), "inference": servers(*specs),
+    collectors = {"gpu": gpus_over_time(h2d, processes), "inference": servers_over_time(*specs),
                   "process": trees({**{pid: pid for pid in pids}, **(roots or {})})}
     now = trace.run(T0, T0 + 120, **collectors)
     return WeightOffloadDetector(WEIGHTS).evaluate(trace.history, now)
 
-VLLM_ON_GPU0 = {"0": {"4242": ("python3", 20 * GIB)}}
 
 
 def test_weights_crossing_every_step_fire_with_bytes_per_token():
@@ -148,8 +123,8 @@ def test_a_server_on_no_gpu_the_agent_sees_is_not_judged():
     assert weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "", "tokens": 120}) == []
     # a pid the process collector does not watch (no tree info)
     trace = Trace()
-    now = trace.run(T0, T0 + 120, gpu=gpus({"0": 20e9}, VLLM_ON_GPU0),
-                    inference=servers({"pid": "4242", "tokens": 120}))
+    now = trace.run(T0, T0 + 120, gpu=gpus_over_time({"0": 20e9}, VLLM_ON_GPU0),
+                    inference=servers_over_time({"pid": "4242", "tokens": 120}))
     assert WeightOffloadDetector(WEIGHTS).evaluate(trace.history, now) == []
 
 

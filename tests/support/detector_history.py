@@ -232,3 +232,34 @@ def assert_says_its_rules_words(finding) -> None:
     rendered = expected_text(rule.description, finding.values)
     note = finding.details.get("agent_note")
     assert finding.description == (f"{rendered} {note}" if note else rendered), finding.alertname
+
+
+# vLLM (pid 4242) holding 20 GiB of GPU 0, as gpus_over_time takes its processes.
+VLLM_ON_GPU0 = {"0": {"4242": ("python3", 20 * GIB)}}
+
+
+def gpus_over_time(h2d: dict[str, float], processes: dict[str, dict[str, tuple[str, float]]]):
+    """gpu collector rows at t for GPUs "0", "1", ...: host->device bytes/s and the processes on each."""
+    def rows(t):
+        found = []
+        for index, traffic in h2d.items():
+            found += gpu_rows(index, f"GPU-{index}", h2d=traffic, d2h=1e8,
+                              processes=processes.get(index, {}))
+        return found
+    return rows
+
+
+def servers_over_time(*specs: dict):
+    """inference collector rows at t: each spec gives pid, tokens (per second), loads (bytes/s),
+    endpoint, server and model."""
+    def rows(t):
+        found = []
+        for spec in specs:
+            loads = spec.get("loads")
+            found += inference_rows(
+                pid=spec["pid"], endpoint=spec.get("endpoint", VLLM_ENDPOINT),
+                server=spec.get("server", "vllm"), model=spec.get("model", "llama-3-8b"),
+                generated_tokens=spec["tokens"] * (t - T0),
+                offload_load_bytes=None if loads is None else loads * (t - T0))
+        return found
+    return rows
