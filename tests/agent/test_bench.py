@@ -25,6 +25,10 @@ from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
 from tests.support.bench_helpers import BENCH_FIXTURES, calls, fake_binary
 from tests.support.paths import FIXTURE_HOST
 from tests.support.fake_nvml import GIB, FakeNvml, default_gpus
+from hybridmon.exporters.bench_report import ReportError, parse_error, parse_progress, parse_report
+from tests.support.bench_helpers import stored_run_text
+from tests.support.parser_properties import ParserRow, read
+from tests.support.paths import FIXTURES
 
 SYSFS = str(FIXTURE_HOST / "sys")
 GEN4_X16 = theoretical_capacity(4, 16)
@@ -470,3 +474,16 @@ def test_without_nvml_the_run_goes_ahead_and_is_stored_as_contended(tmp_path):
     record = bench.run_gpu(0)
     assert "cannot be told" in record["contended"]
     assert len(calls(tmp_path)) == 2  # local and remote placements ran
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+_PROGRESS_LINE = ('{"progress": {"step": 3, "steps": 20, "direction": "h2d", "memory": "pinned", '
+                  '"bytes": 2097152}}')
+PARSER_ROWS = [
+    ParserRow(parse_report, read(FIXTURES / "bench/report-gen4-local.json"), ReportError),
+    ParserRow(parse_error, read(FIXTURES / "bench/error-no-device.json"), ReportError),
+    # Anything that is not a progress line (a driver warning) is None, so it refuses nothing.
+    ParserRow(parse_progress, (_PROGRESS_LINE,), ReportError),
+    ParserRow(parse_stored_run, (stored_run_text(),), ReportError),
+]

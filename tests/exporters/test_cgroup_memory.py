@@ -14,6 +14,11 @@ from hybridmon.exporters.cgroup_memory import (CGROUP_MEMORY_HEADROOM, CGROUP_ME
 from hybridmon.exporters.base import ParseError
 from hybridmon.exporters.process import ProcessCollector
 from hybridmon.exporters.sources import LiveSource
+import functools
+
+from hybridmon.exporters.cgroup_memory import (parse_inactive_file)
+from tests.support.parser_properties import ParserRow, read
+from tests.support.paths import FIXTURES
 
 GIB = 2 ** 30
 # Shapes from a kubelet's cgroup v2 tree (cgroupDriver systemd) and a Debian 12 host with the
@@ -144,3 +149,15 @@ def test_a_real_memory_cgroup_is_read_through_the_collector():
                 break
             except OSError:
                 time.sleep(0.1)
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+PARSER_ROWS = [
+    ParserRow(parse_memory_mounts, read(FIXTURES / "cgroup/mountinfo-hybrid")),
+    ParserRow(parse_process_cgroups, read(FIXTURES / "cgroup/cgroup-hybrid")),
+    # limits only: "max" and v1's PAGE_COUNTER_MAX read as None (no limit), tested above
+    ParserRow(parse_limit, ("268435456\n", "17179869184\n")),
+    ParserRow(parse_inactive_file, read(FIXTURES / "cgroup/memory.stat-v1"),
+              call=functools.partial(parse_inactive_file, version=1)),
+]

@@ -19,6 +19,7 @@ from hybridmon.exporters.host_memory import (
     reclaim_pages,
 )
 from tests.support.paths import FIXTURE_HOST
+from tests.support.parser_properties import ParserRow, read
 
 GIB = 1024**3
 KIB = 1024
@@ -449,3 +450,14 @@ def test_whole_text_matching_reads_what_line_by_line_reads(pieces, newline):
         except ParseError:
             got = "ParseError"
         assert got == _line_by_line(text, pattern, meminfo)
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+PARSER_ROWS = [
+    ParserRow(parse_vmstat, read(FIXTURE_HOST / "proc/vmstat")),
+    ParserRow(parse_meminfo, read(FIXTURE_HOST / "proc/meminfo")),
+    ParserRow(parse_selected_mode, read(FIXTURE_HOST / "sys/kernel/mm/transparent_hugepage/enabled",
+                                        FIXTURE_HOST / "sys/kernel/mm/transparent_hugepage/defrag")),
+    ParserRow(parse_sysctl_int, read(FIXTURE_HOST / "proc/sys/vm/swappiness")),
+]

@@ -34,6 +34,10 @@ from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.support.paths import FIXTURE_HOST, FIXTURES
 from tests.support.fake_inference_server import FakeInferenceServer
 from tests.support.parser_properties import texts_like
+import functools
+
+from hybridmon.exporters.inference_formats import parse_with_prometheus_client
+from tests.support.parser_properties import ParserRow, read
 
 INFERENCE = FIXTURES / "inference"
 LLAMA_3 = "meta-llama/Meta-Llama-3-8B-Instruct"
@@ -812,3 +816,18 @@ def test_fetch_names_network_failures():
     started = time.monotonic()
     assert fetch("http://name.invalid:1/metrics", 0.5, 1024)["error"] in ("connection", "timeout")
     assert time.monotonic() - started < 1.5
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+_BODIES = read(FIXTURES / "inference/vllm-v1-names.1.prom", FIXTURES / "inference/llamacpp.1.prom",
+               FIXTURES / "inference/tgi.1.prom")
+PARSER_ROWS = [
+    ParserRow(parse_prometheus, _BODIES),
+    # parse_prometheus's fallback for bodies its fast path does not read (and the tests' reference)
+    ParserRow(parse_with_prometheus_client, _BODIES),
+    ParserRow(parse_ollama_ps, read(FIXTURES / "inference/ollama-ps.1.json")),
+    # The fixture was written on (and the addresses are words of) a little-endian host.
+    ParserRow(parse_proc_net_tcp, read(FIXTURE_HOST / "proc/4242/net/tcp", FIXTURE_HOST / "proc/4242/net/tcp6"),
+              call=functools.partial(parse_proc_net_tcp, byteorder="little")),
+]

@@ -21,6 +21,8 @@ from hybridmon.exporters.numa import (
 from hybridmon.exporters.process import ProcessCollector
 from hybridmon.exporters.procfs import parse_cpu_list
 from tests.support.paths import FIXTURE_HOST
+from hybridmon.exporters.numa import parse_task_stat
+from tests.support.parser_properties import ParserRow, read
 
 KIB = 1024
 REPO = Path(__file__).resolve().parents[2]
@@ -473,3 +475,16 @@ def test_process_numa_record_then_replay_counts_cpu_time_alike(host_copy):
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
     assert sum(value for name, _, value in recorded if name.endswith("cpu_seconds_on_node_total")) > 0
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+_NODES = FIXTURE_HOST / "sys/devices/system/node"
+PARSER_ROWS = [
+    ParserRow(parse_node_meminfo, read(_NODES / "node0/meminfo")),
+    ParserRow(parse_numastat, read(_NODES / "node1/numastat")),
+    ParserRow(parse_numa_maps, read(FIXTURE_HOST / "proc/4242/numa_maps", FIXTURE_HOST / "proc/5151/numa_maps")),
+    ParserRow(parse_cpu_list, ("0-3,8,10-11\n",) + read(_NODES / "node1/cpulist", _NODES / "online")),
+    # a thread's stat has the process stat's layout (proc(5)): the fixture's stat is a real sample
+    ParserRow(parse_task_stat, read(FIXTURE_HOST / "proc/4242/stat", FIXTURE_HOST / "proc/5151/stat")),
+]

@@ -18,6 +18,7 @@ from hybridmon.exporters.nvml import (MIN_NVIDIA_ML_PY, GpuLostError,
 from tests.support import fake_nvml
 from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, XORG_PID, FakeClock, FakeNvml,
                                      FakeProcess, mig_gpu, real_nvml_library_loads)
+from tests.support.parser_properties import ParserRow
 
 
 @pytest.fixture
@@ -515,3 +516,8 @@ def test_process_list_fallback_and_missing_functions_record_and_replay():
     replay = Nvml(source, None)
     assert [(replay.processes(0), replay.numa_node(0)) for _ in range(2)] == answers
 
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+# A reader under the parsers' contract, though not named parse_*.
+PARSER_ROWS = [ParserRow(normalize_pci_bus_id, ("00000000:17:00.0", "00000000:CA:00.0", "00010000:01:00.0"))]

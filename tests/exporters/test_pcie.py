@@ -29,6 +29,7 @@ from hybridmon.exporters.pcie import (
 )
 from tests.support.aer_texts import OLD_KERNEL_AER, UNNAMED_BIT_AER
 from tests.support.paths import FIXTURE_HOST
+from tests.support.parser_properties import ParserRow, read
 
 GPU0, AUDIO0, GPU1, HOST_BRIDGE = "0000:17:00.0", "0000:17:00.1", "0000:ca:00.0", "0000:00:00.0"
 DEVICES = FIXTURE_HOST / "sys" / "bus" / "pci" / "devices"
@@ -728,3 +729,17 @@ def test_failed_rediscovery_keeps_the_known_devices(fixture_sysfs, live_source, 
             assert as_dict(collector.collect()) == EXPECTED_FIXTURE_SAMPLES
     assert caplog.messages == ["pcie: cannot list NVIDIA PCI functions (OSError: [Errno 24] Too "
                                "many open files); keeping the devices found before"]
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+_GPU0 = FIXTURE_HOST / "sys/bus/pci/devices/0000:17:00.0"
+_GPU1 = FIXTURE_HOST / "sys/bus/pci/devices/0000:ca:00.0"
+PARSER_ROWS = [
+    ParserRow(parse_link_speed, read(_GPU0 / "current_link_speed", _GPU1 / "current_link_speed")),
+    ParserRow(parse_link_width, read(_GPU0 / "current_link_width", _GPU1 / "current_link_width")),
+    ParserRow(parse_hex_id, read(_GPU0 / "vendor", _GPU0 / "device", _GPU0 / "class")),
+    ParserRow(parse_numa_node, read(_GPU0 / "numa_node", _GPU1 / "numa_node")),
+    ParserRow(parse_aer_counters, read(_GPU0 / "aer_dev_correctable", _GPU0 / "aer_dev_nonfatal",
+                                       _GPU0 / "aer_dev_fatal") + (OLD_KERNEL_AER, UNNAMED_BIT_AER)),
+]

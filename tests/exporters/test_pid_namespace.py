@@ -13,6 +13,7 @@ from hybridmon.exporters.pid_namespace import PidView, parse_nspid_depth, pid_vi
 from hybridmon.exporters.process import ProcessCollector
 from hybridmon.exporters.sources import LiveSource, ReplaySource
 from tests.support.paths import FIXTURE_HOST
+from tests.support.parser_properties import ParserRow, read
 
 # The fixture tree's llama-server: in a container without the host's pids, 5151 is some process of
 # the container's own, not the one NVML means by host pid 5151.
@@ -101,3 +102,8 @@ def test_this_machines_proc_and_a_real_new_pid_namespace():
         pytest.skip(f"cannot create a pid namespace here: {inside.stderr.strip()[:200]}")
     assert inside.returncode == 0, inside.stderr
     assert inside.stdout.strip() == "container"
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+PARSER_ROWS = [ParserRow(parse_nspid_depth, read(FIXTURE_HOST / "proc/4242/status") + ("NSpid:\t81234\t7\n",))]

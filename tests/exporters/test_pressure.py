@@ -12,6 +12,7 @@ from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.pressure import PressureCollector, PressureStall, parse_pressure
 from tests.support.paths import FIXTURE_HOST
 from tests.support.parser_properties import each_number_made_huge
+from tests.support.parser_properties import ParserRow, read
 
 RESOURCES = ("memory", "io", "cpu")
 STALLED = "hybridmon_pressure_stalled_seconds_total"
@@ -197,3 +198,9 @@ def test_parse_pressure_round_trip(lines: list) -> None:
     assert list(parsed) == list(scopes)
     for scope, (a, b, c, t) in zip(scopes, lines):
         assert parsed[scope] == PressureStall(float(a), float(b), float(c), t)
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+PARSER_ROWS = [ParserRow(parse_pressure, read(FIXTURE_HOST / "proc/pressure/memory",
+                                               FIXTURE_HOST / "proc/pressure/io", FIXTURE_HOST / "proc/pressure/cpu"))]

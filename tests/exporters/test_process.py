@@ -26,6 +26,8 @@ from hybridmon.exporters.process_cmdline import (ProcessIdentity, arguments_of, 
                                        redact)
 from hybridmon.exporters.procfs import ProcessStatus, parse_proc_status
 from tests.support.paths import FIXTURE_HOST
+from hybridmon.exporters.process import parse_memlock_limit
+from tests.support.parser_properties import ParserRow, read
 
 KIB = 1024
 VLLM_STAT = (FIXTURE_HOST / "proc/4242/stat").read_text()
@@ -718,3 +720,13 @@ def test_a_child_of_a_watched_server_is_tied_to_it(procfs_copy):
     samples = fixture_collector(LiveSource(), procfs_copy).collect()
     roots = {s.label_values[0]: s.label_values[2] for s in samples.find(TREE_ROOT.name)}
     assert roots == {"4242": "4242", "5151": "4242"}
+
+
+# This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
+# (which holds every parse_* of exporters/ to its one promised error).
+PARSER_ROWS = [
+    ParserRow(parse_proc_status, read(FIXTURE_HOST / "proc/4242/status")),
+    ParserRow(parse_proc_stat, read(FIXTURE_HOST / "proc/4242/stat")),
+    ParserRow(parse_boot_time, read(FIXTURE_HOST / "proc/stat")),
+    ParserRow(parse_memlock_limit, read(FIXTURE_HOST / "proc/4242/limits")),
+]

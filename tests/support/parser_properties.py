@@ -1,14 +1,42 @@
 """Property-test helpers shared by the parser tests: texts to feed a parser, and the check that it
 raises nothing but the one error it promises on them (ParseError for the `parse_*` of exporters/,
-ReportError for the benchmark readers). tests/exporters/test_parsers_robustness.py holds every one to it."""
+ReportError for the benchmark readers). tests/exporters/test_parsers_robustness.py holds every one to it,
+each on the realistic samples of its ParserRow: the test module of the parser's collector lists its
+rows as PARSER_ROWS."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from hypothesis import strategies as st
 
 from hybridmon.exporters.base import ParseError
+
+@dataclass(frozen=True)
+class ParserRow:
+    """One parser, the real texts it reads, and how a test calls it on a text."""
+
+    function: Callable[..., Any]
+    samples: tuple[str, ...]
+    refusal: type[Exception] = ParseError
+    """The one error its docstring promises for text it cannot read."""
+    call: Callable[[str], Any] | None = None
+    """For a parser with more arguments than the text: the text in, the other arguments fixed."""
+
+    def parse(self, text: str) -> Any:
+        return (self.call or self.function)(text)
+
+    @property
+    def id(self) -> str:
+        return f"{self.function.__module__.rsplit('.', 1)[-1]}.{self.function.__name__}"
+
+
+def read(*paths: Path) -> tuple[str, ...]:
+    """The texts of real files (fixture trees), as a ParserRow's samples."""
+    return tuple(path.read_text() for path in paths)
+
 
 # Python refuses to convert more digits than this to an int (sys.get_int_max_str_digits(), a
 # ValueError), so a parser that hands a digit run to int() unchecked fails beyond it.
