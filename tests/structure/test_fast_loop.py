@@ -10,8 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Each test of the small suite checks a part of the plugin from inside: the marker is registered,
+# a marked test and an integration test carry it (so --fast leaves both out).
 SUITE = {
-    "tests/unit/test_quick.py": "def test_quick():\n    assert 1 + 1 == 2\n",
+    "tests/unit/test_quick.py": (
+        "def test_quick(request):\n"
+        "    assert any(line.startswith('slow:') for line in request.config.getini('markers'))\n"
+        "    assert request.node.get_closest_marker('slow') is None\n"),
     "tests/unit/test_spawns.py": (
         "import subprocess, sys\n\n"
         "def test_spawns():\n    subprocess.run([sys.executable, '-c', 'pass'], check=True)\n"),
@@ -19,8 +24,12 @@ SUITE = {
         "import socket\n\n"
         "def test_listens():\n    with socket.socket() as server:\n"
         "        server.bind(('127.0.0.1', 0))\n        server.listen()\n"),
-    "tests/unit/test_marked.py": "import pytest\n\n@pytest.mark.slow\ndef test_marked():\n    assert True\n",
-    "tests/integration/test_whole.py": "def test_whole():\n    assert True\n",
+    "tests/unit/test_marked.py": (
+        "import pytest\n\n@pytest.mark.slow\ndef test_marked(request):\n"
+        "    assert request.node.get_closest_marker('slow') is not None\n"),
+    "tests/integration/test_whole.py": (
+        "def test_whole(request):\n"
+        "    assert request.node.get_closest_marker('slow') is not None  # marked by where it lives\n"),
 }
 PLUGIN = ("-p", "tests.support.fast_loop", "-p", "no:cacheprovider")
 
