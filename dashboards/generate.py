@@ -26,6 +26,7 @@ except ModuleNotFoundError as missing:  # a test extra: an agent installed with 
 from hybridmon.agent.alerts.catalogue import Thresholds
 from hybridmon.dashboards import JSON_DIR, gpu, host
 from hybridmon.dashboards.common import DEFAULT_RUNBOOK_BASE_URL
+from hybridmon import generated
 from hybridmon.rules import generate as rules_generate
 
 BUILDERS = {host.UID: host.build, gpu.UID: gpu.build}
@@ -41,7 +42,7 @@ def render(thresholds: Thresholds, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_
 def check(output_dir: Path, files: dict[str, str]) -> list[str]:
     """Unified diffs of every file that differs from what is on disk, and stale extra files."""
     extra = sorted(p.name for p in output_dir.glob("*.json") if p.name not in files) if output_dir.is_dir() else []
-    return rules_generate.check(output_dir, files) + [f"{name}: not generated any more (delete it)\n" for name in extra]
+    return generated.check(output_dir, files) + [f"{name}: not generated any more (delete it)\n" for name in extra]
 
 
 def write(output_dir: Path, files: dict[str, str]) -> None:

@@ -27,7 +27,7 @@ except ModuleNotFoundError as missing:  # a test extra: an agent installed with 
 
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import ThresholdsError, load_thresholds
-from hybridmon.generated import check, check_or_write, write  # noqa: F401 (the other generators' too)
+from hybridmon.generated import check_or_write
 from hybridmon.rules.model import Group
 
 RULES_DIR = Path(__file__).resolve().parent

@@ -19,7 +19,8 @@ except ModuleNotFoundError as missing:  # a test extra: an agent installed with 
     raise SystemExit(f"python -m deploy.kubernetes.generate_prometheusrule needs PyYAML ({missing}): "
                      ".venv/bin/pip install -e '.[test]' (what ./scripts/test does)") from None
 
-from hybridmon.rules.generate import RULES_DIR, RULES_FILE, check_or_write, dump, write
+from hybridmon.generated import check_or_write, write
+from hybridmon.rules.generate import RULES_DIR, RULES_FILE, dump
 
 KUBERNETES_DIR = Path(__file__).resolve().parent
 OUTPUT_FILE = "prometheusrule.yaml"

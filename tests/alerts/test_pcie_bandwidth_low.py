@@ -8,6 +8,8 @@ import pytest
 
 from hybridmon.agent.alerts import pcie_bandwidth_low
 from tests.support.detector_history import (
+    GEN4_X16,
+    HISTORY_GPU0,
     T0,
     THRESHOLDS,
     Trace,
@@ -17,11 +19,6 @@ from tests.support.detector_history import (
 )
 from tests.support.promtool_cases import GPU0, GPU1, GPU2, GPU3, Test
 from tests.support.promtool_inputs import capacity, link, measured
-
-GEN4_X16 = 16 * 1969.2e6
-
-# The GPU the detector histories write (tests/support/detector_history.gpu_rows).
-HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
 
 
 def test_bandwidth_low_fires_on_a_measurement_far_below_the_link():

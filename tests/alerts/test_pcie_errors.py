@@ -10,7 +10,14 @@ from hybridmon.agent.alerts import pcie_errors
 from hybridmon.exporters.gpu import PCIE_REPLAYS
 from hybridmon.exporters.pcie import AER_ERRORS
 from hybridmon.pcie_rates import replay_bound_per_minute
-from tests.support.detector_history import T0, THRESHOLDS, Trace, gpu_rows, pcie_rows
+from tests.support.detector_history import (
+    HISTORY_GPU0,
+    T0,
+    THRESHOLDS,
+    Trace,
+    gpu_rows,
+    pcie_rows,
+)
 from tests.support.promtool_cases import (
     BUS0,
     BUS1,
@@ -23,9 +30,6 @@ from tests.support.promtool_cases import (
     not_yet,
 )
 from tests.support.promtool_inputs import link
-
-# The GPU the detector histories write (tests/support/detector_history.gpu_rows).
-HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
 
 
 def errors():

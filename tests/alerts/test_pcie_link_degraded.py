@@ -8,7 +8,14 @@ import pytest
 
 from hybridmon.agent.alerts import pcie_link_degraded
 from hybridmon.exporters.gpu import UTILIZATION
-from tests.support.detector_history import T0, THRESHOLDS, Trace, gpu_rows
+from tests.support.detector_history import (
+    GEN4_X16,
+    HISTORY_GPU0,
+    T0,
+    THRESHOLDS,
+    Trace,
+    gpu_rows,
+)
 from tests.support.promtool_cases import (
     GPU0,
     GPU1,
@@ -20,11 +27,6 @@ from tests.support.promtool_cases import (
     not_yet,
 )
 from tests.support.promtool_inputs import capacity, link
-
-GEN4_X16 = 16 * 1969.2e6
-
-# The GPU the detector histories write (tests/support/detector_history.gpu_rows).
-HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
 
 
 def degraded():

@@ -24,6 +24,8 @@ from hybridmon.pcie_rates import (
 from hybridmon.rules import pcie as recorded
 from hybridmon.rules.model import Alert
 from tests.support.detector_history import (
+    GEN4_X16,
+    HISTORY_GPU0,
     T0,
     THRESHOLDS,
     Trace,
@@ -50,11 +52,6 @@ from tests.support.promtool_inputs import (
     measured,
     measured_bidirectional,
 )
-
-GEN4_X16 = 16 * 1969.2e6
-
-# The GPU the detector histories write (tests/support/detector_history.gpu_rows).
-HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
 
 
 def starvation():

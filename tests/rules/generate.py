@@ -17,6 +17,7 @@ import importlib
 import sys
 from pathlib import Path
 
+from hybridmon import generated
 from hybridmon.agent.alerts import catalogue
 from hybridmon.rules import generate as rules_generate
 from tests.rules import recording_cases
@@ -54,7 +55,7 @@ def _stale(output_dir: Path, files: dict[str, str]) -> list[str]:
 
 def check(output_dir: Path, files: dict[str, str]) -> list[str]:
     """Diffs of the files that differ, and the generated files no longer produced."""
-    return rules_generate.check(output_dir, files) + [
+    return generated.check(output_dir, files) + [
         f"{name}: generated earlier, no longer produced (delete it)\n" for name in _stale(output_dir, files)]
 
 
@@ -62,7 +63,7 @@ def write(output_dir: Path, files: dict[str, str]) -> None:
     for name in _stale(output_dir, files):
         (output_dir / name).unlink()
         print(f"deleted {output_dir / name} (no longer generated)", file=sys.stderr)
-    rules_generate.write(output_dir, files)
+    generated.write(output_dir, files)
 
 
 def main(argv: list[str] | None = None) -> int:

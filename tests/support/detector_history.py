@@ -234,6 +234,11 @@ def assert_says_its_rules_words(finding) -> None:
     assert finding.description == (f"{rendered} {note}" if note else rendered), finding.alertname
 
 
+# The labels of the GPU gpu_rows writes by default, as a GPU finding carries them.
+HISTORY_GPU0 = {"gpu": "0", "uuid": "GPU-0000"}
+# A Gen4 x16 link's bytes/s per direction, written out (128b/130b at 16 GT/s) rather than read from
+# hybridmon.pcie_rates, so a test that divides by it checks the tables too.
+GEN4_X16 = 16 * 1969.2e6
 # vLLM (pid 4242) holding 20 GiB of GPU 0, as gpus_over_time takes its processes.
 VLLM_ON_GPU0 = {"0": {"4242": ("python3", 20 * GIB)}}
 
