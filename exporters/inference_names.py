@@ -70,6 +70,9 @@ RULES: dict[str, tuple[Rule, ...]] = {
     "vllm": (
         Rule("requests_running", "vllm:num_requests_running"),
         Rule("requests_waiting", "vllm:num_requests_waiting"),
+        # V0 only (vllm/engine/metrics.py, removed with V0): requests whose KV cache was swapped
+        # to the CPU swap space (--swap-space) and comes back over the bus when they resume.
+        Rule("requests_swapped", "vllm:num_requests_swapped"),
         Rule("kv_cache_usage_ratio", "vllm:kv_cache_usage_perc", combine="max"),
         Rule("kv_cache_usage_ratio", "vllm:gpu_cache_usage_perc", combine="max"),  # before v0.10
         Rule("prompt_tokens", "vllm:prompt_tokens_total"),
@@ -85,6 +88,9 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("kv_offload_store_bytes", "vllm:kv_offload_total_bytes_total", labels=_GPU_TO_CPU),
         Rule("kv_offload_load_bytes", "vllm:kv_offload_load_bytes_total"),
         Rule("kv_offload_load_bytes", "vllm:kv_offload_total_bytes_total", labels=_CPU_TO_GPU),
+        # 0.33's HiSparse connector: KV bytes from host storage to its GPU hot buffers
+        # (kv_connector/v1/hisparse/stats.py:112), read only where no offload connector counts.
+        Rule("kv_offload_load_bytes", "vllm:hisparse_host_to_device_bytes_total"),
         Rule("kv_offload_store_seconds", "vllm:kv_offload_store_time_total"),
         Rule("kv_offload_store_seconds", "vllm:kv_offload_total_time_total", labels=_GPU_TO_CPU),
         Rule("kv_offload_load_seconds", "vllm:kv_offload_load_time_total"),
@@ -211,6 +217,10 @@ BY_FIELD = {
         "hybridmon_inference_requests_waiting", "gauge",
         "Requests queued, not yet scheduled (vllm:num_requests_waiting, sglang:num_queue_reqs, "
         "llamacpp:requests_deferred, tgi_queue_size)."),
+    "requests_swapped": _spec(
+        "hybridmon_inference_requests_swapped", "gauge",
+        "Requests whose KV cache sits in the CPU swap space (vllm:num_requests_swapped, vLLM V0 "
+        "with --swap-space): their blocks cross the bus back to the GPU when they resume."),
     "prompt_tokens": _spec(
         "hybridmon_inference_prompt_tokens_total", "counter",
         "Prompt (prefill) tokens processed (vllm:prompt_tokens_total, sglang:prompt_tokens_total, "
@@ -327,7 +337,8 @@ OFFLOAD_BYTES = _spec(
     "KV cache bytes moved by the offload connector, by direction: store = GPU to host, load = host "
     "to GPU (vllm:kv_offload_store_bytes_total / load_bytes_total, before them "
     "vllm:kv_offload_total_bytes_total{transfer_type=GPU_to_CPU|CPU_to_GPU}; SGLang HiCache "
-    "sglang:hicache_backup_bytes_total / load_back_bytes_total, summed over ranks).", "direction")
+    "sglang:hicache_backup_bytes_total / load_back_bytes_total, summed over ranks; vLLM 0.33 "
+    "HiSparse vllm:hisparse_host_to_device_bytes_total as load where no connector counts).", "direction")
 OFFLOAD_DROPPED_TOKENS = _spec(
     "hybridmon_inference_kv_offload_dropped_tokens_total", "counter",
     "GPU KV tokens evicted without a host copy, by reason (sglang:hicache_dropped_tokens_total: "

@@ -32,6 +32,7 @@ class ServerStats:
     model: str
     requests_running: float | None = None
     requests_waiting: float | None = None
+    requests_swapped: float | None = None  # vLLM V0's swap space
     prompt_tokens: float | None = None  # counter
     generated_tokens: float | None = None  # counter
     time_to_first_token: Histogram | None = None

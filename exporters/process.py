@@ -84,6 +84,12 @@ CMDLINE_INFO = MetricSpec("hybridmon_process_cmdline_info",
                           "pwd, auth, credential or cookie; of -p and -k; URL user-info; bearer "
                           "tokens; hf_, sk-, ghp_, AKIA... token shapes), cut to 200 characters.",
                           "gauge", ("pid", "process_name", "cmdline"))
+WEIGHTS_OFFLOAD = MetricSpec(
+    "hybridmon_process_weights_offload_bytes",
+    "Bytes of model weights per GPU that the process's command line keeps in host memory, which "
+    "the GPU reads over the bus in every forward pass: vLLM's and SGLang's --cpu-offload-gb N "
+    "(GiB per GPU). Absent without the option or at 0. The evidence InferenceWeightsCrossingBus "
+    "needs before it names weights as the cause of host-to-device traffic.", "gauge", _PROCESS)
 TREE_ROOT = MetricSpec("hybridmon_process_tree_root_info",
                        "Always 1: root_pid is the watched process at the root of this one's tree of "
                        "watched processes, found by following the parent pid (field 4 of "
@@ -194,7 +200,7 @@ class ProcessCollector:
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
                     CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, CGROUP_MEMORY_LIMIT, CGROUP_MEMORY_HEADROOM,
-                    INFO, CMDLINE_INFO, TREE_ROOT)
+                    INFO, CMDLINE_INFO, WEIGHTS_OFFLOAD, TREE_ROOT)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
@@ -278,6 +284,7 @@ class ProcessCollector:
                 identity = slow.identity
                 samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
                             reason)
+                samples.add(WEIGHTS_OFFLOAD, identity.weights_offload_bytes, pid, stat.comm)
                 if self._export_cmdline:
                     samples.add(CMDLINE_INFO, 1, pid, stat.comm, cmdline_label(cmdline_text))
         for pid, root in sorted(tree_roots(parents).items()):

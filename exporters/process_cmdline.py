@@ -100,6 +100,9 @@ class ProcessIdentity:
     executable: str
     server: str
     model: str
+    # Bytes of model weights per GPU the line keeps in host memory, read over the bus by every
+    # forward pass (weight_offload_bytes()); None where it sets none.
+    weights_offload_bytes: float | None = None
 
 
 def arguments_of(raw: str) -> list[str]:
@@ -128,7 +131,28 @@ def identify(arguments: list[str]) -> ProcessIdentity:
     line = " ".join(arguments)
     server = next((family for family, pattern in _SERVER_FAMILIES if pattern.search(line)), "")
     model = find_model(arguments, _MODEL_OPTIONS[server])
-    return ProcessIdentity(executable, server, readable_model(model) if model else "")
+    return ProcessIdentity(executable, server, readable_model(model) if model else "",
+                           weight_offload_bytes(arguments) if server in _WEIGHT_OFFLOAD_SERVERS else None)
+
+
+# vLLM and SGLang take --cpu-offload-gb N: "the space in GiB to offload to CPU, per GPU" (vLLM's
+# EngineArgs help; vllm/model_executor/models/utils.py set_cpu_offload_max_bytes(N * 1024**3), the
+# same in SGLang's server_args.py and its copy of that helper). The offloaded parameters stay in
+# pinned host memory and the GPU reads them through UVA "on the fly in each model forward pass".
+_WEIGHT_OFFLOAD_SERVERS = frozenset({"vllm", "sglang"})
+_WEIGHT_OFFLOAD_OPTIONS = ("--cpu-offload-gb",)
+GIB = 1024 ** 3
+
+
+def weight_offload_bytes(arguments: list[str]) -> float | None:
+    """Bytes of weights per GPU that --cpu-offload-gb keeps in host memory; None when the option
+    is absent, zero (its default: no offload) or not a finite non-negative number."""
+    value = option_value(arguments, _WEIGHT_OFFLOAD_OPTIONS)
+    try:
+        gib = float(value) if value is not None else 0.0
+    except ValueError:
+        return None
+    return gib * GIB if 0.0 < gib < float("inf") else None
 
 
 def find_model(arguments: list[str], options: ModelOptions) -> str | None:

@@ -95,12 +95,28 @@ def test_vllm_v1_names_are_read():
     assert (stats.inter_token_latency.sum, stats.inter_token_latency.count) == (6802.0, 179000)
 
 
+def test_vllm_hisparse_host_to_device_bytes_are_kv_loads_where_no_connector_counts():
+    """vLLM 0.33's HiSparse connector counts the KV bytes it copies from host storage to its GPU
+    hot buffers (kv_connector/v1/hisparse/stats.py:112; labels model_name and engine, HELP as
+    docs/server-metric-names/vllm-0.33.0.txt lists it); a connector's own counter wins."""
+    hisparse = ('# HELP vllm:hisparse_host_to_device_bytes_total Bytes transferred from host KV storage to '
+                'HiSparse hot buffers.\n# TYPE vllm:hisparse_host_to_device_bytes_total counter\n'
+                f'vllm:hisparse_host_to_device_bytes_total{{engine="0",model_name="{LLAMA_3}"}} 7.5e+09\n')
+    (stats,) = interpret(ok("u", body("vllm-v1-names.1.prom") + hisparse), None).stats
+    assert stats.kv_offload_load_bytes == 40e9          # the offload connector's own
+    without_connector = "".join(line + "\n" for line in body("vllm-v1-names.1.prom").splitlines()
+                                if "kv_offload" not in line)
+    (stats,) = interpret(ok("u", without_connector + hisparse), None).stats
+    assert stats.kv_offload_load_bytes == 7.5e9
+
+
 def test_vllm_v0_names_are_read_into_the_same_fields():
     (stats,) = interpret(ok("u", body("vllm-v0-names.1.prom")), None).stats
     assert (stats.server, stats.model) == ("vllm", QWEN_7B)
     assert scalars(stats) == {
         "requests_running": 5, "requests_waiting": 0, "kv_cache_usage_ratio": 0.31,
         "prefix_cache_hit_ratio": 0.12, "preemptions": 0, "prompt_tokens": 50000, "generated_tokens": 40000,
+        "requests_swapped": 0,
     }
     assert (stats.time_to_first_token.sum, stats.time_to_first_token.count) == (12.4, 200)
     # time_per_output_token_seconds stands in for inter_token_latency_seconds

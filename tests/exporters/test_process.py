@@ -337,6 +337,22 @@ def test_identity_names_executable_server_and_model_without_the_line(raw, identi
     assert identify(arguments_of(raw)) == ProcessIdentity(*identity)
 
 
+@pytest.mark.parametrize("raw, offloaded", [
+    # vLLM and SGLang: --cpu-offload-gb N, GiB per GPU (EngineArgs / ServerArgs; both pass
+    # N * 1024**3 to set_cpu_offload_max_bytes), written either way argparse accepts
+    (argv("vllm", "serve", "meta-llama/Llama-3.1-70B", "--cpu-offload-gb", "12"), 12 * 1024 ** 3),
+    (argv("python3", "-m", "sglang.launch_server", "--model-path", "m", "--cpu-offload-gb=2.5"), 2.5 * 1024 ** 3),
+    (argv("vllm", "serve", "m", "--cpu-offload-gb", "4", "--cpu-offload-gb", "0"), None),  # the last wins: off
+    (argv("vllm", "serve", "m", "--cpu-offload-gb", "lots"), None),   # argparse would have refused it
+    (argv("vllm", "serve", "m", "--cpu-offload-gb", "inf"), None),
+    (argv("vllm", "serve", "m", "--kv-offloading-size", "64"), None),  # KV, not weights
+    # another program's option of the same name is not a server's evidence
+    (argv("python3", "train.py", "--cpu-offload-gb", "12"), None),
+])
+def test_weight_offload_is_read_from_the_servers_own_option(raw, offloaded):
+    assert identify(arguments_of(raw)).weights_offload_bytes == offloaded
+
+
 def test_every_default_cmdline_pattern_is_a_known_server_family():
     """What the default patterns find, identify() names: one family each, from SERVERS."""
     from hybridmon.exporters.process import DEFAULT_CMDLINE_PATTERNS
