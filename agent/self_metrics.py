@@ -49,7 +49,19 @@ FINDING_THRESHOLD = MetricSpec("hybridmon_finding_threshold", "The threshold eac
 DETECTOR_ERRORS = MetricSpec("hybridmon_detector_errors_total", "Evaluations in which the detector raised; its findings keep their state meanwhile.", "counter", ("detector",))
 DETECTOR_EVALUATIONS = MetricSpec("hybridmon_detector_evaluations_total", "Evaluations of all detectors since the agent started.", "counter")
 DETECTOR_DURATION = MetricSpec("hybridmon_detector_evaluation_duration_seconds", "Wall time of the last evaluation of all detectors.", "gauge")
-FINDING_METRICS = (FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD, DETECTOR_ERRORS, DETECTOR_EVALUATIONS, DETECTOR_DURATION)
+# The account of the bus InferenceWeightsCrossingBus keeps (agent/alerts/weight_offload.py).
+BUS_BYTES = MetricSpec(
+    "hybridmon_pcie_bus_bytes_per_second",
+    "Where each GPU's host<->device bytes went over the last minute, as the detectors attribute "
+    "them (NVML's PCIe bytes by direction, split by cause): kv_offload (the KV bytes the servers "
+    "on the GPU report moving: vLLM's offload connector, SGLang's HiCache, vLLM's HiSparse), "
+    "weights (host-resident weights a server's command line configures, --cpu-offload-gb, at most "
+    "what its forward passes read) and unattributed (the rest, never guessed; the status page "
+    "lists what would attribute it). The causes of a direction add up to its traffic. Absent "
+    "before the detectors' first evaluation and with them off.",
+    "gauge", ("gpu", "uuid", "direction", "cause"))
+FINDING_METRICS = (FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD, DETECTOR_ERRORS, DETECTOR_EVALUATIONS,
+                   DETECTOR_DURATION, BUS_BYTES)
 
 # The agent itself, as docs/metrics.md lists it (the findings have their own section there).
 SELF_METRICS = (

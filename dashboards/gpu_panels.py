@@ -11,7 +11,11 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
+from grafana_foundation_sdk.builders import common as common_builders
+from grafana_foundation_sdk.models import common
+
 from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.agent.self_metrics import BUS_BYTES
 from hybridmon.dashboards.common import graph, query, runbook_links, selector, single_stat, value_table
 from hybridmon.exporters import gpu, pcie
 from hybridmon.rules import pcie as recorded
@@ -48,6 +52,28 @@ def traffic_vs_capacity(t: Thresholds, runbooks: str, title: str, width: int = 2
         width=width, links=runbook_links(runbooks, "GpuPcieStarvation"))
     for ref in "BCD":
         panel = panel.override_by_query(ref, [DASHED])
+    return panel
+
+
+def bus_account(runbooks: str, width: int = 24):
+    """Where the bus time goes: each direction's bytes stacked by cause, one stack per direction."""
+    panel = graph(
+        "Where the bus time goes", "Bps",
+        "Each direction's PCIe bytes over the last minute, split by what the agent can attribute "
+        f"them to (InferenceWeightsCrossingBus's account, {BUS_BYTES.name}): "
+        "kv_offload, the KV bytes the servers on the GPU report moving (vLLM's offload connector, "
+        "SGLang's HiCache, vLLM's HiSparse); weights, host-resident weights a server's command line "
+        "configures (--cpu-offload-gb), at most what its forward passes read; unattributed, the "
+        "rest. Unattributed is never called weights: LMCache's CPU tier, vLLM V0's swap space and "
+        "connectors without byte counters move KV silently, and the status page lists which of "
+        "them this GPU's servers show. Each stack adds up to the direction's traffic.",
+        *(query(f"sum by (direction, cause) ({selector(BUS_BYTES.name, matcher)})", "{{direction}}: {{cause}}", ref)
+          for ref, matcher in (("A", 'direction="host_to_device"'), ("B", 'direction="device_to_host"'))),
+        width=width, links=runbook_links(runbooks, "InferenceWeightsCrossingBus"))
+    for ref in "AB":
+        panel = panel.override_by_query(ref, [model.DynamicConfigValue(
+            id_val="custom.stacking",
+            value=common_builders.StackingConfig().mode(common.StackingMode.NORMAL).group(ref).build())])
     return panel
 
 

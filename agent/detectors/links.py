@@ -52,3 +52,25 @@ class LinkShare:
         return (f"NVML counted {human_rate(self.traffic or 0.0)} host to device on GPU "
                 f"{', '.join(self.gpus)} over the same minute: the server's KV loads were "
                 f"{percent(self.of_traffic)} of it (the rest: weights, activations, other processes).")
+
+
+@dataclass(frozen=True)
+class BusAccount:
+    """Where one GPU's host<->device bytes went over the last minute (InferenceWeightsCrossingBus
+    works it out; the status page, /metrics and the GPU dashboard show it). Bytes/s per direction
+    and cause: kv_offload (what the servers on the GPU report moving: connector, HiCache, HiSparse
+    loads and stores), weights (host-resident weights a server's command line configures, at most
+    what its forward passes read: see alerts/weight_offload.py) and unattributed (the rest, never
+    guessed). `leads` say what would attribute the rest: evidence of a mover that publishes no
+    byte counter (LMCache's CPU tier, vLLM's swap space, a connector without counters)."""
+
+    traffic: dict[str, float]                     # direction -> NVML bytes/s
+    causes: dict[str, dict[str, float]]           # direction -> cause -> bytes/s
+    leads: tuple[str, ...] = ()
+
+    def unattributed(self, direction: str) -> float:
+        return self.causes.get(direction, {}).get(UNATTRIBUTED, 0.0)
+
+
+KV_OFFLOAD, WEIGHTS, UNATTRIBUTED = "kv_offload", "weights", "unattributed"
+BUS_CAUSES = (KV_OFFLOAD, WEIGHTS, UNATTRIBUTED)

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from hybridmon.agent.detectors.engine import Engine, FindingState
-from hybridmon.agent.self_metrics import (DETECTOR_DURATION, DETECTOR_ERRORS, DETECTOR_EVALUATIONS, FINDING_ACTIVE,
-                                          FINDING_THRESHOLD, FINDING_VALUE)
+from hybridmon.agent.detectors.links import BusAccount
+from hybridmon.agent.self_metrics import (BUS_BYTES, DETECTOR_DURATION, DETECTOR_ERRORS, DETECTOR_EVALUATIONS,
+                                          FINDING_ACTIVE, FINDING_THRESHOLD, FINDING_VALUE)
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
 
@@ -80,3 +81,11 @@ class FindingsCollector:
         yield CounterMetricFamily(DETECTOR_EVALUATIONS.name, DETECTOR_EVALUATIONS.documentation, value=self._engine.evaluations)
         if self._engine.last_duration_seconds is not None:
             yield GaugeMetricFamily(DETECTOR_DURATION.name, DETECTOR_DURATION.documentation, value=self._engine.last_duration_seconds)
+        accounts: Mapping[tuple[str, ...], BusAccount] = self._engine.figures("weight_offload")
+        if accounts:
+            bus = GaugeMetricFamily(BUS_BYTES.name, BUS_BYTES.documentation, labels=BUS_BYTES.label_names)
+            for (gpu, uuid), account in sorted(accounts.items()):
+                for direction, causes in sorted(account.causes.items()):
+                    for cause, value in sorted(causes.items()):
+                        bus.add_metric([gpu, uuid, direction, cause], value)
+            yield bus

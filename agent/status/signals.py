@@ -13,7 +13,7 @@ from typing import Any
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.common import PROCESS_LABELS
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.detectors.links import HOST_TO_DEVICE, DirectionLoad, LinkShare
+from hybridmon.agent.detectors.links import BUS_CAUSES, HOST_TO_DEVICE, BusAccount, DirectionLoad, LinkShare
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.status.template import Row, card, clock_and_age, key_values, paragraph, table
 from hybridmon.agent.status.trends import Trends, gpu_plots, host_plots, process_plots
@@ -64,7 +64,8 @@ class Decided:
     """What the alert families decided at the engine's last evaluation (Detector.figures), which the
     page shows as they were decided and never works out again: each GPU link's load against its
     capacity (GpuPcieStarvation), each server's KV loads against its GPUs' link
-    (InferenceKvOffloadPressure), each lost GPU's last identity (GpuLost). Empty before the
+    (InferenceKvOffloadPressure), each lost GPU's last identity (GpuLost), where each GPU's bus
+    bytes went (InferenceWeightsCrossingBus's account). Empty before the
     first evaluation and with the detectors off."""
 
     def __init__(self, engine: Engine | None) -> None:
@@ -74,6 +75,7 @@ class Decided:
         self.link_loads: Mapping[tuple[str, ...], dict[str, DirectionLoad]] = figures("pcie_starvation")
         self.kv_shares: Mapping[tuple[str, ...], LinkShare] = figures("kv_offload_pressure")
         self.lost_gpus: Mapping[tuple[str, ...], Labels] = figures("gpu_lost")
+        self.bus: Mapping[tuple[str, ...], BusAccount] = figures("weight_offload")
 
 
 def counter_rates(history: History, latest: LatestValues, metric: str, label_names: tuple[str, ...],
@@ -141,6 +143,7 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues, decided: Decided) -> li
                          f"({percent(load.share)}) over the last minute", False))
         elif (now := traffic.get((*key, direction))) is not None:  # not judged yet: the reading alone
             rows.append((f"PCIe {DIRECTIONS[direction]}", f"{human_rate(now)} now", False))
+    rows += bus_rows(decided.bus.get(key))
     best_generation, best_width = get(gpu_metrics.PCIE_LINK_MAX_GENERATION), get(gpu_metrics.PCIE_LINK_MAX_WIDTH)
     if generation and width:
         best = f" (max {link_name(best_generation, best_width)})" if best_generation and best_width else ""
@@ -151,6 +154,27 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues, decided: Decided) -> li
     node = get(gpu_metrics.NUMA_NODE)  # only where GPU memory is a NUMA node (Grace)
     if node is not None:
         rows.append(("GPU memory NUMA node", f"{node:.0f}", False))
+    return rows
+
+
+CAUSE_NAMES = {"kv_offload": "KV offload", "weights": "weights", "unattributed": "unattributed"}
+
+
+def bus_rows(account: BusAccount | None) -> list[Row]:
+    """Where the bus time goes: each direction's bytes by cause over the last minute, and what
+    would attribute the unattributed part (flagged when it is most of a busy direction)."""
+    if account is None:
+        return []
+    rows: list[Row] = []
+    for direction, traffic in sorted(account.traffic.items()):
+        if traffic <= 0:
+            continue
+        causes = account.causes.get(direction, {})
+        parts = ", ".join(f"{CAUSE_NAMES[cause]} {human_rate(causes[cause])}"
+                          for cause in BUS_CAUSES if causes.get(cause))
+        rows.append((f"Bus {DIRECTIONS[direction]}", f"{human_rate(traffic)}: {parts}", False))
+    if account.leads and any(account.unattributed(direction) > 0 for direction in account.traffic):
+        rows.append(("Unattributed: leads", "; ".join(account.leads), False))
     return rows
 
 

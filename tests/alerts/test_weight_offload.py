@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from hybridmon.agent.alerts.weight_offload import GENERATED_TOKENS, HOST_TO_DEVICE
+from hybridmon.agent.alerts.weight_offload import GENERATED_TOKENS, HOST_TO_DEVICE, RUNNING
+from hybridmon.agent.detectors.links import KV_OFFLOAD, UNATTRIBUTED
+from hybridmon.agent.detectors.links import WEIGHTS as WEIGHTS_CAUSE
 from hybridmon.agent.alerts.weight_offload import Detector as WeightOffloadDetector
 from hybridmon.exporters import process as process_metrics
 from hybridmon.exporters.gpu import PCIE_BYTES
-from hybridmon.exporters.inference_names import OFFLOAD_BYTES
-from hybridmon.exporters.process import TREE_ROOT
+from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
+from hybridmon.exporters.process import TREE_ROOT, WEIGHTS_OFFLOAD
 from tests.support.detector_history import (
     GIB,
     T0,
@@ -43,89 +45,173 @@ SECOND_ENDPOINT = "http://127.0.0.1:8001/metrics"
 
 
 
-def trees(roots: dict[str, str]):
-    return lambda t: [(process_metrics.TREE_ROOT, 1, pid, "python3", root) for pid, root in roots.items()]
+def trees(roots: dict[str, str], offload: dict[str, float]):
+    """The process collector's rows: tree roots, and --cpu-offload-gb's bytes per GPU by pid."""
+    return lambda t: ([(process_metrics.TREE_ROOT, 1, pid, "python3", root) for pid, root in roots.items()]
+                      + [(process_metrics.WEIGHTS_OFFLOAD, offloaded, pid, "python3")
+                         for pid, offloaded in offload.items()])
 
 
-def weights_trace(h2d, processes, *specs, roots=None):
-    """Every pid watched, each the root of its own tree unless `roots` says otherwise."""
+def weights_run(h2d, processes, *specs, roots=None, offload=None, extra=None):
+    """Every pid watched, each the root of its own tree unless `roots` says otherwise; `offload`:
+    pid -> the bytes per GPU its command line keeps on the host. (detector, its findings)."""
     trace = Trace()
     pids = {spec["pid"] for spec in specs if spec["pid"]} | {pid for on in processes.values() for pid in on}
-    collectors = {"gpu": gpus_over_time(h2d, processes), "inference": servers_over_time(*specs),
-                  "process": trees({**{pid: pid for pid in pids}, **(roots or {})})}
+    servers = servers_over_time(*specs)
+    collectors = {"gpu": gpus_over_time(h2d, processes),
+                  "inference": (lambda t: servers(t) + extra(t)) if extra else servers,
+                  "process": trees({**{pid: pid for pid in pids}, **(roots or {})}, offload or {})}
     now = trace.run(T0, T0 + 120, **collectors)
-    return WeightOffloadDetector(WEIGHTS).evaluate(trace.history, now)
+    detector = WeightOffloadDetector(WEIGHTS)
+    return detector, detector.evaluate(trace.history, now)
 
+
+def weights_trace(h2d, processes, *specs, roots=None, offload=None):
+    return weights_run(h2d, processes, *specs, roots=roots, offload=offload)[1]
+
+
+VLLM_OFFLOADS_12_GIB = {"4242": 12 * GIB}
 
 
 def test_weights_crossing_every_step_fire_with_bytes_per_token():
-    # vllm#57771's shape: 120 tokens/s while the GPU takes 20 GB/s from the host
-    findings = weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120})
+    # vllm#57771's shape: 120 tokens/s while the GPU takes 20 GB/s from the host, with 12 GiB of
+    # weights per GPU left on the host: at 8 running requests a token may need 1.6 GB of them
+    findings = weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120},
+                             offload=VLLM_OFFLOADS_12_GIB)
     finding = only(findings, "InferenceWeightsCrossingBus")
     assert finding.labels == {"server": "vllm", "endpoint": VLLM_ENDPOINT, "model": "llama-3-8b"}
     assert finding.value == pytest.approx(20e9 / 120, rel=0.01)
     assert finding.details["gpus"] == "0"
+    assert finding.details["weights_bytes_per_token_at_most"] == pytest.approx(12 * GIB / 8)
     assert "--cpu-offload-gb" in finding.description
     assert_says_its_rules_words(finding)
 
 
+def test_traffic_without_weight_offload_evidence_is_unattributed_never_weights():
+    # the same 20 GB/s at 120 tokens/s, but no --cpu-offload-gb: LMCache's CPU tier, a V0 swap
+    # space or another process could move it; the account says so, the alert stays silent
+    detector, findings = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120})
+    assert findings == []
+    (account,) = detector.figures.values()
+    assert account.causes[HOST_TO_DEVICE][UNATTRIBUTED] == pytest.approx(20e9, rel=0.01)
+    assert account.causes[HOST_TO_DEVICE][WEIGHTS_CAUSE] == 0.0
+
+
+def test_weights_are_claimed_only_up_to_what_the_offloaded_bytes_can_need():
+    # 1 GiB per GPU offloaded, 64 requests running: a step reads 1 GiB for 64 tokens, 16.8 MB a
+    # token, under the 32 MiB bound, though 167 MB a token arrive: the rest is not weights
+    detector, findings = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "running": 64},
+                                     offload={"4242": GIB})
+    assert findings == []
+    (account,) = detector.figures.values()
+    steps_per_second = 120 / 64
+    assert account.causes[HOST_TO_DEVICE][WEIGHTS_CAUSE] == pytest.approx(GIB * steps_per_second, rel=0.02)
+    assert account.causes[HOST_TO_DEVICE][UNATTRIBUTED] == pytest.approx(20e9 - GIB * steps_per_second, rel=0.02)
+    # 4 GiB at 8 running: 537 MB a token at most, so the 167 MB measured are all weights
+    detector, findings = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120},
+                                     offload={"4242": 4 * GIB})
+    assert only(findings, "InferenceWeightsCrossingBus").value == pytest.approx(20e9 / 120, rel=0.01)
+    # 3 GiB at 64 running: 48 MiB a token at most, over 32 MiB though under the 167 MB measured:
+    # fires at the bound
+    findings = weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "running": 64},
+                             offload={"4242": 3 * GIB})
+    assert only(findings, "InferenceWeightsCrossingBus").value == pytest.approx(3 * GIB / 64)
+
+
 def test_kv_loads_the_server_reports_explain_their_traffic():
     # a KV offload connector reloading prefix KV: 19.5 of the 20 GB/s are its own loads
-    findings = weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "loads": 19.5e9})
+    detector, findings = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "loads": 19.5e9},
+                                     offload=VLLM_OFFLOADS_12_GIB)
     assert alertnames(findings) == []
+    (account,) = detector.figures.values()
+    assert account.causes[HOST_TO_DEVICE][KV_OFFLOAD] == pytest.approx(19.5e9, rel=0.01)
+    assert account.causes[HOST_TO_DEVICE][WEIGHTS_CAUSE] == pytest.approx(0.5e9, rel=0.05)
     # ...but loads on another GPU explain nothing here
     findings = weights_trace({"0": 20e9, "1": 20e9},
                              {"0": {"4242": ("python3", 20 * GIB)}, "1": {"5151": ("python3", 20 * GIB)}},
                              {"pid": "4242", "tokens": 120},
-                             {"pid": "5151", "tokens": 120, "loads": 19.5e9, "endpoint": SECOND_ENDPOINT})
+                             {"pid": "5151", "tokens": 120, "loads": 19.5e9, "endpoint": SECOND_ENDPOINT},
+                             offload={"4242": 12 * GIB, "5151": 12 * GIB})
     assert [f.labels["endpoint"] for f in findings] == [VLLM_ENDPOINT]
 
 
 def test_idle_or_quiet_servers_are_silent():
     per_token = WEIGHTS.unexplained_bytes_per_token_above
+    offload = VLLM_OFFLOADS_12_GIB
     # below a token a second (an idle server with a busy link)
-    assert weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 0.5}) == []
+    assert weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 0.5}, offload=offload) == []
     # many bytes per token but too little traffic to matter
-    assert weights_trace({"0": 0.5e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 2}) == []
-    # enough traffic, under the bound per token (llama.cpp partial offload: activations only)
-    assert weights_trace({"0": 2e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 2e9 / per_token * 1.2}) == []
+    assert weights_trace({"0": 0.5e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 2}, offload=offload) == []
+    # enough traffic, under the bound per token
+    assert weights_trace({"0": 2e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 2e9 / per_token * 1.2},
+                         offload=offload) == []
 
 
 def test_tensor_parallel_workers_count_for_the_server_that_listens():
-    # vLLM TP=2: the API server (7000) holds no GPU memory, its workers 7001 and 7002 one GPU each;
-    # each GPU receives its shard of the weights per step: 6 GB/s each at 100 tokens/s in all.
-    findings = weights_trace({"0": 6e9, "1": 6e9},
-                             {"0": {"7001": ("VLLM::Worker", 30 * GIB)}, "1": {"7002": ("VLLM::Worker", 30 * GIB)}},
-                             {"pid": "7000", "tokens": 100},
-                             roots={"7000": "7000", "7001": "7000", "7002": "7000"})
+    # vLLM TP=2: the API server (7000, whose command line has --cpu-offload-gb) holds no GPU
+    # memory, its workers 7001 and 7002 one GPU each; each GPU receives its shard of the weights
+    # per step: 6 GB/s each at 100 tokens/s in all.
+    tp = {"0": {"7001": ("VLLM::Worker", 30 * GIB)}, "1": {"7002": ("VLLM::Worker", 30 * GIB)}}
+    findings = weights_trace({"0": 6e9, "1": 6e9}, tp, {"pid": "7000", "tokens": 100},
+                             roots={"7000": "7000", "7001": "7000", "7002": "7000"}, offload={"7000": 8 * GIB})
     finding = only(findings, "InferenceWeightsCrossingBus")
     assert finding.value == pytest.approx(12e9 / 100, rel=0.01)
     assert finding.details["gpus"] == "0,1"
     # workers whose parent is not watched are roots of their own: the server's GPUs are unknown
-    assert weights_trace({"0": 6e9, "1": 6e9},
-                         {"0": {"7001": ("VLLM::Worker", 30 * GIB)}, "1": {"7002": ("VLLM::Worker", 30 * GIB)}},
-                         {"pid": "7000", "tokens": 100}) == []
+    assert weights_trace({"0": 6e9, "1": 6e9}, tp, {"pid": "7000", "tokens": 100}, offload={"7000": 8 * GIB}) == []
 
 
 def test_servers_sharing_a_gpu_share_its_traffic_per_token():
     both_on_gpu0 = {"0": {"4242": ("python3", 20 * GIB), "5151": ("python3", 20 * GIB)}}
     fast = {"pid": "5151", "tokens": 3000, "endpoint": SECOND_ENDPOINT}
+    offload = {"4242": 12 * GIB, "5151": 12 * GIB}
     # 20 GB/s over 3,100 tokens/s is 6.5 MB a token (20 GB/s / 100 alone would be 200 MB): silent
-    assert weights_trace({"0": 20e9}, both_on_gpu0, {"pid": "4242", "tokens": 100}, fast) == []
+    assert weights_trace({"0": 20e9}, both_on_gpu0, {"pid": "4242", "tokens": 100}, fast, offload=offload) == []
     # 20 GB/s over 500 tokens/s is 40 MB a token: both are named, the traffic is the GPU's
-    findings = weights_trace({"0": 20e9}, both_on_gpu0, {"pid": "4242", "tokens": 100}, {**fast, "tokens": 400})
+    findings = weights_trace({"0": 20e9}, both_on_gpu0, {"pid": "4242", "tokens": 100}, {**fast, "tokens": 400},
+                             offload=offload)
     assert sorted(f.labels["endpoint"] for f in findings) == [VLLM_ENDPOINT, SECOND_ENDPOINT]
     assert all(f.value == pytest.approx(20e9 / 500, rel=0.01) for f in findings)
 
 
 def test_a_server_on_no_gpu_the_agent_sees_is_not_judged():
-    assert weights_trace({"0": 20e9}, {}, {"pid": "4242", "tokens": 120}) == []
-    assert weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "", "tokens": 120}) == []
+    offload = VLLM_OFFLOADS_12_GIB
+    assert weights_trace({"0": 20e9}, {}, {"pid": "4242", "tokens": 120}, offload=offload) == []
+    assert weights_trace({"0": 20e9}, VLLM_ON_GPU0, {"pid": "", "tokens": 120}, offload=offload) == []
     # a pid the process collector does not watch (no tree info)
     trace = Trace()
     now = trace.run(T0, T0 + 120, gpu=gpus_over_time({"0": 20e9}, VLLM_ON_GPU0),
                     inference=servers_over_time({"pid": "4242", "tokens": 120}))
     assert WeightOffloadDetector(WEIGHTS).evaluate(trace.history, now) == []
+
+
+def _server_rows(field: str, value: float, pid: str = "4242", server: str = "vllm"):
+    return lambda t: [(BY_FIELD[field], value, server, VLLM_ENDPOINT, "llama-3-8b", pid)]
+
+
+@pytest.mark.parametrize("extra, lead", [
+    # LMCache in vLLM's process: its series come from the same /metrics (exporters/inference_
+    # formats.py joins them to vLLM's model), tokens only, no bytes (lmcache/observability.py)
+    (_server_rows("prefix_cache_hit_tokens", 1e6, server="lmcache"), "LMCache runs in"),
+    (_server_rows("kv_offload_in_lmcache", 1), "LMCache's server"),
+    (_server_rows("requests_swapped", 12), "12 requests' KV in its CPU swap space"),
+    (_server_rows("kv_offload_host_tier_bytes", 64 * GIB), "publishes no byte counter"),
+    (_server_rows("model_host_memory_bytes", 6 * GIB, server="ollama"), "6.0 GiB of its model in host memory"),
+])
+def test_unattributed_traffic_comes_with_what_would_attribute_it(extra, lead):
+    detector, findings = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120}, extra=extra)
+    assert findings == []
+    (account,) = detector.figures.values()
+    assert account.causes[HOST_TO_DEVICE][UNATTRIBUTED] == pytest.approx(20e9, rel=0.01)
+    assert any(lead in text for text in account.leads), account.leads
+
+
+def test_a_connector_that_counts_its_bytes_leaves_no_lead():
+    extra = _server_rows("kv_offload_host_tier_bytes", 64 * GIB)
+    detector, _ = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "loads": 4e9}, extra=extra)
+    (account,) = detector.figures.values()
+    assert account.leads == ()
+    assert account.causes[HOST_TO_DEVICE][KV_OFFLOAD] == pytest.approx(4e9, rel=0.01)
 
 
 # --- its rule's promtool cases ------------------------------------------------------------------
@@ -135,18 +221,23 @@ def _h2d(test: Test, gpu: dict, before: float, after: float) -> None:
     test.counter(PCIE_BYTES.name, before, after, direction=HOST_TO_DEVICE, **gpu)
 
 
-def weights_cross_case(t, catalog) -> Test:
-    """GPU 0: vLLM (pid 4242) at 120 tokens/s with 20 GB/s in, no KV connector: 167 MB a token,
-    fires. GPU 1: SGLang loads 15 GB/s of prefix KV of the 16 GB/s in at 200 tokens/s: 5 MB
-    unexplained a token, silent. GPUs 2-3: a TP=2 vLLM whose listening pid (7000) holds no GPU
-    memory, its workers 7001 and 7002 one GPU each, 6 GB/s in on each at 100 tokens/s: 120 MB a
-    token over both, fires. llama.cpp (pid 5151) shares GPU 1 with SGLang at 0.5 tokens/s. Before
-    the onset every GPU idles at 0.1 GB/s in with the same tokens/s (every server silent)."""
+def weights_cross_case(t, catalog, *, evidence: bool = True) -> Test:
+    """GPU 0: vLLM (pid 4242, --cpu-offload-gb 12, 8 running) at 120 tokens/s with 20 GB/s in, no
+    KV connector: 167 MB a token, within the 1.6 GB its offload can need, fires at 167 MB. GPU 1:
+    SGLang loads 15 GB/s of prefix KV of the 16 GB/s in at 200 tokens/s: 5 MB unexplained a
+    token, silent. GPUs 2-3: a TP=2 vLLM whose listening pid (7000, --cpu-offload-gb 0.25, 8
+    running) holds no GPU memory, its workers 7001 and 7002 one GPU each, 6 GB/s in on each at
+    100 tokens/s: 120 MB a token over both, but its offload can need only 0.25 GiB x 2 / 8 = 67 MB
+    a token: fires at that bound. llama.cpp (pid 5151) shares GPU 1 with SGLang at 0.5 tokens/s.
+    Before the onset every GPU idles at 0.1 GB/s in with the same tokens/s (every server silent).
+    Without `evidence` (no --cpu-offload-gb anywhere) the same traffic fires nothing."""
     s = t.weight_offload
     rule = catalog.find("InferenceWeightsCrossingBus")
     tp_server = served(VLLM_SERVER, "7000", "http://127.0.0.1:8001/metrics")
-    test = Test("weights crossing the bus: vLLM with cpu_offload_gb and a TP=2 vLLM fire; SGLang "
-                "loading prefix KV and an idle llama.cpp stay silent", firing(s.for_seconds) + 120, catalog)
+    name = ("weights crossing the bus: vLLM with cpu_offload_gb and a TP=2 vLLM fire; SGLang loading "
+            "prefix KV and an idle llama.cpp stay silent" if evidence else
+            "the same traffic without --cpu-offload-gb on any server: unattributed, nothing fires")
+    test = Test(name, firing(s.for_seconds) + 120, catalog)
     for gpu, after in ((GPU0, 20e9), (GPU1, 16e9), (GPU2, 6e9), (GPU3, 6e9)):
         _h2d(test, gpu, 0.1e9, after)
     on_gpu(test, GPU0, VLLM, 10e9)
@@ -161,14 +252,21 @@ def weights_cross_case(t, catalog) -> Test:
     for labels, tokens in ((served(VLLM_SERVER, VLLM["pid"]), 120), (served(SGLANG_SERVER, SGLANG["pid"]), 200),
                            (served(LLAMA_SERVER, LLAMA["pid"]), 0.5), (tp_server, 100)):
         test.counter(GENERATED_TOKENS.name, tokens, tokens, **labels)
+    for labels in (served(VLLM_SERVER, VLLM["pid"]), tp_server):
+        test.constant(RUNNING.name, 8, **labels)
     test.counter(OFFLOAD_BYTES.name, 0, 15e9, direction="load", **served(SGLANG_SERVER, SGLANG["pid"]))
     test.expect(not_yet(s.for_seconds), rule.alert)
+    if not evidence:
+        test.expect(firing(s.for_seconds), rule.alert)
+        return test
+    test.constant(WEIGHTS_OFFLOAD.name, 12 * GIB, **VLLM)
+    test.constant(WEIGHTS_OFFLOAD.name, GIB / 4, pid="7000", process_name="python3")
     test.expect(firing(s.for_seconds), rule.alert,
                 test.alert(rule, VLLM_SERVER, value=20e9 / 120, tokens=120),
                 test.alert(rule, {k: v for k, v in tp_server.items() if k != "pid"},
-                           value=12e9 / 100, tokens=100))
+                           value=GIB / 4 * 2 / 8, tokens=100))
     return test
 
 
 def promtool_cases(t, catalog) -> list[Test]:
-    return [weights_cross_case(t, catalog)]
+    return [weights_cross_case(t, catalog), weights_cross_case(t, catalog, evidence=False)]

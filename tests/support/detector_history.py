@@ -256,13 +256,13 @@ def gpus_over_time(h2d: dict[str, float], processes: dict[str, dict[str, tuple[s
 
 def servers_over_time(*specs: dict):
     """inference collector rows at t: each spec gives pid, tokens (per second), loads (bytes/s),
-    endpoint, server and model."""
+    endpoint, server, model and running (requests, 8 unless given)."""
     def rows(t):
         found = []
         for spec in specs:
             loads = spec.get("loads")
             found += inference_rows(
-                pid=spec["pid"], endpoint=spec.get("endpoint", VLLM_ENDPOINT),
+                pid=spec["pid"], endpoint=spec.get("endpoint", VLLM_ENDPOINT), running=spec.get("running", 8),
                 server=spec.get("server", "vllm"), model=spec.get("model", "llama-3-8b"),
                 generated_tokens=spec["tokens"] * (t - T0),
                 offload_load_bytes=None if loads is None else loads * (t - T0))

@@ -447,6 +447,12 @@ class SyntheticHost:
             raise ValueError(f"transparent_hugepage/{setting} has no mode {mode!r}")
         self.thp[setting] = mode
 
+    def set_cmdline(self, pid: int, *arguments: str) -> None:
+        """Process `pid`'s /proc/<pid>/cmdline: arguments each ended by NUL, as the kernel shows
+        them. The process collector reads it again when the pid is new or once per discovery
+        interval, as it does on a real host."""
+        self._put(f"proc/{pid}/cmdline", "".join(f"{argument}\0" for argument in arguments))
+
     def set_link(self, gpu: int, generation: int, width: int) -> None:
         """The GPU's current PCIe link, in NVML and in its function's sysfs files alike."""
         state = self.gpus[gpu]

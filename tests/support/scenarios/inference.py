@@ -63,6 +63,12 @@ class ServerLoad:
     # The configured CPU KV tier (vLLM 0.33's vllm:kv_offload_config_info, label
     # cpu_kv_cache_size_bytes; docs/server-metric-names/vllm-0.33.0.txt); None: not published.
     kv_offload_host_tier_bytes: float | None = None
+    # LMCache inside vLLM (LMCacheConnectorV1, local CPU backend): its families in vLLM's body,
+    # labels model_name and worker_id as tests/fixtures/inference/lmcache.1.prom has them; they
+    # count tokens and the host cache's bytes, never bytes moved (lmcache/observability.py).
+    lmcache_host_cache_bytes: float | None = None
+    # V0's swap space (vllm/engine/metrics.py vllm:num_requests_swapped); None: V1, not published.
+    requests_swapped: float | None = None
     answer: str = "metrics"  # metrics, html (a login page), unavailable (HTTP 503), down (refused)
 
     @property
@@ -246,6 +252,19 @@ class InferenceServer:
             for direction, verb in (("store", "storing"), ("load", "loading")):
                 family(f"vllm:kv_offload_{direction}_time_total", "counter", f"Time spent {verb} KV data, in seconds.",
                        round(self.kv_offload_seconds[direction], 6))
+        if load.requests_swapped is not None:
+            family("vllm:num_requests_swapped", "gauge", "Number of requests swapped to CPU.", load.requests_swapped)
+        if load.lmcache_host_cache_bytes is not None:
+            lmcache = f'model_name="{MODEL}",worker_id="0"'
+            for name, kind, help_text, value in (
+                    ("lmcache:num_requested_tokens_total", "counter", "Total number of tokens requested from lmcache",
+                     math.floor(self.prompt_tokens)),
+                    ("lmcache:num_hit_tokens_total", "counter", "Total number of tokens hit in lmcache",
+                     math.floor(self.prompt_tokens * PREFIX_HIT_SHARE)),
+                    ("lmcache:local_cache_usage", "gauge", "Local cache usage (bytes) of lmcache",
+                     load.lmcache_host_cache_bytes)):
+                lines.extend((f"# HELP {name} {help_text}", f"# TYPE {name} {kind}",
+                              f"{name}{{{lmcache}}} {floatToGoString(value)}"))
         if load.kv_offload_host_tier_bytes is not None:
             # an info series: the figures are labels, the value 1; HELP and label names as in
             # tests/fixtures/inference/vllm-0.33-offloading.prom (the collector reads only the label)

@@ -20,26 +20,95 @@ PINNED_OVERHEAD = 1.92
 @scenario("weights_crossing_bus", tick_seconds=1, duration_seconds=360, onset_seconds=60,
           expected=[("InferenceWeightsCrossingBus", VLLM_SERVER)])
 def weights_crossing_bus(host: SyntheticHost) -> Step:
-    """vLLM without a KV offload connector is restarted with a leftover --cpu-offload-gb (the
-    simulated server keeps its counters): from onset, over 10 s, GPU0's host-to-device traffic
-    rises from 40 % to 82 % of Gen4 x16's theoretical rate (25.8 GB/s: the offloaded weights read
-    over the bus every decode step) while the 55 running requests slow from 38 ms to 458 ms per
-    token (1,450 -> 120 tokens/s, vllm#57771's figure) and time to first token p50 from 0.15 s to
-    1.5 s. GPU0 stays ~92 % busy: its kernels read the host's weights themselves (UVA), so NVML
-    counts them running, and this is not PCIe starvation. Before onset 12.6 GB/s over 1,450
-    tokens/s is 8.7 MB a token (under 32 MiB); after, 215 MB."""
+    """vLLM without a KV offload connector was restarted in a quiet hour with a leftover
+    --cpu-offload-gb 12 on its command line and idles until onset (no requests, GPU0 ~2 % busy,
+    0.1 GB/s in). At onset its usual 55 requests arrive and every decode step reads the 12 GiB
+    of weights left in host memory over the bus: over 10 s GPU0's host-to-device traffic rises
+    to 82 % of Gen4 x16's theoretical rate (25.8 GB/s) and the requests run at 458 ms per token
+    (120 tokens/s, vllm#57771's figure; 1,450 on this host without the option), time to first
+    token p50 1.5 s. GPU0 is ~92 % busy: its kernels read the host's weights themselves (UVA), so
+    NVML counts them running, and this is not PCIe starvation. 215 MB cross per token, within the
+    234 MB a token that 12 GiB read once per step of 55 requests can need."""
     healthy_host(host)
+    host.set_cmdline(VLLM, *VLLM_ARGUMENTS, "--cpu-offload-gb", "12")
     onset = 60
 
     def step(t: float) -> None:
         load = healthy_load()
-        load.gpus[0] = GpuLoad(ramp(t, onset, onset + 10, 0.88, 0.92), ramp(t, onset, onset + 10, 0.40, 0.82), 0.12)
-        load.server = ServerLoad(
-            inter_token_latency_seconds=ramp(t, onset, onset + 10, 0.038, 55 / 120),
-            time_to_first_token_seconds=ramp(t, onset, onset + 10, 0.15, 1.5),
-            kv_offload_load_bytes_per_second=None, kv_offload_store_bytes_per_second=None)
+        if t < onset:
+            load.gpus[0] = GpuLoad(0.02, 0.003, 0.001)
+            load.server = ServerLoad(running=0, waiting=0, kv_cache_usage=0.0,
+                                     kv_offload_load_bytes_per_second=None, kv_offload_store_bytes_per_second=None)
+        else:
+            load.gpus[0] = GpuLoad(0.92, ramp(t, onset, onset + 10, 0.003, 0.82), 0.12)
+            load.server = ServerLoad(inter_token_latency_seconds=55 / 120, time_to_first_token_seconds=1.5,
+                                     kv_offload_load_bytes_per_second=None, kv_offload_store_bytes_per_second=None)
         apply(host, load)
     return step
+
+
+# The fixture's vLLM command line (tests/fixtures/host-2node/proc/4242/cmdline).
+VLLM_ARGUMENTS = ("python3", "-m", "vllm.entrypoints.openai.api_server", "--model",
+                  "meta-llama/Meta-Llama-3-8B-Instruct")
+
+
+# Three hosts whose KV crosses the bus with no byte counter to say so (issue 28): the bytes per
+# token are over InferenceWeightsCrossingBus's bound, but no process runs with --cpu-offload-gb,
+# so the traffic is unattributed (with a lead), never weights.
+
+def _steady_kv_without_counters(host: SyntheticHost, gpu0: GpuLoad, **server) -> Step:
+    """The healthy host with GPU0 and vLLM held at these figures, vLLM publishing no kv_offload
+    family (its byte counters), from start to end."""
+    healthy_host(host)
+
+    def step(t: float) -> None:
+        load = healthy_load()
+        load.gpus[0] = GpuLoad(gpu0.utilization, gpu0.host_to_device, gpu0.device_to_host)
+        load.server = ServerLoad(kv_offload_load_bytes_per_second=None, kv_offload_store_bytes_per_second=None,
+                                 **server)
+        apply(host, load)
+    return step
+
+
+@scenario("healthy_kv_through_lmcache_cpu_tier", tick_seconds=1, duration_seconds=240, onset_seconds=None,
+          expected=[])
+def healthy_kv_through_lmcache_cpu_tier(host: SyntheticHost) -> Step:
+    """vLLM runs LMCache in its own process (LMCacheConnectorV1, local CPU backend, 40 GB in its
+    host cache): LMCache moves KV between the GPU and pinned host memory and publishes tokens and
+    its cache's bytes, not bytes moved, and vLLM publishes no kv_offload family. GPU0 receives
+    17.7 GB/s (56 % of Gen4 x16's theoretical rate, the figure of healthy_kv_prefix_reload) at ~80 %
+    utilization while 20 requests run at 50 ms per token (400 tokens/s): 44 MB a token, over the
+    32 MiB bound, all unattributed."""
+    return _steady_kv_without_counters(host, GpuLoad(0.80, 0.562, 0.15), running=20, waiting=1,
+                                       inter_token_latency_seconds=0.050, time_to_first_token_seconds=0.3,
+                                       kv_cache_usage=0.85, lmcache_host_cache_bytes=40e9)
+
+
+@scenario("healthy_kv_through_v0_swap_space", tick_seconds=1, duration_seconds=240, onset_seconds=None,
+          expected=[])
+def healthy_kv_through_v0_swap_space(host: SyntheticHost) -> Step:
+    """A vLLM V0 server with --swap-space under a full KV cache (97 % used): 12 requests sit in
+    its CPU swap space and come back as others finish, so their blocks cross the bus both ways;
+    V0 publishes vllm:num_requests_swapped and no byte counter. GPU0 receives 18.9 GB/s (60 %
+    of Gen4 x16's theoretical rate) at ~85 % utilization while 30 requests run at 60 ms per token
+    (500 tokens/s): 38 MB a token, over the 32 MiB bound, all unattributed."""
+    return _steady_kv_without_counters(host, GpuLoad(0.85, 0.60, 0.45), running=30, waiting=4,
+                                       inter_token_latency_seconds=0.060, time_to_first_token_seconds=0.4,
+                                       kv_cache_usage=0.97, requests_swapped=12)
+
+
+@scenario("healthy_kv_connector_without_byte_counters", tick_seconds=1, duration_seconds=240,
+          onset_seconds=None, expected=[])
+def healthy_kv_connector_without_byte_counters(host: SyntheticHost) -> Step:
+    """An A100 (Gen4 x16) whose vLLM offloads KV to a 64 GiB CPU tier through a connector that
+    publishes its configuration (vllm:kv_offload_config_info) but no byte counters: its copy
+    engine runs flat out at 25.8 GB/s host-to-device (82 % of the theoretical rate, just above
+    what copies achieve on Gen4 x16), GPU0 stays ~75 % busy (no starvation: its kernels are not
+    waiting), 25 requests run at 45 ms per token (556 tokens/s): 46 MB a token, over the 32 MiB
+    bound, all unattributed."""
+    return _steady_kv_without_counters(host, GpuLoad(0.75, 0.82, 0.30), running=25, waiting=2,
+                                       inter_token_latency_seconds=0.045, time_to_first_token_seconds=0.35,
+                                       kv_cache_usage=0.90, kv_offload_host_tier_bytes=64 * GIB)
 
 
 @scenario("healthy_kv_prefix_reload", tick_seconds=1, duration_seconds=270, onset_seconds=None, expected=[])
