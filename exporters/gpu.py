@@ -44,8 +44,21 @@ GPU_UP = MetricSpec(
     "1 when at least one NVML call on the GPU succeeded this collection; 0 when NVML reports it "
     "lost (NVML_ERROR_GPU_IS_LOST: fell off the bus, needs a reset or reboot) or none of its calls "
     "succeeded (e.g. the driver was unloaded while the agent ran). A GPU at 0 has no other "
-    "series; one whose UUID NVML never gave has none at all.",
+    "series but the two hybridmon_gpu_down_* ones; one whose UUID NVML never gave has none at all.",
     "gauge", GPU)
+DOWN_READINGS = MetricSpec(
+    "hybridmon_gpu_down_consecutive_readings",
+    "Collections in a row, this one included, at which the GPU was down (hybridmon_gpu_up 0: NVML "
+    "answered NVML_ERROR_GPU_IS_LOST, or none of its calls succeeded); 0 while it is up. A GPU "
+    "really lost stays lost until a reset (nvml.h, NVML_ERROR_GPU_IS_LOST), so 2 or more is a loss "
+    "seen twice; 1 is a single reading, which Prometheus cannot tell from a loss between two "
+    "scrapes without this count.",
+    "gauge", GPU)
+DOWN_BLIPS = MetricSpec(
+    "hybridmon_gpu_down_blips_total",
+    "Times since the agent started that the GPU was down at one collection only and up again at "
+    "the next (a lost or unanswered reading that did not hold; GpuLost does not page for it).",
+    "counter", GPU)
 MEMORY_USED = MetricSpec(
     "hybridmon_gpu_memory_used_bytes",
     "GPU memory allocated by processes (bytes), nvmlDeviceGetMemoryInfo v2 `used`. On drivers "
@@ -124,7 +137,8 @@ PROCESS_MEMORY_USED = MetricSpec(
     "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
 
-METRIC_SPECS = (GPU_INFO, GPU_UP, MEMORY_USED, MEMORY_TOTAL, MEMORY_RESERVED, PCIE_THROUGHPUT,
+METRIC_SPECS = (GPU_INFO, GPU_UP, DOWN_READINGS, DOWN_BLIPS, MEMORY_USED, MEMORY_TOTAL,
+                MEMORY_RESERVED, PCIE_THROUGHPUT,
                 PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
                 PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, MIG_MODE,
                 PROCESS_MEMORY_USED)
@@ -175,6 +189,10 @@ class GpuCollector:
         # handing eight short reads to the pool cost more CPU than the reads (0.8 ms a tick of 2.5
         # on the 8-GPU host with the fake NVML, issue 17).
         self._unhurried: set[int] = set()
+        # Per GPU index: collections in a row it has been down, and its down readings that did
+        # not hold (down at one collection, up at the next).
+        self._down_streak: dict[int, int] = {}
+        self._down_blips: dict[int, int] = {}
 
     def share_process_names(self, read: Callable[[], Mapping[int, str]]) -> None:
         """`read` gives pid -> comm of the processes another collector read at its last run (the
@@ -201,8 +219,22 @@ class GpuCollector:
         self._processes = names
         samples = Samples()
         for reading in readings:
+            self._count_down(reading)
             self._add(samples, reading, driver_version, names)
         return samples
+
+    def _count_down(self, reading: GpuReading) -> None:
+        """Update the GPU's run of down collections; a run of one that ends is a blip."""
+        index, before = reading.index, self._down_streak.get(reading.index, 0)
+        if reading.answered and not reading.lost:
+            if before == 1:
+                self._down_blips[index] = self._down_blips.get(index, 0) + 1
+                log.warning("GPU %d was down for one collection only (NVML answered lost, or "
+                            "nothing) and answers again: a reading that did not hold, not paged "
+                            "as GpuLost; counted in %s", index, DOWN_BLIPS.name)
+            self._down_streak[index] = 0
+        else:
+            self._down_streak[index] = before + 1
 
     def _process_names(self, pids: Iterable[int]) -> dict[int, str]:
         """pid -> the comm of /proc/<pid>/comm, the name every process series and alert carries;
@@ -313,6 +345,8 @@ class GpuCollector:
         gpu, uuid = str(reading.index), reading.uuid
         up = reading.answered and not reading.lost
         samples.add(GPU_UP, 1 if up else 0, gpu, uuid)
+        samples.add(DOWN_READINGS, self._down_streak[reading.index], gpu, uuid)
+        samples.add(DOWN_BLIPS, self._down_blips.get(reading.index, 0), gpu, uuid)
         if not up:
             return
         samples.add(GPU_INFO, 1, gpu, uuid, reading.info["name"], reading.info["pci_bus_id"],

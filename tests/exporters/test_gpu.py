@@ -41,8 +41,14 @@ def gpu_series(samples, gpu: str) -> set[str]:
     return {s.spec.name for s in samples if s.label_values[0] == gpu}
 
 
+# What a down GPU reports: that it is down, for how many collections in a row, and its blips.
+DOWN_SERIES = {"hybridmon_gpu_up", "hybridmon_gpu_down_consecutive_readings", "hybridmon_gpu_down_blips_total"}
+
+
 EXPECTED_GPU0 = {
     ("hybridmon_gpu_up", ("0", UUID0)): 1,
+    ("hybridmon_gpu_down_consecutive_readings", ("0", UUID0)): 0,
+    ("hybridmon_gpu_down_blips_total", ("0", UUID0)): 0,
     ("hybridmon_gpu_info", ("0", UUID0, "NVIDIA L40S", "0000:17:00.0", "550.54.15")): 1,
     ("hybridmon_gpu_memory_used_bytes", ("0", UUID0)): 31 * GIB,
     ("hybridmon_gpu_memory_total_bytes", ("0", UUID0)): 48 * GIB,
@@ -61,6 +67,8 @@ EXPECTED_GPU0 = {
 }
 EXPECTED_GPU1 = {
     ("hybridmon_gpu_up", ("1", UUID1)): 1,
+    ("hybridmon_gpu_down_consecutive_readings", ("1", UUID1)): 0,
+    ("hybridmon_gpu_down_blips_total", ("1", UUID1)): 0,
     ("hybridmon_gpu_info", ("1", UUID1, "NVIDIA A10", "0000:ca:00.0", "550.54.15")): 1,
     ("hybridmon_gpu_memory_used_bytes", ("1", UUID1)): 11 * GIB,
     ("hybridmon_gpu_memory_total_bytes", ("1", UUID1)): 24 * GIB,
@@ -123,31 +131,61 @@ def test_gpu_lost_mid_run_keeps_only_up_and_others_continue(fake, collector):
     fake.lose_gpu(1)
     samples = collector.collect()
     assert samples.value("hybridmon_gpu_up", gpu="1", uuid=UUID1) == 0
-    assert gpu_series(samples, "1") == {"hybridmon_gpu_up"}
+    assert gpu_series(samples, "1") == DOWN_SERIES
     assert {k: v for k, v in as_dict(samples).items() if k[1][0] == "0"} == EXPECTED_GPU0
     assert collector.gpu_processes() == {4242: "python3", XORG_PID: "Xorg"}
     fake.restore_gpu(1)
     fake.fail("*", "NVMLError_Unknown", gpu=1, times=1)  # NVML's answer right after a loss
-    assert gpu_series(collector.collect(), "1") == {"hybridmon_gpu_up"}
+    samples = collector.collect()
+    assert gpu_series(samples, "1") == DOWN_SERIES
+    assert samples.value("hybridmon_gpu_down_consecutive_readings", gpu="1") == 2
+    # down at two collections: a loss, not a blip
     assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+
+
+def test_gpu_down_readings_count_a_loss_and_a_blip_apart(fake, collector, caplog):
+    """Issue 28: one collection of GPU_IS_LOST that does not hold is a blip (counted, logged once
+    as such); a GPU lost at three collections in a row counts 1, 2, 3 and no blip when it is
+    reset, since it was lost. The count is what GpuLost's confirmation reads."""
+    def down(samples, gpu: str) -> tuple[float, float]:
+        return (samples.value("hybridmon_gpu_down_consecutive_readings", gpu=gpu),
+                samples.value("hybridmon_gpu_down_blips_total", gpu=gpu))
+
+    collector.collect()
+    fake.lose_gpu(1)
+    assert down(collector.collect(), "1") == (1, 0)
+    fake.restore_gpu(1)
+    with caplog.at_level("WARNING", logger="hybridmon.exporters.gpu"):
+        assert down(collector.collect(), "1") == (0, 1)
+    assert [r.getMessage() for r in caplog.records if r.name == "hybridmon.exporters.gpu"] == [
+        "GPU 1 was down for one collection only (NVML answered lost, or nothing) and answers "
+        "again: a reading that did not hold, not paged as GpuLost; counted in "
+        "hybridmon_gpu_down_blips_total"]
+    fake.lose_gpu(1)
+    assert [down(collector.collect(), "1") for _ in range(3)] == [(1, 1), (2, 1), (3, 1)]
+    fake.restore_gpu(1)
+    assert down(collector.collect(), "1") == (0, 1)
+    assert down(collector.collect(), "0") == (0, 0)
 
 
 def test_gpu_that_answers_nothing_is_down(fake, collector):
     collector.collect()
     fake.fail("*", "NVMLError_DriverNotLoaded")  # the driver unloaded under the running agent
     samples = collector.collect()
-    assert as_dict(samples) == {("hybridmon_gpu_up", ("0", UUID0)): 0,
-                                ("hybridmon_gpu_up", ("1", UUID1)): 0}
+    assert as_dict(samples) == {(name, (gpu, uuid)): 1 if "consecutive" in name else 0
+                                for gpu, uuid in (("0", UUID0), ("1", UUID1)) for name in DOWN_SERIES}
     assert collector.gpu_processes() == {}
     fake.heal()
-    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1}
+    # down at one collection only: each GPU counts a blip
+    blips = {("hybridmon_gpu_down_blips_total", (gpu, uuid)): 1 for gpu, uuid in (("0", UUID0), ("1", UUID1))}
+    assert as_dict(collector.collect()) == {**EXPECTED_GPU0, **EXPECTED_GPU1, **blips}
 
 
 def test_gpu_up_with_one_gpu_silent_and_the_other_answering(fake, collector):
     collector.collect()
     fake.fail("*", "NVMLError_Unknown", gpu=1)
     samples = collector.collect()
-    assert gpu_series(samples, "1") == {"hybridmon_gpu_up"}
+    assert gpu_series(samples, "1") == DOWN_SERIES
     assert samples.value("hybridmon_gpu_up", gpu="1") == 0
     assert {k: v for k, v in as_dict(samples).items() if k[1][0] == "0"} == EXPECTED_GPU0
 
@@ -156,7 +194,7 @@ def test_gpu_lost_before_its_uuid_was_read(fake, collector):
     fake.lose_gpu(0)
     samples = collector.collect()
     assert samples.value("hybridmon_gpu_up", gpu="0", uuid="") == 0
-    assert gpu_series(samples, "0") == {"hybridmon_gpu_up"}
+    assert gpu_series(samples, "0") == DOWN_SERIES
     assert samples.value("hybridmon_gpu_up", gpu="1", uuid=UUID1) == 1
 
 

@@ -287,9 +287,12 @@ def test_direct_push_delivers_the_alert_with_its_labels_and_runbook(live):
     runbook = alert["annotations"]["runbook_url"]
     assert runbook == f"http://{live.incident.instance}/runbooks/GpuLost"
     assert httpx.get(runbook, timeout=5).status_code == 200
-    # A replay reports the incident at its recorded time: the first evaluation at or after onset.
-    onset = START_TIME + SCENARIOS[INCIDENT].onset_seconds
-    assert onset <= parse_time(alert["startsAt"]) < onset + SPEED
+    # A replay reports the incident at its recorded time: the first evaluation at or after the
+    # loss is confirmed, at its second collection (issue 28: [gpu_lost] confirm_readings).
+    scenario = SCENARIOS[INCIDENT]
+    confirmed = (START_TIME + scenario.onset_seconds
+                 + (load_thresholds().gpu_lost.confirm_readings - 1) * scenario.tick_seconds)
+    assert confirmed <= parse_time(alert["startsAt"]) < confirmed + SPEED
 
 
 def test_direct_push_resolves_once_the_gpu_is_back(live):
