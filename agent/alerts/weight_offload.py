@@ -47,6 +47,7 @@ from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.agent.detectors.links import (DEVICE_TO_HOST, HOST_TO_DEVICE, KV_OFFLOAD, UNATTRIBUTED,
                                              WEIGHTS, BusAccount)
 from hybridmon.agent.detectors.servers import Server
+from hybridmon.exporters.bench import TIMESTAMP as BENCH_FINISHED
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
@@ -296,9 +297,11 @@ LMCACHE_SIGNS = tuple(BY_FIELD[name] for name in ("prefix_cache_queried_tokens",
                                                    "kv_offload_host_cache_bytes"))
 
 
-def leads(history: HistoryReader, now: float, roots: dict[str, str], on_gpu: set[str]) -> tuple[str, ...]:
-    """What would attribute the unattributed bytes of a GPU whose process trees are `on_gpu`
-    (root pids): movers that are configured or busy there but publish no byte counter."""
+def leads(history: HistoryReader, now: float, roots: dict[str, str], on_gpu: set[str],
+          gpu: tuple[str, str] | None = None) -> tuple[str, ...]:
+    """What would attribute the unattributed bytes of GPU `gpu`, whose process trees are `on_gpu`
+    (root pids): movers that are configured or busy there but publish no byte counter, and a
+    benchmark run that finished within the minute judged (so its copies are in it)."""
     def current(spec, **labels: str) -> list[tuple[Server, float]]:
         found = []
         for series in history.series(spec.name, **labels):
@@ -327,6 +330,12 @@ def leads(history: HistoryReader, now: float, roots: dict[str, str], on_gpu: set
     for server, on_host in current(MODEL_ON_HOST):
         found.append(f"{server.short_name} keeps {human_bytes(on_host)} of its model in host memory: "
                      "prompt batches copy those layers' weights to the GPU")
+    if gpu is not None:
+        for series in history.series(BENCH_FINISHED.name, gpu=gpu[0], uuid=gpu[1]):
+            finished = windows.latest(series, now)
+            if finished is not None and now - windows.AVERAGE_SECONDS <= finished <= now:
+                found.append(f"hybridmon bench finished a run on this GPU {now - finished:.0f} s ago: its "
+                             "copies filled the link while it ran")
     return tuple(dict.fromkeys(found))
 
 
@@ -355,7 +364,8 @@ class Detector(DetectorBase):
         shares = gpu_shares(history, now, roots, found=found)
         scraped = [server for server in servers.scraped(history, now) if server.pid in roots]
         self.figures = {
-            key: share.account(leads(history, now, roots, {root for root, held in found.gpus.items() if key in held}))
+            key: share.account(leads(history, now, roots, {root for root, held in found.gpus.items() if key in held},
+                                     key))
             for key, share in shares.items()}
         findings = []
         for server in scraped:

@@ -62,7 +62,8 @@ class BusAccount:
     loads and stores), weights (host-resident weights a server's command line configures, at most
     what its forward passes read: see alerts/weight_offload.py) and unattributed (the rest, never
     guessed). `leads` say what would attribute the rest: evidence of a mover that publishes no
-    byte counter (LMCache's CPU tier, vLLM's swap space, a connector without counters)."""
+    byte counter (LMCache's CPU tier, vLLM's swap space, a connector without counters, Ollama's
+    host-resident layers) and a `hybridmon bench` run that finished within the minute."""
 
     traffic: dict[str, float]                     # direction -> NVML bytes/s
     causes: dict[str, dict[str, float]]           # direction -> cause -> bytes/s

@@ -23,6 +23,7 @@ from tests.support.detector_history import (
     Trace,
     alertnames,
     assert_says_its_rules_words,
+    bench_rows,
     gpus_over_time,
     only,
     servers_over_time,
@@ -52,7 +53,7 @@ def trees(roots: dict[str, str], offload: dict[str, float]):
                          for pid, offloaded in offload.items()])
 
 
-def weights_run(h2d, processes, *specs, roots=None, offload=None, extra=None):
+def weights_run(h2d, processes, *specs, roots=None, offload=None, extra=None, bench=None):
     """Every pid watched, each the root of its own tree unless `roots` says otherwise; `offload`:
     pid -> the bytes per GPU its command line keeps on the host. (detector, its findings)."""
     trace = Trace()
@@ -61,6 +62,8 @@ def weights_run(h2d, processes, *specs, roots=None, offload=None, extra=None):
     collectors = {"gpu": gpus_over_time(h2d, processes),
                   "inference": (lambda t: servers(t) + extra(t)) if extra else servers,
                   "process": trees({**{pid: pid for pid in pids}, **(roots or {})}, offload or {})}
+    if bench is not None:
+        collectors["bench"] = bench
     now = trace.run(T0, T0 + 120, **collectors)
     detector = WeightOffloadDetector(WEIGHTS)
     return detector, detector.evaluate(trace.history, now)
@@ -204,6 +207,20 @@ def test_unattributed_traffic_comes_with_what_would_attribute_it(extra, lead):
     (account,) = detector.figures.values()
     assert account.causes[HOST_TO_DEVICE][UNATTRIBUTED] == pytest.approx(20e9, rel=0.01)
     assert any(lead in text for text in account.leads), account.leads
+
+
+def test_a_benchmark_run_within_the_minute_is_a_lead_one_before_it_is_not():
+    # the run finished 20 s before the evaluation (T0 + 120): its copies are in the minute judged
+    recent = lambda t: bench_rows("0", "GPU-0", finished_at=T0 + 100) if t >= T0 + 100 else []
+    detector, findings = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120}, bench=recent)
+    (account,) = detector.figures.values()
+    assert findings == [] and any("hybridmon bench finished a run on this GPU 20 s ago" in text
+                                  for text in account.leads), account.leads
+    # an hour-old run moved nothing in this minute
+    detector, _ = weights_run({"0": 20e9}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120},
+                              bench=lambda t: bench_rows("0", "GPU-0"))
+    (account,) = detector.figures.values()
+    assert account.leads == ()
 
 
 def test_a_connector_that_counts_its_bytes_leaves_no_lead():
