@@ -41,10 +41,12 @@ STEP_SECONDS = 15.0
 
 
 class Settings(Section):
-    window_seconds: float
-    restarts_at_least: int
-    restart_window_seconds: float
-    antecedent_seconds: float
+    """Defaults as thresholds.toml sets them: a thresholds file copied before this family loads."""
+
+    window_seconds: float = 60.0
+    restarts_at_least: int = 3
+    restart_window_seconds: float = 900.0
+    antecedent_seconds: float = 300.0
 
 
 def counted(metric: str, window_seconds: float) -> str:
@@ -115,7 +117,7 @@ def oom_killed_alert(s: Settings) -> Alert:
         0, "critical",
         f"{WHO} on <instance> was killed by the kernel OOM killer",
         f"The kernel OOM killer killed watched process {WHO} <value> time(s) in the last "
-        f"{duration(s.window_seconds)}: its memory cgroup counted the kill (memory.events "
+        f"{duration(s.window_seconds)} (threshold: any): its memory cgroup counted the kill (memory.events "
         "oom_kill), or, where that cannot be read, the host's oom_kill rose with it and no other "
         "watched process exited. " + _antecedents(s, on_gpu=True) +
         "The server dies with every request in flight, and its supervisor restarts it into the same "
@@ -158,7 +160,7 @@ def host_alert(s: Settings) -> Alert:
         0, "warning",
         "The OOM killer killed <value> process(es) on <instance>",
         f"The kernel OOM killer killed <value> process(es) in the last {duration(s.window_seconds)} "
-        "(oom_kill of /proc/vmstat). <if watched>Watched inference processes among them: <watched> "
+        "(oom_kill of /proc/vmstat; threshold: any). <if watched>Watched inference processes among them: <watched> "
         "(InferenceServerOomKilled names each). <else><end>" + _antecedents(s, on_gpu=False) +
         "The host ran out of memory and swap it could reclaim; the next victim may be the inference "
         "server. Find the victim with dmesg | grep -i 'killed process', and give the host room: "
