@@ -16,6 +16,11 @@ Where the numbers are (kernel Documentation/admin-guide/cgroup-v2.rst and cgroup
 
 A parent's limit bounds its children too (the pod's limit above the container's, a slice above a
 service): the bound is the ancestor with the least headroom.
+
+OOM kills of a cgroup: the `oom_kill` line of v2 memory.events ("the number of processes belonging
+to this cgroup killed by any kind of OOM killer", hierarchical: its descendants' count too) or of
+v1 memory.oom_control (since Linux 4.13). The process's own cgroup is read: a service's or a
+container's, which holds the server and its children alone.
 """
 from __future__ import annotations
 
@@ -147,6 +152,32 @@ def _bound_at(source: RawSource, directory: str, version: int, cgroup: str) -> C
     inactive = parse_inactive_file(source.read_text(os.path.join(directory, "memory.stat")), version)
     working_set = max(usage - inactive, 0.0)
     return CgroupMemoryBound(limit, limit - working_set, cgroup)
+
+
+def oom_kill_files(mounts: list[CgroupMount], process_cgroups: dict[int, str]) -> list[str]:
+    """Where the OOM kills of the process's own cgroup are counted, v2 first (memory.events, then
+    v1's memory.oom_control): a hybrid host's unified tree has no memory controller, so its
+    memory.events is absent and the v1 file answers. Empty when no mount shows its cgroup."""
+    files = []
+    for version in (2, 1):
+        for mount in mounts:
+            path = process_cgroups.get(version)
+            directory = _directory(mount, path) if mount.version == version and path is not None else None
+            if directory is not None:
+                files.append(os.path.join(directory, "memory.events" if version == 2 else "memory.oom_control"))
+    return files
+
+
+def parse_oom_kill(text: str) -> int:
+    """The `oom_kill N` line of memory.events (v2) or memory.oom_control (v1)."""
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == "oom_kill":
+            try:
+                return int(value.strip())
+            except ValueError:
+                break
+    raise ParseError(f"no readable oom_kill line in {text[:80]!r}")
 
 
 def _directory(mount: CgroupMount, path: str) -> str | None:

@@ -17,14 +17,15 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping
 
-from hybridmon.exporters.sources import RawSource, ReplayedCallError
+from hybridmon.exporters.sources import RawSource, ReplayedCallError, TraceMissError
 from pydantic import Field, field_validator
 
 from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, CollectorContext, CollectorRegistration,
                                       CollectorSettings, LogOnce, MetricSpec, ParseError, Samples, parse_logged)
 from hybridmon.exporters.cgroup_memory import (CGROUP_MEMORY_HEADROOM, CGROUP_MEMORY_LIMIT, CgroupMemoryBound,
-                                               CgroupMount, memory_bound, parse_memory_mounts,
-                                               parse_process_cgroups, rebase)
+                                               CgroupMount, memory_bound, oom_kill_files, parse_memory_mounts,
+                                               parse_oom_kill, parse_process_cgroups, rebase)
+from hybridmon.exporters.host_memory import parse_vmstat
 from hybridmon.exporters.pid_namespace import MISMATCH_ADVICE, PidView, pid_view
 from hybridmon.exporters.process_cmdline import ProcessIdentity, cmdline_label, identity_of
 from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
@@ -100,6 +101,31 @@ TREE_ROOT = MetricSpec("hybridmon_process_tree_root_info",
                        "runner under ollama serve), so each is judged with the load of the server "
                        "that listens in its tree.",
                        "gauge", ("pid", "process_name", "root_pid"))
+# What stays of a process once it is gone, so that its exit can be counted: the identity a
+# restarted server keeps (comm, and the server family and model of its command line, as in INFO).
+_IDENTITY = ("process_name", "server", "model")
+EXITS = MetricSpec("hybridmon_process_exits_total",
+                   "Watched processes of this identity (process_name: comm; server and model: from "
+                   "the command line, as in hybridmon_process_info) that exited: the pid gone from "
+                   "/proc, left a zombie (state Z or X in /proc/<pid>/stat), or now another process "
+                   "(a later starttime). 0 from the first time the identity is watched, so that the "
+                   "first exit is an increase; forgotten an hour after the last of its processes "
+                   "is gone.", "counter", _IDENTITY)
+OOM_KILLED = MetricSpec("hybridmon_process_oom_killed_total",
+                        "Of hybridmon_process_exits_total, the exits the kernel OOM killer caused: "
+                        "the oom_kill count of the process's own memory cgroup (v2 memory.events, "
+                        "v1 memory.oom_control) rose between its last reading (every discovery "
+                        "interval) and the exit, by at least as many as the watched processes of that "
+                        "cgroup that exited with it; where that cannot be read, the host's oom_kill "
+                        "(/proc/vmstat) rose since the collector's last run by at least as many as "
+                        "the watched processes that exited meanwhile. Fewer kills than exits: which "
+                        "process was killed cannot be told, and none is counted.",
+                        "counter", _IDENTITY)
+# proc(5): Z zombie (exited, not yet reaped by its parent), X dead.
+_EXITED_STATES = frozenset("ZX")
+# An identity none of whose processes is watched any more is kept this long after the last was,
+# so that a crash loop's exits are counted across its restarts, then forgotten.
+IDENTITY_KEPT_SECONDS = 3600.0
 _PID_ENTRY = re.compile(r"[0-9]{1,10}")
 _STAT_FIELDS_AFTER_COMM = 20  # state (field 3) .. starttime (field 22)
 
@@ -116,6 +142,22 @@ class ProcessStat:
     user_ticks: int
     system_ticks: int
     start_ticks: int
+    state: str = "R"  # field 3: R, S, D, Z (zombie), X (dead)...
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """A watched process as the last collection saw it: enough to count its exit."""
+
+    start_ticks: int
+    identity: tuple[str, str, str]      # process_name, server, model
+
+
+@dataclass
+class _Exits:
+    exits: int = 0
+    oom_killed: int = 0
+    last_watched: float = 0.0           # collector clock
 
 
 def parse_proc_stat(text: str) -> ProcessStat:
@@ -132,7 +174,7 @@ def parse_proc_stat(text: str) -> ProcessStat:
         raise ParseError(f"non-numeric field in /proc/<pid>/stat text {text[:80]!r}") from None
     pid, ppid, minflt, _cminflt, majflt, _cmajflt, utime, stime, starttime = numbers
     return ProcessStat(pid, text[open_paren + 1:close_paren], ppid, minflt, majflt, utime, stime,
-                       starttime)
+                       starttime, rest[0])
 
 
 def tree_roots(parents: Mapping[int, int]) -> dict[int, int]:
@@ -200,7 +242,7 @@ class ProcessCollector:
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
                     CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, CGROUP_MEMORY_LIMIT, CGROUP_MEMORY_HEADROOM,
-                    INFO, CMDLINE_INFO, WEIGHTS_OFFLOAD, TREE_ROOT)
+                    INFO, CMDLINE_INFO, WEIGHTS_OFFLOAD, TREE_ROOT, EXITS, OOM_KILLED)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
@@ -236,6 +278,11 @@ class ProcessCollector:
         # hours, so each pid's cgroup files are read once per discovery interval, not every tick.
         self._cgroup_bounds: dict[int, tuple[float, CgroupMemoryBound | None]] = {}
         self._slow: dict[int, _SlowFiles] = {}  # pid -> its cmdline and limits, see _slow_files
+        self._seen: dict[int, _Seen] = {}     # the processes of the last collection
+        self._exits: dict[tuple[str, str, str], _Exits] = {}  # by identity
+        # pid -> (its cgroup's OOM kill file, the count read with its cgroup bound)
+        self._oom_counts: dict[int, tuple[str, int]] = {}
+        self._host_oom_kills: int | None = None  # /proc/vmstat oom_kill at the last collection
 
     def watched(self) -> dict[int, str]:
         """pid -> process_name (comm) of the processes read on the last collection."""
@@ -254,6 +301,8 @@ class ProcessCollector:
         ticks = self._clock_ticks()
         boot_time = self._read_boot_time()
         samples, current, parents = Samples(), {}, {}
+        seen: dict[int, _Seen] = {}
+        gone: set[int] = set()
         for pid, reason in sorted(watch.items()):
             try:  # every file before any sample, so that an exiting process leaves no partial series
                 stat_text = read_process_file(self._source, self._procfs, pid, "stat", self._log_once)
@@ -261,17 +310,23 @@ class ProcessCollector:
                 stat = parse_logged(parse_proc_stat, stat_text, self._path(pid, "stat"), self._log_once)
                 if stat is None:
                     continue  # without stat there is no name to label the rest with
+                if stat.state in _EXITED_STATES:
+                    raise ProcessGone(pid)  # a zombie has exited; its parent has yet to reap it
                 slow = self._slow_files(pid, stat.start_ticks, now)
             except ProcessGone:
                 self._discovered.pop(pid, None)
+                gone.add(pid)
                 continue
             if pid in self._discovered and pid not in self._pids:
                 if self._discovered[pid] not in (None, stat.start_ticks):
                     del self._discovered[pid]  # the pid now belongs to another process
+                    gone.add(pid)               # and the one watched has exited
                     continue
                 self._discovered[pid] = stat.start_ticks
             cmdline_text = slow.cmdline_text
             current[pid] = stat.comm
+            seen[pid] = _Seen(stat.start_ticks, (stat.comm, slow.identity.server, slow.identity.model)
+                              if slow.identity is not None else (stat.comm, "", ""))
             parents[pid] = stat.parent_pid
             status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
             self._add(samples, pid, stat, status or ProcessStatus(), ticks, boot_time)
@@ -289,10 +344,96 @@ class ProcessCollector:
                     samples.add(CMDLINE_INFO, 1, pid, stat.comm, cmdline_label(cmdline_text))
         for pid, root in sorted(tree_roots(parents).items()):
             samples.add(TREE_ROOT, 1, pid, current[pid], root)
+        self._count_exits(seen, gone, now)
+        for identity, counted in sorted(self._exits.items()):
+            samples.add(EXITS, counted.exits, *identity)
+            samples.add(OOM_KILLED, counted.oom_killed, *identity)
         self._current = current
         self._cgroup_bounds = {pid: read for pid, read in self._cgroup_bounds.items() if pid in current}
         self._slow = {pid: read for pid, read in self._slow.items() if pid in current}
+        self._oom_counts = {pid: read for pid, read in self._oom_counts.items() if pid in current}
         return samples
+
+    def _count_exits(self, seen: dict[int, _Seen], gone: set[int], now: float) -> None:
+        """Count the exits of the processes the last collection saw and this one does not (or
+        sees as another process), and which of them the OOM killer caused (see OOM_KILLED)."""
+        exited = []
+        for pid, before in self._seen.items():
+            if pid in seen:
+                if seen[pid].start_ticks != before.start_ticks:
+                    exited.append((pid, before))  # the pid was reused: the one seen has exited
+            elif pid in gone or self._has_exited(pid, before.start_ticks):
+                exited.append((pid, before))
+        host_kills = self._read_host_oom_kills() if (seen or self._seen) else None
+        kills_since = (None if host_kills is None or self._host_oom_kills is None
+                       else max(0, host_kills - self._host_oom_kills))
+        self._host_oom_kills = host_kills
+        for pid, process in seen.items():
+            self._exits.setdefault(process.identity, _Exits()).last_watched = now
+        self._seen = seen
+        if exited:
+            for pid, process in exited:
+                self._exits.setdefault(process.identity, _Exits(last_watched=now)).exits += 1
+            self._attribute_oom_kills(exited, kills_since)
+        self._exits = {identity: counted for identity, counted in self._exits.items()
+                       if now - counted.last_watched <= IDENTITY_KEPT_SECONDS}
+
+    def _attribute_oom_kills(self, exited: list[tuple[int, _Seen]], host_kills: int | None) -> None:
+        """OOM_KILLED += 1 for each exit the OOM killer caused: its cgroup's count tells where it
+        can be read; the rest are judged together by the host's count, once the kills the cgroups
+        account for are taken off."""
+        by_file: dict[str, list[tuple[int, _Seen, int]]] = {}
+        undecided = []
+        for pid, process in exited:
+            rise = self._cgroup_oom_rise(pid)
+            if rise is None:
+                undecided.append(process)
+            else:
+                by_file.setdefault(self._oom_counts[pid][0], []).append((pid, process, rise))
+        accounted = 0
+        for processes in by_file.values():
+            kills = max(rise for _, _, rise in processes)
+            if kills >= len(processes):
+                accounted += len(processes)
+                for _, process, _ in processes:
+                    self._exits[process.identity].oom_killed += 1
+        if undecided and host_kills is not None and host_kills - accounted >= len(undecided):
+            for process in undecided:
+                self._exits[process.identity].oom_killed += 1
+
+    def _cgroup_oom_rise(self, pid: int) -> int | None:
+        """OOM kills its cgroup counted since its last reading; None where it cannot be read (no
+        readable cgroup, or the cgroup went with the process)."""
+        known = self._oom_counts.get(pid)
+        if known is None:
+            return None
+        try:
+            return max(0, parse_oom_kill(self._source.read_text(known[0])) - known[1])
+        except (OSError, ParseError):
+            return None
+
+    def _has_exited(self, pid: int, start_ticks: int) -> bool:
+        """A pid no longer watched (NVML no longer lists it, its stat unreadable): exited, or alive
+        and no longer holding GPU memory? Its stat says."""
+        try:
+            text = read_process_file(self._source, self._procfs, pid, "stat", self._log_once)
+        except ProcessGone:
+            return True
+        stat = None if text is None else parse_logged(parse_proc_stat, text, self._path(pid, "stat"),
+                                                      self._log_once)
+        return stat is not None and (stat.start_ticks != start_ticks or stat.state in _EXITED_STATES)
+
+    def _read_host_oom_kills(self) -> int | None:
+        """oom_kill of /proc/vmstat, recorded as the number alone (a trace keeps vmstat once, from
+        host_memory); None when unreadable, or replaying a trace recorded before it was read."""
+        path = os.path.join(self._procfs, "vmstat")
+        try:
+            return int(self._source.call("process.oom_kills",
+                                         lambda: parse_vmstat(self._source.read_text(path)).get("oom_kill")))
+        except (OSError, ParseError, ReplayedCallError, TraceMissError, TypeError, ValueError) as error:
+            self._log_once("oom_kills", "cannot read oom_kill from %s: %s; an exit is counted as an "
+                           "OOM kill only where its cgroup's count says so", path, error)
+            return None
 
     def _slow_files(self, pid: int, start_ticks: int, now: float) -> "_SlowFiles":
         """cmdline and limits of one process, read again once per discovery interval and whenever
@@ -317,12 +458,28 @@ class ProcessCollector:
         if mounts:
             try:
                 cgroups = parse_process_cgroups(self._source.read_text(self._path(pid, "cgroup")))
+                self._read_oom_count(pid, mounts, cgroups)
                 bound = memory_bound(self._source, mounts, cgroups)
             except (OSError, ParseError, ValueError) as error:
                 self._log_once(f"cgroup:{pid}", "cannot read the memory cgroup of pid %s: %s; its "
                                "cgroup limit is left out and MemAvailable alone bounds it", pid, error)
         self._cgroup_bounds[pid] = (now, bound)
         return bound
+
+    def _read_oom_count(self, pid: int, mounts: list[CgroupMount], cgroups: dict[int, str]) -> None:
+        """The OOM kills its cgroup has counted so far, the baseline its exit is judged against.
+        The root cgroup has no such file, nor a v2 tree without the memory controller."""
+        for path in oom_kill_files(mounts, cgroups):
+            try:
+                self._oom_counts[pid] = (path, parse_oom_kill(self._source.read_text(path)))
+                return
+            except FileNotFoundError:
+                continue
+            except (OSError, ParseError) as error:
+                self._log_once(f"oom:{path}", "cannot read the OOM kills of %s: %s; an exit of pid "
+                               "%s is judged by the host's count", path, error, pid)
+                break
+        self._oom_counts.pop(pid, None)
 
     def _memory_cgroup_mounts(self) -> list[CgroupMount]:
         if self._cgroup_mounts is None:

@@ -2,7 +2,8 @@
 
 An annotation is plain text with markers: `<gpu>` is a label of the alert, `<value|humanize>` its
 value, `<bound|humanize>` the first sample of a named query run when the alert fires, and
-`<if gpu>...<else>...<end>` picks a text by whether the alert has that label. `go_template`
+`<if gpu>...<else>...<end>` picks a text by whether the alert has that label, or, where `gpu` names
+a query, whether that query found anything (so a clause is left out rather than print "unknown"). `go_template`
 turns the markers into Prometheus template code; `expected_text` fills them with the values a
 promtool test expects, formatted exactly as Prometheus's template functions format them (ported
 from prometheus/template/template.go), so the generated tests check the rules' PromQL and
@@ -127,8 +128,14 @@ def go_template(text: str, queries: Mapping[str, tuple[str, tuple[str, ...]]]) -
             raise ValueError(f"label marker <{name}> takes no format")
         return f"{{{{ $labels.{name} }}}}"
 
+    def condition(match: re.Match[str]) -> str:
+        name = match.group(1)
+        # An empty query result is false in a Go template, as an empty label is.
+        test = _query_call(*queries[name]) if name in queries else f"$labels.{name}"
+        return f"{{{{ if {test} }}}}{match.group(2)}{{{{ else }}}}{match.group(3)}{{{{ end }}}}"
+
     _check_markers(text)
-    text = CONDITION.sub(r"{{ if $labels.\1 }}\2{{ else }}\3{{ end }}", text)
+    text = CONDITION.sub(condition, text)
     return MARKER.sub(replace, text)
 
 
@@ -145,7 +152,9 @@ def expected_text(text: str, values: Mapping[str, float | str | None]) -> str:
         return go_value(value)
 
     if "<if " in text:
-        text = CONDITION.sub(lambda m: m.group(2) if values.get(m.group(1)) else m.group(3), text)
+        # A label is there when not empty; a query when it found something, 0 included.
+        text = CONDITION.sub(lambda m: m.group(2) if values.get(m.group(1)) not in (None, "") else m.group(3),
+                             text)
     _check_markers(text)
     return "".join(piece if isinstance(piece, str) else filled(*piece) for piece in _pieces(text))
 

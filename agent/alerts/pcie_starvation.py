@@ -120,6 +120,7 @@ class Detector(DetectorBase):
         measured_both_ways = common.gpu_directions(history, MEASURED_BIDIRECTIONAL_CAPACITY.name, now)
         findings = []
         loads: dict[tuple[str, ...], dict[str, DirectionLoad]] = {}   # its figures: every GPU with traffic
+        link_shares: dict[tuple[str, ...], float] = {}
         for key, directions in sorted(traffic.items()):
             busy = utilization.get(key)
             gen, lanes, benchmarked = generation.get(key), width.get(key), measured_capacity.get(key, {})
@@ -134,6 +135,8 @@ class Detector(DetectorBase):
             both = both_found[0] if both_found else None
             if both:
                 shares[recorded.BOTH] = sum(directions.values()) / both
+            if shares:
+                link_shares[key] = max(shares.values())
             if busy is None or not shares:
                 continue
             judged = max(shares, key=shares.__getitem__)
@@ -166,6 +169,9 @@ class Detector(DetectorBase):
                         "both": both, "util": busy, "gen": gen, "width": lanes},
                 details=details))
         self.figures = loads
+        # The fullest of each direction and both together, per GPU: the rule's max without
+        # (direction) of TRAFFIC_SHARE, which server_crash reads as what preceded a crash.
+        self.link_shares = link_shares
         return findings
 
 

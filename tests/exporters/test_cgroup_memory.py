@@ -16,7 +16,7 @@ from hybridmon.exporters.process import ProcessCollector
 from hybridmon.exporters.sources import LiveSource
 import functools
 
-from hybridmon.exporters.cgroup_memory import (parse_inactive_file)
+from hybridmon.exporters.cgroup_memory import (oom_kill_files, parse_inactive_file, parse_oom_kill)
 from tests.support.parser_properties import ParserRow, read
 from tests.support.paths import FIXTURES
 
@@ -160,4 +160,22 @@ PARSER_ROWS = [
     ParserRow(parse_limit, ("268435456\n", "17179869184\n")),
     ParserRow(parse_inactive_file, read(FIXTURES / "cgroup/memory.stat-v1"),
               call=functools.partial(parse_inactive_file, version=1)),
+    # v2 memory.events (Linux 6.1 prints these six keys), v1 memory.oom_control (oom_kill since 4.13)
+    ParserRow(parse_oom_kill, read(FIXTURES / "cgroup/memory.events-v2") + read(FIXTURES / "cgroup/memory.oom_control-v1")),
 ]
+
+
+def test_oom_kills_are_the_oom_kill_line_of_either_version():
+    assert parse_oom_kill((FIXTURES / "cgroup/memory.events-v2").read_text()) == 2   # not oom_group_kill
+    assert parse_oom_kill((FIXTURES / "cgroup/memory.oom_control-v1").read_text()) == 1  # not oom_kill_disable
+    with pytest.raises(ParseError):
+        parse_oom_kill("oom 3\noom_group_kill 1\n")
+
+
+def test_oom_kills_are_read_from_the_processs_own_cgroup_v2_first():
+    mounts = parse_memory_mounts(MOUNTINFO_HYBRID)
+    cgroups = parse_process_cgroups("12:memory:/system.slice/vllm.service\n0::/system.slice/vllm.service\n")
+    assert oom_kill_files(mounts, cgroups) == [
+        "/sys/fs/cgroup/unified/system.slice/vllm.service/memory.events",
+        "/sys/fs/cgroup/memory/system.slice/vllm.service/memory.oom_control"]
+    assert oom_kill_files(mounts, {}) == []

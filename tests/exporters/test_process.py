@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import ParseError
 from hybridmon.exporters.process import (
+    EXITS,
     INFO,
+    OOM_KILLED,
     MEMLOCK_LIMIT,
     ProcessCollector,
     ProcessStat,
@@ -54,8 +56,16 @@ softirq 136825 0 19116 3 1452 44510 0 2 35851 0 35891
 START_TIME = "hybridmon_process_start_time_seconds"
 
 
+# Series of a process identity (its exits), not of one pid: see the exit tests below.
+IDENTITY_SERIES = (EXITS, OOM_KILLED)
+
+
+def per_pid(samples):
+    return [s for s in samples if s.spec not in IDENTITY_SERIES]
+
+
 def as_tuples(samples):
-    return [(s.spec.name, s.label_values, s.value) for s in samples]
+    return [(s.spec.name, s.label_values, s.value) for s in per_pid(samples)]
 
 
 def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, threads, allowed,
@@ -130,7 +140,7 @@ def fixture_collector(source, procfs, **overrides):
 def test_parse_proc_stat_fixture():
     assert parse_proc_stat(VLLM_STAT) == ProcessStat(
         pid=4242, comm="python3", parent_pid=4200, minor_faults=15234567, major_faults=8912, user_ticks=4567890,
-        system_ticks=123456, start_ticks=1234500,
+        system_ticks=123456, start_ticks=1234500, state="S",
     )
 
 
@@ -533,7 +543,7 @@ def test_process_that_exits_is_dropped_without_error(procfs_copy, caplog):
     clock.now = 1.0
     with caplog.at_level(logging.WARNING):
         samples = collector.collect()
-    assert {s.label_values[0] for s in samples} == {"5151"}
+    assert {s.label_values[0] for s in per_pid(samples)} == {"5151"}
     assert collector.watched() == {5151: "llama-server"}
     assert caplog.records == []
     source.take_readings()
@@ -551,7 +561,7 @@ def test_process_exiting_mid_read_leaves_no_partial_series(fixture_procfs, error
     collector = fixture_collector(FailingSource(f"4242/{file}", error), fixture_procfs)
     samples = collector.collect()
     assert samples.find("hybridmon_process_minor_faults_total", pid="4242") == []  # read before it
-    assert {s.label_values[0] for s in samples} == {"5151"}
+    assert {s.label_values[0] for s in per_pid(samples)} == {"5151"}
 
 
 def test_process_of_another_user_gives_what_is_readable(fixture_procfs, caplog):
@@ -613,7 +623,7 @@ def test_garbled_stat_skips_only_that_process(procfs_copy, caplog):
     (procfs_copy / "4242/stat").write_text("garbage\n")
     with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = fixture_collector(LiveSource(), procfs_copy).collect()
-    assert {s.label_values[0] for s in samples} == {"5151"}
+    assert {s.label_values[0] for s in per_pid(samples)} == {"5151"}
     assert any("4242/stat" in r.getMessage() for r in caplog.records)
 
 
@@ -674,10 +684,10 @@ def test_clock_ticks_are_read_once_through_the_source(fixture_procfs):
     collector = ProcessCollector(source, procfs=fixture_procfs, pids=[4242])
     collector.collect()
     calls = [r for r in source.take_readings() if r[0] == "call"]
-    assert [r[1] for r in calls] == ["process.clock", "os.sysconf(SC_CLK_TCK)"]
+    assert [r[1] for r in calls] == ["process.clock", "os.sysconf(SC_CLK_TCK)", "process.oom_kills"]
     assert calls[1][3] == os.sysconf("SC_CLK_TCK")
     collector.collect()
-    assert [r[1] for r in source.take_readings() if r[0] == "call"] == ["process.clock"]
+    assert [r[1] for r in source.take_readings() if r[0] == "call"] == ["process.clock", "process.oom_kills"]
 
 
 def test_constructor_reads_nothing(fixture_procfs):
@@ -746,3 +756,158 @@ PARSER_ROWS = [
     ParserRow(parse_boot_time, read(FIXTURE_HOST / "proc/stat")),
     ParserRow(parse_memlock_limit, read(FIXTURE_HOST / "proc/4242/limits")),
 ]
+
+
+# --- exits: what stays of a process once it is gone ----------------------------------------------
+# The kernel counts an OOM kill (oom_kill of /proc/vmstat, mm/oom_kill.c __oom_kill_process, and of
+# the victim's memory cgroup, memcg_memory_event(MEMCG_OOM_KILL)) before the victim exits, so a
+# collection that finds the process gone also finds the count risen.
+
+VLLM_IDENTITY_LABELS = ("python3", *VLLM_IDENTITY[1:])
+LLAMA_IDENTITY_LABELS = ("llama-server", *LLAMA_IDENTITY[1:])
+
+
+def exits_of(samples) -> dict[tuple, tuple[float, float]]:
+    """identity -> (exits, of them OOM-killed)"""
+    return {labels: (value, samples.value(OOM_KILLED.name, process_name=labels[0], server=labels[1],
+                                          model=labels[2]))
+            for labels, value in ((s.label_values, s.value) for s in samples if s.spec is EXITS)}
+
+
+def add_oom_kills(procfs: Path, count: int) -> None:
+    vmstat = procfs / "vmstat"
+    kills = int(re.search(r"^oom_kill (\d+)$", vmstat.read_text(), re.M).group(1))
+    vmstat.write_text(re.sub(r"^oom_kill \d+$", f"oom_kill {kills + count}", vmstat.read_text(), flags=re.M))
+
+
+def two_ticks(procfs: Path, change, **overrides):
+    """(first collection, second collection after `change(procfs)`), recorded, and the second
+    replayed from its readings."""
+    clock = FakeClock()
+    source = RecordingSource(LiveSource())
+    collector = fixture_collector(source, procfs, clock=clock, **overrides)
+    replay = ReplaySource()
+    replayer = fixture_collector(replay, procfs, **overrides)
+    first = collector.collect()
+    replay.load(source.take_readings())
+    replayer.collect()
+    change(procfs)
+    clock.now = 1.0
+    second = collector.collect()
+    replay.load(source.take_readings())
+    assert as_tuples(replayer.collect()) == as_tuples(second)
+    return first, second
+
+
+def test_identities_start_at_zero_exits(procfs_copy):
+    first, _ = two_ticks(procfs_copy, lambda procfs: None)
+    assert exits_of(first) == {VLLM_IDENTITY_LABELS: (0, 0), LLAMA_IDENTITY_LABELS: (0, 0)}
+
+
+def test_a_process_gone_with_an_oom_kill_is_counted_as_oom_killed(procfs_copy):
+    def killed(procfs):
+        add_oom_kills(procfs, 1)
+        shutil.rmtree(procfs / "4242")
+    _, second = two_ticks(procfs_copy, killed)
+    assert exits_of(second) == {VLLM_IDENTITY_LABELS: (1, 1), LLAMA_IDENTITY_LABELS: (0, 0)}
+
+
+def test_a_clean_exit_is_an_exit_and_no_oom_kill(procfs_copy):
+    _, second = two_ticks(procfs_copy, lambda procfs: shutil.rmtree(procfs / "4242"))
+    assert exits_of(second)[VLLM_IDENTITY_LABELS] == (1, 0)
+
+
+def test_an_oom_kill_of_an_unwatched_process_counts_for_no_watched_one(procfs_copy):
+    _, second = two_ticks(procfs_copy, lambda procfs: add_oom_kills(procfs, 1))
+    assert exits_of(second) == {VLLM_IDENTITY_LABELS: (0, 0), LLAMA_IDENTITY_LABELS: (0, 0)}
+
+
+def test_two_exits_and_one_kill_blame_neither(procfs_copy):
+    def both_gone(procfs):
+        add_oom_kills(procfs, 1)
+        shutil.rmtree(procfs / "4242")
+        shutil.rmtree(procfs / "5151")
+    _, second = two_ticks(procfs_copy, both_gone)
+    assert exits_of(second) == {VLLM_IDENTITY_LABELS: (1, 0), LLAMA_IDENTITY_LABELS: (1, 0)}
+
+
+def test_a_zombie_has_exited(procfs_copy):
+    def zombie(procfs):
+        stat = procfs / "4242/stat"
+        stat.write_text(stat.read_text().replace(") S ", ") Z ", 1))
+    _, second = two_ticks(procfs_copy, zombie)
+    assert exits_of(second)[VLLM_IDENTITY_LABELS] == (1, 0)
+    assert {s.label_values[0] for s in per_pid(second)} == {"5151"}
+
+
+def test_a_gpu_holder_that_frees_its_memory_has_not_exited(procfs_copy):
+    """NVML stops listing it, /proc still shows it, same start time: no exit."""
+    holders = [{4242: "python3"}, {}]
+    clock = FakeClock()
+    collector = ProcessCollector(LiveSource(), procfs=str(procfs_copy), names=(), cmdline_patterns=(),
+                                 gpu_processes=lambda: holders[0], clock=clock, clock_ticks_per_second=100)
+    collector.collect()
+    holders.pop(0)
+    clock.now = 1.0
+    assert exits_of(collector.collect()) == {VLLM_IDENTITY_LABELS: (0, 0)}
+
+
+def cgroup_host(tmp_path: Path, procfs: Path, cgroups: dict[int, str]) -> Path:
+    """A cgroup v2 tree under tmp_path/cg, each pid in its own service cgroup with memory.events."""
+    root = tmp_path / "cg"
+    (procfs / "self").mkdir(exist_ok=True)
+    (procfs / "self/mountinfo").write_text(MOUNTINFO_V2.replace("/sys/fs/cgroup", str(root)))
+    for pid, path in cgroups.items():
+        (procfs / str(pid) / "cgroup").write_text(f"0::{path}\n")
+        (root / path.lstrip("/")).mkdir(parents=True, exist_ok=True)
+        (root / path.lstrip("/") / "memory.events").write_text(
+            "low 0\nhigh 0\nmax 0\noom 0\noom_kill 0\noom_group_kill 0\n")
+    return root
+
+
+MOUNTINFO_V2 = "29 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw\n"
+SERVICES = {4242: "/system.slice/vllm.service", 5151: "/system.slice/llama.service"}
+
+
+def oom_kill_in(root: Path, cgroup: str) -> None:
+    events = root / cgroup.lstrip("/") / "memory.events"
+    events.write_text(events.read_text().replace("oom_kill 0", "oom_kill 1"))
+
+
+def test_the_processs_own_cgroup_decides_where_it_can_be_read(procfs_copy, tmp_path):
+    """The host counted one kill and vLLM exited at once, but the kill was in llama-server's cgroup
+    (which lost no watched process: a helper of it): vLLM's exit is not an OOM kill. Killed in its
+    own cgroup, it is."""
+    root = cgroup_host(tmp_path, procfs_copy, SERVICES)
+
+    def elsewhere(procfs):
+        add_oom_kills(procfs, 1)
+        oom_kill_in(root, SERVICES[5151])
+        shutil.rmtree(procfs / "4242")
+    _, second = two_ticks(procfs_copy, elsewhere)
+    assert exits_of(second)[VLLM_IDENTITY_LABELS] == (1, 0)
+
+
+def test_killed_in_its_own_cgroup_is_an_oom_kill(procfs_copy, tmp_path):
+    root = cgroup_host(tmp_path, procfs_copy, SERVICES)
+
+    def own(procfs):
+        add_oom_kills(procfs, 1)
+        oom_kill_in(root, SERVICES[4242])
+        shutil.rmtree(procfs / "4242")
+    _, second = two_ticks(procfs_copy, own)
+    assert exits_of(second)[VLLM_IDENTITY_LABELS] == (1, 1)
+
+
+def test_an_identity_is_forgotten_an_hour_after_its_last_process(procfs_copy):
+    from hybridmon.exporters.process import IDENTITY_KEPT_SECONDS
+    clock = FakeClock()
+    collector = fixture_collector(LiveSource(), procfs_copy, clock=clock)
+    collector.collect()
+    shutil.rmtree(procfs_copy / "4242")
+    clock.now = 1.0
+    assert exits_of(collector.collect())[VLLM_IDENTITY_LABELS] == (1, 0)
+    clock.now = 1.0 + IDENTITY_KEPT_SECONDS - 1
+    assert VLLM_IDENTITY_LABELS in exits_of(collector.collect())
+    clock.now = 1.0 + IDENTITY_KEPT_SECONDS + 1
+    assert set(exits_of(collector.collect())) == {LLAMA_IDENTITY_LABELS}

@@ -314,3 +314,18 @@ def test_dcgm_replay_bound(generation, lanes, bound):
 ])
 def test_template_functions_format_like_prometheus(function, value, text):
     assert function(value) == text
+
+
+def test_a_clause_on_a_query_is_left_out_when_the_query_finds_nothing():
+    """`<if name>` on a query name tests whether the query found anything (0 counts as found), in
+    Go (an empty query result is false) and in Python alike; on a label, whether it is set."""
+    from hybridmon.rules.templates import expected_text, go_template
+    queries = {"free": ('min_over_time(x{job=%q,instance=%q}[5m])', ("job", "instance"))}
+    text = "killed<if free>, <free|humanize1024>B free before<else><end>.<if gpu> GPU <gpu>.<else><end>"
+    assert go_template(text, queries) == (
+        "killed{{ if printf `min_over_time(x{job=%q,instance=%q}[5m])` $labels.job $labels.instance | query }}, "
+        "{{ with printf `min_over_time(x{job=%q,instance=%q}[5m])` $labels.job $labels.instance | query }}"
+        "{{ . | first | value | humanize1024 }}{{ else }}unknown{{ end }}B free before{{ else }}{{ end }}."
+        "{{ if $labels.gpu }} GPU {{ $labels.gpu }}.{{ else }}{{ end }}")
+    assert expected_text(text, {"free": None, "gpu": ""}) == "killed."
+    assert expected_text(text, {"free": 0.0, "gpu": "1"}) == "killed, 0B free before. GPU 1."

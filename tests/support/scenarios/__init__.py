@@ -34,6 +34,7 @@ from tests.support.scenarios.library import SCENARIOS, Scenario
 from tests.support.scenarios import inference_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import offload_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import gpu_blip_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import crash_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 

@@ -535,6 +535,30 @@ class SyntheticHost:
         self._thread_lines = {path: line for path, line in self._thread_lines.items()
                               if not path.startswith(f"proc/{pid}/")}
 
+    def count_oom_kills(self, kills: int = 1) -> None:
+        """The kernel OOM killer killed `kills` processes: oom_kill of /proc/vmstat rises (mm/oom_kill.c
+        counts each kill, count_vm_event(OOM_KILL), before its victim exits)."""
+        self.vmstat.values["oom_kill"] += kills
+
+    def boot_time(self) -> int:
+        """btime of the fixture's /proc/stat: seconds since the epoch when the host booted."""
+        return int(re.search(r"^btime (\d+)$", self._read("proc/stat"), re.M).group(1))
+
+    def restart_process(self, pid: int, new_pid: int, started_at: float) -> ProcessState:
+        """A supervisor's restart of `pid` (already exited: killed or stopped) as `new_pid`, started
+        at `started_at` (seconds since the epoch): the same command line, a new /proc/<new_pid>
+        with its start time (field 22 of stat, clock ticks since boot), no CPU time or faults yet;
+        the old /proc/<pid> goes, and so does its GPU memory (the new one has none until it loads)."""
+        process = self.add_process_like(pid, new_pid)
+        process.stat_fields[19] = str(math.floor((started_at - self.boot_time()) * self.clock_ticks))
+        process.cpu_seconds = 0.0
+        process.thread_cpu_seconds = {tid: 0.0 for tid in process.thread_cpu_seconds}
+        process.minor_faults, process.major_faults = Counter(0.0), Counter(0.0)
+        self.remove_process(pid)
+        for gpu in self.gpus:
+            gpu.process_memory.pop(pid, None)
+        return process
+
     # --- time ------------------------------------------------------------------------------
     def advance(self, dt: float) -> None:
         """Let `dt` seconds pass at the current rates."""
