@@ -69,7 +69,8 @@ def host_thrash(s: Settings) -> str:
 def _condition(s: Settings) -> str:
     return (
         f"swap-in at or above {_bytes(s.swap_in_bytes_per_second)}/s and swap-out at or above "
-        f"{_bytes(s.swap_out_bytes_per_second)}/s (1 min rates, swap device and zswap together), with major page faults at or above "
+        f"{_bytes(s.swap_out_bytes_per_second)}/s (1 min rates, swap device and zswap together), "
+        "with major page faults at or above "
         f"{humanize(s.major_faults_per_second)}/s or tasks stalled on memory at least "
         f"{humanize_percentage(s.memory_pressure_some_ratio)} of the time")
 
