@@ -40,6 +40,27 @@ SWAP_OUT_BYTES = MetricSpec(
     "times the page size (sysconf(_SC_PAGE_SIZE)).",
     "counter",
 )
+# zswap (Documentation/admin-guide/mm/zswap.rst) compresses pages on their way to swap into a
+# RAM pool. A page it stores is not written to the swap device and a page it serves back is not
+# read from it (mm/page_io.c: swap_writepage and swap_read_folio return before counting pswpout
+# and pswpin), so a host thrashing through zswap shows pswpin/pswpout near zero. zswpin and zswpout
+# (pages) exist from Linux 5.19 (commit f6498b776d28, "mm: zswap: add basic meminfo and vmstat
+# coverage") in kernels built with CONFIG_ZSWAP (the #ifdef around them in mm/vmstat.c's
+# vmstat_text); a page zswap later writes back to the device counts in zswpwb and pswpout too.
+ZSWAP_IN_BYTES = MetricSpec(
+    "hybridmon_zswap_in_bytes_total",
+    "Memory loaded back from zswap's compressed RAM pool since boot (bytes), which pswpin does not "
+    "count; zswpin in /proc/vmstat, a count of pages, times the page size (sysconf(_SC_PAGE_SIZE)). "
+    "Absent on kernels before 5.19 or built without CONFIG_ZSWAP.",
+    "counter",
+)
+ZSWAP_OUT_BYTES = MetricSpec(
+    "hybridmon_zswap_out_bytes_total",
+    "Memory compressed into zswap's RAM pool on its way to swap since boot (bytes), which pswpout "
+    "does not count; zswpout in /proc/vmstat, a count of pages, times the page size "
+    "(sysconf(_SC_PAGE_SIZE)). Absent on kernels before 5.19 or built without CONFIG_ZSWAP.",
+    "counter",
+)
 OOM_KILLS = MetricSpec(
     "hybridmon_memory_oom_kills_total",
     "Processes killed by the kernel OOM killer since boot (count); oom_kill in /proc/vmstat, "
@@ -107,6 +128,18 @@ MEMORY_ANON_HUGEPAGES = MetricSpec(
     "absent on kernels built without transparent huge pages.",
     "gauge",
 )
+ZSWAP_POOL = MetricSpec(
+    "hybridmon_zswap_pool_bytes",
+    "RAM taken by zswap's compressed pool (bytes); Zswap in /proc/meminfo, absent on kernels before "
+    "5.19 or built without CONFIG_ZSWAP.",
+    "gauge",
+)
+ZSWAP_STORED = MetricSpec(
+    "hybridmon_zswap_stored_bytes",
+    "Memory swapped out into zswap's pool, at its uncompressed size (bytes); Zswapped in "
+    "/proc/meminfo, absent on kernels before 5.19 or built without CONFIG_ZSWAP.",
+    "gauge",
+)
 SYSCTL_VALUE = MetricSpec(
     "hybridmon_sysctl_value",
     "Value of a memory-related kernel setting as the kernel reports it (vm.dirty_ratio is a "
@@ -131,7 +164,12 @@ _VMSTAT_COUNTERS = (
 _VMSTAT_PAGE_COUNTERS = (
     (SWAP_IN_BYTES, "pswpin"),
     (SWAP_OUT_BYTES, "pswpout"),
+    (ZSWAP_IN_BYTES, "zswpin"),
+    (ZSWAP_OUT_BYTES, "zswpout"),
 )
+# Pages read back into memory from swap, from the device and from zswap's pool: what the
+# faulting_processes collector's scan waits for (swap_in_bytes()).
+_SWAP_IN_FIELDS = ("pswpin", "zswpin")
 _MEMINFO_GAUGES = (
     (MEMORY_TOTAL, "MemTotal"),
     (MEMORY_AVAILABLE, "MemAvailable"),
@@ -141,6 +179,8 @@ _MEMINFO_GAUGES = (
     (MEMORY_SHMEM, "Shmem"),
     (MEMORY_DIRTY, "Dirty"),
     (MEMORY_ANON_HUGEPAGES, "AnonHugePages"),
+    (ZSWAP_POOL, "Zswap"),
+    (ZSWAP_STORED, "Zswapped"),
 )
 RECLAIMERS = ("kswapd", "direct", "khugepaged")
 # Zone suffixes of the pre-4.8 per-zone fields. Listed rather than matched by pattern because
@@ -276,6 +316,12 @@ class HostMemoryCollector:
         self._sysfs = sysfs
         self._page_size = page_size_bytes
         self._log_once = LogOnce(log)
+        self._swap_in_bytes: int | None = None
+
+    def swap_in_bytes(self) -> int | None:
+        """Bytes read back from swap since boot (pswpin + zswpin, pages times the page size) at
+        the last collection; None before one read /proc/vmstat or where it lacks pswpin."""
+        return self._swap_in_bytes
 
     def collect(self) -> Samples:
         samples = Samples()
@@ -323,6 +369,8 @@ class HostMemoryCollector:
         for spec, field in _VMSTAT_PAGE_COUNTERS:
             pages = vmstat.get(field)
             samples.add(spec, None if pages is None else pages * page)
+        self._swap_in_bytes = (None if "pswpin" not in vmstat
+                               else sum(vmstat.get(field, 0) for field in _SWAP_IN_FIELDS) * page)
         for reclaimer, pages in reclaim_pages(vmstat, "pgscan").items():
             samples.add(RECLAIM_SCANNED_BYTES, pages * page, reclaimer)
         for reclaimer, pages in reclaim_pages(vmstat, "pgsteal").items():

@@ -9,7 +9,7 @@ the ones before it (CollectorRegistration.runs_after names only earlier ones).
 """
 from __future__ import annotations
 
-from hybridmon.exporters import bench, gpu, host_memory, inference, numa, pcie, pressure, process
+from hybridmon.exporters import bench, faulting_processes, gpu, host_memory, inference, numa, pcie, pressure, process
 from hybridmon.exporters.base import CollectorRegistration
 
 COLLECTORS: tuple[CollectorRegistration, ...] = (
@@ -19,6 +19,7 @@ COLLECTORS: tuple[CollectorRegistration, ...] = (
     numa.REGISTRATION,
     pcie.REGISTRATION,
     process.REGISTRATION,
+    faulting_processes.REGISTRATION,
     numa.PROCESS_NUMA_REGISTRATION,
     bench.REGISTRATION,
     inference.REGISTRATION,

@@ -3,7 +3,9 @@
 An annotation is plain text with markers: `<gpu>` is a label of the alert, `<value|humanize>` its
 value, `<bound|humanize>` the first sample of a named query run when the alert fires, and
 `<if gpu>...<else>...<end>` picks a text by whether the alert has that label, or, where `gpu` names
-a query, whether that query found anything (so a clause is left out rather than print "unknown"). `go_template`
+a query, whether that query found anything (so a clause is left out rather than print "unknown"),
+and `<faulting|processes>` lists every series a named query returns, in its order, as `name (pid N,
+V/s)` (V humanized; "none" when it returns nothing). `go_template`
 turns the markers into Prometheus template code; `expected_text` fills them with the values a
 promtool test expects, formatted exactly as Prometheus's template functions format them (ported
 from prometheus/template/template.go), so the generated tests check the rules' PromQL and
@@ -106,6 +108,21 @@ FORMATS: dict[str, Callable[[float], str]] = {
 }
 
 
+# List formats: a query's whole result, not its first sample. Each renders its items one way in
+# Go (a `range` over the query's samples) and the same way in Python (a sequence of items).
+LIST_FORMATS = ("processes",)
+_PROCESS_ITEM_GO = "{{ $s.Labels.process_name }} (pid {{ $s.Labels.pid }}, {{ $s.Value | humanize }}/s)"
+_EMPTY_LIST = "none"
+
+
+def process_list(items) -> str:
+    """`<name|processes>` filled from (process_name, pid, per-second value) items, as the Go
+    template prints the query's samples."""
+    if not items:
+        return _EMPTY_LIST
+    return ", ".join(f"{name} (pid {pid}, {humanize(float(value))}/s)" for name, pid, value in items)
+
+
 def _query_call(promql: str, label_names: tuple[str, ...]) -> str:
     """Template code that runs `promql` with %q placeholders filled from the alert's labels."""
     arguments = " ".join(f"$labels.{name}" for name in label_names)
@@ -118,6 +135,12 @@ def go_template(text: str, queries: Mapping[str, tuple[str, tuple[str, ...]]]) -
     def replace(match: re.Match[str]) -> str:
         name, fmt = match.group(1), match.group(2)
         pipe = f" | {fmt}" if fmt else ""
+        if fmt in LIST_FORMATS:
+            if name not in queries:
+                raise ValueError(f"<{name}|{fmt}> lists a query's samples: give <{name}> a query")
+            promql, label_names = queries[name]
+            return (f"{{{{ range $i, $s := {_query_call(promql, label_names)} }}}}{{{{ if $i }}}}, "
+                    f"{{{{ end }}}}{_PROCESS_ITEM_GO}{{{{ else }}}}{_EMPTY_LIST}{{{{ end }}}}")
         if name == "value":
             return f"{{{{ $value{pipe} }}}}"
         if name in queries:
@@ -145,6 +168,8 @@ def expected_text(text: str, values: Mapping[str, float | str | None]) -> str:
 
     def filled(name: str, fmt: str | None) -> str:
         value = values[name]
+        if fmt in LIST_FORMATS:
+            return process_list(value)
         if value is None:  # a query that returned nothing: the template's {{ else }}
             return "unknown"
         if fmt:
@@ -183,7 +208,7 @@ def _check_markers(text: str) -> None:
     """Raises for a format or template code the texts may not hold. Remembered per text (a bad
     one raises every time): the agent fills the same few texts at every evaluation."""
     for match in MARKER.finditer(text):
-        if match.group(2) and match.group(2) not in FORMATS:
+        if match.group(2) and match.group(2) not in FORMATS and match.group(2) not in LIST_FORMATS:
             raise ValueError(f"unknown format {match.group(2)!r} in {text!r}")
     stray = MARKER.sub("", CONDITION.sub("", text))
     if "{{" in stray or "}}" in stray:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from hybridmon.agent.alerts.swap_thrash import Detector
+from hybridmon.exporters.faulting_processes import MAJOR_FAULT_RATE
+from hybridmon.exporters.host_memory import ZSWAP_IN_BYTES, ZSWAP_OUT_BYTES
 from hybridmon.exporters.process import MAJOR_FAULTS as PROCESS_MAJOR_FAULTS
 from hybridmon.exporters.process import SWAP as PROCESS_SWAP
 from tests.support.detector_history import (
@@ -30,6 +32,8 @@ from tests.support.promtool_cases import (
     not_yet,
 )
 from tests.support.promtool_inputs import HOST2, LLAMA, SGLANG, VLLM, host_memory
+
+BATCH = {"pid": "7001", "process_name": "batch_job"}  # an unwatched process
 
 
 def detector():
@@ -146,6 +150,78 @@ def test_a_restarted_process_under_a_new_pid_is_judged_on_its_own():
     assert [f.labels.get("pid") for f in findings if f.severity == "critical"] == ["5000"]
 
 
+def zswap_thrashing_host(t, *, device=0.4e6, zswap=30e6, major=7600.0):
+    """The issue's host: pswpin/pswpout under 0.5 MB/s, zswpin/zswpout ~30 MB/s, ~7,600 major
+    faults/s (30 MB/s of 4 KiB pages is 7,324 swap-ins/s, each a major fault in do_swap_page)."""
+    s = t - T0
+    return host_memory_rows(swap_in=device * s, swap_out=device * s, major_faults=major * s) + [
+        (ZSWAP_IN_BYTES, zswap * s), (ZSWAP_OUT_BYTES, zswap * s)]
+
+
+def scan(*processes):
+    """The faulting_processes collector's rows: (pid, name, major faults/s) each."""
+    return lambda t: [(MAJOR_FAULT_RATE, rate, pid, name) for pid, name, rate in processes]
+
+
+def test_zswap_thrash_fires_and_names_the_unwatched_process():
+    trace = Trace()
+    now = trace.run(T0, T0 + 180, host_memory=zswap_thrashing_host,
+                    pressure=lambda t: pressure_rows(0.3 * (t - T0)),
+                    process=lambda t: process_rows("4242", "vllm", swap=GIB),
+                    faulting_processes=scan(("7001", "batch_job", 7400.0), ("4242", "vllm", 12.0)))
+    # vLLM: 1 GiB in swap that does not grow, no major fault in its own counters: not critical
+    (host,) = detector().evaluate(trace.history, now)
+    assert host.labels == {} and host.severity == "warning"
+    assert host.value == pytest.approx(30.4e6)
+    assert host.details["zswap_in_bytes_per_second"] == pytest.approx(30e6)
+    assert host.details["top_faulting_pid"] == "7001"
+    assert host.details["top_faulting_process_name"] == "batch_job"
+    assert ("Processes taking the most major faults, watched or not: batch_job (pid 7001, 7.4k/s), "
+            "vllm (pid 4242, 12/s).") in host.description
+    assert "unknown" not in host.description
+
+
+def test_zswap_thrash_without_device_traffic_was_missed_by_device_counters_alone():
+    """Without zswap the same host's swap device traffic (0.4 MB/s) is below the threshold: the
+    zswap counters are what make it fire."""
+    trace = Trace()
+    now = trace.run(T0, T0 + 180, host_memory=lambda t: zswap_thrashing_host(t, zswap=0.0),
+                    pressure=lambda t: pressure_rows(0.3 * (t - T0)))
+    assert detector().evaluate(trace.history, now) == []
+
+
+def test_healthy_zswap_traffic_is_silent():
+    trace = Trace()
+    now = trace.run(T0, T0 + 180,
+                    host_memory=lambda t: zswap_thrashing_host(t, device=0.0, zswap=200e3, major=60.0),
+                    pressure=lambda t: pressure_rows(0.002 * (t - T0)))
+    assert detector().evaluate(trace.history, now) == []
+
+
+def test_a_watched_process_that_does_not_fault_is_not_blamed():
+    """VmSwap above 64 MiB and growing, but no major fault: the kernel moves its cold pages out and
+    it never reads them back. Not critical; the host names who does fault."""
+    trace = Trace()
+    now = trace.run(T0, T0 + 180, host_memory=zswap_thrashing_host,
+                    pressure=lambda t: pressure_rows(0.3 * (t - T0)),
+                    process=lambda t: process_rows("4242", "vllm", swap=100 * MIB + MIB * (t - T0)),
+                    faulting_processes=scan(("7001", "batch_job", 7400.0)))
+    findings = detector().evaluate(trace.history, now)
+    assert [f.severity for f in findings] == ["warning"]
+    assert "batch_job (pid 7001, 7.4k/s)" in findings[0].description
+
+
+def test_no_scan_names_none_and_an_old_scan_is_not_current():
+    trace = Trace()
+    now = trace.run(T0, T0 + 180, host_memory=zswap_thrashing_host,
+                    pressure=lambda t: pressure_rows(0.3 * (t - T0)))
+    (host,) = detector().evaluate(trace.history, now)
+    assert "watched or not: none." in host.description and "top_faulting_pid" not in host.details
+    trace.commit("faulting_processes", now - 120, scan(("7001", "batch_job", 7400.0))(now))
+    (host,) = detector().evaluate(trace.history, now)
+    assert "watched or not: none." in host.description
+
+
 # --- its rule's promtool cases ------------------------------------------------------------------
 
 
@@ -168,6 +244,9 @@ def thrash_with_faults(t, catalog) -> Test:
     test.counter(PROCESS_MAJOR_FAULTS.name, 0, many, **LLAMA)
     test.gauge(PROCESS_SWAP.name, 0, start, **SGLANG)
     test.counter(PROCESS_MAJOR_FAULTS.name, 0, few, **SGLANG)
+    # the faulting_processes collector's scan, from the onset: llama-server, then an unwatched job
+    test.gauge(MAJOR_FAULT_RATE.name, None, many, **LLAMA)
+    test.gauge(MAJOR_FAULT_RATE.name, None, many / 2, **BATCH)
     # the 1 min average is the sample 30 s back: sample k after the onset is at ONSET + 15 s (k + 1)
     swapped = start + growth * ((at - 30 - ONSET) // STEP - 1)
     settings = {"swappiness": 60, "dirty_ratio": 20}
@@ -175,7 +254,8 @@ def thrash_with_faults(t, catalog) -> Test:
     test.expect(not_yet(s.for_seconds), "HostSwapThrash")
     test.expect(at, "HostSwapThrash",
                 test.alert(warning, {}, value=swap_in, swap_out=swap_out, major_faults=major,
-                           pressure=pressure, most_swapped=swapped, **settings),
+                           pressure=pressure, most_swapped=swapped, **settings,
+                           faulting=(("llama-server", "5151", many), ("batch_job", "7001", many / 2))),
                 test.alert(critical, VLLM, value=swapped, major_faults=few, **host,
                            **settings),
                 test.alert(critical, LLAMA, value=0, major_faults=many, **host,
@@ -197,16 +277,43 @@ def thrash_with_pressure(t, catalog) -> Test:
     test.expect(not_yet(s.for_seconds), "HostSwapThrash")
     test.expect(at, "HostSwapThrash", test.alert(
         warning, {}, value=swap_in, swap_out=swap_out, major_faults=major, pressure=pressure,
-        most_swapped=0, swappiness=60, dirty_ratio=20))
+        most_swapped=0, swappiness=60, dirty_ratio=20, faulting=()))
+    return test
+
+
+def zswap_thrash(t, catalog) -> Test:
+    """The issue's host: the swap device almost idle, zswap carrying the thrash."""
+    s = t.swap_thrash
+    warning = catalog.find("HostSwapThrash", "warning")
+    at = firing(s.for_seconds)
+    test = Test("swap thrash through zswap: pswpin/pswpout at a quarter of the threshold, zswpin and "
+                "zswpout far above it; the host warns and names the unwatched batch job that "
+                "faults; python3 (pid 4242, no major faults) is not critical", at + 120, catalog)
+    device, zswap = s.swap_in_bytes_per_second / 4, 30 * s.swap_in_bytes_per_second
+    major, pressure = 150 * s.major_faults_per_second, above(s.memory_pressure_some_ratio)
+    host_memory(test, device, device, major, pressure)
+    test.counter(ZSWAP_IN_BYTES.name, 0, zswap)
+    test.counter(ZSWAP_OUT_BYTES.name, 0, zswap)
+    test.constant(PROCESS_SWAP.name, 0, **VLLM)
+    test.constant(PROCESS_MAJOR_FAULTS.name, 0, **VLLM)
+    rate = major * 0.95
+    test.gauge(MAJOR_FAULT_RATE.name, None, rate, **BATCH)
+    test.expect(not_yet(s.for_seconds), "HostSwapThrash")
+    test.expect(at, "HostSwapThrash", test.alert(
+        warning, {}, value=device + zswap, swap_out=device + zswap, major_faults=major, pressure=pressure,
+        most_swapped=0, swappiness=60, dirty_ratio=20, faulting=(("batch_job", "7001", rate),)))
     return test
 
 
 def no_thrash(t, catalog) -> Test:
     s = t.swap_thrash
     at = firing(s.for_seconds)
-    test = Test("no swap thrash: swap configured but unused on gpu-host-1; swap-out alone (no "
-                "swap-in) under pressure on gpu-host-2", at + 120, catalog)
+    test = Test("no swap thrash: swap configured but barely used on gpu-host-1 (zswap in and out at "
+                "a fifth of the threshold); swap-out alone (no swap-in) under pressure on "
+                "gpu-host-2", at + 120, catalog)
     host_memory(test, 0, 0, s.major_faults_per_second / 2, 0)
+    test.counter(ZSWAP_IN_BYTES.name, 0, s.swap_in_bytes_per_second / 5)
+    test.counter(ZSWAP_OUT_BYTES.name, 0, s.swap_out_bytes_per_second / 5)
     host_memory(test, 0, 2 * s.swap_out_bytes_per_second, 2 * s.major_faults_per_second,
                 above(s.memory_pressure_some_ratio), HOST2)
     test.constant(PROCESS_SWAP.name, 0, **VLLM)
@@ -216,4 +323,5 @@ def no_thrash(t, catalog) -> Test:
 
 
 def promtool_cases(t, catalog) -> list[Test]:
-    return [thrash_with_faults(t, catalog), thrash_with_pressure(t, catalog), no_thrash(t, catalog)]
+    return [thrash_with_faults(t, catalog), thrash_with_pressure(t, catalog), zswap_thrash(t, catalog),
+            no_thrash(t, catalog)]

@@ -210,6 +210,8 @@ def test_collector_on_fixture_host(fixture_procfs: str, fixture_sysfs: str) -> N
         ("hybridmon_memory_oom_kills_total", (), 3),
         ("hybridmon_swap_in_bytes_total", (), 48213376 * PAGE),
         ("hybridmon_swap_out_bytes_total", (), 57386112 * PAGE),
+        ("hybridmon_zswap_in_bytes_total", (), 0),
+        ("hybridmon_zswap_out_bytes_total", (), 0),
         ("hybridmon_memory_reclaim_scanned_bytes_total", ("kswapd",), 598765432 * PAGE),
         ("hybridmon_memory_reclaim_scanned_bytes_total", ("direct",), 41234567 * PAGE),
         ("hybridmon_memory_reclaim_scanned_bytes_total", ("khugepaged",), 23456 * PAGE),
@@ -224,6 +226,8 @@ def test_collector_on_fixture_host(fixture_procfs: str, fixture_sysfs: str) -> N
         ("hybridmon_memory_shmem_bytes", (), 8 * GIB),
         ("hybridmon_memory_dirty_bytes", (), 180 * 1024 * KIB),
         ("hybridmon_memory_anon_hugepages_bytes", (), 192 * GIB),
+        ("hybridmon_zswap_pool_bytes", (), 0),
+        ("hybridmon_zswap_stored_bytes", (), 0),
         ("hybridmon_sysctl_value", ("vm.swappiness",), 60),
         ("hybridmon_sysctl_value", ("vm.dirty_ratio",), 20),
         ("hybridmon_sysctl_value", ("vm.dirty_background_ratio",), 10),
@@ -249,10 +253,45 @@ def test_collector_on_old_kernel(host_copy: Path) -> None:
     assert samples.value("hybridmon_swap_in_bytes_total") == 120311 * PAGE
     assert samples.value("hybridmon_swap_free_bytes") == 8257020 * KIB
     for absent in ("hybridmon_memory_oom_kills_total", "hybridmon_memory_available_bytes",
-                   "hybridmon_memory_anon_hugepages_bytes", "hybridmon_transparent_hugepage_mode"):
+                   "hybridmon_memory_anon_hugepages_bytes", "hybridmon_transparent_hugepage_mode",
+                   # zswap's counters and sizes came in 5.19: absent, not 0, before
+                   "hybridmon_zswap_in_bytes_total", "hybridmon_zswap_out_bytes_total",
+                   "hybridmon_zswap_pool_bytes", "hybridmon_zswap_stored_bytes"):
         assert samples.find(absent) == []
     assert samples.find("hybridmon_sysctl_value", sysctl="kernel.numa_balancing") == []
     assert samples.value("hybridmon_sysctl_value", sysctl="vm.swappiness") == 60
+
+
+def test_zswap_traffic_and_pool(host_copy: Path) -> None:
+    """A 6.8 kernel with zswap on: zswpin/zswpout (pages, mm/vmstat.c under CONFIG_ZSWAP) are
+    exported apart from pswpin/pswpout, which do not count them, and swap_in_bytes() hands the
+    faulting_processes collector both; Zswap and Zswapped (kB) are the pool and what it holds."""
+    vmstat = read_fixture("proc/vmstat")
+    vmstat = re.sub(r"^zswpin 0$", "zswpin 7324", vmstat, flags=re.M)
+    vmstat = re.sub(r"^zswpout 0$", "zswpout 7411", vmstat, flags=re.M)
+    (host_copy / "proc/vmstat").write_text(vmstat)
+    meminfo = read_fixture("proc/meminfo").replace("Zswap:                 0 kB", "Zswap:           1048576 kB")
+    (host_copy / "proc/meminfo").write_text(meminfo.replace("Zswapped:              0 kB",
+                                                            "Zswapped:        3145728 kB"))
+    collector = collector_at(host_copy)
+    assert collector.swap_in_bytes() is None  # nothing read yet
+    samples = collector.collect()
+    assert samples.value("hybridmon_zswap_in_bytes_total") == 7324 * PAGE
+    assert samples.value("hybridmon_zswap_out_bytes_total") == 7411 * PAGE
+    assert samples.value("hybridmon_swap_in_bytes_total") == 48213376 * PAGE
+    assert samples.value("hybridmon_zswap_pool_bytes") == GIB
+    assert samples.value("hybridmon_zswap_stored_bytes") == 3 * GIB
+    assert collector.swap_in_bytes() == (48213376 + 7324) * PAGE
+
+
+def test_swap_in_bytes_without_zswap_and_without_pswpin(host_copy: Path) -> None:
+    (host_copy / "proc/vmstat").write_text(OLD_KERNEL_VMSTAT)
+    collector = collector_at(host_copy)
+    collector.collect()
+    assert collector.swap_in_bytes() == 120311 * PAGE  # the device alone: no zswpin field
+    (host_copy / "proc/vmstat").write_text("pgfault 12\npgmajfault 3\n")
+    collector.collect()
+    assert collector.swap_in_bytes() is None  # a vmstat without pswpin says nothing of swap
 
 
 # The collector on this machine.

@@ -35,6 +35,7 @@ from tests.support.scenarios import inference_library  # noqa: F401 (registers i
 from tests.support.scenarios import offload_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import gpu_blip_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import crash_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import swap_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 
@@ -81,6 +82,7 @@ def write_trace(name: str, path: str | Path, start: float = START_TIME) -> Trace
         try:
             with LoopbackServer(host.inference) as server:
                 _route_inference(agent, server)
+                _simulated_clock(agent)
                 records = _drive(scenario, step, host, agent, start)
         finally:
             agent.stop()
@@ -101,6 +103,15 @@ def _route_inference(agent: Agent, server: LoopbackServer) -> None:
     for item in agent.sampler.scheduled:
         if item.collector.name == "inference":
             item.collector._fetch = server.route(item.collector._fetch)
+
+
+def _simulated_clock(agent: Agent) -> None:
+    """faulting_processes turns counters into rates over its own clock (time.monotonic live),
+    recorded through its source; here ticks run faster than real time, so it is given the tick's
+    simulated time: that of host_memory's last commit, which runs before it on every tick."""
+    for item in agent.sampler.scheduled:
+        if item.collector.name == "faulting_processes":
+            item.collector._clock = lambda: agent.history.latest()["host_memory"][0]
 
 
 def _scratch_dir() -> str | None:

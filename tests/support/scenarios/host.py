@@ -418,6 +418,13 @@ class SyntheticHost:
         self.set_vm_rate("pswpin", in_bytes_per_second / self.page_size)
         self.set_vm_rate("pswpout", out_bytes_per_second / self.page_size)
 
+    def set_zswap_traffic(self, in_bytes_per_second: float, out_bytes_per_second: float) -> None:
+        """Pages loaded from and stored into zswap's pool, in bytes/s, written as zswpin/zswpout
+        pages of this host's page size (the fixture's kernel has CONFIG_ZSWAP: both fields, at 0).
+        They are not swap-device traffic: pswpin/pswpout stay as set_swap_traffic left them."""
+        self.set_vm_rate("zswpin", in_bytes_per_second / self.page_size)
+        self.set_vm_rate("zswpout", out_bytes_per_second / self.page_size)
+
     def set_pressure(self, resource: str, some: float, full: float | None = None) -> None:
         """PSI stall shares (0-1) of a resource; cpu's system-wide full line stays at zero."""
         self.pressure[(resource, "some")].ratio = some
@@ -525,6 +532,20 @@ class SyntheticHost:
         process.status_lines = [_with_pid(line, template, pid) for line in process.status_lines]
         process.loaded_placement = _placement(process)
         self.processes[pid] = process
+        return process
+
+    def add_unwatched_process(self, pid: int, comm: str, cmdline: str) -> ProcessState:
+        """A process no [process] setting watches (a batch job): a copy of pid 1's /proc directory
+        as `pid`, a child of it, named `comm` in its stat, status and comm, with `cmdline` (words
+        separated by spaces, written NUL-terminated as the kernel does)."""
+        process = self.add_process_like(1, pid)
+        process.comm = comm
+        process.stat_fields[1] = "1"  # ppid: started by init
+        process.status_lines = [f"Name:\t{comm}" if line.startswith("Name:")
+                                else "PPid:\t1" if line.startswith("PPid:") else line
+                                for line in process.status_lines]
+        (self.procfs / str(pid) / "comm").write_text(f"{comm}\n")
+        (self.procfs / str(pid) / "cmdline").write_text("".join(f"{word}\0" for word in cmdline.split()))
         return process
 
     def remove_process(self, pid: int) -> None:
