@@ -157,13 +157,18 @@ def test_the_loopback_server_is_gone_after_generation():
 
 # --- in every trace --------------------------------------------------------------------------------
 
+# Stories in which vLLM's endpoint refuses for a while: down, or restarting (30 s of loading each
+# time, tests/support/scenarios/crash_library.py).
+ENDPOINT_DOWN_AT_TIMES = {"inference_server_down", "server_crash_loop", "planned_restart"}
+
+
 @pytest.mark.parametrize("name", SCENARIOS)
 def test_the_server_is_scraped_and_tied_to_vllm_in_every_trace(name, scenarios):
     history = scenarios.replayed(name).history
     success = one(history, P + "scrape_success", endpoint=ENDPOINT)
     running = server(history, "requests_running")
     assert running.labels["pid"] == str(VLLM)  # the endpoint's port is the one vLLM listens on
-    if name != "inference_server_down":
+    if name not in ENDPOINT_DOWN_AT_TIMES:
         assert set(success.values) == {1} and not history.series(P + "scrape_error")
         assert len(running.values) == len(success.values)
 
@@ -197,7 +202,8 @@ def test_tokens_and_latency_and_offload_agree_with_each_other_and_the_link(name,
             mean_traffic = sum(between(traffic, start + 1, end + 1)) / len(between(traffic, start + 1, end + 1))
             assert rate(loads[0], start, end) <= 1.01 * mean_traffic, (name, end)
         checked += 1
-    assert checked >= 10
+    # every scrape but the ramps' and the outages' (a short 5 s-tick story is scraped 12 times)
+    assert checked >= min(10, len(tokens.times) // 2)
 
 
 @pytest.mark.parametrize("name", [name for name, scenario in SCENARIOS.items() if scenario.healthy])
@@ -205,8 +211,9 @@ def test_healthy_servers_are_far_from_every_server_alert(name, scenarios):
     history = scenarios.replayed(name).history
     assert max(server(history, "kv_cache_usage_ratio").values) < 0.93
     assert len(set(server(history, "preemptions_total").values)) == 1
-    loads = server(history, "kv_offload_bytes_total", direction="load")
-    assert rate(loads, 0, loads.times[-1] - START_TIME) < 0.6 * GEN4_X16
+    # issue 28's hosts whose KV moves with no byte counter publish none
+    for loads in history.series(P + "kv_offload_bytes_total", **SERVER, direction="load"):
+        assert rate(loads, 0, loads.times[-1] - START_TIME) < 0.6 * GEN4_X16
 
 
 # --- each scenario's server story --------------------------------------------------------------------

@@ -87,14 +87,15 @@ def healthy_kv_through_lmcache_cpu_tier(host: SyntheticHost) -> Step:
 @scenario("healthy_kv_through_v0_swap_space", tick_seconds=1, duration_seconds=240, onset_seconds=None,
           expected=[])
 def healthy_kv_through_v0_swap_space(host: SyntheticHost) -> Step:
-    """A vLLM V0 server with --swap-space under a full KV cache (97 % used): 12 requests sit in
+    """A vLLM V0 server with --swap-space whose KV cache is full (90 % used, the rest the running
+    batch's next blocks; healthy_host's other servers stay under 93 %): 12 requests sit in
     its CPU swap space and come back as others finish, so their blocks cross the bus both ways;
     V0 publishes vllm:num_requests_swapped and no byte counter. GPU0 receives 18.9 GB/s (60 %
     of Gen4 x16's theoretical rate) at ~85 % utilization while 30 requests run at 60 ms per token
     (500 tokens/s): 38 MB a token, over the 32 MiB bound, all unattributed."""
     return _steady_kv_without_counters(host, GpuLoad(0.85, 0.60, 0.45), running=30, waiting=4,
                                        inter_token_latency_seconds=0.060, time_to_first_token_seconds=0.4,
-                                       kv_cache_usage=0.97, requests_swapped=12)
+                                       kv_cache_usage=0.90, requests_swapped=12)
 
 
 @scenario("healthy_kv_connector_without_byte_counters", tick_seconds=1, duration_seconds=240,
