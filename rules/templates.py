@@ -2,7 +2,9 @@
 
 An annotation is plain text with markers: `<gpu>` is a label of the alert, `<value|humanize>` its
 value, `<bound|humanize>` the first sample of a named query run when the alert fires, and
-`<if gpu>...<else>...<end>` picks a text by whether the alert has that label. `go_template`
+`<if gpu>...<else>...<end>` picks a text by whether the alert has that label (or, for a query's
+name, whether that query finds anything: a text that needs a figure only some hosts have says what
+stands in its place, never "unknown"). `go_template`
 turns the markers into Prometheus template code; `expected_text` fills them with the values a
 promtool test expects, formatted exactly as Prometheus's template functions format them (ported
 from prometheus/template/template.go), so the generated tests check the rules' PromQL and
@@ -127,8 +129,13 @@ def go_template(text: str, queries: Mapping[str, tuple[str, tuple[str, ...]]]) -
             raise ValueError(f"label marker <{name}> takes no format")
         return f"{{{{ $labels.{name} }}}}"
 
+    def condition(match: re.Match[str]) -> str:
+        name, then, otherwise = match.groups()
+        test = f"$labels.{name}" if name not in queries else _query_call(*queries[name])
+        return f"{{{{ if {test} }}}}{then}{{{{ else }}}}{otherwise}{{{{ end }}}}"
+
     _check_markers(text)
-    text = CONDITION.sub(r"{{ if $labels.\1 }}\2{{ else }}\3{{ end }}", text)
+    text = CONDITION.sub(condition, text)
     return MARKER.sub(replace, text)
 
 
@@ -145,7 +152,9 @@ def expected_text(text: str, values: Mapping[str, float | str | None]) -> str:
         return go_value(value)
 
     if "<if " in text:
-        text = CONDITION.sub(lambda m: m.group(2) if values.get(m.group(1)) else m.group(3), text)
+        # a label that is there and not empty, or a query that found something (whatever its value)
+        text = CONDITION.sub(lambda m: m.group(2) if values.get(m.group(1)) not in (None, "") else m.group(3),
+                             text)
     _check_markers(text)
     return "".join(piece if isinstance(piece, str) else filled(*piece) for piece in _pieces(text))
 

@@ -155,21 +155,21 @@ def test_growth_with_rising_faults_per_unit_of_work_fires_even_as_load_grows():
     # memory and load both double over the hour: the load explains all of the growth...
     assert finding.details["unexplained_bytes_per_hour"] < 0
     assert finding.details["load_rise_share_per_hour"] > 0.5
-    # ...but the faults per CPU second say it touches new memory: the value is the whole growth
-    assert finding.details["faults_per_cpu_second_rising"] == "yes"
+    # ...but the faults per CPU second (no server is tied to it) say it touches new memory: the
+    # value is the whole growth
+    assert finding.details["faults_per_work_rising"] == "yes"
     assert finding.value == pytest.approx(8 * GIB, rel=0.01)
 
 
 def test_too_little_history_gives_no_finding():
     trace = Trace()
-    now = trace.run(T0, T0 + 1700, STEP, process=leaking)
+    now = trace.run(T0, T0 + 1230, STEP, process=leaking)
+    # 20 min (min_window_seconds) of memory at T0 + 1200, but the trend ends at the last whole
+    # minute (T0 is 20 s past one): T0 + 1180 at T0 + 1230
     assert growth().evaluate(trace.history, now) == []
-    now = trace.run(now + STEP, T0 + 1810, STEP, process=leaking)
-    # 30 min of memory, but the load's rise needs a settled per-minute rate (not the first
-    # minute's) in the window's older half
-    assert growth().evaluate(trace.history, now) == []
-    # the trend ends at the last whole minute (T0 is 20 s past one): T0 + 1960 at T0 + 1990
-    now = trace.run(now + STEP, T0 + 1990, STEP, process=leaking)
+    # T0 + 1240: 20 min of memory, and the load's rise over the halves of those 20 min (the
+    # hour's older half is empty): a leak from the start fires within 21 min
+    now = trace.run(now + STEP, T0 + 1240, STEP, process=leaking)
     assert len(growth().evaluate(trace.history, now)) == 1
 
 
@@ -183,16 +183,16 @@ def test_a_gap_in_history_does_not_stop_the_trend():
 
 def test_a_restart_under_the_same_pid_starts_the_window_again():
     trace = Trace()
-    restart = T0 + 2000
+    restart = T0 + 2500
 
     def sawtooth(t):
         if t < restart:
             return leaking(t, per_hour=4 * GIB)
         return leaking(t, start=restart - 1, since=restart, per_hour=4 * GIB)
     now = trace.run(T0, T0 + HOUR, STEP, process=sawtooth)
-    # 1,600 s since the restart is below the 1,800 s minimum: no finding yet
+    # 1,100 s since the restart is below the 1,200 s minimum: no finding yet
     assert growth().evaluate(trace.history, now) == []
-    now = trace.run(now + STEP, restart + 1960, STEP, process=sawtooth)
+    now = trace.run(now + STEP, restart + 1260, STEP, process=sawtooth)
     (finding,) = growth().evaluate(trace.history, now)
     # from the restart to the last whole minute, where the trend's window ends
     assert finding.details["window_seconds"] == pytest.approx(memory_growth_trend.trend_end(now) - restart)

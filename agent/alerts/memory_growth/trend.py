@@ -85,6 +85,7 @@ class Growing:
     mean: float
     slope: float             # bytes per second, > 0
     window_seconds: float    # between the window's first and last points
+    recent_slope: float      # bytes per second over the window's last recent_seconds
 
 
 @dataclass(frozen=True)
