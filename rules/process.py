@@ -14,7 +14,7 @@ from hybridmon.exporters import cgroup_memory, host_memory, numa, pcie
 from hybridmon.exporters import process as process_metrics
 from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.rules.model import Recording, Thresholds
-from hybridmon.rules.promql import (SLOPE_NOTE, duration, indent, rate_name, robust_slope)
+from hybridmon.rules.promql import (SLOPE_NOTE, duration, indent, number, rate_name, robust_slope)
 
 CPU = f"process:{rate_name(process_metrics.CPU_SECONDS.name)}:rate1m"
 FAULTS = "process:hybridmon_process_faults:rate1m"
@@ -145,17 +145,28 @@ def tied_to_tree(per_listening_pid: str) -> str:
     )
 
 
-def half_window_rise(series: str, window_seconds: float) -> str:
+def half_window_rise(series: str, window_seconds: float, noise_z: float) -> str:
     """PromQL: how fast `series` (a per-minute rate or average) rose over the window, as a share of
     its mean per hour: the line through the means (of values and of times) of the window's newer
     and older halves. Means of up to 30 per-minute figures, not a slope of each: a trend of
     one-minute figures moved by ~1 %/h from noise alone in the simulated scenarios. Through the
-    halves' mean times, it holds while the older half is still filling (a process up for 45 min)."""
+    halves' mean times, it holds while the older half is still filling (a process up for 45 min).
+    Less `noise_z` standard errors of the difference of the means (memory_growth's rise_noise_z)."""
     half = duration(window_seconds / 2)
     newer, older = f"avg_over_time({series}[{half}])", f"avg_over_time({series}[{half}] offset {half})"
     newer_time = f"avg_over_time(timestamp({series})[{half}:1m])"
     older_time = f"avg_over_time(timestamp({series})[{half}:1m] offset {half})"
-    return (f"({newer} - {older}) * 3600 / (({newer_time} - {older_time}) > 0)"
+    # the standard error of the difference of the halves' means, from the scatter of their
+    # per-minute figures about the line (their variance less the line's part, slope^2 x the
+    # variance of their times): a rise within noise_z of it is the load's noise, not its rise
+    line = f"(({newer} - {older}) / ({newer_time} - {older_time}))"
+    spread = " + ".join(
+        f"clamp_min(stddev_over_time({series}[{half}:1m]{shift}) ^ 2"
+        f" - {line} ^ 2 * stddev_over_time(timestamp({series})[{half}:1m]{shift}) ^ 2, 0)"
+        f" / count_over_time({series}[{half}:1m]{shift})"
+        for shift in ("", f" offset {half}"))
+    return (f"({newer} - {older} - {number(noise_z)} * sqrt({spread}))"
+            f" * 3600 / (({newer_time} - {older_time}) > 0)"
             f" / (({newer} + {older}) / 2 > 0)")
 
 
@@ -171,13 +182,13 @@ def _settled_recordings() -> list[Recording]:
             for name in (CPU, SERVER_TOKENS, SERVER_RUNNING)]
 
 
-def _rise_chain(window_seconds: float) -> str:
+def _rise_chain(window_seconds: float, noise_z: float) -> str:
     """The load's rise over the halves of a window of `window_seconds` (see _load_rise), present
     once the older half has settled CPU figures."""
-    cpu = f"max by (job, instance, pid) ({half_window_rise(settled(CPU), window_seconds)})"
+    cpu = f"max by (job, instance, pid) ({half_window_rise(settled(CPU), window_seconds, noise_z)})"
     half = duration(window_seconds / 2)
-    tokens = half_window_rise(settled(SERVER_TOKENS), window_seconds)
-    running = half_window_rise(settled(SERVER_RUNNING), window_seconds)
+    tokens = half_window_rise(settled(SERVER_TOKENS), window_seconds, noise_z)
+    running = half_window_rise(settled(SERVER_RUNNING), window_seconds, noise_z)
     return (
         "    # the servers tied to it: their tokens/s or running requests, whichever rose more\n"
         f"    ({tokens} >= {running})\n"
@@ -190,7 +201,7 @@ def _rise_chain(window_seconds: float) -> str:
     )
 
 
-def _load_rise(window_seconds: float, short_seconds: float) -> str:
+def _load_rise(window_seconds: float, short_seconds: float, noise_z: float) -> str:
     """Where a server is tied to the process: the larger rise of its generation tokens/s and its
     running requests (memory follows the batch: at saturation the batch grows while tokens/s
     stay flat); else that of its own CPU time; 0 when the load falls or idles. Over the halves of
@@ -203,13 +214,13 @@ def _load_rise(window_seconds: float, short_seconds: float) -> str:
     return (
         "clamp_min(\n"
         "  (\n"
-        f"{_rise_chain(window_seconds)}\n"
+        f"{_rise_chain(window_seconds, noise_z)}\n"
         "  )\n"
         f"  # the window's older half holds at least as many minutes as the short window's half\n"
         f"  and on (job, instance, pid) {filled}\n"
         "  or\n"
         "  (\n"
-        f"{_rise_chain(short_seconds)}\n"
+        f"{_rise_chain(short_seconds, noise_z)}\n"
         "  ),\n"
         "  0\n"
         ")"
@@ -237,7 +248,8 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
             f'(avg_over_time({BY_FIELD["requests_running"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[1], robust_slope(SERVER_RUNNING, seconds)),
         *_settled_recordings(),
-        Recording(load_rise(window), _load_rise(seconds, t.memory_growth.min_window_seconds)),
+        Recording(load_rise(window), _load_rise(seconds, t.memory_growth.min_window_seconds,
+                                                          t.memory_growth.rise_noise_z)),
     ]
     for resource in resources():
         rules.append(Recording(resource.slope(window), SLOPE_NOTE + robust_slope(resource.current, seconds)))

@@ -70,6 +70,7 @@ class Settings(Section):
     exhaustion_horizon_seconds: float
     resolve_share: float
     recent_seconds: float
+    rise_noise_z: float
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,8 @@ class Detector(DetectorBase):
         self.config = config
         self.min_history_seconds = config.min_window_seconds
         self.alerts = {rule.labels["resource"]: rule for rule in alerts(config)}
-        self.loads = LoadJudge(config.window_seconds, config.growth_per_hour_share, config.min_window_seconds)
+        self.loads = LoadJudge(config.window_seconds, config.growth_per_hour_share,
+                               config.min_window_seconds, config.rise_noise_z)
         self._memory = TrendMemory()
         # (pid, resource) -> when it last fired: the rule's ALERTS series, which its hysteresis reads
         self._firing: dict[tuple[str, str], float] = {}

@@ -6,6 +6,7 @@ Every figure here is over the trend window that ends at `end`, the last whole mi
 (memory_growth.trend.trend_end), not at the evaluation's own time."""
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
@@ -72,8 +73,9 @@ class LoadJudge:
     """The load of one process at a time, by memory_growth's settings."""
 
     def __init__(self, window_seconds: float, growth_per_hour_share: float,
-                 min_window_seconds: float | None = None) -> None:
+                 min_window_seconds: float | None = None, noise_z: float = 0.0) -> None:
         self.window_seconds = window_seconds
+        self.noise_z = noise_z
         self.growth_per_hour_share = growth_per_hour_share
         # until the window's older half holds figures, the rise is judged over this one's halves
         self.short_seconds = window_seconds if min_window_seconds is None else min_window_seconds
@@ -119,8 +121,7 @@ class LoadJudge:
         return ((self.window_seconds, (self.window_seconds + self.short_seconds) / 2),
                 (self.short_seconds, self.short_seconds / 2))
 
-    @staticmethod
-    def _half_window_rise(times: list[float], values: list[float], end: float,
+    def _half_window_rise(self, times: list[float], values: list[float], end: float,
                           window_seconds: float) -> float | None:
         """rules.process.half_window_rise: the line through the means (of times and values) of
         the window's newer and older halves, per hour, over the mean of both halves' values;
@@ -140,7 +141,18 @@ class LoadJudge:
             return None
         if mean <= 0:
             return 0.0   # idle: nothing explains growth
-        return (newer_mean - older_mean) * 3600 / (newer_time - older_time) / mean
+        # the standard error of the difference of the means, from the scatter of each half's
+        # figures about the line (population variances, as PromQL's stddev_over_time, less the
+        # line's part: slope^2 x the variance of their times): a rise within noise_z of it is the
+        # load's noise, not its rise
+        line = (newer_mean - older_mean) / (newer_time - older_time)
+        spread = 0.0
+        for part, part_mean, part_time in ((newer, newer_mean, newer_time), (older, older_mean, older_time)):
+            values_var = sum((v - part_mean) ** 2 for _, v in part) / len(part)
+            times_var = sum((t - part_time) ** 2 for t, _ in part) / len(part)
+            spread += max(values_var - line * line * times_var, 0.0) / len(part)
+        rise = newer_mean - older_mean - self.noise_z * math.sqrt(spread)
+        return rise * 3600 / (newer_time - older_time) / mean
 
     def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], work_rates: dict) -> bool:
         """Page faults (minor + major: per-minute rates of each series, fault_rates) per unit of
