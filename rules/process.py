@@ -253,7 +253,10 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
     ]
     for resource in resources():
         rules.append(Recording(resource.slope(window), SLOPE_NOTE + robust_slope(resource.current, seconds)))
-        rules.append(Recording(resource.recent_slope(recent), SLOPE_NOTE + robust_slope(resource.current, recent_seconds)))
+        for part in (recent_seconds, recent_seconds / 2):
+            # bytes/s: the least-squares slope of the recent part (is it still growing?)
+            rules.append(Recording(resource.recent_slope(duration(part)),
+                                   f"deriv({resource.current}[{duration(part)}])"))
         rules.append(Recording(
             resource.exhaustion(),
             f"(\n{indent(resource.headroom, 2)}\n)\n/ ({resource.slope(window)} > 0)"))

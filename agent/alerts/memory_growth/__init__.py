@@ -96,6 +96,7 @@ RESOURCES = (
 
 def alerts(g: Settings) -> list[Alert]:
     window, recent = duration(g.window_seconds), duration(g.recent_seconds)
+    newest = duration(g.recent_seconds / 2)
     faults = recorded.fault_slope(window)
     rise = recorded.load_rise(window)
     recordings = {r.label: r for r in recorded.resources()}   # its slope, amount and forecast
@@ -127,13 +128,14 @@ def alerts(g: Settings) -> list[Alert]:
                   f'resource="{resource.label}"}}')
         expr = (
             "(\n"
-            "  # fires at the threshold: the share of the mean amount per hour, or the absolute rate\n"
-            "  # if smaller...\n"
+            "  # a new finding: at the threshold (the share of the mean amount per hour, or the\n"
+            "  # absolute rate if smaller), while the newer half of the recent part grows too\n"
             "  (\n"
             f"{grows(threshold)}"
             "  )\n"
+            f"  and on (job, instance, pid) {shared.recent_slope(newest)} * 3600 >= {held}\n"
             "  or\n"
-            "  # ...and, once firing, holds down to resolve_share of it (hysteresis)\n"
+            "  # once firing, it holds down to resolve_share of the threshold (hysteresis)\n"
             "  (\n"
             f"{grows(held)}"
             "  )\n"
@@ -396,14 +398,26 @@ class Detector(DetectorBase):
                     slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
                 if slope is None or slope <= 0:
                     continue
-                # the recent part of the window: its own Theil-Sen slope
-                first = bisect_left(times, times[-1] - self.config.recent_seconds)
-                recent = windows.theil_sen_slope(times[first:], values[first:], windows.LONG_TREND_POINTS)
+                # the recent part of the window and its newer half: their least-squares slopes
+                recent, newest = (self._tail_slope(times, values, seconds) for seconds in
+                                  (self.config.recent_seconds, self.config.recent_seconds / 2))
                 judged.append(Growing(resource, label_name, mean, slope, times[-1] - times[0],
-                                      recent if recent is not None else 0.0))
+                                      recent, newest))
             if judged:
                 kept.append((key, since, judged))
         return kept
+
+    @staticmethod
+    def _tail_slope(times, values, seconds: float) -> float:
+        """The least-squares slope of the window's last `seconds`, as PromQL's deriv() over them
+        (0 where it cannot be told: fewer than two points)."""
+        first = bisect_left(times, times[-1] - seconds)
+        ts, vs = times[first:], values[first:]
+        if len(ts) < 2:
+            return 0.0
+        mean_t, mean_v = sum(ts) / len(ts), sum(vs) / len(vs)
+        spread = sum((t - mean_t) ** 2 for t in ts)
+        return 0.0 if spread <= 0 else sum((t - mean_t) * (v - mean_v) for t, v in zip(ts, vs)) / spread
 
     def _judge(self, pid: str, growing: Growing, current: float, headroom: float | None,
                load: Load, held: bool = False) -> Finding | None:
@@ -415,13 +429,17 @@ class Detector(DetectorBase):
         hold_level = threshold * config.resolve_share
         if load.rise_per_hour is None or growing.recent_slope * 3600 < hold_level:
             return None   # the load's rise not yet known, or the recent part no longer grows
-        level = hold_level if held else threshold
         unexplained = slope * 3600 - mean * load.rise_per_hour * config.load_following_factor
-        if unexplained >= level:
-            value = unexplained
-        elif load.faults_rising and slope * 3600 >= level:
-            value = slope * 3600
-        else:
+
+        def growth_at(level: float) -> float | None:
+            if unexplained >= level:
+                return unexplained
+            return slope * 3600 if load.faults_rising and slope * 3600 >= level else None
+        # as the rule's `or`: a new finding's value first, else the held one's
+        value = growth_at(threshold) if growing.newest_slope * 3600 >= hold_level else None
+        if value is None and held:
+            value = growth_at(hold_level)
+        if value is None:
             return None
         forecast = None if headroom is None else max(headroom, 0.0) / slope
         details: dict[str, float | str] = {
@@ -435,6 +453,7 @@ class Detector(DetectorBase):
             "load_source": load.source,
             "faults_per_work_rising": "yes" if load.faults_rising else "no",
             "recent_slope_bytes_per_second": growing.recent_slope,
+            "newest_slope_bytes_per_second": growing.newest_slope,
             "exhaustion_horizon_seconds": config.exhaustion_horizon_seconds,
         }
         details = {key: value for key, value in details.items() if value is not None}

@@ -33,6 +33,7 @@ from tests.support.scenarios.host import SyntheticHost
 from tests.support.scenarios.library import SCENARIOS, Scenario
 from tests.support.scenarios import inference_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import offload_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import leak_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 
