@@ -121,10 +121,12 @@ def server_slopes(window: str) -> tuple[str, str]:
             f"process:{BY_FIELD['requests_running'].name}:slope{window}_avg1m")
 
 
-def load_rise(window: str) -> str:
+def load_rise(window: str, confident: bool = False) -> str:
     """Recording: how fast the process's load rises, as a share of its mean over the window per
-    hour, never below 0 (labels job, instance, pid)."""
-    return f"process:{process_metrics.CPU_SECONDS.name.rsplit('_cpu', 1)[0]}:load_rise_per_hour_ratio{window}"
+    hour, never below 0 (labels job, instance, pid); `confident`: only the part beyond its noise
+    (memory_growth's rise_noise_z standard errors)."""
+    what = "confident_load_rise" if confident else "load_rise"
+    return f"process:{process_metrics.CPU_SECONDS.name.rsplit('_cpu', 1)[0]}:{what}_per_hour_ratio{window}"
 
 
 def tied_to_tree(per_listening_pid: str) -> str:
@@ -248,8 +250,9 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
             f'(avg_over_time({BY_FIELD["requests_running"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[1], robust_slope(SERVER_RUNNING, seconds)),
         *_settled_recordings(),
-        Recording(load_rise(window), _load_rise(seconds, t.memory_growth.min_window_seconds,
-                                                          t.memory_growth.rise_noise_z)),
+        Recording(load_rise(window), _load_rise(seconds, t.memory_growth.min_window_seconds, 0)),
+        Recording(load_rise(window, confident=True),
+                  _load_rise(seconds, t.memory_growth.min_window_seconds, t.memory_growth.rise_noise_z)),
     ]
     for resource in resources():
         rules.append(Recording(resource.slope(window), SLOPE_NOTE + robust_slope(resource.current, seconds)))

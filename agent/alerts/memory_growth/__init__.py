@@ -109,7 +109,7 @@ def alerts(g: Settings) -> list[Alert]:
         threshold = f"clamp_max({mean} * {share}, {floor})"
         held = f"{threshold} * {number(g.resolve_share)}"
 
-        def grows(level: str) -> str:
+        def grows(level: str, rise: str) -> str:
             return (
                 "    # bytes per hour of growth its load does not explain: the slope less the mean amount\n"
                 "    # times the load's own rise (a share of its mean per hour, 0 when it falls), times\n"
@@ -131,13 +131,14 @@ def alerts(g: Settings) -> list[Alert]:
             "  # a new finding: at the threshold (the share of the mean amount per hour, or the\n"
             "  # absolute rate if smaller), while the newer half of the recent part grows too\n"
             "  (\n"
-            f"{grows(threshold)}"
+            f"{grows(threshold, rise)}"
             "  )\n"
             f"  and on (job, instance, pid) {shared.recent_slope(newest)} * 3600 >= {held}\n"
             "  or\n"
-            "  # once firing, it holds down to resolve_share of the threshold (hysteresis)\n"
+            "  # once firing, it holds down to resolve_share of the threshold (hysteresis), against\n"
+            "  # the part of the load's rise beyond its noise\n"
             "  (\n"
-            f"{grows(held)}"
+            f"{grows(held, recorded.load_rise(window, confident=True))}"
             "  )\n"
             f"  and on (job, instance, pid) {firing}\n"
             ")\n"
@@ -431,14 +432,16 @@ class Detector(DetectorBase):
             return None   # the load's rise not yet known, or the recent part no longer grows
         unexplained = slope * 3600 - mean * load.rise_per_hour * config.load_following_factor
 
-        def growth_at(level: float) -> float | None:
-            if unexplained >= level:
-                return unexplained
+        def growth_at(level: float, beyond: float) -> float | None:
+            if beyond >= level:
+                return beyond
             return slope * 3600 if load.faults_rising and slope * 3600 >= level else None
-        # as the rule's `or`: a new finding's value first, else the held one's
-        value = growth_at(threshold) if growing.newest_slope * 3600 >= hold_level else None
+        # as the rule's `or`: a new finding's value first (against the load's rise as estimated),
+        # else the held one's (against the part of its rise beyond its noise)
+        value = growth_at(threshold, unexplained) if growing.newest_slope * 3600 >= hold_level else None
         if value is None and held:
-            value = growth_at(hold_level)
+            confident = load.confident_rise_per_hour or 0.0
+            value = growth_at(hold_level, slope * 3600 - mean * confident * config.load_following_factor)
         if value is None:
             return None
         forecast = None if headroom is None else max(headroom, 0.0) / slope

@@ -30,6 +30,9 @@ class Load:
     tokens_per_second: float | None = None
     requests_running: float | None = None
     rises: tuple[tuple[str, float], ...] = ()     # (what, its rise per hour), for the details
+    # the rise beyond its noise (memory_growth's rise_noise_z standard errors): what a finding
+    # already firing is held against
+    confident_rise_per_hour: float | None = None
 
 
 def surely_below(times: Sequence[float], values: Sequence[float], per_second: float,
@@ -99,20 +102,23 @@ class LoadJudge:
             # the traffic (issue 28)
             rising = self._faults_rising(fault_rates, dict(zip(token_times, token_rates)))
             running_times, running_values = servers.summed_average_steps(running, start, end)
-            rises = () if window is None else tuple((what, rise) for what, rise in (
-                ("tokens", self._half_window_rise(token_times, token_rates, end, window)),
-                ("running", self._half_window_rise(running_times, running_values, end, window)))
-                if rise is not None)
+            figures = ((token_times, token_rates), (running_times, running_values))
+            rises, confident = (() if window is None else tuple(
+                (what, rise) for what, (steps, values) in zip(("tokens", "running"), figures)
+                if (rise := self._half_window_rise(steps, values, end, window, z)) is not None)
+                for z in (0.0, self.noise_z))
             return Load(None if window is None else max([0.0] + [rise for _, rise in rises]), "server",
                         rising, cpu_mean, sum(token_rates) / len(token_rates),
                         sum(running_values) / len(running_values) if running_values else None,
-                        rises)
+                        rises, None if window is None else max([0.0] + [rise for _, rise in confident]))
         if len(rates) < 2:
             return None
         rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
-        rise = None if window is None else self._half_window_rise(times, rates, end, window)
+        rise, confident = (None if window is None else self._half_window_rise(times, rates, end, window, z)
+                           for z in (0.0, self.noise_z))
         return Load(None if window is None else max(0.0, rise or 0.0), "cpu", rising, cpu_mean,
-                    rises=() if rise is None else (("cpu", rise),))
+                    rises=() if rise is None else (("cpu", rise),),
+                    confident_rise_per_hour=None if window is None else max(0.0, confident or 0.0))
 
     def _windows(self) -> tuple[tuple[float, float], ...]:
         """(window, how far back its settled figures must reach): the whole window once its
@@ -121,8 +127,9 @@ class LoadJudge:
         return ((self.window_seconds, (self.window_seconds + self.short_seconds) / 2),
                 (self.short_seconds, self.short_seconds / 2))
 
-    def _half_window_rise(self, times: list[float], values: list[float], end: float,
-                          window_seconds: float) -> float | None:
+    @staticmethod
+    def _half_window_rise(times: list[float], values: list[float], end: float,
+                          window_seconds: float, noise_z: float = 0.0) -> float | None:
         """rules.process.half_window_rise: the line through the means (of times and values) of
         the window's newer and older halves, per hour, over the mean of both halves' values;
         None without both halves or a load."""
@@ -151,7 +158,7 @@ class LoadJudge:
             values_var = sum((v - part_mean) ** 2 for _, v in part) / len(part)
             times_var = sum((t - part_time) ** 2 for t, _ in part) / len(part)
             spread += max(values_var - line * line * times_var, 0.0) / len(part)
-        rise = newer_mean - older_mean - self.noise_z * math.sqrt(spread)
+        rise = newer_mean - older_mean - noise_z * math.sqrt(spread)
         return rise * 3600 / (newer_time - older_time) / mean
 
     def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], work_rates: dict) -> bool:
