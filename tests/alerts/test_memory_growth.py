@@ -5,6 +5,8 @@ case's expected alerts with the text Prometheus must render. Its detector's test
 test_memory_growth_detector.py and test_memory_growth_trend.py."""
 from __future__ import annotations
 
+import math
+
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL
 from hybridmon.exporters.gpu import MEMORY_USED as GPU_MEMORY_USED
@@ -61,7 +63,7 @@ def _judged_over_the_hour(g) -> int:
     """When the load's rise is judged over the halves of the whole window: once the older half
     holds as many minutes as the short window's half (rules.process._load_rise), plus 6 min
     (5 min put a mean CPU rate on a rounding tie, 1.1875)."""
-    return int((g.window_seconds + g.min_window_seconds) / 2) + 360
+    return int(math.ceil((g.window_seconds + g.min_window_seconds) / 2 / 60)) * 60 + 360
 
 
 def _ramp(minutes: range):
