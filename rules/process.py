@@ -155,7 +155,7 @@ def half_window_rise(series: str, window_seconds: float, noise_z: float) -> str:
     halves' mean times, it holds while the older half is still filling (a process up for 45 min).
     Less `noise_z` standard errors of the difference of the means (memory_growth's rise_noise_z)."""
     half = duration(window_seconds / 2)
-    newer, older = f"avg_over_time({series}[{half}])", f"avg_over_time({series}[{half}] offset {half})"
+    newer, older = f"avg_over_time({series}[{half}:1m])", f"avg_over_time({series}[{half}:1m] offset {half})"
     newer_time = f"avg_over_time(timestamp({series})[{half}:1m])"
     older_time = f"avg_over_time(timestamp({series})[{half}:1m] offset {half})"
     # the standard error of the difference of the halves' means, from the scatter of their

@@ -431,7 +431,7 @@ def stops(t, *, at, per_hour=GIB):
 
 def test_a_ramp_that_stopped_raises_nothing_and_ends_the_finding_it_raised():
     """Issue 28, class 3: the hour's slope still holds a ramp after it stops. A ramp that stopped
-    10 min before the window could first be judged (25 min) raises nothing, though the hour's slope
+    11 min before the window could first be judged (26 min) raises nothing, though the hour's slope
     is well above the threshold; one that was firing resolves once the last 10 min stop growing."""
     trace, detector = Trace(), growth()
     stop = T0 + 900

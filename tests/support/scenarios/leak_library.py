@@ -22,7 +22,7 @@ NOISY_LEAK_BYTES_PER_HOUR = 160 * MIB
 # arrive at random and differ in length; over a 10 s tick 15 % is a judgement of how bursty
 # traffic is, not a measurement. Per minute it is +-~3.5 % (6 ticks): the load's rise over the
 # halves of the hour then moves by ~1 %/h from noise alone (more over the halves of the first
-# 25 min), x2 (load_following_factor) x 12 GiB = ~250 MiB/h of growth "explained" by noise at
+# 26 min), x2 (load_following_factor) x 12 GiB = ~250 MiB/h of growth "explained" by noise at
 # one standard error, more than the leak.
 NOISY_CPU_CORES, NOISY_CPU_SPREAD = 6.0, 0.15
 
