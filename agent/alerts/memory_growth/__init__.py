@@ -13,7 +13,14 @@ rise explains (mean memory x the load's rise, a share of its mean per hour, x
 load_following_factor) must reach growth_per_hour_share of the mean memory per hour or growth_bytes_per_hour,
 whichever is smaller. Memory proportional to its load (plus any constant) never reaches it at
 any ramp rate; a leak does once the ramp is slower than the leak. Growth also counts when the
-page faults per CPU second climb, whatever the load does.
+page faults per unit of work climb, whatever the load does (per generated token where a server is
+tied to it, else per CPU second).
+
+Issue 28: a finding fires at the threshold, as the load's rise is estimated, and holds down to
+resolve_share of it against the part of the rise beyond its noise (rise_noise_z standard errors);
+the rule reads its own ALERTS series for that, the detector remembers what it returned (as long as
+Prometheus's lookback delta). A new finding needs the newest recent_seconds / 2 growing, and every
+finding the last recent_seconds, so a ramp that stopped raises nothing and ends what it raised.
 
 Slopes are robust to a single jump (a model or adapter load): the agent takes a Theil-Sen slope,
 the rule rules.promql.robust_slope (the median of local least-squares slopes), which agree on
@@ -208,7 +215,7 @@ class Detector(DetectorBase):
     first and last point: the Theil-Sen slope x 3600 less mean x the load's rise per
     hour x load_following_factor (the growth its load explains), in bytes per hour (the value),
     >= min(growth_per_hour_share x mean, growth_bytes_per_hour); or the slope alone reaches that
-    while its page faults (minor + major) per CPU second rise by growth_per_hour_share of their
+    while its page faults (minor + major) per unit of work rise by growth_per_hour_share of their
     mean per hour. The load's rise (rules.process.half_window_rise; 0 when it falls or idles): the
     mean per-minute rate over the newer half of the window less that over the older half, per
     hour, over their mean, of the generation tokens/s or running requests (the larger) of the
