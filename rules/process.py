@@ -14,13 +14,16 @@ from hybridmon.exporters import cgroup_memory, host_memory, numa, pcie
 from hybridmon.exporters import process as process_metrics
 from hybridmon.exporters.inference_names import BY_FIELD
 from hybridmon.rules.model import Recording, Thresholds
-from hybridmon.rules.promql import (SLOPE_NOTE, duration, indent, rate_name, robust_slope)
+from hybridmon.rules.promql import (SLOPE_NOTE, duration, indent, number, rate_name, robust_slope)
 
 CPU = f"process:{rate_name(process_metrics.CPU_SECONDS.name)}:rate1m"
 FAULTS = "process:hybridmon_process_faults:rate1m"
-# Faults per CPU second, as the detector judges them: a fault rate that rises only because the
-# load rises is not a trend (the healthy growth-with-load scenario).
-FAULTS_PER_CPU = "process:hybridmon_process_faults_per_cpu_second:ratio1m"
+# Faults per unit of work, as the detector judges them: a fault rate that rises only because the
+# load rises is not a trend (the healthy growth-with-load scenario). The work is the generation
+# tokens/s of the servers tied to the process where there are any (vLLM V1's engine core keeps one
+# core busy whatever the traffic: per CPU second its faults rise with the traffic, issue 28), else
+# its CPU seconds per second.
+FAULTS_PER_WORK = "process:hybridmon_process_faults_per_work:ratio1m"
 GPU_MEMORY = f"process:{gpu_metrics.PROCESS_MEMORY_USED.name}:sum"
 # The load of the inference servers tied to a process (label pid), summed over its servers: where
 # there is one, it is the load memory growth is judged against, as the detector does.
@@ -68,6 +71,9 @@ class Resource:
     def slope(self, window: str) -> str:
         return f"process:{self.raw}:slope{window}"
 
+    def recent_slope(self, recent: str) -> str:
+        return f"process:{self.raw}:recent_slope{recent}"
+
     def exhaustion(self) -> str:
         return f"process:{self.raw}:exhaustion_seconds"
 
@@ -107,7 +113,7 @@ def load_slope(window: str) -> str:
 
 
 def fault_slope(window: str) -> str:
-    return f"process:hybridmon_process_faults_per_cpu_second:slope{window}_ratio1m"
+    return f"process:hybridmon_process_faults_per_work:slope{window}_ratio1m"
 
 
 def server_slopes(window: str) -> tuple[str, str]:
@@ -115,10 +121,12 @@ def server_slopes(window: str) -> tuple[str, str]:
             f"process:{BY_FIELD['requests_running'].name}:slope{window}_avg1m")
 
 
-def load_rise(window: str) -> str:
+def load_rise(window: str, confident: bool = False) -> str:
     """Recording: how fast the process's load rises, as a share of its mean over the window per
-    hour, never below 0 (labels job, instance, pid)."""
-    return f"process:{process_metrics.CPU_SECONDS.name.rsplit('_cpu', 1)[0]}:load_rise_per_hour_ratio{window}"
+    hour, never below 0 (labels job, instance, pid); `confident`: only the part beyond its noise
+    (memory_growth's rise_noise_z standard errors)."""
+    what = "confident_load_rise" if confident else "load_rise"
+    return f"process:{process_metrics.CPU_SECONDS.name.rsplit('_cpu', 1)[0]}:{what}_per_hour_ratio{window}"
 
 
 def tied_to_tree(per_listening_pid: str) -> str:
@@ -139,17 +147,28 @@ def tied_to_tree(per_listening_pid: str) -> str:
     )
 
 
-def half_window_rise(series: str, window_seconds: float) -> str:
+def half_window_rise(series: str, window_seconds: float, noise_z: float) -> str:
     """PromQL: how fast `series` (a per-minute rate or average) rose over the window, as a share of
     its mean per hour: the line through the means (of values and of times) of the window's newer
     and older halves. Means of up to 30 per-minute figures, not a slope of each: a trend of
     one-minute figures moved by ~1 %/h from noise alone in the simulated scenarios. Through the
-    halves' mean times, it holds while the older half is still filling (a process up for 45 min)."""
+    halves' mean times, it holds while the older half is still filling (a process up for 45 min).
+    Less `noise_z` standard errors of the difference of the means (memory_growth's rise_noise_z)."""
     half = duration(window_seconds / 2)
-    newer, older = f"avg_over_time({series}[{half}])", f"avg_over_time({series}[{half}] offset {half})"
+    newer, older = f"avg_over_time({series}[{half}:1m])", f"avg_over_time({series}[{half}:1m] offset {half})"
     newer_time = f"avg_over_time(timestamp({series})[{half}:1m])"
     older_time = f"avg_over_time(timestamp({series})[{half}:1m] offset {half})"
-    return (f"({newer} - {older}) * 3600 / (({newer_time} - {older_time}) > 0)"
+    # the standard error of the difference of the halves' means, from the scatter of their
+    # per-minute figures about the line (their variance less the line's part, slope^2 x the
+    # variance of their times): a rise within noise_z of it is the load's noise, not its rise
+    line = f"(({newer} - {older}) / ({newer_time} - {older_time}))"
+    spread = " + ".join(
+        f"clamp_min(stddev_over_time({series}[{half}:1m]{shift}) ^ 2"
+        f" - {line} ^ 2 * stddev_over_time(timestamp({series})[{half}:1m]{shift}) ^ 2, 0)"
+        f" / count_over_time({series}[{half}:1m]{shift})"
+        for shift in ("", f" offset {half}"))
+    return (f"({newer} - {older} - {number(noise_z)} * sqrt({spread}))"
+            f" * 3600 / (({newer_time} - {older_time}) > 0)"
             f" / (({newer} + {older}) / 2 > 0)")
 
 
@@ -165,17 +184,14 @@ def _settled_recordings() -> list[Recording]:
             for name in (CPU, SERVER_TOKENS, SERVER_RUNNING)]
 
 
-def _load_rise(window_seconds: float) -> str:
-    """Where a server is tied to the process: the larger rise of its generation tokens/s and its
-    running requests (memory follows the batch: at saturation the batch grows while tokens/s
-    stay flat); else that of its own CPU time; 0 when the load falls or idles. Absent, and the
-    process not judged, until its CPU figures reach into the window's older half."""
-    cpu = f"max by (job, instance, pid) ({half_window_rise(settled(CPU), window_seconds)})"
+def _rise_chain(window_seconds: float, noise_z: float) -> str:
+    """The load's rise over the halves of a window of `window_seconds` (see _load_rise), present
+    once the older half has settled CPU figures."""
+    cpu = f"max by (job, instance, pid) ({half_window_rise(settled(CPU), window_seconds, noise_z)})"
     half = duration(window_seconds / 2)
-    tokens = half_window_rise(settled(SERVER_TOKENS), window_seconds)
-    running = half_window_rise(settled(SERVER_RUNNING), window_seconds)
+    tokens = half_window_rise(settled(SERVER_TOKENS), window_seconds, noise_z)
+    running = half_window_rise(settled(SERVER_RUNNING), window_seconds, noise_z)
     return (
-        "clamp_min(\n"
         "    # the servers tied to it: their tokens/s or running requests, whichever rose more\n"
         f"    ({tokens} >= {running})\n"
         f"  or {running}\n"
@@ -183,35 +199,67 @@ def _load_rise(window_seconds: float) -> str:
         "    # no server tied to it: its own CPU time\n"
         f"  or ({cpu} unless on (job, instance, pid) {SERVER_TOKENS})\n"
         "    # an idle server: nothing explains growth; judged once the older half has CPU figures\n"
-        f"  or max by (job, instance, pid) (avg_over_time({settled(CPU)}[{half}] offset {half}) * 0),\n"
+        f"  or max by (job, instance, pid) (avg_over_time({settled(CPU)}[{half}] offset {half}) * 0)"
+    )
+
+
+def _load_rise(window_seconds: float, short_seconds: float, noise_z: float) -> str:
+    """Where a server is tied to the process: the larger rise of its generation tokens/s and its
+    running requests (memory follows the batch: at saturation the batch grows while tokens/s
+    stay flat); else that of its own CPU time; 0 when the load falls or idles. Over the halves of
+    the window once its older half holds settled CPU figures reaching back as far as the short
+    window's half (min_window_seconds), else over the short window's halves; absent, and the
+    process not judged, until its CPU figures reach into the short window's older half."""
+    reach = duration((window_seconds + short_seconds) / 2)
+    filled = (f"max by (job, instance, pid) (present_over_time({settled(CPU)}"
+              f"[{duration(window_seconds - (window_seconds + short_seconds) / 2)}] offset {reach}))")
+    return (
+        "clamp_min(\n"
+        "  (\n"
+        f"{_rise_chain(window_seconds, noise_z)}\n"
+        "  )\n"
+        f"  # the window's older half holds at least as many minutes as the short window's half\n"
+        f"  and on (job, instance, pid) {filled}\n"
+        "  or\n"
+        "  (\n"
+        f"{_rise_chain(short_seconds, noise_z)}\n"
+        "  ),\n"
         "  0\n"
         ")"
     )
 
 
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
-    seconds = t.memory_growth.window_seconds
-    window = duration(seconds)
+    seconds, recent_seconds = t.memory_growth.window_seconds, t.memory_growth.recent_seconds
+    window, recent = duration(seconds), duration(recent_seconds)
     rules = [
         Recording(CPU, f"rate({process_metrics.CPU_SECONDS.name}[1m])"),
         Recording(load_slope(window), robust_slope(CPU, seconds)),
         Recording(FAULTS, f"rate({process_metrics.MINOR_FAULTS.name}[1m])"
                           f" + rate({process_metrics.MAJOR_FAULTS.name}[1m])"),
-        Recording(FAULTS_PER_CPU, f"{FAULTS} / ({CPU} > 0)"),
-        Recording(fault_slope(window), robust_slope(FAULTS_PER_CPU, seconds)),
         Recording(GPU_MEMORY, f"sum without (gpu, uuid) ({gpu_metrics.PROCESS_MEMORY_USED.name})"),
         Recording(SERVER_TOKENS, tied_to_tree("sum by (job, instance, pid) "
                                               f'(rate({BY_FIELD["generated_tokens"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[0], robust_slope(SERVER_TOKENS, seconds)),
+        Recording(FAULTS_PER_WORK,
+                  f"{FAULTS} / on (job, instance, pid) group_left () ({SERVER_TOKENS} > 0)\n"
+                  f"or ({FAULTS} / ({CPU} > 0) unless on (job, instance, pid) {SERVER_TOKENS})"),
+        Recording(fault_slope(window), robust_slope(FAULTS_PER_WORK, seconds)),
         Recording(SERVER_RUNNING, tied_to_tree(
             "sum by (job, instance, pid) "
             f'(avg_over_time({BY_FIELD["requests_running"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[1], robust_slope(SERVER_RUNNING, seconds)),
         *_settled_recordings(),
-        Recording(load_rise(window), _load_rise(seconds)),
+        Recording(load_rise(window), _load_rise(seconds, t.memory_growth.min_window_seconds, 0)),
+        Recording(load_rise(window, confident=True),
+                  _load_rise(seconds, t.memory_growth.min_window_seconds, t.memory_growth.rise_noise_z)),
     ]
     for resource in resources():
         rules.append(Recording(resource.slope(window), SLOPE_NOTE + robust_slope(resource.current, seconds)))
+        for part in (recent_seconds, recent_seconds / 2):
+            # bytes/s: the least-squares slope of the recent part (is it still growing?)
+            rules.append(Recording(resource.recent_slope(duration(part)),
+                                   f"deriv({resource.current}[{duration(part)}])"))
         rules.append(Recording(
             resource.exhaustion(),
             f"(\n{indent(resource.headroom, 2)}\n)\n/ ({resource.slope(window)} > 0)"))

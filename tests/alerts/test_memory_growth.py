@@ -5,6 +5,8 @@ case's expected alerts with the text Prometheus must render. Its detector's test
 test_memory_growth_detector.py and test_memory_growth_trend.py."""
 from __future__ import annotations
 
+import math
+
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.gpu import MEMORY_TOTAL as GPU_MEMORY_TOTAL
 from hybridmon.exporters.gpu import MEMORY_USED as GPU_MEMORY_USED
@@ -57,6 +59,13 @@ def _headroom(slopes: list[float], at_least: float) -> float:
                 if _exact_enough(*((at_least + e) / slope for slope in slopes)))
 
 
+def _judged_over_the_hour(g) -> int:
+    """When the load's rise is judged over the halves of the whole window: once the older half
+    holds as many minutes as the short window's half (rules.process._load_rise), plus 6 min
+    (5 min put a mean CPU rate on a rounding tie, 1.1875)."""
+    return int(math.ceil((g.window_seconds + g.min_window_seconds) / 2 / 60)) * 60 + 360
+
+
 def _ramp(minutes: range):
     def linear(start: float, share_per_hour: float) -> list[float]:
         return [start * (1 + share_per_hour * m / 60) for m in minutes]
@@ -68,11 +77,12 @@ def _ramp(minutes: range):
 
 
 def _growth_on_flat_load(t, catalog: Catalog) -> Test:
-    """Every minute for min_window + 10 min; the window fills at min_window_seconds."""
+    """Every minute for 50 min; the window fills at min_window_seconds, the load is judged over
+    the hour's halves from 40 min on."""
     g = t.memory_growth
     rules = {r: catalog.find("InferenceProcessMemoryGrowth", resource=r)
              for r in ("gpu_memory", "resident", "locked")}
-    at = int(g.min_window_seconds) + 300
+    at = _judged_over_the_hour(g)
     test = Test("memory growth: python3 (pid 4242) grows in GPU, resident and locked memory on a "
                 "flat load; sglang (pid 6161) grows slower than its load but its faults per CPU "
                 "second climb; llama-server (pid 5151) grows slower than its load and "
@@ -113,7 +123,7 @@ def _growth_on_flat_load(t, catalog: Catalog) -> Test:
     def expected(rule_name: str, proc: dict, start: float, headroom: float, cpu: float,
                  load_rise: float) -> dict:
         slope = start * per_hour / 3600
-        return test.alert(rules[rule_name], proc, value=slope * 3600, per_hour=slope * 3600,
+        return test.alert(rules[rule_name], proc, value=slope * 3600, per_hour=slope * 3600, recent=slope * 3600,
                           mean=_mean_linear(start, per_hour, at, g.window_seconds),
                           current=start * (1 + per_hour * at / 3600), load_rise=load_rise,
                           exhaustion=headroom / slope, cpu=cpu, tokens=None, running=None)
@@ -143,7 +153,7 @@ def _growth_against_server_load(t, catalog: Catalog) -> Test:
     both silent."""
     g = t.memory_growth
     rule = catalog.find("InferenceProcessMemoryGrowth", resource="resident")
-    at = int(g.min_window_seconds) + 300
+    at = _judged_over_the_hour(g)
     test = Test("memory growth against the inference server's load: tokens/s and running requests "
                 "tied to the process by pid win over its CPU time", at + 300, catalog)
     test.interval = 60
@@ -167,7 +177,7 @@ def _growth_against_server_load(t, catalog: Catalog) -> Test:
         test.values(GENERATED_TOKENS.name, accumulated(1000.0, tokens_growth), **labels)
         test.values(REQUESTS_RUNNING.name, linear(8, running_growth), **labels)
     test.expect(at, "InferenceProcessMemoryGrowth", test.alert(
-        rule, VLLM, value=slope * 3600, per_hour=slope * 3600,
+        rule, VLLM, value=slope * 3600, per_hour=slope * 3600, recent=slope * 3600,
         mean=_mean_linear(8 * GIB, per_hour, at, g.window_seconds),
         current=8 * GIB * (1 + per_hour * at / 3600), load_rise=0, exhaustion=available / slope,
         cpu=_mean_rate(2.0, rising, at, g.window_seconds), tokens=1000, running=8))
@@ -184,7 +194,7 @@ def _real_deployments(t, catalog: Catalog) -> Test:
     what its container's cgroup limit leaves (about 1.5 GiB), not to MemAvailable (64 GiB)."""
     g = t.memory_growth
     rule = catalog.find("InferenceProcessMemoryGrowth", resource="resident")
-    at = int(g.min_window_seconds) + 300
+    at = _judged_over_the_hour(g)
     test = Test("memory growth on real deployments: a vLLM V1 engine core judged with its API "
                 "server's traffic, memory proportional to a 7 %/h ramp, a leak in a big process",
                 at + 300, catalog)
@@ -213,7 +223,7 @@ def _real_deployments(t, catalog: Catalog) -> Test:
         test.constant(REQUESTS_RUNNING.name, 8, **labels)
     mean = 12 * GIB + leak * (max(0, at - g.window_seconds) + at) / 2
     test.expect(at, "InferenceProcessMemoryGrowth", test.alert(
-        rule, LLAMA, value=leak * 3600, per_hour=leak * 3600, mean=mean,
+        rule, LLAMA, value=leak * 3600, per_hour=leak * 3600, recent=leak * 3600, mean=mean,
         current=12 * GIB + leak * at, load_rise=0, exhaustion=cgroup_headroom / leak, cpu=1.0,
         tokens=None, running=None))
     return test

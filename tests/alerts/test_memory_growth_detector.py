@@ -60,19 +60,24 @@ def tree(pid, name, root):
     return [(TREE_ROOT, 1, pid, name, root)]
 
 
-def vllm_v1(tokens_growth_per_hour, *, with_tree=True):
+def vllm_v1(tokens_growth_per_hour, *, with_tree=True, engine_faults_per_token=0.0):
     """vLLM V1 under a traffic ramp: the API server (pid 4242) serves /metrics, its child the
     engine core (pid 4343) holds memory exactly proportional to the tokens/s while its busy loop
     keeps one core flat at 100 %."""
     def rate(t):
         return 1000.0 * (1 + tokens_growth_per_hour * (t - T0) / HOUR)
 
+    def tokens(t):
+        """Generated so far: the integral of rate(t) from T0."""
+        s = t - T0
+        return 1000.0 * (s + tokens_growth_per_hour * s * s / (2 * HOUR))
+
     def processes(t):
         s = t - T0
         rows = (process_rows("4242", "python3", resident=2 * GIB, cpu_seconds=0.2 * s,
                              minor_faults=100 * s)
                 + process_rows("4343", "python3", resident=4 * GIB * rate(t) / 1000.0,
-                               cpu_seconds=1.0 * s, minor_faults=100 * s))
+                               cpu_seconds=1.0 * s, minor_faults=100 * s + engine_faults_per_token * tokens(t)))
         if with_tree:
             rows += tree("4242", "python3", "4242") + tree("4343", "python3", "4242")
         return rows
@@ -155,21 +160,22 @@ def test_growth_with_rising_faults_per_unit_of_work_fires_even_as_load_grows():
     # memory and load both double over the hour: the load explains all of the growth...
     assert finding.details["unexplained_bytes_per_hour"] < 0
     assert finding.details["load_rise_share_per_hour"] > 0.5
-    # ...but the faults per CPU second say it touches new memory: the value is the whole growth
-    assert finding.details["faults_per_cpu_second_rising"] == "yes"
+    # ...but the faults per CPU second (no server is tied to it) say it touches new memory: the
+    # value is the whole growth
+    assert finding.details["faults_per_work_rising"] == "yes"
     assert finding.value == pytest.approx(8 * GIB, rel=0.01)
 
 
 def test_too_little_history_gives_no_finding():
     trace = Trace()
-    now = trace.run(T0, T0 + 1700, STEP, process=leaking)
+    span = THRESHOLDS.memory_growth.min_window_seconds
+    now = trace.run(T0, T0 + span + 30, STEP, process=leaking)
+    # min_window_seconds of memory at T0 + span, but the trend ends at the last whole minute (T0
+    # is 20 s past one): T0 + span - 20 at T0 + span + 30
     assert growth().evaluate(trace.history, now) == []
-    now = trace.run(now + STEP, T0 + 1810, STEP, process=leaking)
-    # 30 min of memory, but the load's rise needs a settled per-minute rate (not the first
-    # minute's) in the window's older half
-    assert growth().evaluate(trace.history, now) == []
-    # the trend ends at the last whole minute (T0 is 20 s past one): T0 + 1960 at T0 + 1990
-    now = trace.run(now + STEP, T0 + 1990, STEP, process=leaking)
+    # T0 + span + 40: the window spans it, and the load's rise is judged over its halves (the
+    # hour's older half is empty): a leak from the start fires a minute after the window spans
+    now = trace.run(now + STEP, T0 + span + 40, STEP, process=leaking)
     assert len(growth().evaluate(trace.history, now)) == 1
 
 
@@ -183,16 +189,16 @@ def test_a_gap_in_history_does_not_stop_the_trend():
 
 def test_a_restart_under_the_same_pid_starts_the_window_again():
     trace = Trace()
-    restart = T0 + 2000
+    restart = T0 + 2200
 
     def sawtooth(t):
         if t < restart:
             return leaking(t, per_hour=4 * GIB)
         return leaking(t, start=restart - 1, since=restart, per_hour=4 * GIB)
     now = trace.run(T0, T0 + HOUR, STEP, process=sawtooth)
-    # 1,600 s since the restart is below the 1,800 s minimum: no finding yet
+    # 1,400 s since the restart is below the 1,500 s minimum: no finding yet
     assert growth().evaluate(trace.history, now) == []
-    now = trace.run(now + STEP, restart + 1960, STEP, process=sawtooth)
+    now = trace.run(now + STEP, restart + 1560, STEP, process=sawtooth)
     (finding,) = growth().evaluate(trace.history, now)
     # from the restart to the last whole minute, where the trend's window ends
     assert finding.details["window_seconds"] == pytest.approx(memory_growth_trend.trend_end(now) - restart)
@@ -397,3 +403,71 @@ def test_memory_that_does_not_grow_costs_no_slopes_and_no_load(monkeypatch):
     now = trace.run(T0, T0 + HOUR, STEP, process=leaking)
     (finding,) = growth().evaluate(trace.history, now)
     assert finding.details["slope_bytes_per_second"] == pytest.approx(GIB / HOUR)
+
+
+def test_an_engine_core_whose_faults_follow_the_traffic_is_silent():
+    """Issue 28, class 4: vLLM V1's engine core at one busy core, its memory and its page faults
+    following the traffic (2 faults per generated token). Per CPU second its faults rise 30 %/h,
+    which fired the "faults keep rising" clause; per generated token (its server's work) they
+    stay flat."""
+    processes, server = vllm_v1(0.3, engine_faults_per_token=2.0)
+    trace = Trace()
+    now = trace.run(T0, T0 + HOUR, STEP, process=processes, inference=server)
+    assert growth().evaluate(trace.history, now) == []
+    # without its tree, the same faults are judged per CPU second: rising, and it fires
+    processes, server = vllm_v1(0.3, with_tree=False, engine_faults_per_token=2.0)
+    trace = Trace()
+    now = trace.run(T0, T0 + HOUR, STEP, process=processes, inference=server)
+    (finding,) = growth().evaluate(trace.history, now)
+    assert finding.details["faults_per_work_rising"] == "yes"
+
+
+def stops(t, *, at, per_hour=GIB):
+    """`leaking` until `at`, flat after."""
+    return leaking(min(t, at), per_hour=per_hour) if t <= at else (
+        process_rows("4242", "vllm", start_time=T0 - 86400, resident=8 * GIB + per_hour * (at - T0) / HOUR,
+                     cpu_seconds=2.0 * (t - T0), minor_faults=500.0 * 2.0 * (t - T0)))
+
+
+def test_a_ramp_that_stopped_raises_nothing_and_ends_the_finding_it_raised():
+    """Issue 28, class 3: the hour's slope still holds a ramp after it stops. A ramp that stopped
+    11 min before the window could first be judged (26 min) raises nothing, though the hour's slope
+    is well above the threshold; one that was firing resolves once the last 10 min stop growing."""
+    trace, detector = Trace(), growth()
+    stop = T0 + 900
+
+    def process(t):
+        return stops(t, at=stop, per_hour=4 * GIB)
+    now = trace.run(T0, T0 + 1600, STEP, process=process)
+    assert detector.evaluate(trace.history, now) == []
+    trace, detector = Trace(), growth()
+    stop = T0 + 2400
+    now = trace.run(T0, stop, STEP, process=lambda t: stops(t, at=stop))
+    (finding,) = detector.evaluate(trace.history, now)
+    resolved = None
+    while resolved is None and now < stop + 1200:
+        now = trace.run(now + STEP, now + STEP, STEP, process=lambda t: stops(t, at=stop))
+        if not detector.evaluate(trace.history, now):
+            resolved = now
+    # the last 10 min's least-squares slope falls below half the threshold (64 MiB/h of a 1 GiB/h
+    # ramp) once ~94 % of them are flat: ~9.5 min, plus the minute the trend moves on
+    assert resolved is not None and resolved - stop <= 660, resolved - stop
+
+
+def test_a_finding_holds_down_to_half_its_threshold_and_a_new_one_needs_all_of_it():
+    """Issue 28, class 3: hysteresis. A leak of 100 MiB/h (under the 128 MiB/h it takes to fire,
+    over the 64 MiB/h it takes to hold) on a flat load: a detector that saw it firing (after the
+    leak ran at 200 MiB/h) holds it; a fresh detector raises nothing."""
+    def process(t):
+        s = t - T0
+        grown = (200 * min(s, 1800) + 100 * max(s - 1800, 0)) * MIB / HOUR
+        return process_rows("4242", "vllm", start_time=T0 - 86400, resident=12 * GIB + grown,
+                            cpu_seconds=2.0 * s, minor_faults=1000.0 * s)
+    trace, held = Trace(), growth()
+    now = trace.run(T0, T0 + 1800, STEP, process=process)
+    assert len(held.evaluate(trace.history, now)) == 1
+    for _ in range(6 * 60):   # an hour more, evaluated every 10 s: the slope falls to 100 MiB/h
+        now = trace.run(now + STEP, now + STEP, STEP, process=process)
+        (finding,) = held.evaluate(trace.history, now)
+    assert finding.value == pytest.approx(100 * MIB, rel=0.02)
+    assert growth().evaluate(trace.history, now) == []

@@ -9,6 +9,8 @@ needs its 30 min window). Static findings (for 0) must fire at the first evaluat
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from hybridmon.agent.config import load_config
@@ -177,3 +179,14 @@ def test_every_family_fires_in_its_scenario_so_its_words_are_checked(replays):
         rules |= own
     print(f"rules fired by a scenario: {len(rules & fired)} of {len(rules)}; not: {sorted(rules - fired)}")
     assert len(rules & fired) >= 0.75 * len(rules)
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_no_finding_says_unknown(name, replays):
+    """Issue 28: an alert's text says what stands in place of a figure a host lacks ("no inference
+    server being tied to it"), never "unknown" (the Go template's word for a query that found
+    nothing, which rules.templates.expected_text renders alike)."""
+    for _, (_, finding) in sorted(replays(name).items()):
+        for text in (finding.summary, finding.description):
+            # the word, not a name that holds it (InferenceServerScrapeFailing's reason unknown_server)
+            assert not re.search(r"\bunknown\b", text, re.I), (finding.alertname, text)

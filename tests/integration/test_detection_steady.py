@@ -2,7 +2,9 @@
 scenario whose leak lasts to the end, must not resolve and fire again (an alert that flaps pages
 again and again, each time as new). Before its trend was judged over whole minutes at one point
 per 15 s (59c2981), it resolved at 2330 s and 2390 s of memory_leak_big_process and fired again
-10 s later each time."""
+10 s later each time. Issue 28: with load noise, what is left after the load's part hovered at the
+threshold and it fired and resolved 3-4 times an hour (memory_leak_noisy_load); and each leak
+fired ~32 min after it began."""
 from __future__ import annotations
 
 import pytest
@@ -12,7 +14,16 @@ from hybridmon.agent.daemon import Agent
 from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
 
 # Scenarios whose leak runs from its onset to the end of the trace (tests/support/scenarios/).
-LEAKS_TO_THE_END = ("memory_growth", "memory_growth_vllm_v1_engine_leak", "memory_leak_big_process")
+LEAKS_TO_THE_END = ("memory_growth", "memory_growth_vllm_v1_engine_leak", "memory_leak_big_process",
+                    "memory_leak_noisy_load")
+# Issue 28: each of these leaks grows at or above the absolute growth_bytes_per_hour on a load
+# whose noise is small beside it, and must first fire within 30 min of its onset (a 30 min
+# minimum window and the load's lead-in fired at ~32 min). Not memory_leak_noisy_load: a new
+# finding is judged against the load's rise as estimated, and over the first 43 min (halves of
+# 13 min) its bursty CPU moves that estimate by ~1 %/h, x2 x 12 GiB = ~250 MiB/h against a
+# 32 MiB/h margin: it fires when the estimate allows, 29-31 min in (measured), then holds.
+QUIET_LEAKS = ("memory_growth", "memory_growth_vllm_v1_engine_leak", "memory_leak_big_process")
+FIRST_FIRING_WITHIN_SECONDS = 1800
 
 
 def changes(path, scenario) -> list[tuple[str, float, dict]]:
@@ -42,3 +53,14 @@ def test_a_leak_that_goes_on_keeps_its_alert_firing(name, scenarios):
         mine = [(change, at) for change, at, labels in seen if set(expected.items()) <= set(labels.items())]
         assert mine and mine[0][0] == "firing", f"{name}: {expected} never fired"
         assert mine == mine[:1], f"{name}: {expected} fired at {mine[0][1]:.0f} s, then {mine[1:]}"
+
+
+@pytest.mark.parametrize("name", QUIET_LEAKS)
+def test_a_leak_at_the_absolute_rate_fires_within_30_minutes(name, scenarios):
+    scenario = SCENARIOS[name]
+    seen = changes(scenarios.summary(name).path, scenario)
+    for _, expected in scenario.expected:
+        first = min(at for change, at, labels in seen
+                    if change == "firing" and set(expected.items()) <= set(labels.items()))
+        print(f"{name} {expected}: first fired {first - scenario.onset_seconds:.0f} s after onset")
+        assert first - scenario.onset_seconds <= FIRST_FIRING_WITHIN_SECONDS

@@ -326,3 +326,20 @@ def test_gpu_memory_forecast_comes_before_used_and_ends_with_the_growth(door, do
     print(f"{door}: gpu_memory_ramp_stops forecast at {forecast.first:g} s, resolved {after:g} s "
           "after growth stopped")
     assert used == [] and forecast.first < RAMP_STOPS_GROWTH_STOPS and 0 < after <= bound
+
+
+# --- a leak is one episode (issue 28, class 3) -----------------------------------------------------
+
+@pytest.mark.parametrize("name", ["memory_leak_noisy_load", "memory_leak_big_process",
+                                  "memory_growth_vllm_v1_engine_leak"])
+def test_a_leak_that_goes_on_is_one_episode_through_the_rules_too(name, doors):
+    """The rule's hysteresis (it reads its own ALERTS series) holds as the detector's does: every
+    evaluation from its first firing to the end fires (tests/integration/test_detection_steady.py
+    checks the detector's side)."""
+    seen = doors(name)
+    for expectation in seen.scenario.expected:
+        (firing,) = seen.rules_matching(expectation)
+        every = round((firing.last - firing.first) / RULE_EVALUATION_SECONDS) + 1
+        print(f"{name} {expectation}: the rule fired at {firing.first:g} s, {firing.evaluations} of "
+              f"{every} evaluations to {firing.last:g} s")
+        assert firing.last >= seen.end and firing.evaluations == every

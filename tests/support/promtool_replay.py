@@ -11,6 +11,7 @@ runs it with two PromQL expression tests over the ALERTS series the rule evaluat
 
     min_over_time(timestamp(ALERTS{alertstate="firing"})[END:STEP])  first evaluation firing
     max_over_time(timestamp(ALERTS{alertstate="firing"})[END:STEP])  last evaluation firing
+    count_over_time(ALERTS{alertstate="firing"}[END:STEP])           evaluations firing
 
 Their expected samples are left empty, so promtool fails the test and prints what it got, one
 `{labels} value` per alert; that output is parsed. promtool evaluates every rule group at every
@@ -136,6 +137,7 @@ def input_series(scrapes: list[dict[SeriesKey, float]], instance: str = INSTANCE
 
 FIRST = 'min_over_time(timestamp(ALERTS{{alertstate="firing"}})[{end}s:{step}s])'
 LAST = 'max_over_time(timestamp(ALERTS{{alertstate="firing"}})[{end}s:{step}s])'
+COUNT = 'count_over_time(ALERTS{{alertstate="firing"}}[{end}s:{step}s])'
 
 
 def promtool_test(series: list[dict[str, str]], end: int, step: int = 15,
@@ -153,6 +155,7 @@ def promtool_test(series: list[dict[str, str]], end: int, step: int = 15,
             "promql_expr_test": [
                 {"expr": FIRST.format(end=end, step=evaluation_interval), "eval_time": f"{end}s", "exp_samples": []},
                 {"expr": LAST.format(end=end, step=evaluation_interval), "eval_time": f"{end}s", "exp_samples": []},
+                {"expr": COUNT.format(end=end, step=evaluation_interval), "eval_time": f"{end}s", "exp_samples": []},
             ],
         }],
     }
@@ -164,6 +167,7 @@ class RuleFiring:
     labels: dict[str, str]   # every label of the alert but alertname and alertstate
     first: float             # seconds from the test's start: first evaluation firing
     last: float              # last evaluation firing
+    evaluations: int = 0     # evaluations firing: (last - first) / step + 1 when it never resolved between
 
 
 class PromtoolError(Exception):
@@ -172,7 +176,7 @@ class PromtoolError(Exception):
 
 
 _GOT = re.compile(r"^\s*got: (.*)$", re.M)
-_EXPR = re.compile(r'^\s*expr: "(min|max)_over_time', re.M)
+_EXPR = re.compile(r'^\s*expr: "(min|max|count)_over_time', re.M)
 _SAMPLE = re.compile(r'\{((?:[^"}]|"(?:[^"\\]|\\.)*")*)\} (\S+?)(?:,|$)')
 _PAIR = re.compile(r'([A-Za-z_][A-Za-z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -194,7 +198,7 @@ def parse_samples(text: str) -> list[tuple[dict[str, str], float]]:
 
 def parse_firings(output: str) -> list[RuleFiring]:
     """The alerts in the output of a `promtool test rules` run of a `promtool_test` document."""
-    got: dict[str, dict[Labels, float]] = {"min": {}, "max": {}}
+    got: dict[str, dict[Labels, float]] = {"min": {}, "max": {}, "count": {}}
     blocks = list(_EXPR.finditer(output))
     for index, block in enumerate(blocks):
         end = blocks[index + 1].start() if index + 1 < len(blocks) else len(output)
@@ -210,7 +214,7 @@ def parse_firings(output: str) -> list[RuleFiring]:
         labels = dict(key)
         alertname = labels.pop("alertname")
         labels.pop("alertstate", None)
-        firings.append(RuleFiring(alertname, labels, first, got["max"][key]))
+        firings.append(RuleFiring(alertname, labels, first, got["max"][key], int(got["count"].get(key, 0))))
     return firings
 
 

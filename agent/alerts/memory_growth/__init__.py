@@ -13,7 +13,14 @@ rise explains (mean memory x the load's rise, a share of its mean per hour, x
 load_following_factor) must reach growth_per_hour_share of the mean memory per hour or growth_bytes_per_hour,
 whichever is smaller. Memory proportional to its load (plus any constant) never reaches it at
 any ramp rate; a leak does once the ramp is slower than the leak. Growth also counts when the
-page faults per CPU second climb, whatever the load does.
+page faults per unit of work climb, whatever the load does (per generated token where a server is
+tied to it, else per CPU second).
+
+Issue 28: a finding fires at the threshold, as the load's rise is estimated, and holds down to
+resolve_share of it against the part of the rise beyond its noise (rise_noise_z standard errors);
+the rule reads its own ALERTS series for that, the detector remembers what it returned (as long as
+Prometheus's lookback delta). A new finding needs the newest recent_seconds / 2 growing, and every
+finding the last recent_seconds, so a ramp that stopped raises nothing and ends what it raised.
 
 Slopes are robust to a single jump (a model or adapter load): the agent takes a Theil-Sen slope,
 the rule rules.promql.robust_slope (the median of local least-squares slopes), which agree on
@@ -24,6 +31,7 @@ in rules/process.py.
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -50,6 +58,9 @@ from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, number, query
 from hybridmon.rules.templates import humanize1024, humanize_percentage
 
+# Prometheus's lookback delta (5 min by default): how far back a query finds the ALERTS sample of
+# an earlier evaluation, which is how long the rule's hysteresis remembers that it fired.
+LOOKBACK_SECONDS = 300.0
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
 REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
 INPUTS = (PROCESS_MEMORY_USED, RESIDENT, LOCKED, PINNED, CPU_SECONDS, MINOR_FAULTS, MAJOR_FAULTS,
@@ -64,6 +75,9 @@ class Settings(Section):
     growth_bytes_per_hour: float
     load_following_factor: float
     exhaustion_horizon_seconds: float
+    resolve_share: float
+    recent_seconds: float
+    rise_noise_z: float
 
 
 @dataclass(frozen=True)
@@ -88,7 +102,8 @@ RESOURCES = (
 
 
 def alerts(g: Settings) -> list[Alert]:
-    window = duration(g.window_seconds)
+    window, recent = duration(g.window_seconds), duration(g.recent_seconds)
+    newest = duration(g.recent_seconds / 2)
     faults = recorded.fault_slope(window)
     rise = recorded.load_rise(window)
     recordings = {r.label: r for r in recorded.resources()}   # its slope, amount and forecast
@@ -99,24 +114,46 @@ def alerts(g: Settings) -> list[Alert]:
         mean = f"avg_over_time({shared.current}[{window}])"
         share, floor = number(g.growth_per_hour_share), number(g.growth_bytes_per_hour)
         threshold = f"clamp_max({mean} * {share}, {floor})"
+        held = f"{threshold} * {number(g.resolve_share)}"
+
+        def grows(level: str, rise: str) -> str:
+            return (
+                "    # bytes per hour of growth its load does not explain: the slope less the mean amount\n"
+                "    # times the load's own rise (a share of its mean per hour, 0 when it falls), times\n"
+                "    # load_following_factor\n"
+                f"    {slope} * 3600\n"
+                f"    - {mean} * on (job, instance, pid) group_left () {rise} * {number(g.load_following_factor)}\n"
+                f"    >= {level}\n"
+                "  or\n"
+                "    # ...or any such growth while the page faults per unit of work grow\n"
+                f"    {slope} * 3600 >= {level}\n"
+                "    and on (job, instance, pid)\n"
+                f"    {faults} * 3600 >= avg_over_time({recorded.FAULTS_PER_WORK}[{window}]) * {number(g.growth_per_hour_share)}\n"
+                f"    and on (job, instance, pid) {faults} > 0\n"
+            )
+        firing = (f'ALERTS{{alertname="InferenceProcessMemoryGrowth", alertstate="firing", '
+                  f'resource="{resource.label}"}}')
         expr = (
             "(\n"
-            "    # bytes per hour of growth its load does not explain: the slope less the mean amount\n"
-            "    # times the load's own rise (a share of its mean per hour, 0 when it falls), times\n"
-            "    # load_following_factor\n"
-            f"    {slope} * 3600\n"
-            f"    - {mean} * on (job, instance, pid) group_left () {rise} * {number(g.load_following_factor)}\n"
-            "    # at least the share of the mean amount per hour, or the absolute rate if smaller\n"
-            f"    >= {threshold}\n"
+            "  # a new finding: at the threshold (the share of the mean amount per hour, or the\n"
+            "  # absolute rate if smaller), while the newer half of the recent part grows too\n"
+            "  (\n"
+            f"{grows(threshold, rise)}"
+            "  )\n"
+            f"  and on (job, instance, pid) {shared.recent_slope(newest)} * 3600 >= {held}\n"
             "  or\n"
-            "    # ...or any such growth while the page faults per CPU second grow\n"
-            f"    {slope} * 3600 >= {threshold}\n"
-            "    and on (job, instance, pid)\n"
-            f"    {faults} * 3600 >= avg_over_time({recorded.FAULTS_PER_CPU}[{window}]) * {number(g.growth_per_hour_share)}\n"
-            f"    and on (job, instance, pid) {faults} > 0\n"
+            "  # once firing, it holds down to resolve_share of the threshold (hysteresis), against\n"
+            "  # the part of the load's rise beyond its noise\n"
+            "  (\n"
+            f"{grows(held, recorded.load_rise(window, confident=True))}"
+            "  )\n"
+            f"  and on (job, instance, pid) {firing}\n"
             ")\n"
+            "# while the recent part of the window still grows (a ramp that stopped raises nothing)\n"
+            f"and on (job, instance, pid) {shared.recent_slope(recent)} * 3600 >= {held}\n"
+            "# with the load's rise known, and data reaching back at least min_window_seconds\n"
+            f"and on (job, instance, pid) {rise}\n"
             f"and {slope} > 0\n"
-            "# with data reaching back at least min_window_seconds\n"
             "and on (job, instance, pid)\n"
             f"{data_spans(resource.gauge.name, g.window_seconds, g.min_window_seconds)}"
         )
@@ -127,24 +164,28 @@ def alerts(g: Settings) -> list[Alert]:
             f"The {resource.what} of watched process <process_name> (pid <pid>) grew steadily by "
             "<per_hour|humanize1024>B per hour over the last "
             f"{window} (a slope that ignores a single jump: Theil-Sen in the agent, the median of "
-            "the local slopes in Prometheus) around a mean of <mean|humanize1024>B, while its load "
+            "the local slopes in Prometheus) around a mean of <mean|humanize1024>B, and by "
+            f"<recent|humanize1024>B per hour over the last {recent}, while its load "
             "rose <load_rise|humanizePercentage> of its mean per hour; memory that follows its load "
             f"grows at most {number(g.load_following_factor)} times that share (more than the load "
-            "itself: tokens/s rise slower than the batch that memory follows). The growth beyond it, "
-            "<value|humanize1024>B per hour, "
-            f"reaches the threshold: {humanize_percentage(g.growth_per_hour_share)} of the mean per "
-            f"hour or {humanize1024(g.growth_bytes_per_hour)}B per hour, whichever is smaller (or "
-            "any such growth while its page faults per CPU second keep rising). The load is the "
+            "itself: tokens/s rise slower than the batch that memory follows). The growth beyond it "
+            "(or, while its page faults per unit of work keep rising, all of it) is "
+            "<value|humanize1024>B per hour. "
+            f"It fires at the threshold, {humanize_percentage(g.growth_per_hour_share)} of the mean "
+            f"per hour or {humanize1024(g.growth_bytes_per_hour)}B per hour, whichever is smaller, "
+            f"and holds until the growth falls below {humanize_percentage(g.resolve_share)} of the "
+            f"threshold or the last {recent} grow slower than that. The load is the "
             "inference server tied to it (its own pid or a process of the same process tree: its "
             "generation tokens/s or running requests, whichever rose more, the newer half of the "
-            "window against the older), else its CPU time; "
-            f"over the last {window} it averaged <cpu|humanize> CPU seconds per second and, on the "
-            "server (unknown where none is tied), <tokens|humanize> generation tokens/s with "
-            "<running|humanize> running requests. "
-            f"At its full rate it takes {resource.limit} in <exhaustion|humanizeDuration> (now "
+            "window against the older, and its faults per generated token), else its CPU time; "
+            f"over the last {window} it averaged <cpu|humanize> CPU seconds per second<if tokens> and "
+            "its server <tokens|humanize> generation tokens/s<else>, no inference server being tied "
+            "to it<end><if running> with <running|humanize> running requests<else><end>. "
+            f"<if exhaustion>At its full rate it takes {resource.limit} in <exhaustion|humanizeDuration> (now "
             "<current|humanize1024>B; the warning horizon is "
             f"{duration(g.exhaustion_horizon_seconds)}): if the growth is a leak, plan a restart "
-            "before then. Memory that grows without more work is being held, not reused: a leak, "
+            "before then.<else>It holds <current|humanize1024>B now; what bounds it is not "
+            "reported, so no time to exhaustion is given.<end> Memory that grows without more work is being held, not reused: a leak, "
             "a cache without a bound, or references kept to KV blocks that were offloaded or "
             "freed, which ends in swapping, stalls or an OOM kill. From outside the process this "
             "shows the growth, not its cause: compare with the server's own KV cache usage "
@@ -152,6 +193,7 @@ def alerts(g: Settings) -> list[Alert]:
             labels={"resource": resource.label},
             queries={
                 "per_hour": query("{} * 3600", slope, "pid"),
+                "recent": query("{} * 3600", shared.recent_slope(recent), "pid"),
                 "mean": query(f"avg_over_time({{}}[{window}])", shared.current, "pid"),
                 "current": query("{}", shared.current, "pid"),
                 "load_rise": query("{}", rise, "pid"),
@@ -173,7 +215,7 @@ class Detector(DetectorBase):
     first and last point: the Theil-Sen slope x 3600 less mean x the load's rise per
     hour x load_following_factor (the growth its load explains), in bytes per hour (the value),
     >= min(growth_per_hour_share x mean, growth_bytes_per_hour); or the slope alone reaches that
-    while its page faults (minor + major) per CPU second rise by growth_per_hour_share of their
+    while its page faults (minor + major) per unit of work rise by growth_per_hour_share of their
     mean per hour. The load's rise (rules.process.half_window_rise; 0 when it falls or idles): the
     mean per-minute rate over the newer half of the window less that over the older half, per
     hour, over their mean, of the generation tokens/s or running requests (the larger) of the
@@ -193,8 +235,12 @@ class Detector(DetectorBase):
         self.config = config
         self.min_history_seconds = config.min_window_seconds
         self.alerts = {rule.labels["resource"]: rule for rule in alerts(config)}
-        self.loads = LoadJudge(config.window_seconds, config.growth_per_hour_share)
+        self.loads = LoadJudge(config.window_seconds, config.growth_per_hour_share,
+                               config.min_window_seconds, config.rise_noise_z)
         self._memory = TrendMemory()
+        # (pid, resource) -> when it last fired: the rule's ALERTS series, which its hysteresis reads
+        self._firing: dict[tuple[str, str], float] = {}
+        self._firing_history: object | None = None
 
     def forget_trends(self) -> None:
         """The next evaluation works every trend out anew, as the first of a minute does (the
@@ -242,7 +288,18 @@ class Detector(DetectorBase):
                 trends[key] = (signature, trend)
         trends.update(self._trends(unknown, inputs, end))
         self._memory.keep(trends)
-        return self._findings(history, trends, now_held, now)
+        if history.source is not self._firing_history:
+            self._firing_history, self._firing = history.source, {}
+        found = self._findings(history, trends, now_held, now)
+        self._firing = {(f.labels["pid"], f.labels["resource"]): now for f in found}
+        return found
+
+    def _was_firing(self, pid: str, resource: str, now: float) -> bool:
+        """Whether the finding fired at the last evaluation, no more than LOOKBACK_SECONDS ago,
+        as the rule reads its own ALERTS series (a sample within Prometheus's lookback delta; a
+        resolved alert's series gets a stale marker)."""
+        at = self._firing.get((pid, resource))
+        return at is not None and 0 < now - at <= LOOKBACK_SECONDS
 
     def _window_start(self, end: float, since: float | None) -> float:
         return end - self.config.window_seconds if since is None else max(
@@ -299,7 +356,8 @@ class Detector(DetectorBase):
                     if uuids not in gpu_free:
                         gpu_free[uuids] = self._gpu_free(history, uuids, now)
                     headroom = gpu_free[uuids]
-                judged = self._judge(key[0], growing, _mean_of_sum(recent), headroom, trend.load)
+                held = self._was_firing(key[0], growing.resource, now)
+                judged = self._judge(key[0], growing, _mean_of_sum(recent), headroom, trend.load, held)
                 if judged is not None:
                     findings.append(judged)
         return findings
@@ -317,16 +375,16 @@ class Detector(DetectorBase):
         mean = sum(values) / len(values)
         if mean <= 0:
             return None
-        threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
+        # the level a finding already firing holds down to: below it nothing can fire or hold
+        level = config.resolve_share * min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
         if config.load_following_factor < 0:
             return mean, None, False   # a falling load adds to the growth: no slope rules it out
         in_numpy = min(len(times), windows.LONG_TREND_POINTS) >= windows.NUMPY_PAIRS_FROM
-        if surely_below(times, values, threshold / 3600, count_pairs=not in_numpy):
+        if surely_below(times, values, level / 3600, count_pairs=not in_numpy):
             return None
-        return mean, threshold, in_numpy
+        return mean, level, in_numpy
 
-    @staticmethod
-    def _with_slopes(growing: list) -> list:
+    def _with_slopes(self, growing: list) -> list:
         """`growing` (key, since, candidates with their glance (mean, threshold, in_numpy)) with
         each candidate made a Growing: the long windows' slopes worked out together
         (windows.theil_sen_slopes, the floats theil_sen_slope gives one by one), the short ones
@@ -348,24 +406,50 @@ class Detector(DetectorBase):
                     slope = windows.theil_sen_slope(times, values, windows.LONG_TREND_POINTS)
                 if slope is None or slope <= 0:
                     continue
-                judged.append(Growing(resource, label_name, mean, slope, times[-1] - times[0]))
+                # the recent part of the window and its newer half: their least-squares slopes
+                recent, newest = (self._tail_slope(times, values, seconds) for seconds in
+                                  (self.config.recent_seconds, self.config.recent_seconds / 2))
+                judged.append(Growing(resource, label_name, mean, slope, times[-1] - times[0],
+                                      recent, newest))
             if judged:
                 kept.append((key, since, judged))
         return kept
 
+    @staticmethod
+    def _tail_slope(times, values, seconds: float) -> float:
+        """The least-squares slope of the window's last `seconds`, as PromQL's deriv() over them
+        (0 where it cannot be told: fewer than two points)."""
+        first = bisect_left(times, times[-1] - seconds)
+        ts, vs = times[first:], values[first:]
+        if len(ts) < 2:
+            return 0.0
+        mean_t, mean_v = sum(ts) / len(ts), sum(vs) / len(vs)
+        spread = sum((t - mean_t) ** 2 for t in ts)
+        return 0.0 if spread <= 0 else sum((t - mean_t) * (v - mean_v) for t, v in zip(ts, vs)) / spread
+
     def _judge(self, pid: str, growing: Growing, current: float, headroom: float | None,
-               load: Load) -> Finding | None:
-        """The finding for one resource of a process that may grow, or None."""
+               load: Load, held: bool = False) -> Finding | None:
+        """The finding for one resource of a process that may grow, or None; `held`: it fired
+        at the last evaluation, so it holds down to resolve_share of the threshold."""
         config = self.config
         mean, slope = growing.mean, growing.slope
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
-        unexplained = None if load.rise_per_hour is None else (
-            slope * 3600 - mean * load.rise_per_hour * config.load_following_factor)
-        if unexplained is not None and unexplained >= threshold:
-            value = unexplained
-        elif load.faults_rising and slope * 3600 >= threshold:
-            value = slope * 3600
-        else:
+        hold_level = threshold * config.resolve_share
+        if load.rise_per_hour is None or growing.recent_slope * 3600 < hold_level:
+            return None   # the load's rise not yet known, or the recent part no longer grows
+        unexplained = slope * 3600 - mean * load.rise_per_hour * config.load_following_factor
+
+        def growth_at(level: float, beyond: float) -> float | None:
+            if beyond >= level:
+                return beyond
+            return slope * 3600 if load.faults_rising and slope * 3600 >= level else None
+        # as the rule's `or`: a new finding's value first (against the load's rise as estimated),
+        # else the held one's (against the part of its rise beyond its noise)
+        value = growth_at(threshold, unexplained) if growing.newest_slope * 3600 >= hold_level else None
+        if value is None and held:
+            confident = load.confident_rise_per_hour or 0.0
+            value = growth_at(hold_level, slope * 3600 - mean * confident * config.load_following_factor)
+        if value is None:
             return None
         forecast = None if headroom is None else max(headroom, 0.0) / slope
         details: dict[str, float | str] = {
@@ -377,7 +461,9 @@ class Detector(DetectorBase):
             "load_rise_share_per_hour": load.rise_per_hour,
             "window_seconds": growing.window_seconds,
             "load_source": load.source,
-            "faults_per_cpu_second_rising": "yes" if load.faults_rising else "no",
+            "faults_per_work_rising": "yes" if load.faults_rising else "no",
+            "recent_slope_bytes_per_second": growing.recent_slope,
+            "newest_slope_bytes_per_second": growing.newest_slope,
             "exhaustion_horizon_seconds": config.exhaustion_horizon_seconds,
         }
         details = {key: value for key, value in details.items() if value is not None}
@@ -391,6 +477,7 @@ class Detector(DetectorBase):
             threshold, unit="B/h",
             values={"per_hour": slope * 3600, "mean": mean, "current": current,
                     "load_rise": load.rise_per_hour, "exhaustion": forecast,
+                    "recent": growing.recent_slope * 3600,
                     "cpu": load.cpu_seconds_per_second, "tokens": load.tokens_per_second,
                     "running": load.requests_running},
             details=details)

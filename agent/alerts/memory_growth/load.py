@@ -6,6 +6,7 @@ Every figure here is over the trend window that ends at `end`, the last whole mi
 (memory_growth.trend.trend_end), not at the evaluation's own time."""
 from __future__ import annotations
 
+import math
 from bisect import bisect_left
 from dataclasses import dataclass
 from typing import Sequence
@@ -29,6 +30,9 @@ class Load:
     tokens_per_second: float | None = None
     requests_running: float | None = None
     rises: tuple[tuple[str, float], ...] = ()     # (what, its rise per hour), for the details
+    # the rise beyond its noise (memory_growth's rise_noise_z standard errors): what a finding
+    # already firing is held against
+    confident_rise_per_hour: float | None = None
 
 
 def surely_below(times: Sequence[float], values: Sequence[float], per_second: float,
@@ -71,9 +75,13 @@ def counter_rates(counters: dict[tuple[str, ...], list[SeriesHistory]], starts: 
 class LoadJudge:
     """The load of one process at a time, by memory_growth's settings."""
 
-    def __init__(self, window_seconds: float, growth_per_hour_share: float) -> None:
+    def __init__(self, window_seconds: float, growth_per_hour_share: float,
+                 min_window_seconds: float | None = None, noise_z: float = 0.0) -> None:
         self.window_seconds = window_seconds
+        self.noise_z = noise_z
         self.growth_per_hour_share = growth_per_hour_share
+        # until the window's older half holds figures, the rise is judged over this one's halves
+        self.short_seconds = window_seconds if min_window_seconds is None else min_window_seconds
 
     def load(self, rated: Rated, tokens: list[SeriesHistory], running: list[SeriesHistory],
              end: float) -> Load | None:
@@ -81,33 +89,51 @@ class LoadJudge:
         time then its page faults (counter_rates); `tokens`, `running`: the generation-token
         counters and running-request gauges of the servers tied to it."""
         start, ((times, rates), *fault_rates) = rated
-        # the load's rise needs settled figures in the window's older half; until then only the
-        # page faults can tell (as in the rule, whose load_rise recording is absent until then)
-        known = any(times[0] + 60 <= t <= end - self.window_seconds / 2 for t in times)
-        rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
+        # the load's rise needs settled figures in the window's older half, else in the older
+        # half of the short window (min_window_seconds); until then it is not judged (as in the
+        # rule, whose load_rise recording is absent until then)
+        window = next((seconds for seconds, reaching in self._windows()
+                       if any(times[0] + 60 <= t <= end - reaching for t in times)), None)
         cpu_mean = sum(rates) / len(rates) if rates else None
         token_times, token_rates = servers.summed_rate_steps(tokens, start, end)
         if len(token_rates) >= 2:   # a server is tied to it: its load is the one judged
+            # ...and its faults are judged per generated token: the CPU time of vLLM V1's engine
+            # core is one busy core whatever the traffic, so per CPU second its faults rise with
+            # the traffic (issue 28)
+            rising = self._faults_rising(fault_rates, dict(zip(token_times, token_rates)))
             running_times, running_values = servers.summed_average_steps(running, start, end)
-            rises = tuple((what, rise) for what, rise in (
-                ("tokens", self._half_window_rise(token_times, token_rates, end)),
-                ("running", self._half_window_rise(running_times, running_values, end)))
-                if rise is not None)
-            return Load(max([0.0] + [rise for _, rise in rises]) if known else None, "server", rising,
-                        cpu_mean, sum(token_rates) / len(token_rates),
+            figures = ((token_times, token_rates), (running_times, running_values))
+            rises, confident = (() if window is None else tuple(
+                (what, rise) for what, (steps, values) in zip(("tokens", "running"), figures)
+                if (rise := self._half_window_rise(steps, values, end, window, z)) is not None)
+                for z in (0.0, self.noise_z))
+            return Load(None if window is None else max([0.0] + [rise for _, rise in rises]), "server",
+                        rising, cpu_mean, sum(token_rates) / len(token_rates),
                         sum(running_values) / len(running_values) if running_values else None,
-                        rises)
+                        rises, None if window is None else max([0.0] + [rise for _, rise in confident]))
         if len(rates) < 2:
             return None
-        rise = self._half_window_rise(times, rates, end)
-        return Load(max(0.0, rise or 0.0) if known else None, "cpu", rising, cpu_mean,
-                    rises=() if rise is None else (("cpu", rise),))
+        rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
+        rise, confident = (None if window is None else self._half_window_rise(times, rates, end, window, z)
+                           for z in (0.0, self.noise_z))
+        return Load(None if window is None else max(0.0, rise or 0.0), "cpu", rising, cpu_mean,
+                    rises=() if rise is None else (("cpu", rise),),
+                    confident_rise_per_hour=None if window is None else max(0.0, confident or 0.0))
 
-    def _half_window_rise(self, times: list[float], values: list[float], end: float) -> float | None:
+    def _windows(self) -> tuple[tuple[float, float], ...]:
+        """(window, how far back its settled figures must reach): the whole window once its
+        older half holds as many minutes as the short window's half (a rise from a few minutes of
+        figures moves by percents an hour from noise alone), else the short window's halves."""
+        return ((self.window_seconds, (self.window_seconds + self.short_seconds) / 2),
+                (self.short_seconds, self.short_seconds / 2))
+
+    @staticmethod
+    def _half_window_rise(times: list[float], values: list[float], end: float,
+                          window_seconds: float, noise_z: float = 0.0) -> float | None:
         """rules.process.half_window_rise: the line through the means (of times and values) of
         the window's newer and older halves, per hour, over the mean of both halves' values;
         None without both halves or a load."""
-        half = self.window_seconds / 2
+        half = window_seconds / 2
         # as the rule's settled recordings: without the first minute of figures
         points = [(t, v) for t, v in zip(times, values) if times and t >= times[0] + 60]
         newer = [(t, v) for t, v in points if t >= end - half]
@@ -122,13 +148,26 @@ class LoadJudge:
             return None
         if mean <= 0:
             return 0.0   # idle: nothing explains growth
-        return (newer_mean - older_mean) * 3600 / (newer_time - older_time) / mean
+        # the standard error of the difference of the means, from the scatter of each half's
+        # figures about the line (population variances, as PromQL's stddev_over_time, less the
+        # line's part: slope^2 x the variance of their times): a rise within noise_z of it is the
+        # load's noise, not its rise
+        line = (newer_mean - older_mean) / (newer_time - older_time)
+        spread = 0.0
+        for part, part_mean, part_time in ((newer, newer_mean, newer_time), (older, older_mean, older_time)):
+            values_var = sum((v - part_mean) ** 2 for _, v in part) / len(part)
+            times_var = sum((t - part_time) ** 2 for t, _ in part) / len(part)
+            spread += max(values_var - line * line * times_var, 0.0) / len(part)
+        rise = newer_mean - older_mean - noise_z * math.sqrt(spread)
+        return rise * 3600 / (newer_time - older_time) / mean
 
-    def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], cpu_rates: dict) -> bool:
-        """Page faults (minor + major: per-minute rates of each series, fault_rates) per CPU
-        second, minute by minute, rising by at least growth_per_hour_share of their mean per
-        hour: a process that faults more for the same work is touching memory it did not touch
-        before."""
+    def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], work_rates: dict) -> bool:
+        """Page faults (minor + major: per-minute rates of each series, fault_rates) per unit of
+        work (work_rates, by step: its server's generation tokens/s where one is tied to it,
+        else its CPU seconds per second), minute by minute, rising by at least
+        growth_per_hour_share of their mean per hour: a process that faults more for the same
+        work is touching memory it did not touch before."""
+        cpu_rates = work_rates
         per_step: dict[float, float] = {}
         for steps, rates in fault_rates:
             for time, value in zip(steps, rates):

@@ -36,6 +36,7 @@ from tests.support.scenarios import offload_library  # noqa: F401 (registers its
 from tests.support.scenarios import gpu_blip_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import crash_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import swap_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import leak_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 
