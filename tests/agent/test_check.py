@@ -5,6 +5,7 @@ import subprocess
 
 import pytest
 
+from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.commands import check
 from hybridmon.agent.config import load_config
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, subprocess_environment
@@ -35,7 +36,8 @@ def test_check_on_this_machine_lists_gpu_checks_as_skipped_with_the_reason():
     if not real_nvml_library_loads():
         for detector in ("pcie_starvation", "pcie_link_degraded", "gpu_memory_headroom", "numa_misplacement"):
             assert "NVIDIA driver not found" in skipped[detector]
-    assert "30 min of history" in skipped["memory_growth"]
+    needed = load_thresholds().memory_growth.min_window_seconds / 60
+    assert f"needs {needed:.0f} min of history" in skipped["memory_growth"]
 
 
 @pytest.mark.slow
