@@ -153,23 +153,62 @@ def half_window_rise(series: str, window_seconds: float, noise_z: float) -> str:
     and older halves. Means of up to 30 per-minute figures, not a slope of each: a trend of
     one-minute figures moved by ~1 %/h from noise alone in the simulated scenarios. Through the
     halves' mean times, it holds while the older half is still filling (a process up for 45 min).
-    Less `noise_z` standard errors of the difference of the means (memory_growth's rise_noise_z)."""
-    half = duration(window_seconds / 2)
-    newer, older = f"avg_over_time({series}[{half}:1m])", f"avg_over_time({series}[{half}:1m] offset {half})"
-    newer_time = f"avg_over_time(timestamp({series})[{half}:1m])"
-    older_time = f"avg_over_time(timestamp({series})[{half}:1m] offset {half})"
-    # the standard error of the difference of the halves' means, from the scatter of their
-    # per-minute figures about the line (their variance less the line's part, slope^2 x the
-    # variance of their times): a rise within noise_z of it is the load's noise, not its rise
-    line = f"(({newer} - {older}) / ({newer_time} - {older_time}))"
-    spread = " + ".join(
-        f"clamp_min(stddev_over_time({series}[{half}:1m]{shift}) ^ 2"
-        f" - {line} ^ 2 * stddev_over_time(timestamp({series})[{half}:1m]{shift}) ^ 2, 0)"
-        f" / count_over_time({series}[{half}:1m]{shift})"
-        for shift in ("", f" offset {half}"))
-    return (f"({newer} - {older} - {number(noise_z)} * sqrt({spread}))"
-            f" * 3600 / (({newer_time} - {older_time}) > 0)"
-            f" / (({newer} + {older}) / 2 > 0)")
+    Less `noise_z` standard errors of the difference of the means (memory_growth's rise_noise_z).
+    Reads the halves' figures recorded by half_window_recordings, each worked out once."""
+    half = HalfWindow(series, window_seconds)
+    rise_per_second = f"({half.newer} - {half.older})"
+    if noise_z:
+        rise_per_second = f"({half.newer} - {half.older} - {number(noise_z)} * sqrt({half.variance}))"
+    return (f"{rise_per_second}"
+            f" * 3600 / (({half.newer_time} - {half.older_time}) > 0)"
+            f" / (({half.newer} + {half.older}) / 2 > 0)")
+
+
+@dataclass(frozen=True)
+class HalfWindow:
+    """The names of the figures recorded for the halves of a window of one series: the means of
+    its per-minute values and of their times in each half, and the variance of the difference of
+    the means. Recorded once per evaluation, before the rules that read them in the same group:
+    the load's rise reads each several times (tokens, running requests, CPU; raised and
+    confident), and Prometheus works out a subquery again wherever it is written."""
+
+    series: str
+    window_seconds: float
+
+    @property
+    def half(self) -> str:
+        return duration(self.window_seconds / 2)
+
+    def _name(self, figure: str) -> str:
+        return f"{self.series}:{figure}{self.half}"
+
+    newer = property(lambda self: self._name("newer_mean"))
+    older = property(lambda self: self._name("older_mean"))
+    newer_time = property(lambda self: self._name("newer_time"))
+    older_time = property(lambda self: self._name("older_time"))
+    variance = property(lambda self: self._name("mean_difference_variance"))
+
+    def recordings(self) -> list[Recording]:
+        series, half = self.series, self.half
+        # the variance of the difference of the halves' means, from the scatter of their
+        # per-minute figures about the line (their variance less the line's part, slope^2 x the
+        # variance of their times): a rise within noise_z standard errors of it is noise
+        line = f"(({self.newer} - {self.older}) / ({self.newer_time} - {self.older_time}))"
+        variance = " + ".join(
+            f"clamp_min(stddev_over_time({series}[{half}:1m]{shift}) ^ 2"
+            f" - {line} ^ 2 * stddev_over_time(timestamp({series})[{half}:1m]{shift}) ^ 2, 0)"
+            f" / count_over_time({series}[{half}:1m]{shift})"
+            for shift in ("", f" offset {half}"))
+        return [Recording(self.newer, f"avg_over_time({series}[{half}:1m])"),
+                Recording(self.older, f"avg_over_time({series}[{half}:1m] offset {half})"),
+                Recording(self.newer_time, f"avg_over_time(timestamp({series})[{half}:1m])"),
+                Recording(self.older_time, f"avg_over_time(timestamp({series})[{half}:1m] offset {half})"),
+                Recording(self.variance, variance)]
+
+
+def half_window_recordings(*windows_seconds: float) -> list[Recording]:
+    return [recording for window in windows_seconds for series in (CPU, SERVER_TOKENS, SERVER_RUNNING)
+            for recording in HalfWindow(settled(series), window).recordings()]
 
 
 def settled(recorded: str) -> str:
@@ -250,6 +289,7 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
             f'(avg_over_time({BY_FIELD["requests_running"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[1], robust_slope(SERVER_RUNNING, seconds)),
         *_settled_recordings(),
+        *half_window_recordings(seconds, t.memory_growth.min_window_seconds),
         Recording(load_rise(window), _load_rise(seconds, t.memory_growth.min_window_seconds, 0)),
         Recording(load_rise(window, confident=True),
                   _load_rise(seconds, t.memory_growth.min_window_seconds, t.memory_growth.rise_noise_z)),
