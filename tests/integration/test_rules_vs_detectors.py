@@ -15,7 +15,10 @@ known case below). One promtool run per scenario.
 
 promtool's evaluation_interval is 15 s, not the generated tests' 1 m: the detectors evaluate every
 15 s here too, so both doors judge on the same grid, and 1 m would round every rule firing up to
-the minute (up to 45 s) for nothing. 15 s is also the usual scrape and evaluation interval.
+the minute (up to 45 s) for nothing. 15 s is also the usual scrape and evaluation interval. The
+stories told on 10 s ticks (hour-long trends) are replayed in test_rules_vs_detectors_trends.py,
+through promtool every 30 s (both_doors.rule_evaluation_seconds): their rules move once a minute,
+and their 2 h replays were most of the suite's time.
 
 Tolerance, |t_rule - t_agent| for the first firing (and for the resolution, where the agent
 resolves before the scenario ends), the sum of three terms:
@@ -62,119 +65,18 @@ healthy growth-with-load host.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import yaml
 
-from hybridmon.agent.config import load_config
-from hybridmon.agent.daemon import Agent
-from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
-from tests.support.scenarios.library import Expectation, Scenario
-from tests.support.promtool_replay import (
-    INSTANCE, JOB, RuleFiring, Scraper, first_and_last_firing, input_series, parse_samples,
-    promtool_test, series_values,
-)
+from tests.support.both_doors import (AGENT_EVALUATION_SECONDS, RULE_EVALUATION_SECONDS, SCRAPE_SECONDS, AgentFiring,
+                                      Doors, assert_fire_within_the_tolerance, assert_nothing_unexpected,
+                                      doors, expected_cases, long_trends, silence_cases)
+from tests.support.promtool_replay import (INSTANCE, JOB, first_and_last_firing, input_series, parse_samples,
+                                           promtool_test, series_values)
+from tests.support.scenarios import SCENARIOS
 
-SCRAPE_SECONDS = 15          # Prometheus' scrape interval, the promtool series' interval
-RULE_EVALUATION_SECONDS = 15  # promtool's evaluation_interval
-AGENT_EVALUATION_SECONDS = 15  # detectors.evaluation_interval_seconds
-WINDOW_SECONDS = 15          # a 1 m average or rate over 15 s scrapes moves a scrape at a time
-SUBQUERY_STEP_SECONDS = 60   # trends on a [..:1m] subquery grid move once a minute
-TRENDS = {"InferenceProcessMemoryGrowth"}  # expected alerts whose rule reads a [..:1m] subquery
-
-
-def agent_evaluation_step(scenario: Scenario) -> float:
-    """The agent evaluates on its ticks, the first one at least the interval after the last."""
-    return math.ceil(AGENT_EVALUATION_SECONDS / scenario.tick_seconds - 1e-9) * scenario.tick_seconds
-
-
-def tolerance(scenario: Scenario, alertname: str) -> float:
-    window = SUBQUERY_STEP_SECONDS if alertname in TRENDS else WINDOW_SECONDS
-    return SCRAPE_SECONDS + max(RULE_EVALUATION_SECONDS, agent_evaluation_step(scenario)) + window
-
-
-@dataclass
-class AgentFiring:
-    alertname: str
-    labels: dict[str, str]
-    severity: str
-    first: float                  # seconds from the start: first evaluation firing
-    resolved: float | None = None  # the last resolution, None when still firing at the end
-
-
-@dataclass
-class Doors:
-    """One scenario seen through both doors."""
-
-    scenario: Scenario
-    end: float                       # last scrape and evaluation, seconds from the start
-    agent: list[AgentFiring]
-    rules: list[RuleFiring]
-    replay_seconds: float
-    promtool_seconds: float
-
-    def agent_matching(self, expectation: Expectation) -> list[AgentFiring]:
-        alertname, labels = expectation
-        return [f for f in self.agent if f.alertname == alertname and labels.items() <= f.labels.items()]
-
-    def rules_matching(self, expectation: Expectation) -> list[RuleFiring]:
-        alertname, labels = expectation
-        return [f for f in self.rules if f.alertname == alertname and labels.items() <= f.labels.items()]
-
-    def rule_resolved(self, firing: RuleFiring) -> float | None:
-        """The first evaluation after the last one firing; None when it fires at the end."""
-        return None if firing.last >= self.end else firing.last + RULE_EVALUATION_SECONDS
-
-
-def see_both_doors(name: str, trace: Path, directory: Path) -> Doors:
-    scenario = SCENARIOS[name]
-    began = time.perf_counter()
-    overrides = {"history_seconds": history_seconds_for(scenario),
-                 "detectors.evaluation_interval_seconds": AGENT_EVALUATION_SECONDS}
-    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=trace)
-    scraper = Scraper(agent, START_TIME, SCRAPE_SECONDS)
-    firings: dict[tuple, AgentFiring] = {}
-
-    def changed(state, change: str) -> None:
-        finding = state.finding
-        if change == "firing":
-            if state.key not in firings:
-                firings[state.key] = AgentFiring(finding.alertname, dict(finding.labels), finding.severity,
-                                                 state.firing_since - START_TIME)
-            firings[state.key].resolved = None
-        else:
-            firings[state.key].resolved = state.resolved_at - START_TIME
-
-    agent.engine.on_change.append(changed)
-    try:
-        agent.replay(speed=0)
-    finally:
-        agent.stop()
-    assert not any(agent.engine.detector_errors.values()), agent.engine.detector_errors
-    end = math.floor(scenario.duration_seconds / SCRAPE_SECONDS) * SCRAPE_SECONDS
-    scraper.finish(START_TIME + end)
-    replayed = time.perf_counter()
-    document = promtool_test(input_series(scraper.scrapes), int(end), SCRAPE_SECONDS,
-                             RULE_EVALUATION_SECONDS, name)
-    rules, _output = first_and_last_firing(document, directory, name)
-    return Doors(scenario, end, list(firings.values()), rules, replayed - began,
-                 time.perf_counter() - replayed)
-
-
-@pytest.fixture(scope="module")
-def doors(scenarios, tmp_path_factory):
-    """Per scenario, replayed and run through promtool on first use, once for the module."""
-    directory = tmp_path_factory.mktemp("rules-vs-detectors")
-    seen: dict[str, Doors] = {}
-
-    def get(name: str) -> Doors:
-        if name not in seen:
-            seen[name] = see_both_doors(name, scenarios.summary(name).path, directory)
-        return seen[name]
-    return get
+__all__ = ["doors"]  # the module-scoped fixture, one cache of replays per test module
 
 
 # --- the probe itself, on a case whose answer is known -------------------------------------------
@@ -226,67 +128,20 @@ def test_the_probe_finds_first_and_last_firing_on_a_known_case(tmp_path):
                and f.labels["instance"] == INSTANCE for f in firings)
 
 
-# --- every scenario --------------------------------------------------------------------------------
+# --- every scenario but the long trends (test_rules_vs_detectors_trends.py) --------------------------
 
-def expected_cases():
-    for name, scenario in SCENARIOS.items():
-        for alertname, labels in scenario.expected:
-            case_id = f"{name}-{alertname}" + "".join(f"-{v}" for k, v in sorted(labels.items())
-                                                    if k in ("reason", "resource", "aer_severity", "pci_bus_id", "gpu"))
-            yield pytest.param(name, (alertname, labels), id=case_id.replace(":", "_"))
+SHORT = [name for name in SCENARIOS if not long_trends(name)]
 
 
-def entity(labels: dict[str, str]) -> tuple:
-    """An alert's labels but the target's and the severity: what both doors name alike."""
-    return tuple(sorted((k, v) for k, v in labels.items() if k not in ("instance", "job", "severity")))
-
-
-@pytest.mark.parametrize("name, expectation", list(expected_cases()))
+@pytest.mark.parametrize("name, expectation", list(expected_cases(SHORT)))
 def test_rule_and_detector_fire_within_the_tolerance(name, expectation, doors):
-    seen = doors(name)
-    agent, rules = seen.agent_matching(expectation), seen.rules_matching(expectation)
-    assert agent, f"{name}: the detector never fired {expectation}"
-    assert rules, f"{name}: the rule never fired {expectation}"
-    # The same alerts, with the same labels and severity, from both doors.
-    assert {(f.alertname, entity(f.labels), f.severity) for f in agent} == \
-        {(f.alertname, entity(f.labels), f.labels["severity"]) for f in rules}
-    limit = tolerance(seen.scenario, expectation[0])
-    t_agent, t_rule = min(f.first for f in agent), min(f.first for f in rules)
-    print(f"fired {name} {expectation[0]} {dict(expectation[1])}: detector {t_agent:g} s, rule {t_rule:g} s")
-    assert abs(t_rule - t_agent) <= limit, (
-        f"{name} {expectation}: detector fired at {t_agent:g} s, rule at {t_rule:g} s "
-        f"({t_rule - t_agent:+g} s; tolerance {limit:g} s)")
-    by_entity = {entity(f.labels): f for f in rules}
-    for firing in agent:
-        rule = by_entity[entity(firing.labels)]
-        resolved = seen.rule_resolved(rule)
-        assert (firing.resolved is None) == (resolved is None), (
-            f"{name} {firing.alertname}{firing.labels}: resolved at {firing.resolved} s by the "
-            f"detector, at {resolved} s by the rule")
-        if resolved is not None:
-            assert abs(resolved - firing.resolved) <= limit
+    assert_fire_within_the_tolerance(name, expectation, doors(name))
 
 
-def silence_cases():
-    for name in SCENARIOS:
-        for door in ("detectors", "rules"):
-            yield pytest.param(name, door, id=f"{name}-{door}")
-
-
-@pytest.mark.parametrize("name, door", list(silence_cases()))
+@pytest.mark.parametrize("name, door", list(silence_cases(SHORT)))
 def test_nothing_fires_that_the_scenario_does_not_expect_or_allow(name, door, doors):
-    """Healthy scenarios: nothing at all (their `allowed` is empty). Incidents: only their
-    expected and allowed alerts."""
-    seen = doors(name)
-    permitted = seen.scenario.expected + seen.scenario.allowed
-    fired = seen.agent if door == "detectors" else seen.rules
-    unexpected = [(f.alertname, f.labels, f.first) for f in fired
-                  if not any(f.alertname == a and labels.items() <= f.labels.items() for a, labels in permitted)]
-    assert not unexpected, f"{name}: the {door} fired what the scenario does not allow: {unexpected}"
+    assert_nothing_unexpected(name, door, doors(name))
 
-
-
-# --- the VRAM forecast before the fact (issue 14, item 4) ----------------------------------------
 
 def forecast_and_used(seen: Doors, door: str) -> tuple[list, list]:
     """(forecast firings, used firings) of GPU 0 through one door."""
@@ -328,18 +183,3 @@ def test_gpu_memory_forecast_comes_before_used_and_ends_with_the_growth(door, do
     assert used == [] and forecast.first < RAMP_STOPS_GROWTH_STOPS and 0 < after <= bound
 
 
-# --- a leak is one episode (issue 28, class 3) -----------------------------------------------------
-
-@pytest.mark.parametrize("name", ["memory_leak_noisy_load", "memory_leak_big_process",
-                                  "memory_growth_vllm_v1_engine_leak"])
-def test_a_leak_that_goes_on_is_one_episode_through_the_rules_too(name, doors):
-    """The rule's hysteresis (it reads its own ALERTS series) holds as the detector's does: every
-    evaluation from its first firing to the end fires (tests/integration/test_detection_steady.py
-    checks the detector's side)."""
-    seen = doors(name)
-    for expectation in seen.scenario.expected:
-        (firing,) = seen.rules_matching(expectation)
-        every = round((firing.last - firing.first) / RULE_EVALUATION_SECONDS) + 1
-        print(f"{name} {expectation}: the rule fired at {firing.first:g} s, {firing.evaluations} of "
-              f"{every} evaluations to {firing.last:g} s")
-        assert firing.last >= seen.end and firing.evaluations == every
