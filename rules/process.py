@@ -180,7 +180,7 @@ class HalfWindow:
         return duration(self.window_seconds / 2)
 
     def _name(self, figure: str) -> str:
-        return f"{self.series}:{figure}{self.half}"
+        return f"{self.series}_{figure}{self.half}"  # level:metric:operations, the operations joined
 
     newer = property(lambda self: self._name("newer_mean"))
     older = property(lambda self: self._name("older_mean"))
