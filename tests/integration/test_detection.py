@@ -13,12 +13,11 @@ import re
 
 import pytest
 
-from hybridmon.agent.config import load_config
-from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.alerts.catalogue import FAMILIES, load_thresholds
 from tests.support.detector_history import assert_says_its_rules_words, rule_of
-from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from tests.support.scenario_traces import replay_changes
+from tests.support.scenarios import SCENARIOS
 from tests.support.scenarios.library import VLLM_SERVER
 
 THRESHOLDS = load_thresholds()
@@ -44,23 +43,11 @@ def budget(scenario_name: str, alertname: str) -> float:
 def replay(path, scenario) -> dict[tuple[str, tuple], tuple[float, Finding]]:
     """(alertname, labels) -> (seconds after the scenario's start when it first fired, the finding
     as it was then)."""
-    config = load_config(environ={}, overrides={
-        "history_seconds": history_seconds_for(scenario),
-        "detectors.evaluation_interval_seconds": EVALUATION_SECONDS,
-    })
-    agent = Agent(config, replay_from=path)
     fired: dict[tuple[str, tuple], tuple[float, Finding]] = {}
-
-    def remember(state, change):
-        if change == "firing":
-            key = (state.finding.alertname, tuple(sorted(state.finding.labels.items())))
-            fired.setdefault(key, (state.starts_at - START_TIME, state.finding))
-
-    agent.engine.on_change.append(remember)
-    try:
-        agent.replay(speed=0)
-    finally:
-        agent.stop()
+    for change in replay_changes(path, scenario.name, EVALUATION_SECONDS):
+        if change.change == "firing":
+            key = (change.finding.alertname, tuple(sorted(change.finding.labels.items())))
+            fired.setdefault(key, (change.at, change.finding))
     return fired
 
 

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from hybridmon.agent.config import load_config
-from hybridmon.agent.daemon import Agent
-from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from tests.support.scenario_traces import replay_changes
+from tests.support.scenarios import SCENARIOS
 
 # Scenarios whose leak runs from its onset to the end of the trace (tests/support/scenarios/).
 LEAKS_TO_THE_END = ("memory_growth", "memory_growth_vllm_v1_engine_leak", "memory_leak_big_process",
@@ -28,21 +27,8 @@ FIRST_FIRING_WITHIN_SECONDS = 1800
 
 def changes(path, scenario) -> list[tuple[str, float, dict]]:
     """(firing or resolved, seconds from the start, labels) of every memory-growth alert change."""
-    config = load_config(environ={}, overrides={
-        "history_seconds": history_seconds_for(scenario), "detectors.evaluation_interval_seconds": 10})
-    agent = Agent(config, replay_from=path)
-    seen = []
-
-    def remember(state, change):
-        if state.finding.alertname == "InferenceProcessMemoryGrowth":
-            at = state.resolved_at if change == "resolved" else state.starts_at
-            seen.append((change, at - START_TIME, dict(state.finding.labels)))
-    agent.engine.on_change.append(remember)
-    try:
-        agent.replay(speed=0)
-    finally:
-        agent.stop()
-    return seen
+    return [(c.change, c.at, dict(c.finding.labels)) for c in replay_changes(path, scenario.name, 10)
+            if c.finding.alertname == "InferenceProcessMemoryGrowth"]
 
 
 @pytest.mark.parametrize("name", LEAKS_TO_THE_END)

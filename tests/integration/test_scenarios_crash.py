@@ -7,12 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from hybridmon.agent.config import load_config
-from hybridmon.agent.daemon import Agent
 from hybridmon.exporters.host_memory import OOM_KILLS
 from hybridmon.exporters.process import EXITS, OOM_KILLED, START_TIME as PROCESS_START
-from tests.support.scenario_traces import one, value_at
-from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+from tests.support.scenario_traces import one, replay_changes, value_at
+from tests.support.scenarios import START_TIME
 from tests.support.scenarios.crash_library import CRASHES, HOST_TIER_AT_CRASH, RESTARTED_PIDS, VLLM_IDENTITY
 from tests.support.scenarios.host import GIB
 
@@ -22,17 +20,7 @@ EVALUATION_SECONDS = 10
 
 def firings(path, name: str) -> list[tuple[float, object]]:
     """(seconds from the start, finding) of every firing, in order, detectors every 10 s."""
-    agent = Agent(load_config(environ={}, overrides={
-        "history_seconds": history_seconds_for(SCENARIOS[name]),
-        "detectors.evaluation_interval_seconds": EVALUATION_SECONDS}), replay_from=path)
-    fired = []
-    agent.engine.on_change.append(lambda state, change: change == "firing" and fired.append(
-        (state.starts_at - START_TIME, state.finding)))
-    try:
-        agent.replay(speed=0)
-    finally:
-        agent.stop()
-    return fired
+    return [(c.at, c.finding) for c in replay_changes(path, name, EVALUATION_SECONDS) if c.change == "firing"]
 
 
 @pytest.fixture(scope="module")

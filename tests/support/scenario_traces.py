@@ -127,6 +127,37 @@ def replay(path: Path, history_seconds: float) -> Replayed:
 
 # Reading a replayed scenario's history at scenario times (seconds after its first tick).
 
+@dataclass(frozen=True)
+class Change:
+    """A finding's change in a replay with the detectors on: fired or resolved, when (seconds from
+    the scenario's start) and the finding as it was then."""
+
+    change: str          # "firing" or "resolved"
+    at: float
+    finding: object
+
+
+def replay_changes(path: Path, name: str, evaluation_seconds: float) -> list[Change]:
+    """Every finding change of scenario `name`'s trace replayed into an Agent with its detectors
+    on, evaluating every `evaluation_seconds` of recorded time, in order."""
+    config = load_config(environ={}, overrides={
+        "history_seconds": history_seconds_for(SCENARIOS[name]),
+        "detectors.evaluation_interval_seconds": evaluation_seconds})
+    agent = Agent(config, replay_from=path)
+    seen: list[Change] = []
+
+    def remember(state, change: str) -> None:
+        at = state.resolved_at if change == "resolved" else state.starts_at
+        seen.append(Change(change, at - START_TIME, state.finding))
+
+    agent.engine.on_change.append(remember)
+    try:
+        agent.replay(speed=0)
+    finally:
+        agent.stop()
+    return seen
+
+
 def one(history: History, metric: str, **labels: str) -> SeriesHistory:
     found = history.series(metric, **labels)
     assert len(found) == 1, f"{metric}{labels}: {len(found)} series"
