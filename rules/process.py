@@ -77,6 +77,13 @@ class Resource:
     def exhaustion(self) -> str:
         return f"process:{self.raw}:exhaustion_seconds"
 
+    def rise_noise(self, window: str) -> str:
+        """Recording: rise_noise_z standard errors of its rise, bytes per hour (memory_rise_noise)."""
+        return f"process:{self.raw}:rise_noise_per_hour{window}"
+
+    def halves(self, window_seconds: float) -> HalfWindow:
+        return HalfWindow(self.current, window_seconds, name=f"process:{self.raw}:")
+
 
 def resources() -> tuple[Resource, ...]:
     # What bounds a process is not the total but what it can still take: MemAvailable on top of
@@ -174,13 +181,16 @@ class HalfWindow:
 
     series: str
     window_seconds: float
+    # what the recordings' names begin with (level:metric:operations, the operations joined): the
+    # series' own name and "_" where it is a recording, "process:<metric>:" for a raw gauge
+    name: str = ""
 
     @property
     def half(self) -> str:
         return duration(self.window_seconds / 2)
 
     def _name(self, figure: str) -> str:
-        return f"{self.series}_{figure}{self.half}"  # level:metric:operations, the operations joined
+        return f"{self.name or self.series + '_'}{figure}{self.half}"
 
     newer = property(lambda self: self._name("newer_mean"))
     older = property(lambda self: self._name("older_mean"))
@@ -249,16 +259,13 @@ def _load_rise(window_seconds: float, short_seconds: float, noise_z: float) -> s
     the window once its older half holds settled CPU figures reaching back as far as the short
     window's half (min_window_seconds), else over the short window's halves; absent, and the
     process not judged, until its CPU figures reach into the short window's older half."""
-    reach = duration((window_seconds + short_seconds) / 2)
-    filled = (f"max by (job, instance, pid) (present_over_time({settled(CPU)}"
-              f"[{duration(window_seconds - (window_seconds + short_seconds) / 2)}] offset {reach}))")
     return (
         "clamp_min(\n"
         "  (\n"
         f"{_rise_chain(window_seconds, noise_z)}\n"
         "  )\n"
         f"  # the window's older half holds at least as many minutes as the short window's half\n"
-        f"  and on (job, instance, pid) {filled}\n"
+        f"  and on (job, instance, pid) {_whole_window_filled(window_seconds, short_seconds)}\n"
         "  or\n"
         "  (\n"
         f"{_rise_chain(short_seconds, noise_z)}\n"
@@ -268,9 +275,32 @@ def _load_rise(window_seconds: float, short_seconds: float, noise_z: float) -> s
     )
 
 
+def _whole_window_filled(window_seconds: float, short_seconds: float) -> str:
+    """Present (labels job, instance, pid) once the window's older half holds settled CPU figures
+    reaching back as far as the short window's half: from then on the load's rise, and a memory's
+    noise, are judged over the halves of the whole window."""
+    reach = duration((window_seconds + short_seconds) / 2)
+    return (f"max by (job, instance, pid) (present_over_time({settled(CPU)}"
+            f"[{duration(window_seconds - (window_seconds + short_seconds) / 2)}] offset {reach}))")
+
+
+def memory_rise_noise(resource: Resource, window_seconds: float, short_seconds: float, noise_z: float) -> str:
+    """noise_z standard errors of the rise of the resource's amount over the halves of the window
+    the load's rise is judged over (_load_rise: the whole window once its older half is filled,
+    else the short one), in bytes per hour: what the memory's own scatter about its line leaves
+    unknown of its rise. Memory that follows a noisy load scatters with it."""
+    def noise(seconds: float) -> str:
+        half = resource.halves(seconds)
+        return (f"{number(noise_z)} * sqrt({half.variance}) * 3600"
+                f" / (({half.newer_time} - {half.older_time}) > 0)")
+    return (f"(\n  {noise(window_seconds)}\n"
+            f"  and on (job, instance, pid) {_whole_window_filled(window_seconds, short_seconds)}\n)\n"
+            f"or\n{noise(short_seconds)}")
+
+
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
     seconds, recent_seconds = t.memory_growth.window_seconds, t.memory_growth.recent_seconds
-    window, recent = duration(seconds), duration(recent_seconds)
+    window = duration(seconds)
     rules = [
         Recording(CPU, f"rate({process_metrics.CPU_SECONDS.name}[1m])"),
         Recording(load_slope(window), robust_slope(CPU, seconds)),
@@ -303,6 +333,10 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         rules.append(Recording(
             resource.exhaustion(),
             f"(\n{indent(resource.headroom, 2)}\n)\n/ ({resource.slope(window)} > 0)"))
+        short = t.memory_growth.min_window_seconds
+        rules += [recording for span in (seconds, short) for recording in resource.halves(span).recordings()]
+        rules.append(Recording(resource.rise_noise(window),
+                               memory_rise_noise(resource, seconds, short, t.memory_growth.rise_noise_z)))
     rules += [
         Recording(GPU_NODE,
                   "# the node nearest the GPU: its PCI device's sysfs numa_node, through its PCI address;\n"

@@ -121,7 +121,6 @@ def test_a_figure_never_measured_leaves_its_clause_out():
 # --- its rules' promtool cases -------------------------------------------------------------------
 
 def promtool_cases(t, catalog) -> list[Test]:
-    s = t.server_crash
     killed_rule, loop_rule = catalog.find("InferenceServerOomKilled"), catalog.find("InferenceServerCrashLooping")
     host_rule = catalog.find("HostOomKill")
     identity = {"process_name": "python3", "server": "vllm", "model": "mistral-7b"}

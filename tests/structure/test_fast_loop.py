@@ -8,7 +8,6 @@ The loop's time is measured, not asserted: `./scripts/test --fast` took 32-44 s 
 the suite's speed records it."""
 from __future__ import annotations
 
-from pathlib import Path
 
 # Each test of the small suite checks a part of the plugin from inside: the marker is registered,
 # a marked test and an integration test carry it (so --fast leaves both out).

@@ -8,18 +8,20 @@ tied to every watched process of the tree its listening process is in
 GPU memory, is a child of the API server that serves /metrics, and its own CPU time says nothing
 of the traffic (its busy loop keeps a core at 100 %).
 
-Growth and load are judged together: the memory's slope less the part its load's own relative
-rise explains (mean memory x the load's rise, a share of its mean per hour, x
-load_following_factor) must reach growth_per_hour_share of the mean memory per hour or growth_bytes_per_hour,
-whichever is smaller. Memory proportional to its load (plus any constant) never reaches it at
+Growth and load are judged together: the memory's slope less its own noise (rise_noise_z
+standard errors of its rise over the halves of the window) and less the part its load's own
+relative rise explains (mean memory x the part of the load's rise, a share of its mean per hour,
+beyond rise_noise_z of its standard errors, x load_following_factor) must reach
+growth_per_hour_share of the mean memory per hour or growth_bytes_per_hour, whichever is smaller. Memory proportional to its load (plus any constant) never reaches it at
 any ramp rate; a leak does once the ramp is slower than the leak. Growth also counts when the
 page faults per unit of work climb, whatever the load does (per generated token where a server is
 tied to it, else per CPU second).
 
-Issue 28: a finding fires at the threshold, as the load's rise is estimated, and holds down to
-resolve_share of it against the part of the rise beyond its noise (rise_noise_z standard errors);
-the rule reads its own ALERTS series for that, the detector remembers what it returned (as long as
-Prometheus's lookback delta). A new finding needs the newest recent_seconds / 2 growing, and every
+Issue 28: a finding fires at the threshold and holds down to resolve_share of it; the rule reads
+its own ALERTS series for that, the detector remembers what it returned (as long as Prometheus's
+lookback delta). Both sides' noise is taken off because a bursty load's noise, judged as
+estimated, explained more than a leak at the absolute rate (memory_leak_noisy_load fired at 31 min,
+then flapped), while memory that follows its load carries the load's noise in its own scatter. A new finding needs the newest recent_seconds / 2 growing, and every
 finding the last recent_seconds, so a ramp that stopped raises nothing and ends what it raised.
 
 Slopes are robust to a single jump (a model or adapter load): the agent takes a Theil-Sen slope,
@@ -37,7 +39,8 @@ from typing import Sequence
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, servers, windows
-from hybridmon.agent.alerts.memory_growth.load import Load, LoadJudge, counter_rates, surely_below
+from hybridmon.agent.alerts.memory_growth.load import (LOOKBACK_SECONDS, Load, LoadJudge, counter_rates,
+                                                      rise_noise_per_hour, surely_below)
 from hybridmon.agent.alerts.memory_growth.trend import (Growing, Inputs, ProcessKey, Trend, TrendMemory,
                                                        trend_end, trend_signature)
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
@@ -58,9 +61,6 @@ from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import data_spans, duration, number, query
 from hybridmon.rules.templates import humanize1024, humanize_percentage
 
-# Prometheus's lookback delta (5 min by default): how far back a query finds the ALERTS sample of
-# an earlier evaluation, which is how long the rule's hysteresis remembers that it fired.
-LOOKBACK_SECONDS = 300.0
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
 REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
 INPUTS = (PROCESS_MEMORY_USED, RESIDENT, LOCKED, PINNED, CPU_SECONDS, MINOR_FAULTS, MAJOR_FAULTS,
@@ -116,13 +116,17 @@ def alerts(g: Settings) -> list[Alert]:
         threshold = f"clamp_max({mean} * {share}, {floor})"
         held = f"{threshold} * {number(g.resolve_share)}"
 
-        def grows(level: str, rise: str) -> str:
+        # bytes per hour of growth beyond its own noise (rise_noise_z standard errors of its rise)
+        # that its load does not explain: less the mean amount times the part of the load's rise
+        # (a share of its mean per hour, 0 when it falls) beyond the load's noise, times
+        # load_following_factor
+        unexplained = (f"{slope} * 3600 - {shared.rise_noise(window)}\n"
+                       f"    - {mean} * on (job, instance, pid) group_left () "
+                       f"{recorded.load_rise(window, confident=True)} * {number(g.load_following_factor)}")
+
+        def grows(level: str) -> str:
             return (
-                "    # bytes per hour of growth its load does not explain: the slope less the mean amount\n"
-                "    # times the load's own rise (a share of its mean per hour, 0 when it falls), times\n"
-                "    # load_following_factor\n"
-                f"    {slope} * 3600\n"
-                f"    - {mean} * on (job, instance, pid) group_left () {rise} * {number(g.load_following_factor)}\n"
+                f"    {unexplained}\n"
                 f"    >= {level}\n"
                 "  or\n"
                 "    # ...or any such growth while the page faults per unit of work grow\n"
@@ -138,14 +142,13 @@ def alerts(g: Settings) -> list[Alert]:
             "  # a new finding: at the threshold (the share of the mean amount per hour, or the\n"
             "  # absolute rate if smaller), while the newer half of the recent part grows too\n"
             "  (\n"
-            f"{grows(threshold, rise)}"
+            f"{grows(threshold)}"
             "  )\n"
             f"  and on (job, instance, pid) {shared.recent_slope(newest)} * 3600 >= {held}\n"
             "  or\n"
-            "  # once firing, it holds down to resolve_share of the threshold (hysteresis), against\n"
-            "  # the part of the load's rise beyond its noise\n"
+            "  # once firing, it holds down to resolve_share of the threshold (hysteresis)\n"
             "  (\n"
-            f"{grows(held, recorded.load_rise(window, confident=True))}"
+            f"{grows(held)}"
             "  )\n"
             f"  and on (job, instance, pid) {firing}\n"
             ")\n"
@@ -168,9 +171,10 @@ def alerts(g: Settings) -> list[Alert]:
             f"<recent|humanize1024>B per hour over the last {recent}, while its load "
             "rose <load_rise|humanizePercentage> of its mean per hour; memory that follows its load "
             f"grows at most {number(g.load_following_factor)} times that share (more than the load "
-            "itself: tokens/s rise slower than the batch that memory follows). The growth beyond it "
-            "(or, while its page faults per unit of work keep rising, all of it) is "
-            "<value|humanize1024>B per hour. "
+            "itself: tokens/s rise slower than the batch that memory follows). The growth beyond "
+            f"it, each rise counted beyond {number(g.rise_noise_z)} standard errors of its own "
+            "noise from its minute-by-minute scatter (or, while its page faults per unit of work "
+            "keep rising, all of its growth) is <value|humanize1024>B per hour. "
             f"It fires at the threshold, {humanize_percentage(g.growth_per_hour_share)} of the mean "
             f"per hour or {humanize1024(g.growth_bytes_per_hour)}B per hour, whichever is smaller, "
             f"and holds until the growth falls below {humanize_percentage(g.resolve_share)} of the "
@@ -212,8 +216,10 @@ class Detector(DetectorBase):
 
     Over the window_seconds before the last whole minute (memory_growth.trend.trend_end), one
     point per 15 s, since the process (re)started, with at least min_window_seconds between its
-    first and last point: the Theil-Sen slope x 3600 less mean x the load's rise per
-    hour x load_following_factor (the growth its load explains), in bytes per hour (the value),
+    first and last point: the Theil-Sen slope x 3600, less rise_noise_z standard errors of its
+    rise over the halves of the load's window (load.rise_noise_per_hour), less mean x the part of
+    the load's rise per hour beyond its noise x load_following_factor (the growth its load
+    explains), in bytes per hour (the value),
     >= min(growth_per_hour_share x mean, growth_bytes_per_hour); or the slope alone reaches that
     while its page faults (minor + major) per unit of work rise by growth_per_hour_share of their
     mean per hour. The load's rise (rules.process.half_window_rise; 0 when it falls or idles): the
@@ -296,7 +302,8 @@ class Detector(DetectorBase):
 
     def _was_firing(self, pid: str, resource: str, now: float) -> bool:
         """Whether the finding fired at the last evaluation, no more than LOOKBACK_SECONDS ago,
-        as the rule reads its own ALERTS series (a sample within Prometheus's lookback delta; a
+        as the rule reads its own ALERTS series (Prometheus's lookback delta is how long its
+        hysteresis remembers that it fired) (a sample within Prometheus's lookback delta; a
         resolved alert's series gets a stale marker)."""
         at = self._firing.get((pid, resource))
         return at is not None and 0 < now - at <= LOOKBACK_SECONDS
@@ -323,7 +330,7 @@ class Detector(DetectorBase):
                 if glance is not None:
                     candidates.append((resource, label_name, times, values, *glance))
             growing.append((key, since, candidates))
-        sloped = {key: candidates for key, _, candidates in self._with_slopes(growing)}
+        sloped = {key: candidates for key, _, candidates in self._with_slopes(growing, end)}
         rates = counter_rates(inputs.counters, {key: self._window_start(end, since)
                                                 for key, since, _ in growing if key in sloped}, end)
         found = {}
@@ -384,7 +391,7 @@ class Detector(DetectorBase):
             return None
         return mean, level, in_numpy
 
-    def _with_slopes(self, growing: list) -> list:
+    def _with_slopes(self, growing: list, end: float) -> list:
         """`growing` (key, since, candidates with their glance (mean, threshold, in_numpy)) with
         each candidate made a Growing: the long windows' slopes worked out together
         (windows.theil_sen_slopes, the floats theil_sen_slope gives one by one), the short ones
@@ -409,8 +416,13 @@ class Detector(DetectorBase):
                 # the recent part of the window and its newer half: their least-squares slopes
                 recent, newest = (self._tail_slope(times, values, seconds) for seconds in
                                   (self.config.recent_seconds, self.config.recent_seconds / 2))
+                # what its own scatter leaves unknown of its rise, over the halves of either
+                # window the load's rise may be judged over
+                noise = tuple((seconds, rise_noise_per_hour(times, values, end, seconds,
+                                                            self.config.rise_noise_z))
+                              for seconds in self.loads.windows_seconds)
                 judged.append(Growing(resource, label_name, mean, slope, times[-1] - times[0],
-                                      recent, newest))
+                                      recent, newest, noise))
             if judged:
                 kept.append((key, since, judged))
         return kept
@@ -435,26 +447,30 @@ class Detector(DetectorBase):
         mean, slope = growing.mean, growing.slope
         threshold = min(mean * config.growth_per_hour_share, config.growth_bytes_per_hour)
         hold_level = threshold * config.resolve_share
-        if load.rise_per_hour is None or growing.recent_slope * 3600 < hold_level:
+        noise = growing.noise_over(load.window_seconds)
+        if load.rise_per_hour is None or noise is None or growing.recent_slope * 3600 < hold_level:
             return None   # the load's rise not yet known, or the recent part no longer grows
-        unexplained = slope * 3600 - mean * load.rise_per_hour * config.load_following_factor
+        # the growth beyond what its own scatter leaves unknown, less the part of its load's rise
+        # beyond the load's noise: memory that follows its load scatters with it, so only a rise
+        # that stands out of both noises counts on either side
+        unexplained = (slope * 3600 - noise
+                       - mean * (load.confident_rise_per_hour or 0.0) * config.load_following_factor)
 
-        def growth_at(level: float, beyond: float) -> float | None:
-            if beyond >= level:
-                return beyond
+        def growth_at(level: float) -> float | None:
+            if unexplained >= level:
+                return unexplained
             return slope * 3600 if load.faults_rising and slope * 3600 >= level else None
-        # as the rule's `or`: a new finding's value first (against the load's rise as estimated),
-        # else the held one's (against the part of its rise beyond its noise)
-        value = growth_at(threshold, unexplained) if growing.newest_slope * 3600 >= hold_level else None
+        # as the rule's `or`: a new finding at the threshold, one already firing down to hold_level
+        value = growth_at(threshold) if growing.newest_slope * 3600 >= hold_level else None
         if value is None and held:
-            confident = load.confident_rise_per_hour or 0.0
-            value = growth_at(hold_level, slope * 3600 - mean * confident * config.load_following_factor)
+            value = growth_at(hold_level)
         if value is None:
             return None
         forecast = None if headroom is None else max(headroom, 0.0) / slope
         details: dict[str, float | str] = {
             "slope_bytes_per_second": slope,
             "unexplained_bytes_per_hour": unexplained,
+            "memory_noise_bytes_per_hour": noise,
             "mean_bytes": mean,
             "current_bytes": current,
             "growth_share_per_hour": slope * 3600 / mean,

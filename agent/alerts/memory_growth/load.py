@@ -7,12 +7,16 @@ Every figure here is over the trend window that ends at `end`, the last whole mi
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from typing import Sequence
 
 from hybridmon.agent.detectors import servers, windows
 from hybridmon.agent.loop.history import SeriesHistory
+
+# Prometheus's lookback delta (5 min by default): how far back an instant query, or a subquery's
+# step, finds a gauge's last sample.
+LOOKBACK_SECONDS = 300.0
 
 # (a process's window start, the per-minute (times, rates) of its CPU time then its fault counters)
 Rated = tuple[float, list[tuple[list[float], list[float]]]]
@@ -33,6 +37,7 @@ class Load:
     # the rise beyond its noise (memory_growth's rise_noise_z standard errors): what a finding
     # already firing is held against
     confident_rise_per_hour: float | None = None
+    window_seconds: float | None = None           # the window whose halves its rise is judged over
 
 
 def surely_below(times: Sequence[float], values: Sequence[float], per_second: float,
@@ -70,6 +75,71 @@ def counter_rates(counters: dict[tuple[str, ...], list[SeriesHistory]], starts: 
         first = bisect_left(times, starts[key] + windows.AVERAGE_SECONDS)
         found[key][1].append((times[first:], values[first:]))
     return found
+
+
+@dataclass(frozen=True)
+class Halves:
+    """rules.process.HalfWindow's figures: the means of the per-minute points (times and values)
+    of a window's newer and older halves, and the variance of the difference of those means."""
+
+    newer_time: float
+    newer_mean: float
+    older_time: float
+    older_mean: float
+    variance: float
+
+    @property
+    def span(self) -> float:
+        return self.newer_time - self.older_time
+
+    @classmethod
+    def of(cls, points: list[tuple[float, float]], end: float, window_seconds: float) -> Halves | None:
+        """The halves of the window of `window_seconds` ending at `end` (both ends in both halves,
+        as a subquery's steps are); None without a point in each or with their mean times apart
+        by nothing."""
+        half = window_seconds / 2
+        newer = [(t, v) for t, v in points if t >= end - half]
+        older = [(t, v) for t, v in points if end - 2 * half <= t <= end - half]
+        if not newer or not older:
+            return None
+        (newer_time, newer_mean), (older_time, older_mean) = (
+            (sum(t for t, _ in part) / len(part), sum(v for _, v in part) / len(part))
+            for part in (newer, older))
+        if newer_time <= older_time:
+            return None
+        # from the scatter of each half's figures about the line (population variances, as
+        # PromQL's stddev_over_time, less the line's part: slope^2 x the variance of their times)
+        line = (newer_mean - older_mean) / (newer_time - older_time)
+        variance = 0.0
+        for part, part_mean, part_time in ((newer, newer_mean, newer_time), (older, older_mean, older_time)):
+            values_var = sum((v - part_mean) ** 2 for _, v in part) / len(part)
+            times_var = sum((t - part_time) ** 2 for t, _ in part) / len(part)
+            variance += max(values_var - line * line * times_var, 0.0) / len(part)
+        return cls(newer_time, newer_mean, older_time, older_mean, variance)
+
+
+def minute_points(times: Sequence[float], values: Sequence[float], end: float,
+                  window_seconds: float) -> list[tuple[float, float]]:
+    """The points a `[window:1m]` subquery ending at `end` (a whole minute) reads of a gauge: at
+    each whole minute of the window, the latest point at or before it, within Prometheus's
+    lookback delta of it."""
+    found = []
+    step = end - window_seconds
+    while step <= end:
+        at = bisect_right(times, step) - 1
+        if at >= 0 and step - times[at] <= LOOKBACK_SECONDS:
+            found.append((step, values[at]))
+        step += 60.0
+    return found
+
+
+def rise_noise_per_hour(times: Sequence[float], values: Sequence[float], end: float,
+                        window_seconds: float, noise_z: float) -> float | None:
+    """noise_z standard errors of a memory's rise over the halves of the window, in its units per
+    hour (rules.process.memory_rise_noise): what the memory's own scatter about its line leaves
+    unknown of its rise. None without a point in each half."""
+    found = Halves.of(minute_points(times, values, end, window_seconds), end, window_seconds)
+    return None if found is None else noise_z * math.sqrt(found.variance) * 3600 / found.span
 
 
 class LoadJudge:
@@ -110,7 +180,8 @@ class LoadJudge:
             return Load(None if window is None else max([0.0] + [rise for _, rise in rises]), "server",
                         rising, cpu_mean, sum(token_rates) / len(token_rates),
                         sum(running_values) / len(running_values) if running_values else None,
-                        rises, None if window is None else max([0.0] + [rise for _, rise in confident]))
+                        rises, None if window is None else max([0.0] + [rise for _, rise in confident]),
+                        window)
         if len(rates) < 2:
             return None
         rising = self._faults_rising(fault_rates, dict(zip(times, rates)))
@@ -118,7 +189,14 @@ class LoadJudge:
                            for z in (0.0, self.noise_z))
         return Load(None if window is None else max(0.0, rise or 0.0), "cpu", rising, cpu_mean,
                     rises=() if rise is None else (("cpu", rise),),
-                    confident_rise_per_hour=None if window is None else max(0.0, confident or 0.0))
+                    confident_rise_per_hour=None if window is None else max(0.0, confident or 0.0),
+                    window_seconds=window)
+
+    @property
+    def windows_seconds(self) -> tuple[float, ...]:
+        """The windows the load's rise may be judged over, over their halves: the whole window,
+        and the short one until the whole one's older half fills."""
+        return tuple(seconds for seconds, _ in self._windows())
 
     def _windows(self) -> tuple[tuple[float, float], ...]:
         """(window, how far back its settled figures must reach): the whole window once its
@@ -131,35 +209,19 @@ class LoadJudge:
     def _half_window_rise(times: list[float], values: list[float], end: float,
                           window_seconds: float, noise_z: float = 0.0) -> float | None:
         """rules.process.half_window_rise: the line through the means (of times and values) of
-        the window's newer and older halves, per hour, over the mean of both halves' values;
-        None without both halves or a load."""
-        half = window_seconds / 2
+        the window's newer and older halves, per hour, over the mean of both halves' values,
+        less noise_z standard errors of the difference of the means; None without both halves
+        or a load."""
         # as the rule's settled recordings: without the first minute of figures
         points = [(t, v) for t, v in zip(times, values) if times and t >= times[0] + 60]
-        newer = [(t, v) for t, v in points if t >= end - half]
-        older = [(t, v) for t, v in points if end - 2 * half <= t <= end - half]
-        if not newer or not older:
+        found = Halves.of(points, end, window_seconds)
+        if found is None:
             return None
-        (newer_time, newer_mean), (older_time, older_mean) = (
-            (sum(t for t, _ in part) / len(part), sum(v for _, v in part) / len(part))
-            for part in (newer, older))
-        mean = (newer_mean + older_mean) / 2
-        if newer_time <= older_time:
-            return None
+        mean = (found.newer_mean + found.older_mean) / 2
         if mean <= 0:
             return 0.0   # idle: nothing explains growth
-        # the standard error of the difference of the means, from the scatter of each half's
-        # figures about the line (population variances, as PromQL's stddev_over_time, less the
-        # line's part: slope^2 x the variance of their times): a rise within noise_z of it is the
-        # load's noise, not its rise
-        line = (newer_mean - older_mean) / (newer_time - older_time)
-        spread = 0.0
-        for part, part_mean, part_time in ((newer, newer_mean, newer_time), (older, older_mean, older_time)):
-            values_var = sum((v - part_mean) ** 2 for _, v in part) / len(part)
-            times_var = sum((t - part_time) ** 2 for t, _ in part) / len(part)
-            spread += max(values_var - line * line * times_var, 0.0) / len(part)
-        rise = newer_mean - older_mean - noise_z * math.sqrt(spread)
-        return rise * 3600 / (newer_time - older_time) / mean
+        rise = found.newer_mean - found.older_mean - noise_z * math.sqrt(found.variance)
+        return rise * 3600 / found.span / mean
 
     def _faults_rising(self, fault_rates: list[tuple[list[float], list[float]]], work_rates: dict) -> bool:
         """Page faults (minor + major: per-minute rates of each series, fault_rates) per unit of

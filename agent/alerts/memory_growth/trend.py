@@ -87,6 +87,11 @@ class Growing:
     window_seconds: float    # between the window's first and last points
     recent_slope: float      # bytes per second over the window's last recent_seconds
     newest_slope: float      # ...and over the last half of those
+    # (window, rise_noise_z standard errors of its rise over that window's halves, bytes per hour)
+    noise: tuple[tuple[float, float | None], ...] = ()
+
+    def noise_over(self, window_seconds: float | None) -> float | None:
+        return next((noise for seconds, noise in self.noise if seconds == window_seconds), None)
 
 
 @dataclass(frozen=True)
