@@ -137,6 +137,35 @@ PROCESS_MEMORY_USED = MetricSpec(
     "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
 
+# NVLink-C2C (GH200, GB200: offloaded KV and weights cross C2C, not PCIe; issue 29). Defined here
+# for the collector and the judgement alike; the collector emits them where NVML answers.
+C2C_MODE = MetricSpec(
+    "hybridmon_gpu_c2c_mode_enabled",
+    "1 when the GPU's NVLink-C2C link to the CPU is enabled (nvmlDeviceGetC2cModeInfoV "
+    "isC2cEnabled), 0 when not; absent where NVML does not answer (no C2C, older driver or "
+    "binding). With C2C on, host<->device copies cross C2C and the PCIe counters stay near 0.",
+    "gauge", GPU)
+C2C_LINKS = MetricSpec(
+    "hybridmon_gpu_c2c_link_count",
+    "NVLink-C2C links of the GPU (nvmlDeviceGetFieldValues NVML_FI_DEV_C2C_LINK_COUNT, field 170).",
+    "gauge", GPU)
+C2C_LINK_UP = MetricSpec(
+    "hybridmon_gpu_c2c_link_up",
+    "1 when the NVLink-C2C link is up, 0 when down (NVML_FI_DEV_C2C_LINK_GET_STATUS, field 171, "
+    "per link).",
+    "gauge", ("gpu", "uuid", "link"))
+C2C_LINK_MAX_BANDWIDTH = MetricSpec(
+    "hybridmon_gpu_c2c_link_max_bytes_per_second",
+    "The NVLink-C2C link's maximum bandwidth in bytes/s (NVML_FI_DEV_C2C_LINK_GET_MAX_BW, field "
+    "172, per link), what NVML states, not what copies achieve.",
+    "gauge", ("gpu", "uuid", "link"))
+C2C_THROUGHPUT = MetricSpec(
+    "hybridmon_gpu_c2c_throughput_bytes_per_second",
+    "NVLink-C2C traffic in bytes/s between the collector's two latest GPM samples "
+    "(NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: direction host_to_device, the GPU receives; "
+    "_TX_PER_SEC: device_to_host; MiB/s x 2^20); absent where GPM cannot be read.",
+    "gauge", ("gpu", "uuid", "direction"))
+
 METRIC_SPECS = (GPU_INFO, GPU_UP, DOWN_READINGS, DOWN_BLIPS, MEMORY_USED, MEMORY_TOTAL,
                 MEMORY_RESERVED, PCIE_THROUGHPUT,
                 PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
