@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybridmon.agent.commands import budget
-from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
+from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason, is_display_server
 from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
 from hybridmon.exporters import bench_report
 from hybridmon.exporters.base import NoDataError
@@ -177,6 +177,16 @@ def test_busy_reason_names_processes_and_utilization():
     assert busy_reason(GpuActivity((), None), 0.05) is None  # no other process: utilization may be unknown
 
 
+def test_a_display_server_alone_leaves_the_gpu_idle_for_the_bench_but_a_compute_process_does_not():
+    xorg = (2101, "Xorg", 18 * 2**20)
+    assert busy_reason(GpuActivity((), 0.01, display_servers=(xorg,)), 0.05) is None
+    assert busy_reason(GpuActivity((), 0.30, display_servers=(xorg,)), 0.05) == "30% utilization"
+    assert is_display_server("/usr/lib/xorg/Xorg", frozenset({"graphics"}))  # nvmlSystemGetProcessName's path
+    assert is_display_server("gnome-shell", frozenset({"graphics"}))
+    assert not is_display_server("Xorg", frozenset({"graphics", "compute"}))  # a CUDA context copies like any
+    assert not is_display_server("llama-server", frozenset({"graphics"}))  # a Vulkan client copies too
+
+
 def test_a_gpu_whose_processes_cannot_be_read_counts_as_in_use():
     """Fail closed (issue 13, item 6): copies by another process show in no utilization figure."""
     for utilization in (None, 0.0):
@@ -201,7 +211,8 @@ def test_runner_refuses_when_nvml_will_not_list_processes_and_a_forced_run_is_co
 
 def test_runner_refuses_a_busy_gpu_and_runs_nothing(tmp_path):
     busy = FakeNvml()  # the fixture host: pid 4242 runs on GPU 0 at 87 %
-    with pytest.raises(GpuBusy, match=r"pid 4242 \(python3, 30.0 GiB\), pid \d+ \(Xorg[^)]*\); 87% utilization") as raised:
+    # Its headless Xorg (graphics list only) is a display server: not what makes it busy.
+    with pytest.raises(GpuBusy, match=r"in use \(processes pid 4242 \(python3, 30.0 GiB\); 87% utilization\)") as raised:
         runner(tmp_path, nvml=busy).run_gpu(0)
     assert raised.value.exit_code == 4
     assert calls(tmp_path) == [] and not (tmp_path / "state").exists()
@@ -510,6 +521,19 @@ def test_cli_turns_cudas_missing_device_into_exit_3(tmp_path):
     assert "no CUDA device: cudaErrorInsufficientDriver" in result.stderr
     assert "needs an NVIDIA GPU with a working driver" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "state").exists()
+
+
+@pytest.mark.slow
+def test_cli_names_a_driver_older_than_the_runtime_instead_of_no_device(tmp_path):
+    """cudaErrorInsufficientDriver with a driver loaded: the binary's exit 7 and its message (both
+    versions, both ways out) reach the user as a failure, not as "no CUDA device" (issue 29)."""
+    binary = fake_binary(tmp_path, local="error-driver-too-old.json", remote=None, status=7)
+    result = hybridmon("bench", "--gpu", "0", "--force", "--binary", str(binary), state=tmp_path / "state")
+    assert result.returncode == 1
+    assert ("GPU 0: CUDA driver too old: the CUDA runtime 13.0 this binary was built with needs a newer "
+            "driver than the installed one, which supports CUDA up to 12.4: update the NVIDIA driver") in result.stderr
+    assert "no CUDA device" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.slow
