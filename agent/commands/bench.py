@@ -16,7 +16,7 @@ from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason, n
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.commands.progress import LiveLine, Ticker
 from hybridmon.exporters.bench_report import LOOP, Progress, ReportError
-from hybridmon.exporters.bench_runs import measured_capacity, parse_stored_run
+from hybridmon.exporters.bench_runs import bidirectional_capacity, measured_capacity, parse_stored_run
 from hybridmon.exporters.nvml import GpuLostError
 from hybridmon.pcie_rates import link_name, theoretical_capacity
 
@@ -160,4 +160,17 @@ def render(record: dict) -> str:
         lines.append("  capacity used by GpuPcieStarvation: " + ", ".join(
             f"{direction.replace('_', ' ')} {value / 1e9:.2f} GB/s"
             for direction, (value, _size_bytes) in sorted(peak.items())))
+        lines.append("  " + _both_ways(run))
     return "\n".join(lines)
+
+
+def _both_ways(run) -> str:
+    """What GpuPcieStarvation divides both directions' traffic by, from this run or not (and why)."""
+    both = bidirectional_capacity(run)
+    if len(both) == 2:
+        return ("both ways at once: " + " + ".join(
+            f"{direction.replace('_', ' ')} {value / 1e9:.2f}" for direction, (value, _size) in sorted(both.items()))
+            + f" = {sum(value for value, _size in both.values()) / 1e9:.2f} GB/s")
+    return ("both ways at once: not from this run (a run before issue 29 measured the two "
+            "directions with equal bytes, or the other direction stopped first): the bidirectional "
+            "factor of the link stands in; run hybridmon bench again")

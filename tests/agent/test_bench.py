@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybridmon.agent.commands import budget
+from hybridmon.agent.commands.bench import render
 from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason, is_display_server
 from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
 from hybridmon.exporters import bench_report
@@ -378,6 +379,14 @@ def test_a_version_2_run_keeps_its_figures_and_exports_no_bidirectional_capacity
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **stream) == pytest.approx(20.932e9)
     assert samples.value(MEASURED_CAPACITY.name, gpu="0", direction="host_to_device") == pytest.approx(26.208e9)
     assert samples.find(MEASURED_BIDIRECTIONAL_CAPACITY.name) == []
+
+
+def test_the_command_says_what_sizes_the_link_both_ways_and_when_a_run_does_not():
+    record = json.loads(stored_run_text())
+    assert ("  both ways at once: device to host 21.18 + host to device 20.93 = 42.12 GB/s"
+            in render(record).splitlines())
+    record["placements"][0]["report"] = json.loads(fixture_text("report-v2-gen4-local.json"))
+    assert "  both ways at once: not from this run (a run before issue 29" in render(record)
 
 
 def test_a_bidirectional_figure_whose_interference_stopped_first_does_not_size_the_link(tmp_path):
