@@ -34,8 +34,50 @@ GZIP_LEVEL = 6
 SWITCH_INTERVAL_SECONDS = 0.001  # sys.setswitchinterval while serving; see serve()
 
 
+# On every answer (issue 30). nosniff: a browser never reads a body as another type than declared
+# (a model name echoed in /metrics text rendered as HTML). Framing denied: nothing here is meant to
+# be embedded, so no page can be clickjacked. no-store: every answer is a live reading, and a
+# proxy's stale /healthz or /metrics would hide an outage. No referrer: runbook links leave nothing
+# of the agent's address behind.
+PROTECTIVE_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                      (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"))
+# The status page and the runbooks are HTML with inline <style> and style attributes and inline SVG,
+# no script, no form, nothing fetched: everything else is refused, so an injected <script> or
+# <img> (were escaping ever missed) does nothing.
+PAGE_POLICY = (b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+               b"form-action 'none'; frame-ancestors 'none'")
+
+
+class ProtectiveHeaders:
+    """ASGI middleware adding PROTECTIVE_HEADERS to every response, and PAGE_POLICY as the
+    Content-Security-Policy of every HTML one; a header the route set itself is kept. Plain ASGI,
+    not Starlette's BaseHTTPMiddleware, which would run each /metrics answer through a second task."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in PROTECTIVE_HEADERS if name not in present]
+                html = any(name.lower() == b"content-type" and value.startswith(b"text/html")
+                           for name, value in headers)
+                if html and b"content-security-policy" not in present:
+                    headers.append((b"content-security-policy", PAGE_POLICY))
+                message = {**message, "headers": headers}
+            await send(message)
+        await self.app(scope, receive, with_headers)
+
+
 def create_app(agent: Agent) -> FastAPI:
     app = FastAPI(title="hybridmon", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(ProtectiveHeaders)
 
     # async: rendered on the event loop's thread. A sync route runs in a worker thread, and each
     # hand-over between threads waits for the GIL, up to the 5 ms switch interval while a tick's
