@@ -171,11 +171,6 @@ class Sampler:
 
     def clock_offset(self) -> float:
         """The wall clock less the monotonic clock, both read now: constant while the wall clock
-        runs true, and it moves by the step when the wall clock steps."""
-        return self._wall_clock() - self._monotonic()
-
-    def clock_offset(self) -> float:
-        """The wall clock less the monotonic clock, both read now: constant while the wall clock
         runs true, it moves by the step when the wall clock steps."""
         return self._wall_clock() - self._monotonic()
 
