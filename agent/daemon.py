@@ -72,6 +72,7 @@ class Agent:
         self.sampler = Sampler(scheduled, self.history, config.interval_seconds, recorder=self._recorder)
         self.exposition = Exposition(self.history, self.sampler, self.mode)
         self.thresholds = load_thresholds(config.detectors.thresholds_file)
+        self.exposition.hung_seconds = self.thresholds.collector_failing.hung_seconds
         self.engine = Engine(all_detectors(self.thresholds), self.history,
                              lookback_seconds=lookback_seconds(self.thresholds))
         self.exposition.health_registry.register(FindingsCollector(self.engine))

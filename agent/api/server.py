@@ -116,7 +116,15 @@ def create_app(agent: Agent) -> FastAPI:
         # 503 with the reasons when the loop, every collector or the detectors stalled
         # (agent/loop/liveness.py): the liveness probe restarts the agent, a person reads why.
         stalled = liveness.problems(agent)
-        return JSONResponse({"status": "stalled" if stalled else "ok", "problems": stalled,
+        # A hung collector is shown, not fatal: a restart would not unblock its source (a wedged
+        # driver) and would blind the other collectors (agent/loop/liveness.py). Its series are
+        # withheld from /metrics meanwhile.
+        hung_seconds = agent.exposition.hung_seconds or agent.thresholds.collector_failing.hung_seconds
+        degraded = [f"collector {name} has not returned from its run for {running:.0f} s (hung from "
+                    f"{hung_seconds:g} s): its series are withheld from /metrics"
+                    for name, running in sorted(agent.sampler.hung(hung_seconds).items())]
+        status = "stalled" if stalled else "degraded" if degraded else "ok"
+        return JSONResponse({"status": status, "problems": stalled, "degraded": degraded,
                              "mode": agent.mode, "version": __version__, "collectors": collectors,
                              "alertmanager": _alertmanager_health(agent)},
                             status_code=503 if stalled else 200)

@@ -169,6 +169,12 @@ class Sampler:
         self.loop.ticks += 1
         self.loop.last_tick_at = self._monotonic()
 
+    def hung(self, seconds: float) -> dict[str, float]:
+        """The collectors whose current run has lasted `seconds` or more: name -> seconds so far."""
+        now = self._monotonic()
+        return {item.collector.name: now - item.state.running_since for item in self.scheduled
+                if item.state.running_since is not None and now - item.state.running_since >= seconds}
+
     def clock_offset(self) -> float:
         """The wall clock less the monotonic clock, both read now: constant while the wall clock
         runs true, it moves by the step when the wall clock steps."""
