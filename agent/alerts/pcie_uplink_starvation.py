@@ -212,6 +212,5 @@ FAMILY = AlertFamily(
     alerts=lambda t: (alert(t.pcie_uplink_starvation),),
     collectors=("gpu", "pcie"),
     lookback_seconds=lambda settings: settings.for_seconds,
-    no_scenario="not yet: the synthetic host builds no PCIe switch (issue 29 part 3); the detector "
-                "tests and promtool cases in tests/alerts/test_pcie_uplink_starvation.py stand alone",
+    scenario="pcie_uplink_starvation",
 )
