@@ -16,12 +16,12 @@ the best generation x width it ran at over the minute (pcie_rates.effective_capa
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors import common, windows
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
+from hybridmon.agent.detectors.links import UplinkLoad
 from hybridmon.exporters.gpu import GPU_INFO, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT, UTILIZATION
 from hybridmon.exporters.pcie_topology import UPLINK_GENERATION, UPLINK_INFO, UPLINK_WIDTH
 from hybridmon.pcie_rates import bidirectional_capacity, effective_capacity, link_name
@@ -90,18 +90,6 @@ def alert(s: Settings) -> Alert:
             "shares": uplink_query("sort_desc({})", recorded.UPLINK_TRAFFIC_PART),
         },
     )
-
-
-@dataclass(frozen=True)
-class UplinkLoad:
-    """One shared uplink over the minute judged, as the status page shows it: the link, the GPUs
-    behind it with each one's part of its traffic, and the fullest share of what it carries."""
-
-    uplink: str                           # PCI address of the switch port below the link
-    root_port: str
-    link: str | None                      # "Gen4 x16", None while its state is unknown
-    gpus: tuple[tuple[str, float | None], ...]   # (gpu index, part of the uplink's traffic), fullest first
-    share: float | None                   # the fullest of each direction and both together
 
 
 def _latest_by(history: HistoryReader, metric: str, now: float, label: str, reduce=windows.latest) -> dict[str, float]:
