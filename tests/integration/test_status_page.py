@@ -606,3 +606,27 @@ def test_history_bucketed_gives_each_buckets_mean_and_last_point():
     assert series.means[:2] == [4.5, 14.5] and series.means[2] != series.means[2] and series.means[3] == 34.5
     assert series.last_times[1] == 1019.0 and series.last_values[3] == 39.0
     assert history.bucketed(process.RESIDENT.name, 1000.0, 1040.0, 4, pid="2") == []
+
+
+def test_a_gpu_behind_a_switch_names_the_uplink_it_shares_and_with_whom(scenarios, tmp_path):
+    """pcie_uplink_starvation replayed with the detectors on (its offload over by the end): GPUs 2
+    and 3 behind switch port 0000:e1:00.0 each say so, with the link, the other GPU and how full
+    PcieUplinkStarvation judged it over the last minute; GPU 0, alone on its root port, says nothing
+    of an uplink."""
+    name = "pcie_uplink_starvation"
+    overrides = {"history_seconds": history_seconds_for(SCENARIOS[name]), "state_dir": str(tmp_path / "state")}
+    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=scenarios.summary(name).path)
+    try:
+        agent.replay(speed=0)
+        gpus = section_text(render_status_page(agent), "gpus")
+    finally:
+        agent.stop()
+    cards = {index: gpus[gpus.index(f"GPU {index} · "):] for index in "023"}
+    for index, other in (("2", "3"), ("3", "2")):
+        row = re.search(r"Shared PCIe uplink(switch port [^;]*); (\d+) % full over the last minute "
+                        r"\((GPU \d [\d.]+ %, GPU \d [\d.]+ %) of its traffic\)", cards[index])
+        assert row, cards[index][:600]
+        assert row.group(1) == f"switch port 0000:e1:00.0 (Gen4 x16), shared with GPU {other}"
+        # the last minute: both GPUs back at 0.10 of their links each, 0.20 of a Gen4 x16 together
+        assert 20 <= int(row.group(2)) <= 30, row.group(0)
+    assert "Shared PCIe uplink" not in cards["0"][:cards["0"].index("GPU 2 · ")]
