@@ -630,3 +630,44 @@ def test_a_gpu_behind_a_switch_names_the_uplink_it_shares_and_with_whom(scenario
         # the last minute: both GPUs back at 0.10 of their links each, 0.20 of a Gen4 x16 together
         assert 20 <= int(row.group(2)) <= 30, row.group(0)
     assert "Shared PCIe uplink" not in cards["0"][:cards["0"].index("GPU 2 · ")]
+
+
+def test_the_trends_read_each_series_once_however_many_models_the_page_shows():
+    """Issue 30: the page asked the trends once per model, and each ask scanned every series of the
+    metric: quadratic in models (20,000 of them timed out at 60 s). Each metric's series are now
+    walked once, to index them, whatever the number of asks."""
+    from hybridmon.agent.loop.history import History
+    from hybridmon.agent.status.trends import Trends, server_plots
+
+    class Walked(list):
+        walks = 0
+
+        def __iter__(self):
+            Walked.walks += 1
+            return super().__iter__()
+
+    history = History(3600)
+    history.add_collector("inference", 5)
+    now = 1_700_000_000.0
+    models = [f"m{i}" for i in range(300)]
+    for tick in range(3):
+        samples = Samples()
+        for model in models:
+            labels = ("vllm", "http://127.0.0.1:8000/metrics", model, "")
+            samples.add(BY_FIELD["generated_tokens"], 100.0 * tick, *labels)
+            samples.add(BY_FIELD["kv_cache_usage_ratio"], 0.5, *labels)
+        history.commit("inference", now - 10 + 5 * tick, samples)
+    engine = Engine([], history)
+    trends = Trends(history, engine, load_thresholds_for_page(), now)
+    real = history.bucketed
+    history.bucketed = lambda *args, **kwargs: Walked(real(*args, **kwargs))
+    for model in models:
+        server_plots(trends, ("vllm", "http://127.0.0.1:8000/metrics", model, ""))
+    # one walk per metric to build its index (two metrics), none per model
+    assert Walked.walks == 2
+    assert len(trends.series(BY_FIELD["kv_cache_usage_ratio"], model="m7")) == 1
+
+
+def load_thresholds_for_page():
+    from hybridmon.agent.alerts.catalogue import load_thresholds
+    return load_thresholds()
