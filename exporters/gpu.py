@@ -23,8 +23,12 @@ from pydantic import Field
 from hybridmon.exporters.sources import RawSource
 from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, CollectorSettings, LogOnce,
                                       MetricSpec, NoDataError, Samples)
-from hybridmon.exporters.nvml import GpuLostError, GpuProcess, Nvml
-from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, DIRECTIONS,
+from hybridmon.exporters.nvml import C2cLink, GpuLostError, GpuProcess, Nvml
+from hybridmon.exporters.nvml_answers import (NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC,
+                                              NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC,
+                                              NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+                                              NVML_GPM_METRIC_PCIE_TX_PER_SEC)
+from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, DIRECTIONS, MIB,
                                               MAX_SAMPLES_PER_SECOND, PcieTraffic, TrafficReading)
 from hybridmon.exporters.pid_namespace import PidView, pid_view
 from hybridmon.exporters.sources import LiveSource, TraceMissError
@@ -166,11 +170,26 @@ C2C_THROUGHPUT = MetricSpec(
     "_TX_PER_SEC: device_to_host; MiB/s x 2^20); absent where GPM cannot be read.",
     "gauge", ("gpu", "uuid", "direction"))
 
+PCIE_TRAFFIC_METHOD = MetricSpec(
+    "hybridmon_gpu_pcie_traffic_method",
+    "How the GPU's PCIe traffic is read, value 1 on its one method: counters (the byte counters "
+    "of nvmlDeviceGetFieldValues, exact), gpm (GPM PCIe metrics between two samples, Hopper and "
+    "later, exact; where the counters are missing or keep failing) or sampled (20 ms "
+    "nvmlDeviceGetPcieThroughput windows, with the error bound of docs/nvml-cost.md).",
+    "gauge", ("gpu", "uuid", "method"))
+
 METRIC_SPECS = (GPU_INFO, GPU_UP, DOWN_READINGS, DOWN_BLIPS, MEMORY_USED, MEMORY_TOTAL,
                 MEMORY_RESERVED, PCIE_THROUGHPUT,
-                PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
+                PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_TRAFFIC_METHOD, PCIE_LINK_GENERATION,
+                PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
                 PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, MIG_MODE,
-                PROCESS_MEMORY_USED)
+                PROCESS_MEMORY_USED, C2C_MODE, C2C_LINKS, C2C_LINK_UP, C2C_LINK_MAX_BANDWIDTH,
+                C2C_THROUGHPUT)
+# Asked together in one GPM sample pair a tick, whichever of PCIe and C2C needs it: a metric more in
+# the same nvmlGpmMetricsGet costs nothing, a second sample pair would.
+GPM_METRIC_IDS = (NVML_GPM_METRIC_PCIE_RX_PER_SEC, NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+                  NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC, NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC)
+C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), TX
 
 
 @dataclass
@@ -185,6 +204,8 @@ class GpuReading:
     info: dict[str, str] = field(default_factory=dict)
     traffic: TrafficReading = field(default_factory=TrafficReading)
     processes: list[GpuProcess] = field(default_factory=list)
+    c2c_links: list[C2cLink] = field(default_factory=list)
+    c2c_bytes_per_second: tuple[float, float] | None = None  # DIRECTIONS order
 
 
 class GpuCollector:
@@ -340,7 +361,9 @@ class GpuCollector:
             if memory is not None:
                 reading.values.update({MEMORY_USED: memory[0], MEMORY_TOTAL: memory[1],
                                        MEMORY_RESERVED: memory[2]})
-            reading.traffic = self._traffic.read(index)
+            gpm = _OnceThisTick(lambda: nvml.gpm_metrics(index, GPM_METRIC_IDS))
+            reading.traffic = self._traffic.read(index, gpm)
+            self._read_c2c(reading, gpm)
             reading.values.update({
                 PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
                 PCIE_LINK_MAX_GENERATION: nvml.pcie_link_max_generation(index),
@@ -353,11 +376,19 @@ class GpuCollector:
             if mig is not None:
                 reading.values[MIG_MODE] = 1 if mig else 0
             if mig:
-                # The parent handle refuses these with MIG on (nvml.h: utilization NOT_SUPPORTED,
-                # processes NO_PERMISSION without privileges); asking would only log failures.
-                self._log_once(f"mig:{index}", "GPU %d has MIG enabled: utilization and "
-                               "per-process memory are per instance and not read by hybridmon; "
-                               "PCIe traffic and memory are the whole GPU's", index)
+                # With MIG on the parent handle refuses utilization (nvml.h: NOT_SUPPORTED), and
+                # lists the instances' processes, each with its gpuInstanceId, only to a
+                # privileged caller (root; NO_PERMISSION otherwise).
+                self._log_once(f"mig:{index}", "GPU %d has MIG enabled: utilization is per "
+                               "instance and not read; PCIe traffic and memory are the whole GPU's",
+                               index)
+                listed = nvml.processes(index)
+                if listed is None:
+                    self._log_once(f"mig-processes:{index}", "GPU %d has MIG enabled and NVML "
+                                   "lists its instances' processes only to root: their GPU "
+                                   "memory is not exported; run the agent as root to see it",
+                                   index)
+                reading.processes = listed or []
             else:
                 reading.values[UTILIZATION] = nvml.utilization_ratio(index)
                 reading.processes = nvml.processes(index) or []
@@ -366,6 +397,26 @@ class GpuCollector:
             return reading
         except GpuLostError:
             return GpuReading(index, nvml.known_uuid(index) or "", lost=True)
+
+    def _read_c2c(self, reading: GpuReading, gpm: Callable[[], dict[int, float] | None]) -> None:
+        """The NVLink-C2C mode, links and traffic, where NVML answers them (absent elsewhere)."""
+        nvml, index = self._nvml, reading.index
+        enabled = nvml.c2c_mode_enabled(index)
+        if enabled is None:
+            return
+        reading.values[C2C_MODE] = 1 if enabled else 0
+        if not enabled:
+            return
+        reading.c2c_links = nvml.c2c_links(index) or []
+        if not nvml.gpm_supported(index):
+            self._log_once(f"c2c-traffic:{index}", "GPU %d has NVLink-C2C enabled but no GPM "
+                           "metrics (nvmlGpmQueryDeviceSupport): host<->device copies cross C2C, "
+                           "not PCIe, and their traffic cannot be read; %s is absent", index,
+                           C2C_THROUGHPUT.name)
+            return
+        metrics = gpm() or {}
+        if all(metric in metrics for metric in C2C_GPM_IDS):
+            reading.c2c_bytes_per_second = tuple(metrics[metric] * MIB for metric in C2C_GPM_IDS)
 
     def _add(self, samples: Samples, reading: GpuReading, driver_version: str,
              names: dict[int, str]) -> None:
@@ -388,6 +439,18 @@ class GpuCollector:
                 samples.add(PCIE_BYTES, traffic.counted_bytes[index], gpu, uuid, direction)
             if traffic.sampled_bytes is not None:
                 samples.add(PCIE_SAMPLED_BYTES, traffic.sampled_bytes[index], gpu, uuid, direction)
+        samples.add(PCIE_TRAFFIC_METHOD, 1, gpu, uuid, traffic.source)
+        if reading.c2c_links:
+            samples.add(C2C_LINKS, len(reading.c2c_links), gpu, uuid)
+        for link in reading.c2c_links:
+            if link.up is not None:
+                samples.add(C2C_LINK_UP, 1 if link.up else 0, gpu, uuid, link.link)
+            if link.max_bytes_per_second is not None:
+                samples.add(C2C_LINK_MAX_BANDWIDTH, link.max_bytes_per_second, gpu, uuid, link.link)
+        if reading.c2c_bytes_per_second is not None:
+            for index, direction in enumerate(DIRECTIONS):
+                samples.add(C2C_THROUGHPUT, reading.c2c_bytes_per_second[index], gpu, uuid,
+                            direction)
         per_pid: dict[int, int] = {}
         for process in reading.processes:
             if process.used_memory_bytes is not None:
@@ -403,6 +466,19 @@ class GpuCollector:
             pool.shutdown(wait=True, cancel_futures=True)
         self._traffic.close()
         self._nvml.close()
+
+
+class _OnceThisTick:
+    """A reading made on first use and kept for the rest of one GPU's read (the GPM sample pair
+    PCIe and C2C share: a second call would measure a near-empty interval)."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self._read, self._done, self._value = read, False, None
+
+    def __call__(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._read(), True
+        return self._value
 
 
 class GpuSettings(CollectorSettings):

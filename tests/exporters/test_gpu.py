@@ -15,7 +15,8 @@ from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.gpu import GpuCollector
 from tests.support import fake_nvml
 from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, UUID1, XORG_PID, FakeClock,
-                                     FakeNvml, FakeProcess, mig_gpu, real_nvml_library_loads,
+                                     FakeNvml, FakeProcess, grace_hopper_gpu, mig_gpu,
+                                     real_nvml_library_loads,
                                      uniform_gpus)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,6 +65,8 @@ EXPECTED_GPU0 = {
     # no hybridmon_gpu_numa_node: NOT_SUPPORTED on x86 hosts; no hybridmon_gpu_mig_mode: no MIG
     ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, "4242", "python3")): 30 * GIB,
     ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, str(XORG_PID), "Xorg")): 18 * MIB,
+    # driver 550 has no PCIe byte counters (R555+) and the L40S no GPM: one window a tick
+    ("hybridmon_gpu_pcie_traffic_method", ("0", UUID0, "sampled")): 1,
 }
 EXPECTED_GPU1 = {
     ("hybridmon_gpu_up", ("1", UUID1)): 1,
@@ -83,6 +86,7 @@ EXPECTED_GPU1 = {
     ("hybridmon_gpu_utilization_ratio", ("1", UUID1)): 0.35,
     ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, "5151", "llama-server")): 10 * GIB,
     ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, str(XORG_PID), "Xorg")): 12 * MIB,
+    ("hybridmon_gpu_pcie_traffic_method", ("1", UUID1, "sampled")): 1,
 }
 
 
@@ -95,10 +99,13 @@ def test_collect_exact_samples(collector):
 def test_metric_specs_declare_every_family(fake):
     fake.gpus[1].numa_node = 1  # as on a platform where GPU memory is a NUMA node
     fake.gpus.append(mig_gpu())
+    fake.gpus.append(grace_hopper_gpu())  # C2C, and GPM for its PCIe traffic
     fake.gpus[0].pcie_byte_counters = True  # counted; the others (driver 550) are sampled
     collector = GpuCollector(LiveSource(), fake, pcie_samples_per_second=10)
     names = {spec.name for spec in GpuCollector.metric_specs}
     try:
+        collector.collect()
+        time.sleep(0.11)  # GPM needs two samples over 100 ms apart (nvml.h) for C2C traffic
         assert {s.spec.name for s in collector.collect()} == names
     finally:
         collector.close()
@@ -466,7 +473,7 @@ def test_real_pynvml_wrappers_against_a_simulated_library(monkeypatch):
 
 # --- NVML as real hosts answer it (issue 13) --------------------------------------------------------
 def test_mig_gpu_exports_its_mode_and_leaves_per_instance_signals_out(caplog):
-    fake = FakeNvml([mig_gpu()])
+    fake = FakeNvml([mig_gpu()])  # not root: the parent refuses its instances' process lists
     collector = GpuCollector(LiveSource(), fake)
     try:
         for _ in range(2):
@@ -479,12 +486,27 @@ def test_mig_gpu_exports_its_mode_and_leaves_per_instance_signals_out(caplog):
     assert samples.value("hybridmon_gpu_up", gpu="0") == 1
     assert samples.value("hybridmon_gpu_memory_used_bytes", gpu="0") == 30 * GIB
     assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="0")) == 2
-    # NVML is not asked what it refuses, and the reason is said once.
+    # Utilization is not asked; each process list once (NO_PERMISSION does not change while the
+    # agent runs), and the reason is said once.
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 0
-    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 0
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 1
     assert fake.calls["nvmlDeviceGetMigMode"] == 1
-    assert caplog.text.count("GPU 0 has MIG enabled: utilization and per-process memory are per "
-                             "instance") == 1
+    assert caplog.text.count("GPU 0 has MIG enabled and NVML lists its instances' processes only "
+                             "to root") == 1
+
+
+def test_mig_instances_processes_are_read_as_root():
+    fake = FakeNvml([mig_gpu()], privileged=True)
+    fake.gpus[0].processes.append(FakeProcess(6161, "python3", 1 * GIB, gpu_instance_id=2))
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        samples = collector.collect()
+    finally:
+        collector.close()
+    # Each instance's process, from the parent's list; a pid in two instances summed per GPU.
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="0", pid="6161") == 21 * GIB
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="0", pid="6262") == 9 * GIB
+    assert collector.gpu_processes() == {6161: "python3", 6262: "python3"}
 
 
 def test_mig_disabled_is_zero_and_changes_nothing_else(fake, collector):
