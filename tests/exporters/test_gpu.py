@@ -632,3 +632,61 @@ def test_gpus_are_read_one_after_the_other_once_none_waits_on_a_window(counters,
             time.sleep(0.35 if samples_per_second else 0)  # samples (one per 0.1 s slot) for the next tick
     finally:
         collector.close()
+
+
+# --- NVLink-C2C (issue 29) ---------------------------------------------------------------------------
+def test_c2c_mode_links_and_traffic_of_a_grace_hopper_gpu(fake):
+    fake.configure(gpus=[grace_hopper_gpu()])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        first = collector.collect()
+        time.sleep(0.11)  # nvml.h: GPM samples over 100 ms apart
+        samples = collector.collect()
+    finally:
+        collector.close()
+    assert first.find("hybridmon_gpu_c2c_throughput_bytes_per_second") == []  # one sample only
+    assert samples.value("hybridmon_gpu_c2c_mode_enabled", gpu="0") == 1
+    assert samples.value("hybridmon_gpu_c2c_link_count", gpu="0") == 10
+    assert len(samples.find("hybridmon_gpu_c2c_link_up")) == 10
+    assert samples.value("hybridmon_gpu_c2c_link_up", gpu="0", link="9") == 1
+    # field 172 is "in MBps" (nvml.h): 45,000 MB/s
+    assert samples.value("hybridmon_gpu_c2c_link_max_bytes_per_second", gpu="0", link="3") == 45e9
+    # GPM C2C RX is what the GPU receives: host to device (MiB/s x 2^20)
+    assert samples.value("hybridmon_gpu_c2c_throughput_bytes_per_second", gpu="0",
+                         direction="host_to_device") == pytest.approx(40 * GIB, rel=1e-6)
+    assert samples.value("hybridmon_gpu_c2c_throughput_bytes_per_second", gpu="0",
+                         direction="device_to_host") == pytest.approx(10 * GIB, rel=1e-6)
+    assert fake.calls["nvmlDeviceGetC2cModeInfoV"] == 1  # the platform's: read once
+
+
+def test_c2c_link_down_and_mode_off(fake):
+    gpu = grace_hopper_gpu()
+    gpu.c2c_links[4][0] = False
+    fake.configure(gpus=[gpu, replace(grace_hopper_gpu("GPU-4a1b2c3d-0000-4000-8000-000000000004"),
+                                      c2c_enabled=False)])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        samples = collector.collect()
+    finally:
+        collector.close()
+    assert samples.value("hybridmon_gpu_c2c_link_up", gpu="0", link="4") == 0
+    assert samples.value("hybridmon_gpu_c2c_mode_enabled", gpu="1") == 0
+    assert samples.find("hybridmon_gpu_c2c_link_count", gpu="1") == []
+
+
+def test_c2c_without_gpm_says_once_that_its_traffic_cannot_be_read(fake, caplog):
+    fake.configure(gpus=[replace(grace_hopper_gpu(), gpm_supported=False)])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        for _ in range(3):
+            samples = collector.collect()
+    finally:
+        collector.close()
+    assert samples.value("hybridmon_gpu_c2c_mode_enabled", gpu="0") == 1
+    assert samples.find("hybridmon_gpu_c2c_throughput_bytes_per_second") == []
+    assert caplog.text.count("has NVLink-C2C enabled but no GPM metrics") == 1
+
+
+def test_no_c2c_series_on_a_pcie_host(collector):
+    names = {s.spec.name for s in collector.collect()}
+    assert not {name for name in names if "_c2c_" in name}

@@ -313,9 +313,21 @@ def test_driver_not_loaded_is_no_data(fake):
 
 
 def test_other_init_failures_are_collector_errors(fake):
-    fake.fail("nvmlInit", "NVMLError_LibRmVersionMismatch")
-    with pytest.raises(CollectorError, match="NVMLError_LibRmVersionMismatch"):
+    fake.fail("nvmlInit", "NVMLError_Unknown")
+    with pytest.raises(CollectorError, match="NVMLError_Unknown"):
         make(fake).device_count()
+
+
+def test_driver_library_and_kernel_module_mismatch_says_what_to_do(fake):
+    fake.fail("nvmlInit", "NVMLError_LibRmVersionMismatch", times=1)
+    clock = FakeClock()
+    nvml = make(fake, clock=clock)
+    with pytest.raises(CollectorError) as raised:
+        nvml.device_count()
+    assert "kernel module and libnvidia-ml.so.1 are different driver versions" in str(raised.value)
+    assert "reboot" in str(raised.value) and "retrying every 60 s" in str(raised.value)
+    clock.now += 60  # the module reloaded meanwhile: the retry succeeds
+    assert nvml.device_count() == 2
 
 
 def test_real_pynvml_on_this_host():

@@ -421,6 +421,7 @@ class FakeNvml:
         # processes, each with its gpuInstanceId, only for privileged callers.
         self.privileged = False
         self.gpm_samples: list[FakeGpmSample] = []
+        self._gpm_epoch: dict[int, float] = {}  # gpu -> the time of its first GPM sample
         self.throughput_in_flight = 0
         self.max_throughput_in_flight = 0  # the most nvmlDeviceGetPcieThroughput calls at once
         self.calls: Counter[str] = Counter()
@@ -666,9 +667,11 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         rx, tx, now = self._pcie_count(handle.index, gpu)
         sample.gpu, sample.taken_at = handle.index, now
+        # Counted from the GPU's first sample: bytes since 1970 would lose precision in a double.
+        since = now - self._gpm_epoch.setdefault(handle.index, now)
         sample.counted = {NVML_GPM_METRIC_PCIE_RX_PER_SEC: rx, NVML_GPM_METRIC_PCIE_TX_PER_SEC: tx,
-                          NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: gpu.c2c_rx_mib_per_second * MIB * now,
-                          NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: gpu.c2c_tx_mib_per_second * MIB * now}
+                          NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: gpu.c2c_rx_mib_per_second * MIB * since,
+                          NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: gpu.c2c_tx_mib_per_second * MIB * since}
         return sample
 
     def nvmlGpmMetricsGet(self, request: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
