@@ -1,12 +1,14 @@
-"""NVIDIA GPUs through NVML: identity, memory, PCIe link and traffic, utilization, processes.
+"""NVIDIA GPUs through NVML: identity, memory, PCIe link and traffic, utilization, processes,
+and the NVLink-C2C link of Grace Hopper/Blackwell GPUs.
 
 All NVML access goes through exporters/nvml.py. GPUs are read concurrently, one task per GPU:
 where a GPU lacks PCIe byte counters, nvmlDeviceGetPcieThroughput samples a 20 ms window per
 direction and blocks meanwhile, so such a GPU's first tick costs ~40 ms and eight read one after
 the other ~320 ms; later ticks take the samples a sampler thread took meanwhile
-(exporters/pcie_traffic.py, docs/nvml-cost.md). Once no GPU's last read waited on a window (byte
-counters or samplers), they are read one after the other: nothing then waits long enough for
-the pool to pay for itself (GpuCollector._unhurried).
+(exporters/pcie_traffic.py, docs/nvml-cost.md). GPUs whose last read waited on no window (byte
+counters, GPM or samplers) are read one after the other in one task: nothing then waits long
+enough for a task each to pay for itself (GpuCollector._unhurried). A collection waits for the
+tasks at most read_budget_seconds, so a GPU whose NVML call hangs delays no other (_read_all).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import queue
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -78,7 +80,8 @@ MEMORY_RESERVED = MetricSpec(
 PCIE_THROUGHPUT = MetricSpec(
     "hybridmon_gpu_pcie_throughput_bytes_per_second",
     "PCIe traffic (bytes/s) since the previous collection: the PCIe byte counters' increase "
-    "over NVML's time between them where the GPU has them, else the mean of the 20 ms "
+    "over NVML's time between them where the GPU has them, else GPM's PCIe metrics between two "
+    "samples (Hopper and later; MiB/s x 2^20), else the mean of the 20 ms "
     "nvmlDeviceGetPcieThroughput samples (KB/s x 1024) taken since; one 20 ms window on the "
     "first collection. direction host_to_device (RX) or device_to_host (TX).",
     "gauge", ("gpu", "uuid", "direction"))
@@ -130,15 +133,18 @@ NUMA_NODE = MetricSpec(
 MIG_MODE = MetricSpec(
     "hybridmon_gpu_mig_mode",
     "1 when MIG is enabled on the GPU, 0 when disabled (nvmlDeviceGetMigMode current mode); "
-    "absent on GPUs without MIG. With MIG on, utilization and per-process memory are per "
-    "instance and not exported; PCIe traffic and memory are the whole GPU's.",
+    "absent on GPUs without MIG. With MIG on, utilization is per instance and not exported; "
+    "PCIe traffic and memory are the whole GPU's; per-process memory is read as root only.",
     "gauge", GPU)
 PROCESS_MEMORY_USED = MetricSpec(
     "hybridmon_gpu_process_memory_used_bytes",
     "GPU memory a process uses on the GPU (bytes), usedGpuMemory from NVML's compute, graphics "
     "(OpenGL/Vulkan) and MPS compute process lists, a process in several lists counted once and "
     "summed over MIG instances; process_name the comm of /proc/<pid>/comm, as on every process "
-    "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
+    "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell "
+    "(e.g. in some containers). With MIG on, the instances' processes come from the parent GPU's "
+    "lists (each entry carries its gpuInstanceId), which NVML gives to root only: absent when the "
+    "agent is not root.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
 
 # NVLink-C2C (GH200, GB200: offloaded KV and weights cross C2C, not PCIe; issue 29). Defined here
@@ -192,6 +198,12 @@ GPM_METRIC_IDS = (NVML_GPM_METRIC_PCIE_RX_PER_SEC, NVML_GPM_METRIC_PCIE_TX_PER_S
 C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), TX
 
 
+DEFAULT_READ_BUDGET_SECONDS = 0.5
+"""How long a collection waits for the GPUs' reads: half the 1 s tick. A GPU's read is a dozen
+non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
+windows: 0.5 s is over ten times the slowest normal read, and leaves half the tick."""
+
+
 @dataclass
 class GpuReading:
     """One GPU in one tick; None fields are unsupported or failed this time."""
@@ -215,7 +227,8 @@ class GpuCollector:
 
     def __init__(self, source: RawSource, nvml_module: str | Any | None = "pynvml",
                  max_workers: int = 8, clock: Callable[[], float] = time.monotonic,
-                 pcie_samples_per_second: float = 0.0, procfs: str | None = None) -> None:
+                 pcie_samples_per_second: float = 0.0, procfs: str | None = None,
+                 read_budget_seconds: float = DEFAULT_READ_BUDGET_SECONDS) -> None:
         """pcie_samples_per_second: background samples of GPUs without PCIe byte counters (the
         agent's [gpu] setting defaults to 10); 0 reads one 20 ms window per tick instead.
         procfs: where each GPU process's comm is read, so that its process_name is the one the
@@ -228,16 +241,19 @@ class GpuCollector:
                         if nvml_module is not None and pcie_samples_per_second > 0 else None)
         self._traffic = PcieTraffic(self._nvml, source, sampler_nvml, pcie_samples_per_second,
                                     replaying=nvml_module is None)
+        self._replaying = nvml_module is None
+        self._read_budget_seconds = read_budget_seconds
+        self._reading_now: set[int] = set()  # GPUs whose read is in progress (guarded by _pool_lock)
         self._max_workers = max(1, max_workers)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._pool_lock = threading.Lock()
         self._log_once = LogOnce(log)
         self._processes: dict[int, str] = {}
         self._names_read_elsewhere: Callable[[], Mapping[int, str]] | None = None
-        # The GPUs whose next PCIe traffic read takes byte counters or a sampler's samples, not a
-        # 20 ms window. When that is every GPU, none waits and they are read one after the other:
-        # handing eight short reads to the pool cost more CPU than the reads (0.8 ms a tick of 2.5
-        # on the 8-GPU host with the fake NVML, issue 17).
+        # The GPUs whose next PCIe traffic read takes byte counters, GPM or a sampler's samples,
+        # not a 20 ms window: none of them waits, so they are read one after the other in one task
+        # (handing eight short reads to the pool one each cost more CPU than the reads: 0.8 ms a
+        # tick of 2.5 on the 8-GPU host with the fake NVML, issue 17).
         self._unhurried: set[int] = set()
         # Per GPU index: collections in a row it has been down, and its down readings that did
         # not hold (down at one collection, up at the next).
@@ -325,25 +341,94 @@ class GpuCollector:
         return {int(pid): name for pid, name in recorded.items()}
 
     def _read_all(self, count: int) -> list[GpuReading]:
-        unhurried, self._unhurried = self._unhurried, set()
-        if count == 1 or unhurried.issuperset(range(count)):
-            readings = [self._read_gpu(index) for index in range(count)]
-        else:
-            readings = self._read_concurrently(count)
-        # Read from counters or samples this tick (or counters that had no interval yet): the next
-        # read likely is too. A sampler that had no sample this tick (just started, or a tick
-        # shorter than its slot) falls back to a window: those stay on the pool.
-        self._unhurried = {reading.index for reading in readings if not reading.lost and (
-            reading.traffic.method in ("counters", "samples") or reading.traffic.counted_bytes is not None)}
-        return readings
+        """Every GPU's reading, each GPU's read (or the batch of unhurried ones) a task of the pool,
+        waited for at most read_budget_seconds: a GPU whose read is not done by then is late,
+        reported down for this collection (nothing answered in it), and not read again until that
+        read returns, so one GPU whose NVML call blocks leaves the others' readings on time.
 
-    def _read_concurrently(self, count: int) -> list[GpuReading]:
+        Which GPUs were late is a reading of its own ("gpu.late"), so a replay leaves out the same
+        GPUs without waiting: their calls made after the deadline are not in this collection's
+        readings (a late read's calls finishing during a later collection are recorded there)."""
+        if self._replaying:
+            try:
+                late = set(self._source.call("gpu.late", list))
+            except TraceMissError:  # recorded before late GPUs were recorded: none were
+                late = set()
+            return [self._late_reading(index) if index in late else self._read_gpu(index)
+                    for index in range(count)]
+        groups = self._groups(count)
+        finished: dict[int, GpuReading] = {}
+        failures: list[BaseException] = []
+        stop = threading.Event()
+        pool = self._pool_for(count)
+        tasks = [pool.submit(self._read_group, group, finished, failures, stop) for group in groups]
+        deadline = time.monotonic() + self._read_budget_seconds
+        for done in tasks:
+            done.wait(max(0.0, deadline - time.monotonic()))
+        stop.set()  # a batch still running stops after the GPU it is reading
+        if failures:
+            raise failures[0]  # not an NVML answer (the collector's own error): the run fails
+        readings = dict(finished)
+        late = sorted(set(range(count)) - readings.keys())
+        self._source.call("gpu.late", lambda: late)
+        for index in late:
+            self._log_once(f"late:{index}", "GPU %d: its NVML reads took longer than %g s "
+                           "(read budget): it is reported down for this collection and not read "
+                           "again until the read in progress returns; the other GPUs are read "
+                           "on time", index, self._read_budget_seconds)
+            readings[index] = self._late_reading(index)
+        ordered = [readings[index] for index in range(count)]
+        # Read from counters, GPM or samples this tick (or counters that had no interval yet): the
+        # next read likely is too, and none waits on a window, so they are read one after the
+        # other in one task (issue 17: handing eight short reads to the pool cost more CPU than
+        # the reads). A sampler that had no sample this tick (just started, or a tick shorter than
+        # its slot) falls back to a window: those keep a task each.
+        self._unhurried = {reading.index for reading in ordered if reading.answered and not reading.lost and (
+            reading.traffic.method in ("counters", "gpm", "samples")
+            or reading.traffic.counted_bytes is not None)}
+        return ordered
+
+    def _groups(self, count: int) -> list[list[int]]:
+        """The tasks of this collection: one per GPU that may wait on a window, one for all the
+        unhurried ones; a GPU whose earlier read is still in progress is in none."""
+        with self._pool_lock:
+            busy = set(self._reading_now)
+        wanted = [index for index in range(count) if index not in busy]
+        groups = [[index] for index in wanted if index not in self._unhurried]
+        batch = [index for index in wanted if index in self._unhurried]
+        return groups + ([batch] if batch else [])
+
+    def _read_group(self, group: list[int], finished: dict[int, GpuReading],
+                    failures: list[BaseException], stop: threading.Event) -> None:
+        for index in group:
+            if stop.is_set():
+                return
+            with self._pool_lock:
+                self._reading_now.add(index)
+            try:
+                finished[index] = self._read_gpu(index)
+            except Exception as error:
+                failures.append(error)
+                return
+            finally:
+                with self._pool_lock:
+                    self._reading_now.discard(index)
+
+    def _late_reading(self, index: int) -> GpuReading:
+        """A late GPU's reading: down, under the UUID its read got (now or earlier), if any."""
+        if self._replaying and self._nvml.known_uuid(index) is None:
+            try:  # the late read's first call, the UUID, may have answered before the deadline
+                self._nvml.uuid(index)
+            except (TraceMissError, GpuLostError):
+                pass
+        return GpuReading(index, self._nvml.known_uuid(index), answered=False)
+
+    def _pool_for(self, count: int) -> DaemonPool:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(min(self._max_workers, count),
-                                                thread_name_prefix="hybridmon-gpu")
-            pool = self._pool
-        return list(pool.map(self._read_gpu, range(count)))
+                # One worker per GPU: a late GPU holds one and is not given another task.
+                self._pool = DaemonPool(min(self._max_workers, count), "hybridmon-gpu")
+            return self._pool
 
     def _read_gpu(self, index: int) -> GpuReading:
         nvml = self._nvml
@@ -462,10 +547,50 @@ class GpuCollector:
     def close(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None
+            hung = bool(self._reading_now)
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            # A late read may never return (NVML stuck on a lost GPU): closing must not wait on it.
+            pool.shutdown(wait=not hung)
         self._traffic.close()
         self._nvml.close()
+
+
+class DaemonPool:
+    """A fixed pool of daemon threads running tasks in order. Not ThreadPoolExecutor: Python joins
+    its threads at exit, so one stuck in an NVML call that never returns would keep the agent
+    from exiting on SIGTERM."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"{name}-{i}")
+                         for i in range(workers)]
+        self.shut_down = False
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, task: Callable[..., Any], *args: Any) -> threading.Event:
+        """Queue task(*args); the event is set when it has run (its errors are the task's to keep)."""
+        done = threading.Event()
+        self._tasks.put((task, args, done))
+        return done
+
+    def _work(self) -> None:
+        while (item := self._tasks.get()) is not None:
+            task, args, done = item
+            try:
+                task(*args)
+            except Exception:  # a task keeps its own errors; this only keeps the worker alive
+                log.exception("GPU read task failed")
+            finally:
+                done.set()
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.shut_down = True
+        for _ in self._threads:
+            self._tasks.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
 
 
 class _OnceThisTick:
@@ -488,6 +613,10 @@ class GpuSettings(CollectorSettings):
         default="pynvml", description="Python module providing NVML; tests point it at a fake"
     )
     max_workers: int = Field(default=8, ge=1, le=64)
+    read_budget_seconds: float = Field(
+        default=DEFAULT_READ_BUDGET_SECONDS, gt=0, le=10,
+        description="How long a collection waits for each GPU's NVML reads; a GPU not read by "
+                    "then is reported down for that collection and the others are on time")
     pcie_samples_per_second: float = Field(
         default=DEFAULT_SAMPLES_PER_SECOND, ge=0, le=MAX_SAMPLES_PER_SECOND,
         description="PCIe throughput samples a second per GPU without PCIe byte counters (each "
@@ -501,7 +630,7 @@ def _gpu_collector(context: CollectorContext) -> GpuCollector:
     return GpuCollector(context.source, nvml_module=None if context.replay else settings.nvml_module,
                         max_workers=settings.max_workers,
                         pcie_samples_per_second=settings.pcie_samples_per_second,
-                        procfs=context.procfs)
+                        procfs=context.procfs, read_budget_seconds=settings.read_budget_seconds)
 
 
 REGISTRATION = CollectorRegistration(GpuCollector, _gpu_collector, settings=GpuSettings)

@@ -285,11 +285,44 @@ def test_gpus_are_read_concurrently():
             assert fake.max_throughput_in_flight == 1
 
 
+def test_a_gpu_whose_call_hangs_leaves_the_others_on_time(caplog):
+    fake = FakeNvml(uniform_gpus(4))
+    fake.hang("nvmlDeviceGetMemoryInfo_v2", gpu=2, seconds=1.5)  # e.g. a GPU falling off the bus
+    recording = RecordingSource()
+    collector = GpuCollector(recording, fake, read_budget_seconds=0.4)
+    ticks = []
+    try:
+        started = time.monotonic()
+        first = collector.collect()
+        took = time.monotonic() - started
+        ticks.append((sorted(as_dict(first).items()), recording.take_readings()))
+        second = collector.collect()  # GPU 2's read still hangs: it is not asked again
+        ticks.append((sorted(as_dict(second).items()), recording.take_readings()))
+    finally:
+        fake.hang("nvmlDeviceGetMemoryInfo_v2", gpu=2, seconds=0)
+        collector.close()
+    assert took < 1.0  # the budget, not the hang
+    for samples in (first, second):
+        assert samples.value("hybridmon_gpu_up", gpu="2") == 0
+        assert [samples.value("hybridmon_gpu_up", gpu=gpu) for gpu in "013"] == [1, 1, 1]
+        assert samples.value("hybridmon_gpu_memory_used_bytes", gpu="3") == 20 * GIB
+    assert second.value("hybridmon_gpu_down_consecutive_readings", gpu="2") == 2
+    # the v2 probe on GPU 0, then four GPUs, then three: GPU 2 asked on the first tick only
+    assert fake.calls["nvmlDeviceGetMemoryInfo_v2"] == 1 + 4 + 3
+    assert caplog.text.count("GPU 2: its NVML reads took longer than 0.4 s") == 1
+    # A replay leaves out the same GPU, without waiting.
+    source = ReplaySource()
+    replay = GpuCollector(source, None)
+    for outcome, readings in ticks:
+        source.load(json.loads(json.dumps(readings)))
+        assert sorted(as_dict(replay.collect()).items()) == outcome
+
+
 def test_close_stops_the_pool_and_nvml(fake, collector):
     collector.collect()
     pool = collector._pool
     collector.close()
-    assert pool._shutdown and fake.calls["nvmlShutdown"] == 1
+    assert pool.shut_down and fake.calls["nvmlShutdown"] == 1
 
 
 def round_trip(fake: FakeNvml, steps) -> None:
@@ -617,16 +650,16 @@ def test_gpus_are_read_one_after_the_other_once_none_waits_on_a_window(counters,
     fake = FakeNvml([replace(gpu, pcie_byte_counters=counters) for gpu in uniform_gpus(8)],
                     throughput_delay_seconds=0.001)
     collector = GpuCollector(LiveSource(), fake, max_workers=8, pcie_samples_per_second=samples_per_second)
-    runs = []
-    concurrently = collector._read_concurrently
-    collector._read_concurrently = lambda count: runs.append(count) or concurrently(count)
+    tasks = []
+    groups = collector._groups
+    collector._groups = lambda count: tasks.append(groups(count)) or tasks[-1]
     try:
         for tick in range(3):
-            before = len(runs)
             samples = collector.collect()
             assert len(samples.find("hybridmon_gpu_up")) == 8
             assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second")) == 16
-            assert len(runs) - before == pooled[tick]
+            # a task per GPU, or all eight one after the other in one
+            assert tasks[-1] == ([[index] for index in range(8)] if pooled[tick] else [list(range(8))])
             if not samples_per_second:  # (sampler threads call it too)
                 assert fake.calls["nvmlDeviceGetPcieThroughput"] == 16 * (tick + 1 if counters is False else 1)
             time.sleep(0.35 if samples_per_second else 0)  # samples (one per 0.1 s slot) for the next tick

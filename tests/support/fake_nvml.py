@@ -427,6 +427,7 @@ class FakeNvml:
         self.calls: Counter[str] = Counter()
         self.lost: set[int] = set()
         self._failures: list[list] = []  # [function or "*", gpu or None, error class, times left]
+        self._hangs: dict[tuple[str, int], float] = {}  # (function, gpu) -> seconds it blocks
         self._init_count = 0
         # Time for the PCIe traffic model: NVML's timestamps are wall-clock microseconds; a
         # simulation swaps in its own clock and sleep (use_clock).
@@ -457,6 +458,12 @@ class FakeNvml:
         error_class = globals()[error] if isinstance(error, str) else error
         with self._lock:
             self._failures.append([function_name, gpu, error_class, times])
+
+    def hang(self, function_name: str, gpu: int, seconds: float) -> None:
+        """Make `function_name` on one GPU block `seconds` before answering (0: stop), as NVML
+        calls do on a GPU falling off the bus (sampler.py: "NVML can hang")."""
+        with self._lock:
+            self._hangs[(function_name, gpu)] = seconds
 
     def heal(self) -> None:
         with self._lock:
@@ -496,6 +503,9 @@ class FakeNvml:
                     if times is not None:
                         failure[3] = times - 1
                     raise error_class()
+        hang = self._hangs.get((function, None if handle is None else handle.index))
+        if hang:
+            time.sleep(hang)  # real time: the collector's budget is real time
         if function != "nvmlInit" and self._init_count == 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         if handle is None:
