@@ -198,10 +198,12 @@ GPM_METRIC_IDS = (NVML_GPM_METRIC_PCIE_RX_PER_SEC, NVML_GPM_METRIC_PCIE_TX_PER_S
 C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), TX
 
 
-DEFAULT_READ_BUDGET_SECONDS = 0.5
-"""How long a collection waits for the GPUs' reads: half the 1 s tick. A GPU's read is a dozen
+DEFAULT_READ_BUDGET_SECONDS = 0.8
+"""How long a collection waits for the GPUs' reads, within the 1 s tick. A GPU's read is a dozen
 non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
-windows: 0.5 s is over ten times the slowest normal read, and leaves half the tick."""
+windows: 0.8 s is twenty times the slowest normal read, so a host loaded enough to starve the
+agent's threads for a while (the test suite on 2 busy cores took over 0.5 s) is not read as a hung
+GPU, and the collection still ends within its tick."""
 
 
 @dataclass
@@ -212,6 +214,7 @@ class GpuReading:
     uuid: str | None
     lost: bool = False
     answered: bool = True  # at least one NVML call on it succeeded this tick
+    late: bool = False  # its read ran past the budget this tick: no series (GpuCollector._read_all)
     values: dict[MetricSpec, Any] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     traffic: TrafficReading = field(default_factory=TrafficReading)
@@ -244,6 +247,8 @@ class GpuCollector:
         self._replaying = nvml_module is None
         self._read_budget_seconds = read_budget_seconds
         self._reading_now: set[int] = set()  # GPUs whose read is in progress (guarded by _pool_lock)
+        self._late_before: set[int] = set()  # GPUs late at the previous collection
+        self._late_now: set[int] = set()
         self._max_workers = max(1, max_workers)
         self._pool: DaemonPool | None = None
         self._pool_lock = threading.Lock()
@@ -279,12 +284,16 @@ class GpuCollector:
         driver_version = nvml.driver_version() or ""
         # Decided here, before the concurrent reads, so probe order does not depend on threads.
         nvml.memory_info_version()
+        self._late_now = set()
         readings = self._read_all(count)
+        self._late_before = self._late_now
         # Names resolved here rather than per GPU thread: a pid on two GPUs is looked up once.
         names = self._process_names(p.pid for r in readings for p in r.processes)
         self._processes = names
         samples = Samples()
         for reading in readings:
+            if reading.late:
+                continue  # not a reading: no series, its down count unchanged
             self._count_down(reading)
             self._add(samples, reading, driver_version, names)
         return samples
@@ -342,9 +351,11 @@ class GpuCollector:
 
     def _read_all(self, count: int) -> list[GpuReading]:
         """Every GPU's reading, each GPU's read (or the batch of unhurried ones) a task of the pool,
-        waited for at most read_budget_seconds: a GPU whose read is not done by then is late,
-        reported down for this collection (nothing answered in it), and not read again until that
-        read returns, so one GPU whose NVML call blocks leaves the others' readings on time.
+        waited for at most read_budget_seconds: a GPU whose read is not done by then is late, and
+        not read again until that read returns, so one GPU whose NVML call blocks leaves the
+        others' readings on time. A late GPU has no series in that collection (a read slowed by a
+        loaded host is not a GPU down); one whose read is still in progress at the next
+        collection, over a tick later, is hung and reported down (nothing answered in it).
 
         Which GPUs were late is a reading of its own ("gpu.late"), so a replay leaves out the same
         GPUs without waiting: their calls made after the deadline are not in this collection's
@@ -354,7 +365,7 @@ class GpuCollector:
                 late = set(self._source.call("gpu.late", list))
             except TraceMissError:  # recorded before late GPUs were recorded: none were
                 late = set()
-            return [self._late_reading(index) if index in late else self._read_gpu(index)
+            return [self._late_reading(index, late) if index in late else self._read_gpu(index)
                     for index in range(count)]
         groups = self._groups(count)
         finished: dict[int, GpuReading] = {}
@@ -373,10 +384,10 @@ class GpuCollector:
         self._source.call("gpu.late", lambda: late)
         for index in late:
             self._log_once(f"late:{index}", "GPU %d: its NVML reads took longer than %g s "
-                           "(read budget): it is reported down for this collection and not read "
-                           "again until the read in progress returns; the other GPUs are read "
-                           "on time", index, self._read_budget_seconds)
-            readings[index] = self._late_reading(index)
+                           "(read budget): its series are absent from this collection, and it is "
+                           "reported down while that read is still in progress at the next; the "
+                           "other GPUs are read on time", index, self._read_budget_seconds)
+            readings[index] = self._late_reading(index, late)
         ordered = [readings[index] for index in range(count)]
         # Read from counters, GPM or samples this tick (or counters that had no interval yet): the
         # next read likely is too, and none waits on a window, so they are read one after the
@@ -414,14 +425,18 @@ class GpuCollector:
                 with self._pool_lock:
                     self._reading_now.discard(index)
 
-    def _late_reading(self, index: int) -> GpuReading:
-        """A late GPU's reading: down, under the UUID its read got (now or earlier), if any."""
+    def _late_reading(self, index: int, late: Iterable[int]) -> GpuReading:
+        """A late GPU's reading: late (no series) the first collection, down from the second in a
+        row, under the UUID its read got (now or earlier), if any. `late`: this collection's late
+        GPUs, kept to tell the next collection which were late before."""
         if self._replaying and self._nvml.known_uuid(index) is None:
             try:  # the late read's first call, the UUID, may have answered before the deadline
                 self._nvml.uuid(index)
             except (TraceMissError, GpuLostError):
                 pass
-        return GpuReading(index, self._nvml.known_uuid(index), answered=False)
+        hung = index in self._late_before
+        self._late_now = set(late)
+        return GpuReading(index, self._nvml.known_uuid(index), answered=False, late=not hung)
 
     def _pool_for(self, count: int) -> DaemonPool:
         with self._pool_lock:

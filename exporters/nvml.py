@@ -523,7 +523,7 @@ class Nvml:
         if not retrying:
             logger.warning("GPU %d: nvmlDeviceGetFieldValues gave no PCIe byte counters %d times "
                            "in a row (last: %s): its traffic is read another way (GPM or sampled, "
-                           "hybridmon_gpu_pcie_traffic_method) and the counters are asked again "
+                           "as the traffic method series says) and the counters are asked again "
                            "every %d reads", gpu, failures, why, PCIE_COUNTER_RETRY_READS)
 
     def pcie_byte_counters_usable(self, gpu: int) -> bool | None:
