@@ -253,6 +253,7 @@ class PcieTraffic:
         ids = (NVML_GPM_METRIC_PCIE_RX_PER_SEC, NVML_GPM_METRIC_PCIE_TX_PER_SEC)
         if metrics is not None and all(metric in metrics for metric in ids):
             self._gpm_misses[gpu] = 0
+            self._stop_sampler(gpu)  # one started while GPM's support was not known yet
             return TrafficReading(tuple(metrics[metric] * MIB for metric in ids), method="gpm",
                                   source="gpm")
         misses = self._gpm_misses[gpu] = self._gpm_misses.get(gpu, 0) + 1
