@@ -5,12 +5,17 @@ Every NVML call goes through `Nvml._attempt`, which hands `source.call` a key su
 handle) and a fetch that calls the module and turns the answer into plain JSON data. Device handles
 are looked up inside the fetch, so a replay (module=None) imports nothing and runs no fetch.
 
+A reading made of several NVML calls (a GPM sample and the metrics since the previous one) is one
+fetch under one key (`_run`), so a replay needs none of NVML's state (its sample buffers).
+
 Errors are classified by class name, so real pynvml errors, the test fake's and replayed ones
 (exporters.sources.ReplayedCallError carries `type_name`) behave alike:
 - NotSupported, FunctionNotFound (driver too old): the value is unsupported (None), logged once;
 - a function the pynvml module lacks (nvidia-ml-py older than the function): unsupported too, logged
   once with the version to upgrade to (MIN_NVIDIA_ML_PY);
 - LibraryNotFound, DriverNotLoaded at init: NoDataError telling the operator to install the driver;
+- LibRmVersionMismatch at init: CollectorError saying the kernel module and the library differ (a
+  driver upgraded without a reload) and what to do, retried like any init failure;
 - GpuIsLost (and Unknown right after it on the same GPU): GpuLostError for that GPU;
 - anything else (Timeout, NoPermission, ...): the value is absent this time, logged once per
   function and error.

@@ -13,7 +13,8 @@ so what the defaults answer: nvmlDeviceGetNumaNodeId NOT_SUPPORTED (nvml.h: "onl
 platforms where the GPUs are NUMA nodes"), nvmlDeviceGetMigMode NOT_SUPPORTED (L40S and A10 have no
 MIG), a link at Gen1 while the GPU is idle (anchors.md: "curr link gen drops at idle (pstate)").
 Modes real hosts also show, set per test: graphics-only processes (FakeProcess kinds), MIG on
-(mig_gpu()), drivers without the _v3 process entry points (process_entry_points), an older
+(mig_gpu(); its instances' processes listed to a privileged caller only, `privileged`), a Grace
+Hopper GPU with GPM and NVLink-C2C (grace_hopper_gpu()), NVML calls that hang (hang()), drivers without the _v3 process entry points (process_entry_points), an older
 nvidia-ml-py without some functions (binding_lacks), pids from another pid namespace
 (FOREIGN_PID). Each behaviour names its source next to it; pynvml means nvidia-ml-py 13.615.71's
 pynvml.py unless a version is given.
