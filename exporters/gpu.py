@@ -147,6 +147,14 @@ PROCESS_MEMORY_USED = MetricSpec(
     "agent is not root.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
 
+INSTANCE_PROCESS_MEMORY_USED = MetricSpec(
+    "hybridmon_gpu_instance_process_memory_used_bytes",
+    "GPU memory a process uses in one MIG GPU instance (bytes): usedGpuMemory of the parent GPU's "
+    "process lists, whose entries carry the instance (gpuInstanceId, nvmlProcessInfo_v2_t); NVML "
+    "gives them to root only, so absent when the agent is not root, and on GPUs without MIG. "
+    "hybridmon_gpu_process_memory_used_bytes has the same processes summed per GPU.",
+    "gauge", ("gpu", "uuid", "gpu_instance", "pid", "process_name"))
+
 # NVLink-C2C (GH200, GB200: offloaded KV and weights cross C2C, not PCIe; issue 29). Defined here
 # for the collector and the judgement alike; the collector emits them where NVML answers.
 C2C_MODE = MetricSpec(
@@ -189,7 +197,7 @@ METRIC_SPECS = (GPU_INFO, GPU_UP, DOWN_READINGS, DOWN_BLIPS, MEMORY_USED, MEMORY
                 PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_TRAFFIC_METHOD, PCIE_LINK_GENERATION,
                 PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
                 PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, MIG_MODE,
-                PROCESS_MEMORY_USED, C2C_MODE, C2C_LINKS, C2C_LINK_UP, C2C_LINK_MAX_BANDWIDTH,
+                PROCESS_MEMORY_USED, INSTANCE_PROCESS_MEMORY_USED, C2C_MODE, C2C_LINKS, C2C_LINK_UP, C2C_LINK_MAX_BANDWIDTH,
                 C2C_THROUGHPUT)
 # Asked together in one GPM sample pair a tick, whichever of PCIe and C2C needs it: a metric more in
 # the same nvmlGpmMetricsGet costs nothing, a second sample pair would.
@@ -558,6 +566,15 @@ class GpuCollector:
                 per_pid[process.pid] = per_pid.get(process.pid, 0) + process.used_memory_bytes
         for pid, used in sorted(per_pid.items()):
             samples.add(PROCESS_MEMORY_USED, used, gpu, uuid, pid, names.get(pid, str(pid)))
+        # processes() keeps one entry per (pid, instance): each is its own series here. Only with
+        # MIG on: nvml.h sets gpuInstanceId to 0xFFFFFFFF otherwise, but a driver writing 0 there
+        # must not invent an instance.
+        mig_on = reading.values.get(MIG_MODE) == 1
+        for process in reading.processes if mig_on else ():
+            if process.gpu_instance_id is not None and process.used_memory_bytes is not None:
+                samples.add(INSTANCE_PROCESS_MEMORY_USED, process.used_memory_bytes, gpu, uuid,
+                            process.gpu_instance_id, process.pid,
+                            names.get(process.pid, str(process.pid)))
 
     def close(self) -> None:
         with self._pool_lock:

@@ -99,6 +99,7 @@ def test_collect_exact_samples(collector):
 def test_metric_specs_declare_every_family(fake):
     fake.gpus[1].numa_node = 1  # as on a platform where GPU memory is a NUMA node
     fake.gpus.append(mig_gpu())
+    fake.configure(privileged=True)  # root: the MIG instances' processes are listed
     fake.gpus.append(grace_hopper_gpu())  # C2C, and GPM for its PCIe traffic
     fake.gpus[0].pcie_byte_counters = True  # counted; the others (driver 550) are sampled
     collector = GpuCollector(LiveSource(), fake, pcie_samples_per_second=10)
@@ -543,6 +544,10 @@ def test_mig_instances_processes_are_read_as_root():
     # Each instance's process, from the parent's list; a pid in two instances summed per GPU.
     assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="0", pid="6161") == 21 * GIB
     assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="0", pid="6262") == 9 * GIB
+    # and per instance, with its gpuInstanceId
+    per_instance = {(s.label_values[2], s.label_values[3]): s.value
+                    for s in samples.find("hybridmon_gpu_instance_process_memory_used_bytes")}
+    assert per_instance == {("1", "6161"): 20 * GIB, ("2", "6161"): 1 * GIB, ("2", "6262"): 9 * GIB}
     assert collector.gpu_processes() == {6161: "python3", 6262: "python3"}
 
 
