@@ -462,11 +462,27 @@ def test_collector_exports_c2c_and_the_traffic_method(probes, version):
 
 @pytest.fixture(scope="module")
 def whole_call_failure(tmp_path_factory) -> dict:
-    """The newest binding over a driver that fails nvmlDeviceGetFieldValues whole on the L40S."""
+    """The newest binding over a driver that fails nvmlDeviceGetFieldValues whole on the L40S,
+    with the agent as root: the MIG A100's parent lists its instances' processes."""
     path = tmp_path_factory.mktemp("stub-nvml-fails") / "layout.txt"
     failing = {**L40S, "fail": {**L40S["fail"], "nvmlDeviceGetFieldValues": INVALID_ARGUMENT}}
-    build.write_layout(path, {**LAYOUT, "gpus": [failing, GH200, A100_MIG]})
+    as_root = {**A100_MIG, "fail": {function: code for function, code in A100_MIG["fail"].items()
+                                    if code != NO_PERMISSION}}
+    build.write_layout(path, {**LAYOUT, "gpus": [failing, GH200, as_root]})
     return run_probe(build.NEWEST_NVIDIA_ML_PY, "current", path)
+
+
+@pytest.mark.slow
+def test_mig_instances_processes_as_root_carry_their_instance(whole_call_failure):
+    report = whole_call_failure
+    listed = reading(report, 2, "processes")
+    # The stub puts every MIG process in instance 0 (stub_nvml.c); 0xFFFFFFFF would read as None.
+    assert {(p["pid"], p["gpu_instance_id"]) for p in listed} == {
+        (306001, 0), (306002, 0), (306003, 0)}
+    samples = collected(report)
+    a100 = ("2", A100_MIG["uuid"])
+    assert samples[(gpu_exporter.INSTANCE_PROCESS_MEMORY_USED.name, (*a100, "0", "306001", "python3"))] == 10 * GIB
+    assert samples[(gpu_exporter.PROCESS_MEMORY_USED.name, (*a100, "306002", "python3"))] == 5 * GIB
 
 
 @pytest.mark.slow
