@@ -1,5 +1,5 @@
 """NVML's answers as plain data: what pynvml's ctypes structs become before a trace records them,
-and the values the agent reads out of them (processes, PCIe byte counters, bus ids).
+and the values the agent reads out of them (processes, PCIe byte counters, NVLink-C2C links, bus ids).
 
 Kept apart from exporters/nvml.py, the call path, so each reads in one sitting; nvml.py re-exports
 every name here for its callers.
