@@ -11,13 +11,20 @@ Starts `python -m hybridmon.agent.cli run` on the fixture host (tests/fixtures/h
 - non-reader: a connection every 2 s with a 4 KiB receive buffer that pipelines 50 scrapes and
               never reads, up to 20 held at once.
 
+With --watched N, N real processes named llama-server (copies of sleep) run beside it and the
+agent reads this machine's /proc, so it watches N processes; with --models M, an inference
+endpoint (tests/support/fake_inference_server.py) answers a vLLM body of M models, three series
+each (36,000 is a 7.9 MB body, under the 8 MiB max_body_bytes, 2,250 times the 16 models kept),
+as a peer that publishes more than it should (issue 30).
+
 Every second it samples the agent's RSS, open fds and CPU time (psutil). At the end it sends
 SIGTERM and times the stop, and prints p50/p99/max scrape latency, max RSS, max fds, CPU % of one
 core, log bytes written and the stop time; --json prints the same as JSON. Everything it starts is
 stopped on success, error, Ctrl-C or SIGTERM. Not a test: the suite has the short, bounded
 versions (tests/integration/test_server_hostile_clients.py).
 
-    .venv/bin/python benchmarks/soak.py [--duration 1800] [--scrape-rate 10] [--fd-limit 1024] [--json]
+    .venv/bin/python benchmarks/soak.py [--duration 1800] [--scrape-rate 10] [--fd-limit 1024]
+        [--watched 64] [--models 36000] [--json]
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import argparse
 import contextlib
 import json
 import resource
+import shutil
 import signal
 import socket
 import statistics
@@ -45,6 +53,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # `tests` (the fixture host, the fake NVML) is not installed
 
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, free_port, subprocess_environment  # noqa: E402
+from tests.support.fake_inference_server import FakeInferenceServer, vllm_with_models  # noqa: E402
 
 MIB = 1024**2
 
@@ -194,10 +203,27 @@ def percentile(values: list[float], fraction: float) -> float:
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def soak(duration: float, scrape_rate: float, fd_limit: int | None) -> Summary:
+def watched_processes(workdir: Path, count: int) -> list[subprocess.Popen]:
+    """`count` processes named llama-server (sleep, copied under that name): the agent's default
+    patterns watch them."""
+    if not count:
+        return []
+    binary = workdir / "llama-server"
+    shutil.copy(shutil.which("sleep"), binary)
+    return [subprocess.Popen([str(binary), "86400"]) for _ in range(count)]
+
+
+def soak(duration: float, scrape_rate: float, fd_limit: int | None, watched: int = 0, models: int = 0) -> Summary:
     port = free_port()
     workdir = Path(tempfile.mkdtemp(prefix="hybridmon-soak-"))
     log_path = workdir / "agent.log"
+    environment = dict(FIXTURE_ENVIRONMENT)
+    sleepers = watched_processes(workdir, watched)
+    if watched:
+        environment["HYBRIDMON_PATHS__PROCFS"] = "/proc"
+    peer = FakeInferenceServer({"/metrics": [vllm_with_models(models)]}).__enter__() if models else None
+    if peer is not None:
+        environment["HYBRIDMON_INFERENCE__ENDPOINTS"] = json.dumps([{"url": peer.url("/metrics"), "server": "vllm"}])
 
     def lower_fd_limit() -> None:
         if fd_limit is not None:
@@ -205,7 +231,7 @@ def soak(duration: float, scrape_rate: float, fd_limit: int | None) -> Summary:
 
     with open(log_path, "wb") as log:
         agent = subprocess.Popen(HYBRIDMON + ["run", "--listen", f"127.0.0.1:{port}"],
-                                 env=subprocess_environment(FIXTURE_ENVIRONMENT), cwd=REPO,
+                                 env=subprocess_environment(environment), cwd=REPO,
                                  stdout=log, stderr=subprocess.STDOUT, preexec_fn=lower_fd_limit)
     stop = threading.Event()
     threads: list[threading.Thread] = []
@@ -282,9 +308,12 @@ def soak(duration: float, scrape_rate: float, fd_limit: int | None) -> Summary:
         if agent.poll() is None:
             agent.kill()
             agent.wait(10)
-        for path in workdir.iterdir():
-            path.unlink()
-        workdir.rmdir()
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait(10)
+        if peer is not None:
+            peer.__exit__(None, None, None)
+        shutil.rmtree(workdir)
 
 
 def render(summary: Summary) -> str:
@@ -304,6 +333,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=1800.0, metavar="SECONDS", help="default 1800")
     parser.add_argument("--scrape-rate", type=float, default=10.0, metavar="PER_SECOND", help="default 10")
     parser.add_argument("--fd-limit", type=int, metavar="N", help="the agent's RLIMIT_NOFILE (systemd's default: 1024)")
+    parser.add_argument("--watched", type=int, default=0, metavar="N",
+                        help="N processes named llama-server beside it, read from this machine's /proc")
+    parser.add_argument("--models", type=int, default=0, metavar="M",
+                        help="an inference endpoint publishing M models")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
     args = parser.parse_args(argv)
     if args.duration <= 0 or args.scrape_rate <= 0:
@@ -313,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))  # 400+ held sockets
     try:
-        summary = soak(args.duration, args.scrape_rate, args.fd_limit)
+        summary = soak(args.duration, args.scrape_rate, args.fd_limit, args.watched, args.models)
     except KeyboardInterrupt:
         print("soak: interrupted", file=sys.stderr)
         return 130

@@ -249,10 +249,10 @@ class InferenceCollector:
         A peer over the cap is logged once, with what it costs and how to raise it."""
         if len(found) > self._max_models:
             self._log_once(f"models:{url}", "inference endpoint %s publishes %d models; the agent keeps "
-                           "the %d busiest (by generated tokens) and leaves the rest out "
-                           "(hybridmon_inference_models_left_out): every model is ~40 series in memory "
-                           "and in /metrics. Raise [inference] max_models_per_endpoint if they are all "
-                           "real", url, len(found), self._max_models)
+                           "the %d busiest (by generated tokens) and leaves the rest out (%s): every "
+                           "model is ~40 series in memory and in /metrics. Raise [inference] "
+                           "max_models_per_endpoint if they are all real", url, len(found), self._max_models,
+                           MODELS_LEFT_OUT.name)
             found = sorted(found, key=lambda s: (-(s.generated_tokens or 0.0), -(s.requests_running or 0.0),
                                                  s.server, s.model))[:self._max_models]
         for stats in found:

@@ -111,3 +111,19 @@ def test_any_body_reads_or_fails_as_prometheus_client_reads_it(lines):
     text = "\n".join(lines) + "\n"
     assert signs(outcome(text)) == signs(parsed_by_prometheus_client(text))
     assert outcome(text) == parsed_by_prometheus_client(text)
+
+
+@pytest.mark.parametrize("unusual", [False, True])
+def test_both_paths_keep_the_first_samples_of_each_name_up_to_the_cap(unusual):
+    """Issue 30: a body of tens of thousands of series was indexed whole (~190 MB held while a
+    7.9 MB body was read); each path keeps the first `max_per_name` samples of a name, the same
+    ones, and the whole body is still read (a non-plain line anywhere sends it to the other path)."""
+    lines = [f'family_a{{model="m{i}"}} {i}' for i in range(50)] + ['family_b 1']
+    if unusual:
+        lines.append('family_c{model="caf\\u00e9"} 1'.replace("\\u00e9", "\u00e9"))  # not ASCII
+    text = "\n".join(lines) + "\n"
+    capped = parse_prometheus(text, max_per_name=10)
+    assert capped["family_a"] == [({"model": f"m{i}"}, float(i)) for i in range(10)]
+    assert capped["family_b"] == [({}, 1.0)]
+    assert (plain_sample_index(text, 10) is None) is unusual
+    assert parse_with_prometheus_client(text, 10) == capped
