@@ -176,20 +176,6 @@ def both_ways_capacity(measured: dict[str, float], generation: float | None,
     return (factor, "bidirectional factor") if factor else None
 
 
-def c2c_up_links(history: HistoryReader, now: float) -> dict[tuple[str, ...], float]:
-    """(gpu, uuid) -> the maximum bandwidth NVML states for the GPU's NVLink-C2C links that are up
-    now, summed (bytes/s); GPUs without an up link left out. As the rule's C2C_UP_LINKS."""
-    up = {(series.labels["gpu"], series.labels["uuid"], series.labels["link"])
-          for series in history.series(C2C_LINK_UP.name) if windows.latest(series, now) == 1}
-    found: dict[tuple[str, ...], float] = {}
-    for series in history.series(C2C_LINK_MAX_BANDWIDTH.name):
-        key = (series.labels["gpu"], series.labels["uuid"])
-        value = windows.latest(series, now)
-        if value is not None and (*key, series.labels["link"]) in up:
-            found[key] = found.get(key, 0.0) + value
-    return found
-
-
 class Detector(DetectorBase):
     """The fullest of each direction's traffic over its capacity and both directions' sum over
     the link's bidirectional capacity at or above traffic_share_of_capacity, while GPU utilization
@@ -216,7 +202,7 @@ class Detector(DetectorBase):
         traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name, PCIE_THROUGHPUT.name, now)
         measured_capacity = common.gpu_directions(history, MEASURED_CAPACITY.name, now)
         measured_both_ways = common.gpu_directions(history, MEASURED_BIDIRECTIONAL_CAPACITY.name, now)
-        over_c2c = {key for key, mode in common.gpu_latest(history, C2C_MODE.name, now).items() if mode == 1}
+        over_c2c = common.c2c_gpus(history, now)
         findings = self._judge_c2c(history, now, utilization, over_c2c)
         loads: dict[tuple[str, ...], dict[str, DirectionLoad]] = {}   # its figures: every GPU with traffic
         link_shares: dict[tuple[str, ...], float] = {}
@@ -281,7 +267,7 @@ class Detector(DetectorBase):
         c = self.config
         traffic = common.gpu_directions(history, C2C_THROUGHPUT.name, now, windows.avg_over_time)
         measured = common.gpu_directions(history, C2C_MEASURED_CAPACITY.name, now)
-        up_links = c2c_up_links(history, now)
+        up_links = common.c2c_up_links(history, now)
         findings = []
         for key in sorted(over_c2c):
             directions = traffic.get(key)

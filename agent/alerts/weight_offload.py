@@ -376,7 +376,7 @@ class Detector(DetectorBase):
         found = trees(history, now, roots)
         shares = gpu_shares(history, now, roots, found=found)
         scraped = [server for server in servers.scraped(history, now) if server.pid in roots]
-        over_c2c = {key for key, mode in common.gpu_latest(history, C2C_MODE.name, now).items() if mode == 1}
+        over_c2c = common.c2c_gpus(history, now)
         self.figures = {
             key: share.account(leads(history, now, roots, {root for root, held in found.gpus.items() if key in held},
                                      key), over_c2c=key in over_c2c)
