@@ -120,6 +120,16 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_SOFTWARE
 
 
+def _listen_address(text: str) -> str:
+    """An argparse type: --listen as parse_listen reads it; anything else is a usage error (a flag
+    mistyped), not the configuration error the same value in the file is."""
+    try:
+        parse_listen(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return text
+
+
 def _number_between(low: float, high: float, unit: str, zero_allowed: bool = False):
     """An argparse type: a finite number in [low, high] (or 0, where 0 has a meaning of its own);
     anything else is a usage error that names the range."""
@@ -171,7 +181,7 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--sysfs", metavar="DIR", help="sysfs root (default /sys)")
 
     run = commands.add_parser("run", parents=[common], help="sample the host and serve /metrics")
-    run.add_argument("--listen", metavar="HOST:PORT", help="default 127.0.0.1:9787")
+    run.add_argument("--listen", metavar="HOST:PORT", type=_listen_address, help="default 127.0.0.1:9787")
     run.add_argument("--replay", metavar="TRACE", help="read the host from a recorded trace instead")
     run.add_argument("--speed", type=REPLAY_SPEED, default=1.0, help="replay speed factor, 0.01 to 1e6 (0: as fast as possible)")
     run.set_defaults(handler=_run)

@@ -72,6 +72,7 @@ class Agent:
         self.sampler = Sampler(scheduled, self.history, config.interval_seconds, recorder=self._recorder)
         self.exposition = Exposition(self.history, self.sampler, self.mode)
         self.thresholds = load_thresholds(config.detectors.thresholds_file)
+        self.exposition.hung_seconds = self.thresholds.collector_failing.hung_seconds
         self.engine = Engine(all_detectors(self.thresholds), self.history,
                              lookback_seconds=lookback_seconds(self.thresholds))
         self.exposition.health_registry.register(FindingsCollector(self.engine))
@@ -80,6 +81,7 @@ class Agent:
         self._evaluation_lock = threading.Lock()
         if config.detectors.enabled:
             self.sampler.on_commit.append(self._maybe_evaluate)
+            self.sampler.on_clock_step.append(self._follow_clock_step)
         self.pusher: AlertmanagerPusher | None = None
         if config.alerting.alertmanager_urls and self.mode != "record":
             self.pusher = AlertmanagerPusher(
@@ -109,6 +111,15 @@ class Agent:
             self.engine.evaluate(at)
         finally:
             self._evaluation_lock.release()
+
+    def _follow_clock_step(self, step: float) -> None:
+        """The wall clock stepped by `step` seconds (the sampler saw it, and moved the history):
+        the findings' times and the last evaluation's move too, so a pending finding waits its
+        `for` from when it began, and evaluations go on at once after a step back."""
+        with self._evaluation_lock:
+            self.engine.move_times(step)
+            if self._last_evaluation is not None:
+                self._last_evaluation += step
 
     def start(self, replay_speed: float = 1.0) -> None:
         """Start sampling (or replaying) in a background thread."""

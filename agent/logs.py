@@ -165,6 +165,10 @@ def formatter_for(log_format: str) -> logging.Formatter:
     raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, not {log_format!r}")
 
 
+# Libraries whose INFO lines tell of every request the agent makes.
+QUIET_LIBRARY_LOGGERS = ("httpx", "httpcore")
+
+
 def configure_logging(level: str, log_format: str = "text", stream: TextIO | None = None,
                       force: bool = False) -> logging.Handler | None:
     """The process's one log handler on the root logger (stderr by default); returns it.
@@ -185,6 +189,11 @@ def configure_logging(level: str, log_format: str = "text", stream: TextIO | Non
     handler.setFormatter(formatter)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # httpx logs every request at INFO ("HTTP Request: POST ... 200 OK"): one line per push per
+    # Alertmanager, ~2,880 a day at the 30 s resend (issue 30). A failed push is logged by the
+    # pusher (agent/publish/alertmanager.py) with what went wrong; at debug both are kept.
+    for chatty in QUIET_LIBRARY_LOGGERS:
+        logging.getLogger(chatty).setLevel(logging.NOTSET if root.level <= logging.DEBUG else logging.WARNING)
     # warnings.warn (a library's DeprecationWarning, ResourceWarning) as records of "py.warnings",
     # in the same format, rather than Python's two-line stderr text.
     logging.captureWarnings(True)

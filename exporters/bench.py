@@ -19,15 +19,19 @@ from hybridmon.pcie_rates import theoretical_capacity
 
 log = logging.getLogger(__name__)
 
-_RESULT_LABELS = ("gpu", "uuid", "direction", "memory", "transfer_bytes", "placement", "path")
+_RESULT_LABELS = ("gpu", "uuid", "direction", "memory", "issue", "transfer_bytes", "placement", "path")
 _RESULT_WHERE = (
     " Labels: direction host_to_device or device_to_host (that direction alone), "
-    "host_to_device_bidirectional or device_to_host_bidirectional (that direction's stream while the "
-    "other direction copies too, its own bytes over its own time, as nvbandwidth reports), or "
-    "bidirectional_summed (runs stored before issue 13: both directions' bytes over the slower "
-    "stream's time), memory pinned or pageable, transfer_bytes per copy, placement local (host buffers on the GPU's "
-    "NUMA node), remote (on the farthest other node) or unbound (GPU node unknown), path pcie or c2c "
-    "(the link the copies crossed: c2c where the GPU's NVLink-C2C link was on, GH200 and GB200).")
+    "host_to_device_bidirectional or device_to_host_bidirectional (that direction's own bytes over "
+    "its own time while the other direction copies twice the bytes, as nvbandwidth measures; runs "
+    "stored before issue 29 gave both the same bytes), or bidirectional_summed (runs stored before "
+    "issue 13: both directions' bytes over the slower stream's time), memory pinned or pageable, "
+    "issue queued (the copies enqueued before the clock starts: the copies alone, nvbandwidth's "
+    "timing) or loop (issued back to back as a server's copy loop: the per-copy issue cost "
+    "included; pageable copies always), transfer_bytes per copy, placement local (host buffers on "
+    "the GPU's NUMA node), remote (on the farthest other node) or unbound (GPU node unknown), path "
+    "pcie or c2c (the link the copies crossed: c2c where the GPU's NVLink-C2C link was on, GH200 "
+    "and GB200).")
 
 BANDWIDTH = MetricSpec(
     "hybridmon_bench_bandwidth_bytes_per_second",
@@ -62,10 +66,12 @@ MEASURED_CAPACITY = MetricSpec(
 MEASURED_BIDIRECTIONAL_CAPACITY = MetricSpec(
     "hybridmon_gpu_pcie_measured_bidirectional_capacity_bytes_per_second",
     "What one direction of this host's link delivers while the other direction copies too "
-    "(bytes/s): the median of that direction's stream, its own bytes over its own time, for the "
-    "largest pinned copy with NUMA-local host buffers in the latest benchmark run (nvbandwidth's "
-    "host_to_device_bidirectional_memcpy_ce / device_to_host_bidirectional_memcpy_ce). Absent when "
-    "hybridmon_gpu_pcie_measured_capacity_bytes_per_second is, and for runs stored before issue 13.",
+    "(bytes/s): the median of that direction's own bytes over its own time while the opposite "
+    "direction copies twice the bytes, for the largest pinned copy with NUMA-local host buffers in "
+    "the latest benchmark run (nvbandwidth's host_to_device_bidirectional_memcpy_ce / "
+    "device_to_host_bidirectional_memcpy_ce). Absent when "
+    "hybridmon_gpu_pcie_measured_capacity_bytes_per_second is, when the opposite direction stopped "
+    "first, and for runs stored before issue 29 (their slower direction ran its tail alone).",
     "gauge", ("gpu", "uuid", "direction"))
 
 C2C_MEASURED_CAPACITY = MetricSpec(
@@ -128,8 +134,8 @@ class BenchCollector:
         for placement, report in run.reports.items():
             largest = max((result.transfer_bytes for result in report.results), default=0)
             for result in report.results:
-                labels = (gpu, run.uuid, result.direction, result.memory, result.transfer_bytes,
-                          placement, run.path)
+                labels = (gpu, run.uuid, result.direction, result.memory, result.issue,
+                          result.transfer_bytes, placement, run.path)
                 samples.add(BANDWIDTH, result.median_bytes_per_second, *labels)
                 # Over C2C the PCIe link's rate bounds nothing the copies did.
                 if link and result.transfer_bytes == largest and run.path == PCIE_PATH:

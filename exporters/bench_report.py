@@ -11,22 +11,34 @@ from dataclasses import dataclass
 
 from hybridmon.exporters.jsonsafe import loads_bounded
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
-"""Version 1 (before issue 13) summed both directions of its bidirectional test; it is still read
-so stored runs keep their figures, under a direction name that says what it is."""
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
+"""Older versions are still read so stored runs keep their figures. Version 1 (before issue 13)
+summed both directions of its bidirectional test: read under a direction name that says so.
+Version 2 timed both directions' streams over equal bytes, so the slower one ran its tail alone
+and read high (issue 29): its per-stream figures are read and shown, never used as capacity."""
+_PER_STREAM = {"h2d": "host_to_device", "d2h": "device_to_host",
+               "h2d_bidirectional": "host_to_device_bidirectional",
+               "d2h_bidirectional": "device_to_host_bidirectional"}
 DIRECTIONS = {
-    # each stream's bytes over its own time, as nvbandwidth reports (docs/offload-bench.md)
-    2: {"h2d": "host_to_device", "d2h": "device_to_host",
-        "h2d_bidirectional": "host_to_device_bidirectional",
-        "d2h_bidirectional": "device_to_host_bidirectional"},
+    # version 3: the measured direction's bytes over its own time while the opposite direction
+    # copies at least twice the bytes (nvbandwidth's *_bidirectional_memcpy_ce)
+    3: _PER_STREAM,
+    # version 2: each stream's bytes over its own time, both streams copying the same bytes
+    2: _PER_STREAM,
     # version 1: both directions' bytes over the slower stream's time
     1: {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional_summed"},
 }
 BIDIRECTIONAL = frozenset({"host_to_device_bidirectional", "device_to_host_bidirectional"})
 SUMMED = "bidirectional_summed"
-PROGRESS_DIRECTIONS = {"h2d": "host_to_device", "d2h": "device_to_host", "bidirectional": "bidirectional"}
+PROGRESS_DIRECTIONS = {**_PER_STREAM, "bidirectional": "bidirectional"}
 MEMORY_KINDS = ("pinned", "pageable")
+QUEUED, LOOP = "queued", "loop"
+ISSUES = (QUEUED, LOOP)
+"""How the copies reached the GPU: all enqueued behind a spin kernel before the clock starts
+(nvbandwidth's timing, the copies alone) or issued by the host while the GPU ran them (a server's
+copy loop, the per-copy issue cost included). Before version 3 pinned copies were queued and
+pageable ones a loop."""
 GIGA = 1e9
 MAX_REPORT_BYTES = 1024 * 1024
 """Largest report read: the binary prints about 20 KB (a result per size, direction and memory)."""
@@ -45,12 +57,17 @@ class CopyResult:
 
     direction: str  # a value of DIRECTIONS: one direction alone, or one stream of a bidirectional test
     memory: str
+    issue: str  # QUEUED or LOOP
     transfer_bytes: int
     samples: int
     median_bytes_per_second: float
     min_bytes_per_second: float
     max_bytes_per_second: float
     host_numa_node: int | None
+    interfered_throughout: bool | None = None
+    """A bidirectional result of version 3: whether the opposite direction was still copying when
+    the measured one ended in every sample (else part of it ran alone and reads high). None for
+    one direction alone, and for older versions, which did not check."""
 
 
 @dataclass(frozen=True)
@@ -85,6 +102,7 @@ class Progress:
     direction: str
     memory: str
     transfer_bytes: int
+    issue: str = ""  # version 3 names it; "" before
 
 
 def _field(obj: dict, name: str, kinds: type | tuple[type, ...], where: str):
@@ -152,16 +170,18 @@ def parse_report(text: str) -> Report:
             raise ReportError(f"{where}: unknown direction/memory {direction!r}/{memory!r}")
         if _field(item, "verified", bool, where) is not True:
             raise ReportError(f"{where}: copy not verified")
+        issue, interfered_throughout = _issue_and_interference(item, version, directions[direction], where)
         bandwidths = [_finite(item, name, where) for name in ("median_gbps", "min_gbps", "max_gbps")]
         median, low, high = bandwidths
         if not (0 < low <= median <= high and math.isfinite(high * GIGA)):
             raise ReportError(f"{where}: bandwidths out of order or not positive: {bandwidths}")
         results.append(CopyResult(
-            direction=directions[direction], memory=memory,
+            direction=directions[direction], memory=memory, issue=issue,
             transfer_bytes=_positive(item, "bytes", where),
             samples=_positive(item, "repeat", where),
             median_bytes_per_second=median * GIGA, min_bytes_per_second=low * GIGA,
-            max_bytes_per_second=high * GIGA, host_numa_node=_node(item, "host_numa_node", where)))
+            max_bytes_per_second=high * GIGA, host_numa_node=_node(item, "host_numa_node", where),
+            interfered_throughout=interfered_throughout))
     skipped = []
     for position, item in enumerate(_field(obj, "skipped", list, "report")):
         where = f"skipped[{position}]"
@@ -180,6 +200,21 @@ def parse_report(text: str) -> Report:
         elapsed_seconds=_finite(obj, "elapsed_seconds", "report"),
         time_limit_reached=_field(obj, "time_limit_reached", bool, "report"),
         results=tuple(results), skipped=tuple(skipped), raw=obj)
+
+
+def _issue_and_interference(item: dict, version: int, direction: str, where: str) -> tuple[str, bool | None]:
+    """(issue, interfered_throughout) of one result. Version 3 names both; before it, pinned copies
+    were queued, pageable ones a loop, and nobody checked the interference."""
+    memory = item["memory"]
+    if version < 3:
+        return (QUEUED if memory == "pinned" else LOOP), None
+    issue = _field(item, "issue", str, where)
+    if issue not in ISSUES or (memory == "pageable" and issue != LOOP):
+        raise ReportError(f"{where}: unknown issue {issue!r} for {memory} memory")
+    if direction not in BIDIRECTIONAL:
+        return issue, None
+    _positive(item, "interfering_copies_per_sample", where)
+    return issue, _field(item, "interfered_throughout", bool, where)
 
 
 def _optional_text(obj: dict, name: str, where: str) -> str | None:
@@ -217,6 +252,7 @@ def parse_progress(line: str) -> Progress | None:
         item = loads_bounded(line, MAX_PROGRESS_LINE_BYTES)["progress"]
         return Progress(step=int(item["step"]), steps=int(item["steps"]),
                         direction=PROGRESS_DIRECTIONS.get(item["direction"], str(item["direction"])),
-                        memory=str(item["memory"]), transfer_bytes=int(item["bytes"]))
+                        memory=str(item["memory"]), transfer_bytes=int(item["bytes"]),
+                        issue=str(item.get("issue", "")))
     except (ValueError, KeyError, TypeError, OverflowError):
         return None

@@ -32,7 +32,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from hybridmon.exporters.bench_report import BIDIRECTIONAL, LARGEST_INTEGER, Report, ReportError, parse_report
+from hybridmon.exporters.bench_report import (BIDIRECTIONAL, LARGEST_INTEGER, QUEUED, CopyResult, Report,
+                                              ReportError, parse_report)
 from hybridmon.exporters.jsonsafe import loads_bounded
 
 RECORD_FORMAT = 1
@@ -184,17 +185,29 @@ def preferred_placement(run: StoredRun) -> str | None:
     return next((name for name in ("local", "unbound") if name in run.reports), None)
 
 
+def stands_for_the_link(result: CopyResult) -> bool:
+    """Whether a result can size the link: pinned copies timed without their issue cost (queued:
+    the bytes the wire carries once the copy engine has work, which is what the traffic counters
+    count) and, for a bidirectional figure, measured under interference from start to end (a
+    version-3 check; before it the slower stream ran its tail alone). A copy loop's figure at a KV
+    block size is what a server's loop gets, not what the link carries: the difference is the
+    per-copy issue cost, paid on the host and in the copy engine, not on the wire."""
+    if result.memory != "pinned" or result.issue != QUEUED:
+        return False
+    return result.direction not in BIDIRECTIONAL or result.interfered_throughout is True
+
+
 def _largest_pinned(run: StoredRun, directions: dict[str, str]) -> dict[str, tuple[float, int]]:
-    """directions maps a result's direction to the key returned; the largest pinned copy of each,
-    with the preferred placement. Nothing for a MIG instance's run: one slice's copy engines are
-    not the link's capacity."""
+    """directions maps a result's direction to the key returned; the largest copy of each that
+    stands for the link, with the preferred placement. Nothing for a MIG instance's run: one
+    slice's copy engines are not the link's capacity."""
     placement = preferred_placement(run)
     if placement is None or run.mig:
         return {}
     best: dict[str, tuple[float, int]] = {}
     for result in run.reports[placement].results:
         key = directions.get(result.direction)
-        if result.memory != "pinned" or key is None:
+        if key is None or not stands_for_the_link(result):
             continue
         known = best.get(key)
         if known is None or result.transfer_bytes > known[1]:
@@ -212,7 +225,9 @@ def measured_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
 
 def bidirectional_capacity(run: StoredRun) -> dict[str, tuple[float, int]]:
     """direction (host_to_device, device_to_host) -> (median bytes/s, transfer bytes) of that
-    direction's stream while the opposite direction copies too (nvbandwidth's
-    host_to_device_bidirectional_memcpy_ce / device_to_host_bidirectional_memcpy_ce); {} for a
-    version-1 run, whose bidirectional figure was a sum."""
+    direction while the opposite direction copies twice the bytes (nvbandwidth's
+    host_to_device_bidirectional_memcpy_ce / device_to_host_bidirectional_memcpy_ce), where the
+    interference held to the end; {} for a version-1 run (its figure was a sum) and a version-2
+    run (its slower stream ran its tail alone: +32 % on a link doing 12.5 GB/s one way under load
+    and 24 the other, issue 29)."""
     return _largest_pinned(run, {name: name.removesuffix("_bidirectional") for name in BIDIRECTIONAL})

@@ -335,7 +335,7 @@ class ProcessCollector:
             if bound is not None:
                 samples.add(CGROUP_MEMORY_LIMIT, bound.limit_bytes, pid, stat.comm)
                 samples.add(CGROUP_MEMORY_HEADROOM, bound.headroom_bytes, pid, stat.comm)
-            if cmdline_text is not None:
+            if cmdline_text is not None and slow.identity is not None:
                 identity = slow.identity
                 samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
                             reason)
@@ -445,9 +445,20 @@ class ProcessCollector:
             return known
         cmdline_text = read_process_file(self._source, self._procfs, pid, "cmdline", self._log_once)
         read = _SlowFiles(start_ticks, now, cmdline_text, self._memlock_limit(pid),
-                          None if cmdline_text is None else identity_of(cmdline_text))
+                          None if cmdline_text is None else self._identity(pid, cmdline_text))
         self._slow[pid] = read
         return read
+
+    def _identity(self, pid: int, cmdline_text: str) -> ProcessIdentity | None:
+        """identity_of(), which reads what any local user may write on a command line: should a
+        line still defeat a parser, only that process loses its identity series (issue 30: one
+        malformed --model URL made every tick fail and took every process's series with it)."""
+        try:
+            return identity_of(cmdline_text)
+        except Exception as error:  # noqa: BLE001 - a parser's bug must not blind the collector
+            self._log_once(f"identity:{pid}", "cannot read the command line of pid %s (%s: %s); its "
+                           "executable, server and model are left out", pid, type(error).__name__, error)
+            return None
 
     def _cgroup_bound(self, pid: int, now: float) -> CgroupMemoryBound | None:
         """Optional like the memlock limit: unreadable cgroup files leave the series out."""

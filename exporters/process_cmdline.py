@@ -39,8 +39,14 @@ _SECRET_SHORT_OPTIONS = frozenset({"-p", "-k"})
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_.-]*)=(.*)")
 # HTTP auth schemes whose next word is the credential (Authorization: Bearer X).
 _AUTH_SCHEME = re.compile(r"(?i:bearer)|Basic|Digest")
-# Up to the last @ before the path: a password may hold an @ of its own.
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/?#\s]*@")
+# Up to the last @ before the path: a password may hold an @ of its own. After a scheme and any
+# run of slashes or backslashes: browsers and curl read `https:/\\user:pw@host` as `https://` (the
+# WHATWG URL standard treats \\ as / in special schemes), so a credential written so is one.
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*:[/\\]+)[^/\\?#\s]*@")
+# user:password@host without a scheme (git and rsync remotes, pip's index URLs written short): a
+# word, or an option's value, that starts with name:anything@. Broad on purpose, as above: an
+# image reference `name:tag@sha256:...` loses its name.
+_BARE_USERINFO = re.compile(r"(^|[\s=])[^\s/\\:@=?#]+:[^\s/\\?#]*@")
 _URL_SECRET_PARAMETER = re.compile(r"([?&])([^=&#\s]+)=([^&#\s]*)")
 # Well-known credential shapes, wherever they appear: Hugging Face, OpenAI/Anthropic style,
 # GitHub (classic and fine-grained), GitLab, Slack, AWS access key ids, JSON web tokens.
@@ -188,11 +194,7 @@ def readable_model(value: str) -> str:
     carry credentials there); a file system path by its last component, so no home directory
     shows (a Hugging Face cache directory by the repository it holds); a repository id as is."""
     if "://" in value:
-        parts = urlsplit(value)
-        host = parts.hostname or ""
-        if parts.port:
-            host = f"{host}:{parts.port}"
-        reduced = f"{parts.scheme}://{host}{parts.path}"
+        reduced = _url_without_secrets(value)
     elif value.startswith(("/", "./", "../", "~")):
         components = [c for c in value.split("/") if c not in ("", ".", "..")]
         cached = next((m for c in components if (m := _HF_CACHE_DIRECTORY.fullmatch(c))), None)
@@ -203,6 +205,21 @@ def readable_model(value: str) -> str:
     else:
         reduced = value
     return redact_text(reduced)[:MODEL_LIMIT]
+
+
+def _url_without_secrets(value: str) -> str:
+    """scheme://host[:port]/path of a URL. Any process may write anything on its command line
+    (issue 30: `--model 'https://x@[::1'` made urlsplit raise and blinded the collector to every
+    process): where the URL does not parse, the text is cut at its query or fragment, and
+    redact_text() takes its user-info."""
+    try:
+        parts = urlsplit(value)
+        host = parts.hostname or ""
+        if parts.port:
+            host = f"{host}:{parts.port}"
+    except ValueError:   # an unclosed IPv6 bracket, a port that is no number or out of range
+        return re.split(r"[?#]", value, maxsplit=1)[0]
+    return f"{parts.scheme}://{host}{parts.path}"
 
 
 def cmdline_label(raw: str) -> str:
@@ -256,6 +273,7 @@ def redact(arguments: Iterable[str]) -> list[str]:
 def redact_text(text: str) -> str:
     """URL user-info, secret URL query parameters and token shapes replaced, wherever they are."""
     text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
+    text = _BARE_USERINFO.sub(rf"\1{REDACTED}@", text)
     text = _URL_SECRET_PARAMETER.sub(
         lambda m: f"{m[1]}{m[2]}={REDACTED}" if _SECRET_NAME.search(m[2]) else m[0], text)
     return _TOKEN_SHAPES.sub(REDACTED, text)

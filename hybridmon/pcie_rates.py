@@ -52,7 +52,9 @@ ACHIEVABLE_SHARE_TEXT = {
     6: ("0.825", "extrapolated from Gen5: no published copy figure; theoretical already nets out FLIT"),
 }
 # Generation -> (share of the theoretical rate EACH direction achieves while both copy at once,
-# where it comes from): bidirectional copies do not add up to twice one direction.
+# where it comes from): bidirectional copies do not add up to twice one direction. nvbandwidth
+# measures each direction while the other copies twice the bytes, as `hybridmon bench` does since
+# issue 29, so its figure and a measured one mean the same thing.
 BIDIRECTIONAL_SHARE_TEXT = {
     **{generation: ("0.58", "extrapolated from Gen4: no published bidirectional figure")
        for generation in (1, 2, 3, 5, 6)},

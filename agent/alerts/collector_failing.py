@@ -6,8 +6,14 @@ Like alert_delivery, the in-agent door reads the agent's own state rather than t
 the sampler's record of each collector's last run (agent/loop/sampler.py), the record that
 hybridmon_collector_success exports for the Prometheus rule. A source absent on this host (no GPU,
 no inference server) is a success with no data, never a failure, so a host without a GPU does not
-fire. A hung collector (a run that never returns) is not a failure either: it shows as a growing
-hybridmon_collector_running_seconds and its series going stale.
+fire.
+
+HybridmonCollectorHung: a run that has not returned for hung_seconds (NVML blocking on a wedged
+driver, a hung NFS read under /proc): its last samples are withheld from /metrics from then on
+(agent/publish/exposition.py), so they go stale in Prometheus rather than stand as live, /healthz
+says "degraded" and names it, and `hybridmon check` counts it (issue 30: a wedged NVML kept
+gpu_up at 1 and the last memory figures exported, and nothing said so). Runbook:
+HybridmonCollectorHung.md.
 """
 from __future__ import annotations
 
@@ -16,19 +22,21 @@ from textwrap import dedent
 
 from hybridmon.agent.alerts.family import AlertFamily, Section, finding
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, RunningAgent
-from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
+from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_RUNNING, COLLECTOR_SUCCESS
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import duration
 
 ALERTNAME = "HybridmonCollectorFailing"
-INPUTS = (COLLECTOR_SUCCESS, COLLECTOR_ERRORS)
+HUNG_ALERTNAME = "HybridmonCollectorHung"
+INPUTS = (COLLECTOR_SUCCESS, COLLECTOR_ERRORS, COLLECTOR_RUNNING)
 
 
 class Settings(Section):
     # A default, unlike the older families: thresholds files copied before this alert existed
     # (as thresholds.toml invites) still load, and get the shipped value.
     for_seconds: float = 300.0
+    hung_seconds: float = 60.0
 
 
 def alert(s: Settings) -> Alert:
@@ -53,25 +61,44 @@ def alert(s: Settings) -> Alert:
     )
 
 
+def hung_alert(s: Settings) -> Alert:
+    return Alert(
+        HUNG_ALERTNAME,
+        f"{COLLECTOR_RUNNING.name} >= {s.hung_seconds:g}",
+        0, "warning",
+        "Collector <collector> on <instance> is hung: its run has not returned for <value|humanizeDuration>",
+        "The agent's <collector> collector on <instance> started a run <value|humanizeDuration> ago that "
+        f"has not returned (threshold: {duration(s.hung_seconds)}): its source blocks (NVML on a "
+        "wedged driver or a GPU that fell off the bus, a hung file system under /proc or /sys, an "
+        "endpoint that accepts and never answers within its own deadline). Its last samples are "
+        "withheld from /metrics while it hangs, so its series go stale rather than stand as live, "
+        "and the alerts that read them are blind; /healthz says degraded and names it. A restart "
+        "of the agent does not unblock a wedged driver; the runbook says what does.",
+    )
+
+
 class Detector(DetectorBase):
     """Per collector, warning: its last run failed (a source absent on this host is no failure);
     fires once every run has failed for for_seconds, as the engine keeps it pending meanwhile. Its
     value is the failed runs over the last for_seconds, as the rule's increase() counts them."""
 
     name = "collector_failing"
-    alertnames = (ALERTNAME,)
+    alertnames = (ALERTNAME, HUNG_ALERTNAME)
     judges_the_agent = True
 
     def __init__(self, config: Settings) -> None:
         self.config = config
         self.alert = alert(config)
+        self.hung_alert = hung_alert(config)
         self._scheduled: list = []
+        self._sampler = None
         # (time, errors so far) per collector at each evaluation, for the failed runs in the window
         self._errors_seen: dict[str, deque[tuple[float, int]]] = {}
 
     def attach(self, agent: RunningAgent) -> None:
         """Called once by the agent (daemon.Agent): judge its sampler's collectors."""
         self._scheduled = list(agent.sampler.scheduled)
+        self._sampler = agent.sampler
 
     def evaluate(self, _history: HistoryReader, now: float) -> list[Finding]:
         findings = []
@@ -86,6 +113,10 @@ class Detector(DetectorBase):
                 findings.append(finding(
                     self.alert, {"collector": name}, failed_runs, 1.0, unit="runs",
                     details={"last_error": state.last_error or "", "errors": state.errors, "runs": state.runs}))
+        if self._sampler is not None:
+            for name, running in sorted(self._sampler.hung(self.config.hung_seconds).items()):
+                findings.append(finding(self.hung_alert, {"collector": name}, running, self.config.hung_seconds,
+                                        unit="s", details={"running_seconds": running}))
         return findings
 
 
@@ -96,7 +127,7 @@ FAMILY = AlertFamily(
     alertnames=Detector.alertnames,
     group=groups.AGENT,
     detector=Detector,
-    alerts=lambda t: (alert(t.collector_failing),),
+    alerts=lambda t: (alert(t.collector_failing), hung_alert(t.collector_failing)),
     collectors=(),
     lookback_seconds=lambda settings: 0.0,
     no_scenario=("it judges the agent's own collectors, which a replay runs on good readings"),

@@ -136,7 +136,8 @@ class BenchService:
     def _progress(self, gpu: str, placement: str, step: Progress) -> None:
         self.status["progress"] = {"gpu": gpu, "placement": placement, "step": step.step,
                                    "steps": step.steps, "direction": step.direction,
-                                   "memory": step.memory, "transfer_bytes": step.transfer_bytes}
+                                   "memory": step.memory, "issue": step.issue,
+                                   "transfer_bytes": step.transfer_bytes}
 
     def _run(self, gpus: list[int], force: bool, busy: dict[int, str | None]) -> None:
         results, errors = [], []

@@ -182,6 +182,22 @@ class GuardedProtocol(H11Protocol):
         self._cancel(self._stall_deadline)
         self._stall_deadline = None
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn answers 400 itself when a request turns out malformed after its route started
+        (an invalid chunk in the body: issue 30). The route, still running, would then answer into
+        h11's MUST_CLOSE state and uvicorn log an ERROR with a 47-line traceback. Its request is
+        ended as a client that went away instead (its receive() says http.disconnect, its send()
+        is dropped); had it begun its answer, the connection is only closed."""
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            started = cycle.response_started
+            cycle.disconnected = True
+            cycle.message_event.set()
+            if started:
+                self.transport.close()
+                return
+        super().send_400_response(msg)
+
     def waiting_for_request(self) -> bool:
         """The next request has not fully arrived yet (h11 leaves IDLE at its request line and
         SEND_BODY at the end of its body); idle keep-alive connections are waiting too."""

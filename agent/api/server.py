@@ -34,8 +34,50 @@ GZIP_LEVEL = 6
 SWITCH_INTERVAL_SECONDS = 0.001  # sys.setswitchinterval while serving; see serve()
 
 
+# On every answer (issue 30). nosniff: a browser never reads a body as another type than declared
+# (a model name echoed in /metrics text rendered as HTML). Framing denied: nothing here is meant to
+# be embedded, so no page can be clickjacked. no-store: every answer is a live reading, and a
+# proxy's stale /healthz or /metrics would hide an outage. No referrer: runbook links leave nothing
+# of the agent's address behind.
+PROTECTIVE_HEADERS = ((b"x-content-type-options", b"nosniff"), (b"x-frame-options", b"DENY"),
+                      (b"cache-control", b"no-store"), (b"referrer-policy", b"no-referrer"))
+# The status page and the runbooks are HTML with inline <style> and style attributes and inline SVG,
+# no script, no form, nothing fetched: everything else is refused, so an injected <script> or
+# <img> (were escaping ever missed) does nothing.
+PAGE_POLICY = (b"default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+               b"form-action 'none'; frame-ancestors 'none'")
+
+
+class ProtectiveHeaders:
+    """ASGI middleware adding PROTECTIVE_HEADERS to every response, and PAGE_POLICY as the
+    Content-Security-Policy of every HTML one; a header the route set itself is kept. Plain ASGI,
+    not Starlette's BaseHTTPMiddleware, which would run each /metrics answer through a second task."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in PROTECTIVE_HEADERS if name not in present]
+                html = any(name.lower() == b"content-type" and value.startswith(b"text/html")
+                           for name, value in headers)
+                if html and b"content-security-policy" not in present:
+                    headers.append((b"content-security-policy", PAGE_POLICY))
+                message = {**message, "headers": headers}
+            await send(message)
+        await self.app(scope, receive, with_headers)
+
+
 def create_app(agent: Agent) -> FastAPI:
     app = FastAPI(title="hybridmon", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    app.add_middleware(ProtectiveHeaders)
 
     # async: rendered on the event loop's thread. A sync route runs in a worker thread, and each
     # hand-over between threads waits for the GIL, up to the 5 ms switch interval while a tick's
@@ -74,7 +116,15 @@ def create_app(agent: Agent) -> FastAPI:
         # 503 with the reasons when the loop, every collector or the detectors stalled
         # (agent/loop/liveness.py): the liveness probe restarts the agent, a person reads why.
         stalled = liveness.problems(agent)
-        return JSONResponse({"status": "stalled" if stalled else "ok", "problems": stalled,
+        # A hung collector is shown, not fatal: a restart would not unblock its source (a wedged
+        # driver) and would blind the other collectors (agent/loop/liveness.py). Its series are
+        # withheld from /metrics meanwhile.
+        hung_seconds = agent.exposition.hung_seconds or agent.thresholds.collector_failing.hung_seconds
+        degraded = [f"collector {name} has not returned from its run for {running:.0f} s (hung from "
+                    f"{hung_seconds:g} s): its series are withheld from /metrics"
+                    for name, running in sorted(agent.sampler.hung(hung_seconds).items())]
+        status = "stalled" if stalled else "degraded" if degraded else "ok"
+        return JSONResponse({"status": status, "problems": stalled, "degraded": degraded,
                              "mode": agent.mode, "version": __version__, "collectors": collectors,
                              "alertmanager": _alertmanager_health(agent)},
                             status_code=503 if stalled else 200)

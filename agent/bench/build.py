@@ -39,6 +39,7 @@ EXIT_NO_DEVICE = 3
 EXIT_CUDA_ERROR = 4
 EXIT_VERIFY_FAILED = 5
 EXIT_HOST_ERROR = 6
+EXIT_DRIVER_TOO_OLD = 7  # cudaErrorInsufficientDriver with a driver loaded: older than the runtime
 
 
 class BenchBuildError(RuntimeError):

@@ -10,14 +10,19 @@
 //   2 usage error            3 no CUDA device (cudaGetDeviceCount failed or returned 0)
 //   4 CUDA error             5 copy verification failed (a copy did not deliver the data)
 //   6 host error (allocation, NUMA placement)
+//   7 the driver is older than the CUDA runtime this binary was built with
 //
 // Timing follows nvbandwidth: for pinned memory a spin kernel holds the stream while the copies
-// are enqueued, so CUDA events bracket only the copies, not the enqueue cost; the median of the
-// samples is the headline. Pageable copies are staged by the driver through the host, so they
-// are timed with the same events without the spin kernel (the staging is what a user pays).
+// are enqueued ("queued"), so CUDA events bracket only the copies, not the enqueue cost; the
+// median of the samples is the headline. The KV-block sizes (--block-sizes) are also timed
+// without the spin kernel ("loop"): the host issues the copies back to back while the GPU runs
+// them, as a server's per-layer copy loop does, so the per-copy issue cost shows. Pageable
+// copies are staged by the driver through the host, so they are always timed as a loop.
 // Bidirectional: as nvbandwidth's host_to_device_bidirectional_memcpy_ce and
-// device_to_host_bidirectional_memcpy_ce, each stream is timed by its own events and reported
-// as its own bytes over its own time (h2d_bidirectional, d2h_bidirectional); no summed figure.
+// device_to_host_bidirectional_memcpy_ce (testcases_ce.cpp), the measured direction runs on one
+// stream while the opposite direction copies twice as many bytes on another, so the measured
+// stream is under interference until it ends; each direction is its own test and reported alone
+// (its bytes over its own time: h2d_bidirectional, d2h_bidirectional); no summed figure.
 
 #include <cuda_runtime.h>
 
@@ -47,14 +52,35 @@
 
 namespace {
 
-constexpr int kSchemaVersion = 2;  // 2: per-stream bidirectional, cpu_affinity, numa_note
+// 2: per-stream bidirectional, cpu_affinity, numa_note. 3: the interfering direction copies
+// twice the bytes (nvbandwidth), "issue" per result, KV-block sizes, "interfered_throughout".
+constexpr int kSchemaVersion = 3;
 constexpr int kExitOk = 0, kExitUsage = 2, kExitNoDevice = 3, kExitCuda = 4, kExitVerify = 5,
-              kExitHost = 6;
-constexpr size_t kMiB = 1024ull * 1024ull;
-// 16 tokens x 131072 B/token (Llama-3-8B fp16 KV), 128- and 512-token pages, a large copy.
+              kExitHost = 6, kExitDriverTooOld = 7;
+constexpr size_t kKiB = 1024ull, kMiB = 1024ull * 1024ull;
+// 16 tokens x 131072 B/token (Llama-3-8B fp16 KV, all layers), 128- and 512-token pages, a
+// large copy for the link's peak.
 const std::vector<size_t> kDefaultSizes = {2 * kMiB, 16 * kMiB, 64 * kMiB, 256 * kMiB};
+// What a server copies per layer: one layer's K (or V) of a block of 16, 64, 128 and 512 tokens
+// of Llama-3-8B fp16 (8 KV heads x 128 dims x 2 B = 2048 B per token per layer).
+const std::vector<size_t> kDefaultBlockSizes = {32 * kKiB, 128 * kKiB, 256 * kKiB, 1 * kMiB};
+// The interfering stream starts with twice the measured stream's bytes (nvbandwidth's "Double
+// the size of the interference copy"); where it still ends first (a direction more than twice
+// as fast as the other under load), the warm-up doubles the ratio again, up to this factor.
+constexpr int kInterferenceFactor = 2, kMaxInterferenceFactor = 8;
+// The cap on copies per sample the bench has had since it was written (issue 4). A held stream
+// queues every copy of a sample before the clock starts, and how many pending copies a stream
+// takes before cudaMemcpyAsync blocks is not documented, so the bidirectional tests never queue
+// more than 3 x this (the measured copies and twice as many interfering ones); should enqueueing
+// block, the spin kernel frees itself after 10 s and the time limit shows it. The loop timing
+// keeps the same count, so a loop and a queued figure differ by the issue cost alone.
+constexpr int kMaxCopiesPerSample = 128;
 constexpr int kVerifySamples = 64;
 constexpr uint64_t kPoison = 0xA5A5A5A5A5A5A5A5ull;
+
+std::string cuda_version_text(int version) {
+  return version <= 0 ? "none" : std::to_string(version / 1000) + "." + std::to_string(version % 1000 / 10);
+}
 
 std::string json_escape(const std::string &s) {
   std::string out;
@@ -275,6 +301,7 @@ bool verify(const void *dst, bool dst_on_device, size_t bytes, uint64_t seed, st
 struct Options {
   int device = 0;
   std::vector<size_t> sizes = kDefaultSizes;
+  std::vector<size_t> block_sizes = kDefaultBlockSizes;
   int repeat = 10;
   double max_seconds = 60.0;
   enum { kAuto, kNone, kNode } numa_mode = kAuto;
@@ -293,6 +320,24 @@ long long parse_int(const std::string &s, const char *what) {
   return v;
 }
 
+// "B1,B2,..." bytes, each a positive multiple of 8 (the verification reads 8-byte words);
+// "none" is the empty list.
+std::vector<size_t> parse_sizes(const std::string &list, const char *what) {
+  std::vector<size_t> sizes;
+  if (list == "none") return sizes;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    std::string item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    long long b = parse_int(item, what);
+    if (b < 8 || b % 8) usage_error(std::string(what) + ": sizes must be positive multiples of 8 bytes: " + item);
+    sizes.push_back((size_t)b);
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return sizes;
+}
+
 Options parse_args(int argc, char **argv) {
   Options o;
   for (int i = 1; i < argc; ++i) {
@@ -307,25 +352,16 @@ Options parse_args(int argc, char **argv) {
       std::exit(kExitOk);
     } else if (a == "--help" || a == "-h") {
       std::printf(
-          "usage: offload_bench [--device N] [--sizes B1,B2,...] [--repeat N]\n"
-          "                     [--max-seconds S] [--numa-node auto|none|N]\n"
+          "usage: offload_bench [--device N] [--sizes B1,B2,...] [--block-sizes B1,...|none]\n"
+          "                     [--repeat N] [--max-seconds S] [--numa-node auto|none|N]\n"
           "                     [--cpus auto|none|LIST] [--version]\n");
       std::exit(kExitOk);
     } else if (a == "--device") {
       o.device = (int)parse_int(value(), "--device");
     } else if (a == "--sizes") {
-      o.sizes.clear();
-      std::string list = value(), item;
-      size_t pos = 0;
-      while (pos <= list.size()) {
-        size_t comma = list.find(',', pos);
-        item = list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-        long long b = parse_int(item, "--sizes");
-        if (b < 8 || b % 8) usage_error("sizes must be positive multiples of 8 bytes: " + item);
-        o.sizes.push_back((size_t)b);
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
+      o.sizes = parse_sizes(value(), "--sizes");
+    } else if (a == "--block-sizes") {
+      o.block_sizes = parse_sizes(value(), "--block-sizes");
     } else if (a == "--repeat") {
       long long r = parse_int(value(), "--repeat");
       if (r < 1 || r > 100000) usage_error("--repeat must be in 1..100000");
@@ -366,14 +402,24 @@ Options parse_args(int argc, char **argv) {
 }
 
 // ---- measurement ----
-enum Direction { kH2D, kD2H, kBidir };
-const char *direction_name(Direction d) {
-  return d == kH2D ? "h2d" : d == kD2H ? "d2h" : "bidirectional";
-}
-// What a result reports: one direction alone, or one stream while the other direction runs.
-const char *stream_name(Direction d, bool other_stream_running) {
-  if (!other_stream_running) return direction_name(d);
-  return d == kH2D ? "h2d_bidirectional" : "d2h_bidirectional";
+enum Direction { kH2D, kD2H };
+// How the copies reach the GPU: all enqueued behind a spin kernel first (nvbandwidth's timing:
+// only the copies are timed), or issued by the host while the GPU runs them (a server's loop:
+// the per-copy issue cost is timed too).
+enum Issue { kQueued, kLoop };
+
+struct Test {
+  Direction dir;
+  bool interfered;  // the opposite direction copies at the same time (the bidirectional tests)
+  Issue issue;
+};
+
+const char *direction_name(Direction d) { return d == kH2D ? "h2d" : "d2h"; }
+const char *issue_name(Issue i) { return i == kQueued ? "queued" : "loop"; }
+// What a result reports: one direction alone, or one direction while the other copies too.
+const char *test_name(const Test &t) {
+  if (!t.interfered) return direction_name(t.dir);
+  return t.dir == kH2D ? "h2d_bidirectional" : "d2h_bidirectional";
 }
 
 struct Buffers {
@@ -412,11 +458,12 @@ void free_host(Buffers &b) {
 }
 
 struct Result {
-  Direction dir;             // kH2D or kD2H: the stream this result measured
-  bool bidirectional;        // the opposite direction ran at the same time
+  Test test;
   bool pinned;
   size_t bytes;
   int copies_per_sample;
+  int interfering_copies_per_sample;  // 0 without interference
+  bool interfered_throughout;         // every sample's interfering stream ended after the measured one
   std::vector<double> gbps;
   int numa_node;  // observed node of the host buffers, -1 unknown
   bool truncated;
@@ -427,11 +474,11 @@ using Clock = std::chrono::steady_clock;
 class Bench {
  public:
   Bench(const Options &o, Clock::time_point deadline) : opt_(o), deadline_(deadline) {
-    CK(cudaStreamCreateWithFlags(&s0_, cudaStreamNonBlocking));
-    CK(cudaStreamCreateWithFlags(&s1_, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&measured_, cudaStreamNonBlocking));
+    CK(cudaStreamCreateWithFlags(&interfering_, cudaStreamNonBlocking));
     CK(cudaEventCreate(&start_));
     CK(cudaEventCreate(&end_));
-    CK(cudaEventCreate(&end1_));
+    CK(cudaEventCreate(&interfering_end_));
     CK(cudaHostAlloc((void **)&release_, sizeof(int), cudaHostAllocMapped));
     CK(cudaHostGetDevicePointer((void **)&release_dev_, release_, 0));
   }
@@ -439,97 +486,126 @@ class Bench {
     cudaFreeHost(release_);
     cudaEventDestroy(start_);
     cudaEventDestroy(end_);
-    cudaEventDestroy(end1_);
-    cudaStreamDestroy(s0_);
-    cudaStreamDestroy(s1_);
+    cudaEventDestroy(interfering_end_);
+    cudaStreamDestroy(measured_);
+    cudaStreamDestroy(interfering_);
   }
 
   bool out_of_time() const { return Clock::now() >= deadline_; }
 
-  // One sample: `copies` copies of `bytes` in direction `dir`; returns the elapsed milliseconds
-  // of the host-to-device stream (s0) and of the device-to-host stream (s1 for bidirectional,
-  // s0 for d2h alone); 0 for a stream that did not run. Both streams start at the same event
-  // and each ends with its own, as nvbandwidth times its measured stream.
-  std::pair<float, float> sample(const Buffers &b, Direction dir, size_t bytes, int copies) {
-    bool spin = b.pinned;  // pageable copies may block the host: a held stream would deadlock
+  // One sample: `copies` copies of `bytes` in the test's direction on the measured stream and,
+  // for an interfered test, `interfering_copies` of the same size the opposite way on the other
+  // stream, which starts at the measured stream's start event (nvbandwidth's cuStreamWaitEvent).
+  // Returns the elapsed milliseconds of the measured stream and of the interfering one (0 when
+  // none), each from the shared start to its own end event.
+  std::pair<float, float> sample(const Buffers &b, const Test &t, size_t bytes, int copies,
+                                 int interfering_copies) {
+    // Pageable copies may block the host while the driver stages them: a held stream would
+    // deadlock, so they are always issued as a loop.
+    bool spin = t.issue == kQueued && b.pinned;
     if (spin) {
       *release_ = 0;
-      spin_kernel<<<1, 1, 0, s0_>>>(release_dev_, 10ull * 1000 * 1000 * 1000);
+      spin_kernel<<<1, 1, 0, measured_>>>(release_dev_, 10ull * 1000 * 1000 * 1000);
       CK(cudaGetLastError());
     }
-    CK(cudaEventRecord(start_, s0_));
-    if (dir == kBidir) CK(cudaStreamWaitEvent(s1_, start_, 0));
-    for (int c = 0; c < copies; ++c) {
-      if (dir != kD2H)
-        CK(cudaMemcpyAsync(b.dev_dst, b.host_src, bytes, cudaMemcpyHostToDevice, s0_));
-      if (dir == kD2H)
-        CK(cudaMemcpyAsync(b.host_dst, b.dev_src, bytes, cudaMemcpyDeviceToHost, s0_));
-      if (dir == kBidir)
-        CK(cudaMemcpyAsync(b.host_dst, b.dev_src, bytes, cudaMemcpyDeviceToHost, s1_));
+    CK(cudaEventRecord(start_, measured_));
+    for (int c = 0; c < copies; ++c) copy(b, t.dir, bytes, measured_);
+    CK(cudaEventRecord(end_, measured_));
+    if (t.interfered) {
+      CK(cudaStreamWaitEvent(interfering_, start_, 0));
+      Direction other = t.dir == kH2D ? kD2H : kH2D;
+      for (int c = 0; c < interfering_copies; ++c) copy(b, other, bytes, interfering_);
+      CK(cudaEventRecord(interfering_end_, interfering_));
     }
-    CK(cudaEventRecord(end_, s0_));
-    if (dir == kBidir) CK(cudaEventRecord(end1_, s1_));
     if (spin) *reinterpret_cast<volatile int *>(release_) = 1;
     CK(cudaEventSynchronize(end_));
-    float ms0 = 0, ms1 = 0;
-    CK(cudaEventElapsedTime(&ms0, start_, end_));
-    if (dir == kBidir) {
-      CK(cudaEventSynchronize(end1_));
-      CK(cudaEventElapsedTime(&ms1, start_, end1_));
+    float measured_ms = 0, interfering_ms = 0;
+    CK(cudaEventElapsedTime(&measured_ms, start_, end_));
+    if (t.interfered) {
+      CK(cudaEventSynchronize(interfering_end_));
+      CK(cudaEventElapsedTime(&interfering_ms, start_, interfering_end_));
     }
-    if (dir == kH2D) return {ms0, 0.0f};
-    if (dir == kD2H) return {0.0f, ms0};
-    return {ms0, ms1};
+    return {measured_ms, interfering_ms};
   }
 
-  // kH2D/kD2H: one result; kBidir: two, one per stream (h2d_bidirectional, d2h_bidirectional).
-  std::vector<Result> measure(Buffers &b, Direction dir, size_t bytes, uint64_t seed) {
+  Result measure(Buffers &b, const Test &t, size_t bytes, uint64_t seed) {
     size_t words = bytes / sizeof(uint64_t);
+    bool h2d_runs = t.dir == kH2D || t.interfered, d2h_runs = t.dir == kD2H || t.interfered;
     // Fresh source pattern and poisoned destination, so a copy that moved nothing fails below.
-    if (dir != kD2H) {
+    if (h2d_runs) {
       fill_host(b.host_src, words, seed);
       CK(cudaMemset(b.dev_dst, 0xA5, bytes));
     }
-    if (dir != kH2D) {
+    if (d2h_runs) {
       fill_kernel<<<256, 256>>>(b.dev_src, words, seed);
       CK(cudaGetLastError());
       std::memset(b.host_dst, 0xA5, bytes);
     }
     CK(cudaDeviceSynchronize());
 
-    // Enough copies per sample that each sample moves >= 256 MiB (event resolution ~0.5 us).
-    int copies = (int)std::min<size_t>(128, std::max<size_t>(1, (256 * kMiB + bytes - 1) / bytes));
-    bool both = dir == kBidir;
-    Result h2d{kH2D, both, b.pinned, bytes, copies, {}, b.observed_node, false};
-    Result d2h{kD2H, both, b.pinned, bytes, copies, {}, b.observed_node, false};
-    double moved = double(bytes) * copies;  // per stream: each reports its own bytes
-    sample(b, dir, bytes, copies);  // warm-up
+    // Enough copies per sample that each sample moves >= 256 MiB (event resolution ~0.5 us),
+    // at most kMaxCopiesPerSample (a 32 KiB sample then moves 4 MiB: ~0.2 ms on Gen4 x16).
+    int copies = (int)std::min<size_t>(kMaxCopiesPerSample,
+                                       std::max<size_t>(1, (256 * kMiB + bytes - 1) / bytes));
+    int interfering = t.interfered ? kInterferenceFactor * copies : 0;
+    // Warm-up; for an interfered test also the check that the interfering stream outlasts the
+    // measured one (the measured direction must never run its tail alone, issue 29). The ratio
+    // is raised by halving the measured copies where there are several to halve, so no more are
+    // queued than at the start, else by doubling the interfering ones (then only a few).
+    std::pair<float, float> warm = sample(b, t, bytes, copies, interfering);
+    while (t.interfered && warm.second < warm.first &&
+           interfering < kMaxInterferenceFactor * copies) {
+      if (copies > 1 && copies % 2 == 0)
+        copies /= 2;
+      else
+        interfering *= 2;
+      warm = sample(b, t, bytes, copies, interfering);
+    }
+    Result r{t, b.pinned, bytes, copies, interfering, t.interfered, {}, b.observed_node, false};
+    double moved = double(bytes) * copies;  // the measured stream's own bytes
     for (int i = 0; i < opt_.repeat; ++i) {
       if (out_of_time()) {
-        h2d.truncated = d2h.truncated = true;
+        r.truncated = true;
         break;
       }
-      std::pair<float, float> ms = sample(b, dir, bytes, copies);
-      if (ms.first > 0) h2d.gbps.push_back(moved / (ms.first * 1e-3) / 1e9);
-      if (ms.second > 0) d2h.gbps.push_back(moved / (ms.second * 1e-3) / 1e9);
+      std::pair<float, float> ms = sample(b, t, bytes, copies, interfering);
+      if (ms.first <= 0) continue;
+      r.gbps.push_back(moved / (ms.first * 1e-3) / 1e9);
+      if (t.interfered && ms.second < ms.first) r.interfered_throughout = false;
     }
     std::string why;
-    if ((dir != kD2H && !verify(b.dev_dst, true, bytes, seed, &why)) ||
-        (dir != kH2D && !verify(b.host_dst, false, bytes, seed, &why)))
+    if ((h2d_runs && !verify(b.dev_dst, true, bytes, seed, &why)) ||
+        (d2h_runs && !verify(b.host_dst, false, bytes, seed, &why)))
       fail(kExitVerify, "copy verification failed",
-           std::string(direction_name(dir)) + (b.pinned ? " pinned " : " pageable ") + why);
-    if (dir == kH2D) return {h2d};
-    if (dir == kD2H) return {d2h};
-    return {h2d, d2h};
+           std::string(test_name(t)) + (b.pinned ? " pinned " : " pageable ") + why);
+    return r;
   }
 
  private:
+  static void copy(const Buffers &b, Direction d, size_t bytes, cudaStream_t stream) {
+    if (d == kH2D)
+      CK(cudaMemcpyAsync(b.dev_dst, b.host_src, bytes, cudaMemcpyHostToDevice, stream));
+    else
+      CK(cudaMemcpyAsync(b.host_dst, b.dev_src, bytes, cudaMemcpyDeviceToHost, stream));
+  }
+
   const Options &opt_;
   Clock::time_point deadline_;
-  cudaStream_t s0_{}, s1_{};
-  cudaEvent_t start_{}, end_{}, end1_{};
+  cudaStream_t measured_{}, interfering_{};
+  cudaEvent_t start_{}, end_{}, interfering_end_{};
   int *release_ = nullptr, *release_dev_ = nullptr;
 };
+
+// What is measured at each size: the transfer sizes get each direction alone and each under the
+// opposite direction's interference (pinned, queued) and each direction alone as a loop
+// (pageable); the KV-block sizes get each direction alone, pinned, both queued and as a loop.
+std::vector<Test> tests_for(bool pinned, bool block_size) {
+  const Test h2d{kH2D, false, kQueued}, d2h{kD2H, false, kQueued};
+  const Test h2d_loop{kH2D, false, kLoop}, d2h_loop{kD2H, false, kLoop};
+  if (!pinned) return block_size ? std::vector<Test>{} : std::vector<Test>{h2d_loop, d2h_loop};
+  if (block_size) return {h2d, d2h, h2d_loop, d2h_loop};
+  return {h2d, d2h, {kH2D, true, kQueued}, {kD2H, true, kQueued}};
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -558,6 +634,21 @@ int main(int argc, char **argv) {
 
   int count = 0;
   cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorInsufficientDriver) {
+    // The runtime says this both when no driver is loaded (cudaDriverGetVersion gives 0) and
+    // when the driver supports an older CUDA than the runtime linked into this binary; only the
+    // second is a driver to update (or a binary to build with an older toolkit).
+    int driver_version = 0, runtime_version = 0;
+    cudaDriverGetVersion(&driver_version);
+    cudaRuntimeGetVersion(&runtime_version);
+    if (driver_version > 0)
+      fail(kExitDriverTooOld, "CUDA driver too old",
+           "the CUDA runtime " + cuda_version_text(runtime_version) +
+               " this binary was built with needs a newer driver than the installed one, which "
+               "supports CUDA up to " + cuda_version_text(driver_version) +
+               ": update the NVIDIA driver, or build the benchmark with a CUDA toolkit no newer "
+               "than " + cuda_version_text(driver_version) + " (cudaErrorInsufficientDriver)");
+  }
   if (err != cudaSuccess || count == 0)
     fail(kExitNoDevice, "no CUDA device",
          err != cudaSuccess ? std::string(cudaGetErrorName(err)) + ": " + cudaGetErrorString(err)
@@ -612,13 +703,17 @@ int main(int argc, char **argv) {
   CK(cudaMemGetInfo(&free_b, &total_b));
   std::vector<size_t> sizes;
   std::vector<std::pair<size_t, std::string>> skipped;
-  for (size_t s : opt.sizes) {
-    if (2 * s > free_b / 10 * 9)
-      skipped.push_back({s, "exceeds free GPU memory"});
-    else
-      sizes.push_back(s);
-  }
-  size_t max_bytes = sizes.empty() ? 0 : *std::max_element(sizes.begin(), sizes.end());
+  std::vector<size_t> block_sizes;
+  for (auto [wanted, kept] : {std::make_pair(&opt.sizes, &sizes), std::make_pair(&opt.block_sizes, &block_sizes)})
+    for (size_t s : *wanted) {
+      if (2 * s > free_b / 10 * 9)
+        skipped.push_back({s, "exceeds free GPU memory"});
+      else
+        kept->push_back(s);
+    }
+  size_t max_bytes = 0;
+  for (size_t s : sizes) max_bytes = std::max(max_bytes, s);
+  for (size_t s : block_sizes) max_bytes = std::max(max_bytes, s);
 
   std::vector<Result> results;
   bool time_limit_reached = false;
@@ -628,38 +723,41 @@ int main(int argc, char **argv) {
     CK(cudaMalloc((void **)&b.dev_dst, max_bytes));
     CK(cudaMalloc((void **)&b.dev_src, max_bytes));
     uint64_t seed = 0x5EED;
-    // Progress: one JSON line on stderr before each configuration, so a runner can show how far
-    // the run is (stdout stays the single report object).
-    const int steps = (int)sizes.size() * 5;  // pinned: 3 directions, pageable: 2
+    // Progress: one JSON line on stderr before each test, so a runner can show how far the run
+    // is (stdout stays the single report object).
+    int steps = 0;
+    for (bool pinned : {true, false})
+      steps += (int)(sizes.size() * tests_for(pinned, false).size() +
+                     block_sizes.size() * tests_for(pinned, true).size());
     int step = 0;
     for (bool pinned : {true, false}) {
       b.pinned = pinned;
       alloc_host(b, max_bytes, bind_node);
-      for (size_t s : sizes) {
-        // Pageable copies are staged synchronously by the driver, so one host thread cannot
-        // overlap the two directions: a "bidirectional" pageable figure would measure the
-        // issuing pattern, not the link. Only pinned memory gets the bidirectional test.
-        for (Direction d : {kH2D, kD2H, kBidir}) {
-          if (d == kBidir && !pinned) continue;
-          std::fprintf(stderr,
-                       "{\"progress\": {\"step\": %d, \"steps\": %d, \"direction\": \"%s\", "
-                       "\"memory\": \"%s\", \"bytes\": %zu}}\n",
-                       ++step, steps, direction_name(d), pinned ? "pinned" : "pageable", s);
-          std::fflush(stderr);
-          if (bench.out_of_time()) {
-            time_limit_reached = true;
-            skipped.push_back({s, std::string("time limit: ") + direction_name(d) +
-                                      (pinned ? " pinned" : " pageable")});
-            continue;
-          }
-          for (const Result &r : bench.measure(b, d, s, seed++)) {
+      for (bool block_size : {false, true}) {
+        for (size_t s : block_size ? block_sizes : sizes) {
+          // Pageable copies are staged synchronously by the driver, so one host thread cannot
+          // overlap the two directions: a "bidirectional" pageable figure would measure the
+          // issuing pattern, not the link. Only pinned memory gets the bidirectional tests.
+          for (const Test &t : tests_for(pinned, block_size)) {
+            std::string what = std::string(test_name(t)) + (pinned ? " pinned " : " pageable ") +
+                               issue_name(t.issue);
+            std::fprintf(stderr,
+                         "{\"progress\": {\"step\": %d, \"steps\": %d, \"direction\": \"%s\", "
+                         "\"memory\": \"%s\", \"issue\": \"%s\", \"bytes\": %zu}}\n",
+                         ++step, steps, test_name(t), pinned ? "pinned" : "pageable",
+                         issue_name(t.issue), s);
+            std::fflush(stderr);
+            if (bench.out_of_time()) {
+              time_limit_reached = true;
+              skipped.push_back({s, "time limit: " + what});
+              continue;
+            }
+            Result r = bench.measure(b, t, s, seed++);
             if (r.truncated) time_limit_reached = true;
             if (!r.gbps.empty())
               results.push_back(r);
             else
-              skipped.push_back({s, std::string("time limit: ") +
-                                        stream_name(r.dir, r.bidirectional) +
-                                        (pinned ? " pinned" : " pageable")});
+              skipped.push_back({s, "time limit: " + what});
           }
         }
       }
@@ -690,11 +788,17 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const Result &r = results[i];
     auto mm = std::minmax_element(r.gbps.begin(), r.gbps.end());
-    std::printf("%s{\"direction\": \"%s\", \"memory\": \"%s\", \"bytes\": %zu, \"repeat\": %zu, "
-                "\"copies_per_sample\": %d, \"median_gbps\": %.3f, \"min_gbps\": %.3f, "
-                "\"max_gbps\": %.3f, \"host_numa_node\": %s, \"verified\": true}",
-                i ? ", " : "", stream_name(r.dir, r.bidirectional), r.pinned ? "pinned" : "pageable", r.bytes,
-                r.gbps.size(), r.copies_per_sample, median(r.gbps), *mm.first, *mm.second,
+    std::string interference = "";
+    if (r.test.interfered)
+      interference = ", \"interfering_copies_per_sample\": " +
+                     std::to_string(r.interfering_copies_per_sample) +
+                     ", \"interfered_throughout\": " + (r.interfered_throughout ? "true" : "false");
+    std::printf("%s{\"direction\": \"%s\", \"memory\": \"%s\", \"issue\": \"%s\", \"bytes\": %zu, "
+                "\"repeat\": %zu, \"copies_per_sample\": %d%s, \"median_gbps\": %.3f, "
+                "\"min_gbps\": %.3f, \"max_gbps\": %.3f, \"host_numa_node\": %s, \"verified\": true}",
+                i ? ", " : "", test_name(r.test), r.pinned ? "pinned" : "pageable",
+                issue_name(r.test.issue), r.bytes, r.gbps.size(),
+                r.copies_per_sample, interference.c_str(), median(r.gbps), *mm.first, *mm.second,
                 node_json(r.numa_node).c_str());
   }
   std::printf("], \"skipped\": [");

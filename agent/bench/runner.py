@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from hybridmon import __version__
 from hybridmon.agent.bench import placement as placing
-from hybridmon.agent.bench.build import EXIT_NO_DEVICE, EXIT_OK
+from hybridmon.agent.bench.build import EXIT_DRIVER_TOO_OLD, EXIT_NO_DEVICE, EXIT_OK
 from hybridmon.agent.bench.store import save_run
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.bench_report import Progress, ReportError, parse_error, parse_progress, parse_report
@@ -72,14 +72,33 @@ MIG_NOTE = ("MIG mode is on: CUDA enumerates MIG instances with the parent GPU's
             "only, never used as the link's capacity")
 
 
+# Display servers and compositors (their comm, or the last part of nvmlSystemGetProcessName's
+# path). A judgement, not a measurement: on a workstation GPU that drives a screen, one of these
+# holds a graphics context for as long as the desktop runs, so counting it as "in use" would make
+# every bench there forced and never used as capacity. What it moves over PCIe is a framebuffer's
+# worth of updates (a 4K 60 Hz screen redrawn whole is 3840 x 2160 x 4 B x 60 = 2 GB/s at the very
+# most, mostly far less, since compositors keep the framebuffer in VRAM and scan out from it),
+# small beside a copy engine's 25+ GB/s; the utilization threshold still counts a busy desktop.
+DISPLAY_SERVERS = frozenset({"Xorg", "X", "Xwayland", "gnome-shell", "kwin_wayland", "kwin_x11",
+                             "mutter", "sway", "weston"})
+
+
+def is_display_server(name: str, kinds: frozenset[str]) -> bool:
+    """A process in NVML's graphics list only (no compute or MPS context) named as a display server:
+    one with a compute context copies like any CUDA program, whatever it is called."""
+    return kinds == {"graphics"} and name.rsplit("/", 1)[-1] in DISPLAY_SERVERS
+
+
 @dataclass(frozen=True)
 class GpuActivity:
     """What else is using a GPU: its processes, compute, graphics and MPS clients where NVML lists
     them (pid, name, bytes or None; None when they could not be read) and utilization (None when
-    unknown)."""
+    unknown). `display_servers` are graphics-only display servers (is_display_server), kept out of
+    `processes`: they do not make the GPU busy for the bench."""
 
     processes: tuple[tuple[int, str, int | None], ...] | None
     utilization: float | None
+    display_servers: tuple[tuple[int, str, int | None], ...] = ()
 
 
 def busy_reason(activity: GpuActivity, utilization_at_least: float) -> str | None:
@@ -200,10 +219,12 @@ class BenchRunner:
             return GpuActivity(None, self._nvml.utilization_ratio(gpu))
         names = self._nvml.process_names(p.pid for p in processes)
         own = os.getpid()
+        others = [(p, (p.pid, names.get(p.pid, str(p.pid)), p.used_memory_bytes))
+                  for p in processes if p.pid != own]
         return GpuActivity(
-            tuple((p.pid, names.get(p.pid, str(p.pid)), p.used_memory_bytes)
-                  for p in processes if p.pid != own),
-            self._nvml.utilization_ratio(gpu))
+            tuple(entry for p, entry in others if not is_display_server(entry[1], p.kinds)),
+            self._nvml.utilization_ratio(gpu),
+            tuple(entry for p, entry in others if is_display_server(entry[1], p.kinds)))
 
     def mig_enabled(self, gpu: int) -> bool:
         """Whether NVML says the GPU's MIG mode is on; False where it has no MIG or cannot say
@@ -364,6 +385,10 @@ class BenchRunner:
             what = f"{error.error}: {error.detail}" if error.detail else error.error
         except ReportError:
             what = "; ".join(stderr_lines[-5:]) or f"no output (exit status {status})"
+        if status == EXIT_DRIVER_TOO_OLD:
+            # Not "no CUDA device": the GPU is there, the driver is older than the runtime the
+            # binary links (its message names both versions and the two ways out).
+            return BenchError(f"GPU {gpu}: {what}")
         if status == EXIT_NO_DEVICE:
             return NoCudaDevice(f"{what}; the benchmark needs an NVIDIA GPU with a working driver "
                                 "(`nvidia-smi` should list it)")

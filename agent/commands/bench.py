@@ -15,8 +15,8 @@ from hybridmon.agent.bench.build import BenchBuildError, locate_binary
 from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason, no_gpu_reason
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.commands.progress import LiveLine, Ticker
-from hybridmon.exporters.bench_report import Progress, ReportError
-from hybridmon.exporters.bench_runs import C2C_PATH, measured_capacity, parse_stored_run
+from hybridmon.exporters.bench_report import LOOP, Progress, ReportError
+from hybridmon.exporters.bench_runs import C2C_PATH, bidirectional_capacity, measured_capacity, parse_stored_run
 from hybridmon.exporters.nvml import GpuLostError
 from hybridmon.pcie_rates import link_name, theoretical_capacity
 
@@ -36,7 +36,8 @@ class ProgressLine:
     def __call__(self, gpu: str, placement: str, step: Progress) -> None:
         size = _size(step.transfer_bytes)
         self.line.show(f"GPU {gpu} {placement}: [{step.step:>2}/{step.steps}] "
-                       f"{step.direction.replace('_', ' ')} {step.memory} {size}")
+                       f"{step.direction.replace('_', ' ')} {step.memory}"
+                       f"{' loop' if step.issue == LOOP and step.memory == 'pinned' else ''} {size}")
 
     def done(self) -> None:
         self.line.clear()
@@ -137,15 +138,17 @@ def render(record: dict) -> str:
         for note in (run.notes or {}).get(placement, ()):
             lines.append(f"    note: {note}")
         shown = [d for d in COLUMNS if any(r.direction == d for r in report.results)]
-        lines.append(f"    {'':<18}" + "".join(f"{COLUMNS[name]:>18}" for name in shown))
+        lines.append(f"    {'':<21}" + "".join(f"{COLUMNS[name]:>18}" for name in shown))
         cells: dict[tuple[str, int], dict[str, str]] = {}
         for result in report.results:
             limit = capacity * (2 if result.direction == "bidirectional_summed" else 1) if capacity else None
             share = f" ({result.median_bytes_per_second / limit:.0%})" if limit else ""
-            cells.setdefault((result.memory, result.transfer_bytes), {})[result.direction] = (
+            # A pinned copy loop (KV-block sizes) gets its own row beside the queued copies.
+            kind = result.memory + (" loop" if result.memory == "pinned" and result.issue == LOOP else "")
+            cells.setdefault((kind, result.transfer_bytes), {})[result.direction] = (
                 f"{result.median_bytes_per_second / 1e9:.2f}{share}")
-        for (memory, size), row in cells.items():
-            lines.append(f"    {memory:<8} {_size(size):>9}"
+        for (kind, size), row in cells.items():
+            lines.append(f"    {kind:<11} {_size(size):>9}"
                          + "".join(f"{row.get(direction, '-'):>18}" for direction in shown))
         for size, reason in report.skipped:
             lines.append(f"    skipped {_size(size)}: {reason}")
@@ -160,4 +163,17 @@ def render(record: dict) -> str:
         lines.append(f"  capacity used by {'GpuC2cStarvation' if over_c2c else 'GpuPcieStarvation'}: " + ", ".join(
             f"{direction.replace('_', ' ')} {value / 1e9:.2f} GB/s"
             for direction, (value, _size_bytes) in sorted(peak.items())))
+        lines.append("  both ways at once: not judged over NVLink-C2C" if over_c2c else "  " + _both_ways(run))
     return "\n".join(lines)
+
+
+def _both_ways(run) -> str:
+    """What GpuPcieStarvation divides both directions' traffic by, from this run or not (and why)."""
+    both = bidirectional_capacity(run)
+    if len(both) == 2:
+        return ("both ways at once: " + " + ".join(
+            f"{direction.replace('_', ' ')} {value / 1e9:.2f}" for direction, (value, _size) in sorted(both.items()))
+            + f" = {sum(value for value, _size in both.values()) / 1e9:.2f} GB/s")
+    return ("both ways at once: not from this run (a run before issue 29 measured the two "
+            "directions with equal bytes, or the other direction stopped first): the bidirectional "
+            "factor of the link stands in; run hybridmon bench again")

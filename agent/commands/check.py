@@ -9,6 +9,7 @@ processes, pressure) says so with exit 3 instead of calling the host healthy.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import time
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import TextIO
 
 from hybridmon.agent.alerts import catalogue
+from hybridmon.agent.alerts.family import finding as new_finding
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
@@ -27,6 +29,10 @@ from hybridmon.exporters.base import Samples
 from hybridmon.exporters.registry import COLLECTORS
 
 EXIT_HEALTHY, EXIT_WARNING, EXIT_CRITICAL, EXIT_COULD_NOT_RUN = 0, 1, 2, 3
+# After the window, how long the collectors still running get to finish: a run longer than the
+# window plus this has a source that blocks (NVML on a wedged driver: issue 30, where `check
+# --duration 2` printed after ~12 s and never exited). Every source answers in well under it.
+HUNG_GRACE_SECONDS = 3.0
 # Detectors that average over a minute judge a shorter window on the points it has.
 AVERAGING_SECONDS = 60.0
 # What every Linux host can be read by (each registration says why it is essential); without any
@@ -57,6 +63,8 @@ class CheckResult:
     duration_seconds: float
     # Essential collectors that failed, found nothing or did not run: the check cannot vouch for the host.
     could_not_read: dict[str, str]
+    # Collectors whose run had not returned when the check ended (their threads are abandoned).
+    hung: tuple[str, ...] = ()
 
     def exit_code(self, strict: bool = False) -> int:
         if self.could_not_read:
@@ -72,10 +80,11 @@ class CheckResult:
 def run_check(config: AgentConfig, duration_seconds: float, progress: LiveLine | None = None) -> CheckResult:
     agent = Agent(config.model_copy(update={"detectors": config.detectors.model_copy(update={"enabled": False})}))
     started = time.monotonic()
+    hung: tuple[str, ...] = ()
     try:
         agent.start()
         _wait(started, duration_seconds, progress)
-        agent.sampler.stop()
+        hung = tuple(agent.sampler.stop(HUNG_GRACE_SECONDS))
         # A collector that waits for another's first run (process_numa after process after gpu)
         # may not have had its turn in a short or loaded window: give it one now, in order.
         for item in agent.sampler.scheduled:
@@ -114,10 +123,22 @@ def run_check(config: AgentConfig, duration_seconds: float, progress: LiveLine |
                 skipped.append(Skipped(detector.name, f"needs {needs / 60:g} min of history; run the agent to judge it"))
             else:
                 findings.extend(detector.evaluate(view, now))
+        findings += _hung_findings(agent, hung)
         findings.sort(key=lambda f: (SEVERITY_ORDER.get(f.severity, 9), f.alertname, sorted(f.labels.items())))
-        return CheckResult(findings, skipped, failures, time.monotonic() - started, could_not_read)
+        return CheckResult(findings, skipped, failures, time.monotonic() - started, could_not_read, hung)
     finally:
-        agent.stop()
+        agent.stop(timeout=0.0 if hung else 5.0)
+
+
+def _hung_findings(agent: Agent, hung: tuple[str, ...]) -> list[Finding]:
+    """A HybridmonCollectorHung finding for each collector still running when the check ended,
+    however long it had run: the check cannot wait the alert's minute, and a source that blocks
+    past the window and its grace blocks the check's report too."""
+    detector = next(d for d in agent.engine.detectors if d.name == "collector_failing")
+    running = agent.sampler.hung(0.0)
+    return [new_finding(detector.hung_alert, {"collector": name}, running.get(name, 0.0),
+                    detector.config.hung_seconds, unit="s", details={"running_seconds": running.get(name, 0.0)})
+            for name in hung]
 
 
 def _wait(started: float, duration_seconds: float, progress: LiveLine | None) -> None:
@@ -244,6 +265,13 @@ def main(config: AgentConfig, duration_seconds: float, as_json: bool, strict: bo
         print(render_json(result, strict))
     else:
         render_table(result, sys.stdout)
-    return result.exit_code(strict)
+    code = result.exit_code(strict)
+    if result.hung:
+        # Python waits for every thread at exit, and one blocked in NVML never returns
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 

@@ -50,6 +50,7 @@ COARSE_STEP_SECONDS = 15.0
 # intervals that ended within this span, at most FIRING_LOG_LIMIT of them (a flapping alert must
 # not grow memory without bound; the oldest go first).
 FIRING_LOG_SECONDS = 3600.0
+
 FIRING_LOG_LIMIT = 1000
 
 
@@ -301,6 +302,25 @@ class Engine:
                     except Exception:
                         log.exception("finding %s callback failed", change)
             return firing
+
+    def move_times(self, step: float) -> None:
+        """The wall clock stepped by `step` seconds (agent/daemon.py tells it from the monotonic
+        clock): every time the states hold moves with it, so a pending finding still waits its
+        `for` from when it began, a firing one keeps its startsAt before now (Alertmanager refuses
+        endsAt before startsAt), a resolved one is kept as long. Unmoved, a clock that jumped
+        forward then back left findings pending and the latest evaluation time in the future until
+        the clock caught up (issue 30)."""
+        def moved(at: float | None) -> float | None:
+            return None if at is None else at + step
+        with self._evaluating, self._lock:
+            self._states = {key: replace(state, pending_since=state.pending_since + step,
+                                         firing_since=moved(state.firing_since),
+                                         resolved_at=moved(state.resolved_at), last_seen=state.last_seen + step)
+                            for key, state in self._states.items()}
+            self._firing_log = deque((replace(interval, start=interval.start + step, end=moved(interval.end))
+                                      for interval in self._firing_log), maxlen=FIRING_LOG_LIMIT)
+            self.first_evaluated_at = moved(self.first_evaluated_at)
+            self.last_evaluated_at = moved(self.last_evaluated_at)
 
     def _update(self, now: float, returned: dict[tuple, tuple[str, Finding]],
                 failed: set[str]) -> list[tuple[FindingState, Change]]:

@@ -79,6 +79,16 @@ class History:
                     self._coarse_last_at[collector_name] = time
             self._latest[collector_name] = (time, samples)
 
+    def move_times(self, step: float) -> None:
+        """The wall clock stepped by `step` seconds: every time held moves with it, so the ticks
+        stay in order and the spans between them hold (agent/daemon.py: issue 30). Without it, the
+        ticks stamped before a step back would sit in the future of every window after it."""
+        with self._lock:
+            for ring in (*self._rings.values(), *self._coarse.values()):
+                ring.move_times(step)
+            self._coarse_last_at = {name: at + step for name, at in self._coarse_last_at.items()}
+            self._latest = {name: (at + step, samples) for name, (at, samples) in self._latest.items()}
+
     @property
     def source(self) -> "History":
         """Itself: what a reader of the history reads (detectors.base.HistoryReader), as the engine's

@@ -63,6 +63,14 @@ class _CollectorRing:
         self._layout: list[tuple[MetricSpec, tuple[str, ...], array]] | None = None
         self._layout_seen = -1
 
+    def move_times(self, step: float) -> None:
+        """Every tick's time moved by `step` (the wall clock stepped): the order and the spans
+        between ticks are kept; the plans of kept positions, keyed by absolute times, are not."""
+        times = self.times
+        for position in range(min(self.ticks, self.capacity)):
+            times[position] += step
+        self._kept_memo = None
+
     def commit(self, time: float, samples: Samples) -> None:
         ticks = self.ticks
         position = ticks % self.capacity

@@ -18,6 +18,10 @@ from hybridmon.agent.loop.trace import TraceWriter
 from hybridmon.exporters.base import Collector, LogOnce, NoDataError, Samples
 
 log = logging.getLogger(__name__)
+# A wall clock that moved this much against the monotonic clock stepped (issue 30). Both are read
+# together, so only a step moves their difference: NTP slews at most 500 ppm, 0.03 s a minute. Small
+# enough that a step that matters to a `for` of a minute or more is seen.
+CLOCK_STEP_SECONDS = 10.0
 
 
 @dataclass
@@ -82,6 +86,12 @@ class Sampler:
         self._pool = ThreadPoolExecutor(max_workers=max(1, len(scheduled)), thread_name_prefix="collector")
         self._stop = threading.Event()
         self.on_commit: list[Callable[[float], None]] = []  # called with the commit's time
+        # called with the step, in seconds, when the wall clock stepped (before the commit that
+        # saw it); the history's times have moved by then
+        self.on_clock_step: list[Callable[[float], None]] = []
+        self.clock_steps = 0
+        self._clock_offset: float | None = None   # the wall clock less the monotonic one, last seen
+        self._clock_lock = threading.Lock()
         self._by_name = {item.collector.name: item for item in scheduled}
         for item in scheduled:
             history.add_collector(item.collector.name, item.interval_seconds)
@@ -91,11 +101,14 @@ class Sampler:
         if not item.lock.acquire(blocking=False):
             return
         try:
-            self._run_locked(item, self._wall_clock() if at is None else at)
+            if at is None:   # live: stamped by the wall clock, which may step meanwhile
+                self._run_locked(item, self._wall_clock(), self.clock_offset())
+            else:            # a replay's recorded time, or a test's
+                self._run_locked(item, at)
         finally:
             item.lock.release()
 
-    def _run_locked(self, item: Scheduled, at: float) -> None:
+    def _run_locked(self, item: Scheduled, at: float, offset_at_start: float | None = None) -> None:
         state = item.state
         started = self._monotonic()
         state.running_since = started
@@ -121,6 +134,10 @@ class Sampler:
             state.runs += 1
             state.last_duration_seconds = self._monotonic() - started
             state.running_since = None
+        if offset_at_start is not None:
+            moved = self._follow_clock_step() - offset_at_start
+            if abs(moved) >= CLOCK_STEP_SECONDS:
+                at += moved   # a step since the run began: its stamp moves as the history did
         self.history.commit(item.collector.name, at, samples if samples is not None else Samples())
         self.loop.last_commit_at = self._monotonic()
         for callback in self.on_commit:
@@ -151,6 +168,37 @@ class Sampler:
                     return  # stop() shut the pool down between the check and the submit
         self.loop.ticks += 1
         self.loop.last_tick_at = self._monotonic()
+
+    def hung(self, seconds: float) -> dict[str, float]:
+        """The collectors whose current run has lasted `seconds` or more: name -> seconds so far."""
+        now = self._monotonic()
+        return {item.collector.name: now - item.state.running_since for item in self.scheduled
+                if item.state.running_since is not None and now - item.state.running_since >= seconds}
+
+    def clock_offset(self) -> float:
+        """The wall clock less the monotonic clock, both read now: constant while the wall clock
+        runs true, it moves by the step when the wall clock steps."""
+        return self._wall_clock() - self._monotonic()
+
+    def _follow_clock_step(self) -> float:
+        """The clock offset now. Where it moved by CLOCK_STEP_SECONDS or more since the last commit
+        (NTP's step at boot, a VM restored, `date -s`; NTP slews at most 500 ppm, 0.03 s a minute),
+        the wall clock stepped: the history's times move by the step, so its ticks stay in order
+        and the spans between them hold, and on_clock_step hears of it (issue 30: a clock that
+        jumped forward then back froze the detectors until it caught up)."""
+        with self._clock_lock:
+            offset, last = self.clock_offset(), self._clock_offset
+            self._clock_offset = offset
+            step = 0.0 if last is None else offset - last
+            if abs(step) < CLOCK_STEP_SECONDS:
+                return offset
+            self.clock_steps += 1
+            log.warning("the wall clock stepped %s by %.0f s; the history's and the findings' times "
+                        "move with it, so their spans hold", "forward" if step > 0 else "back", abs(step))
+            self.history.move_times(step)
+            for callback in self.on_clock_step:
+                callback(step)
+            return offset
 
     def monotonic(self) -> float:
         """The sampler's clock (time.monotonic unless a test injected one), in seconds: what the

@@ -67,7 +67,9 @@ class TraceWriter:
         try:
             self._file = gzip.open(self.path, "wt", encoding="utf-8")
         except OSError as error:
-            raise TraceError(f"cannot write trace {self.path}: {error.strerror}") from None
+            # the system refused (a missing directory, a read-only file system): an OSError, which
+            # `hybridmon record` answers with EX_IOERR, not the EX_DATAERR of a bad trace to read
+            raise OSError(f"cannot write trace {self.path}: {error.strerror}") from None
         self._write({
             "kind": "header",
             "format": FORMAT_NAME,

@@ -21,11 +21,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import random
 import ssl
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from email.utils import parsedate_to_datetime
 from typing import Callable, Iterable
 from urllib.parse import urlsplit
 
@@ -50,6 +52,11 @@ MAX_RESPONSE_BYTES = 4096
 RETRY_FIRST_SECONDS = 1.0
 # A supervisor that restarts a delivery task waits this long first, so a bug cannot spin a core.
 RESTART_DELAY_SECONDS = 1.0
+# An Alertmanager whose clock (its answer's Date header, whole seconds) differs from this host's by
+# at least this much gets the alert times in its own clock: it judges endsAt by its clock, so an
+# agent an hour behind sent alerts it resolved at once (issue 30). A skew smaller than this is
+# harmless beside endsAt's ENDS_AT_INTERVALS push intervals; the Date header's own error is ~1 s.
+CLOCK_SKEW_SECONDS = 30.0
 
 # Failure reasons, the `reason` label of hybridmon_alertmanager_failures_total.
 REASONS = {
@@ -87,6 +94,9 @@ class DeliveryState:
     last_error: str | None = None
     last_reason: str | None = None
     restarts: int = 0
+    # seconds its clock is ahead of this host's, from its last answer's Date header; 0 until
+    # one arrived, or while the skew is under CLOCK_SKEW_SECONDS
+    clock_offset: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,13 +151,17 @@ class AlertmanagerPusher:
 
     # -- what is pushed ------------------------------------------------------------------------
 
-    def alerts(self, now: float) -> list[dict]:
-        """The v2 payload: every firing finding, and every resolved one still retained."""
-        return [self._alert(state, now) for state in self.engine.firing() + self.engine.resolved()]
+    def alerts(self, now: float, clock_offset: float = 0.0) -> list[dict]:
+        """The v2 payload: every firing finding, and every resolved one still retained; its times
+        moved by `clock_offset` (the receiving Alertmanager's clock less this host's)."""
+        return [self._alert(state, now, clock_offset) for state in self.engine.firing() + self.engine.resolved()]
 
-    def _alert(self, state: FindingState, now: float) -> dict:
+    def _alert(self, state: FindingState, now: float, clock_offset: float = 0.0) -> dict:
         finding = state.finding
+        # never after now, nor endsAt before startsAt: Alertmanager answers 400 to the whole push
+        starts_at = min(state.starts_at if state.starts_at is not None else now, now)
         ends_at = state.ends_at if state.ends_at is not None else now + ENDS_AT_INTERVALS * self.interval_seconds
+        ends_at = max(ends_at, starts_at)
         return {
             "labels": {**self.extra_labels, **finding_labels(state)},
             "annotations": {
@@ -155,8 +169,8 @@ class AlertmanagerPusher:
                 "description": finding.description,
                 "runbook_url": runbook_url(self.runbook_base_url, finding.alertname),
             },
-            "startsAt": iso_time(state.starts_at),
-            "endsAt": iso_time(ends_at),
+            "startsAt": iso_time(starts_at + clock_offset),
+            "endsAt": iso_time(ends_at + clock_offset),
             "generatorURL": runbook_url(self.runbook_base_url, finding.alertname),
         }
 
@@ -176,6 +190,7 @@ class AlertmanagerPusher:
                 "failing_since": iso_time(s.failing_since) if s.failing_since is not None else None,
                 "last_error": s.last_error,
                 "restarts": s.restarts,
+                "clock_offset_seconds": s.clock_offset,
             } for name, s in self._states.items()}
 
     def delivery_records(self) -> list[tuple[str, DeliveryState]]:
@@ -230,8 +245,9 @@ class AlertmanagerPusher:
     # -- one push ----------------------------------------------------------------------------------
 
     @staticmethod
-    async def _exchange(client: httpx.AsyncClient, url: str, body: bytes) -> int:
-        """POST and read at most MAX_RESPONSE_BYTES of the answer; returns the HTTP status."""
+    async def _exchange(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[int, str | None]:
+        """POST and read at most MAX_RESPONSE_BYTES of the answer; returns the HTTP status and
+        the answer's Date header."""
         async with client.stream("POST", url, content=body,
                                  headers={"Content-Type": "application/json"}) as response:
             received = 0
@@ -241,14 +257,15 @@ class AlertmanagerPusher:
                 if received > MAX_RESPONSE_BYTES:
                     raise PushFailed("too_large", f"HTTP {response.status_code} with a body longer "
                                      f"than {MAX_RESPONSE_BYTES} bytes")
-            return response.status_code
+            return response.status_code, response.headers.get("date")
 
     async def _post(self, client: httpx.AsyncClient, url: str, body: bytes) -> None:
-        """POST the alerts to one Alertmanager within the deadline; raises PushFailed."""
+        """POST the alerts to one Alertmanager within the deadline; raises PushFailed. An answer
+        that carries a Date header tells its clock (_note_clock), accepted or not."""
         try:
             # wait_for cancels the exchange at the deadline, wherever it is: connecting, sending,
             # waiting for headers or reading a body that drips.
-            status = await asyncio.wait_for(self._exchange(client, url, body), self.timeout_seconds)
+            status, date = await asyncio.wait_for(self._exchange(client, url, body), self.timeout_seconds)
         except PushFailed:
             raise
         except (asyncio.TimeoutError, httpx.TimeoutException):
@@ -261,6 +278,7 @@ class AlertmanagerPusher:
             raise PushFailed("protocol", str(error) or type(error).__name__) from None
         except (httpx.TransportError, OSError) as error:
             raise PushFailed("connection", str(error) or type(error).__name__) from None
+        self._note_clock(self._name(url), date)
         if 200 <= status < 300:
             return
         if 400 <= status < 600:
@@ -286,8 +304,31 @@ class AlertmanagerPusher:
         self._record_success(name)
         return True
 
-    def _body(self) -> bytes:
-        return json.dumps(self.alerts(self.clock())).encode()
+    def _note_clock(self, name: str, date: str | None) -> None:
+        """The Alertmanager's clock, from its answer's Date header: where it is CLOCK_SKEW_SECONDS
+        or more off this host's, the alert times sent to it move by the difference (logged once
+        each time the skew appears); a missing or malformed header changes nothing."""
+        try:
+            theirs = parsedate_to_datetime(date).timestamp() if date else None
+        except (TypeError, ValueError, IndexError, OverflowError):
+            theirs = None
+        if theirs is None or not math.isfinite(theirs):
+            return
+        skew = theirs - self.clock()
+        offset = skew if abs(skew) >= CLOCK_SKEW_SECONDS else 0.0
+        with self._lock:
+            state = self._states[name]
+            appeared = offset and not state.clock_offset
+            state.clock_offset = offset
+        if appeared:
+            log.warning("the clock of Alertmanager at %s is %.0f s %s this host's (its Date header): "
+                        "alert times sent to it are moved to its clock; set both clocks right (NTP)",
+                        name, abs(offset), "ahead of" if offset > 0 else "behind")
+
+    def _body(self, name: str) -> bytes:
+        with self._lock:
+            offset = self._states[name].clock_offset
+        return json.dumps(self.alerts(self.clock(), offset)).encode()
 
     def _client(self) -> httpx.AsyncClient:
         # The deadline in _post bounds the request; these bound each phase inside it. No
@@ -301,13 +342,12 @@ class AlertmanagerPusher:
     def push_once(self) -> int:
         """Send the current alerts to every URL at once; returns how many accepted them.
         For tests and one-off use; the running agent pushes from its own loop (start)."""
-        async def push(url: str, body: bytes) -> bool:
+        async def push(url: str) -> bool:
             async with self._client() as client:  # one client each: no shared connection pool
-                return await self._push(client, url, body)
+                return await self._push(client, url, self._body(self._name(url)))
 
         async def push_all() -> int:
-            body = self._body()
-            return sum(await asyncio.gather(*(push(url, body) for url in self.urls)))
+            return sum(await asyncio.gather(*(push(url) for url in self.urls)))
 
         return asyncio.run(push_all())
 
@@ -324,7 +364,7 @@ class AlertmanagerPusher:
         async with self._client() as client:
             while not self._stop.is_set():
                 wake.clear()
-                accepted = await self._push(client, url, self._body())
+                accepted = await self._push(client, url, self._body(name))
                 with self._lock:
                     failures = self._states[name].consecutive_failures
                 delay = self.interval_seconds if accepted else self.retry_delay(failures)

@@ -86,8 +86,13 @@ _HEALTH = " health"  # the health part's key among the collectors' line caches (
 class Exposition:
     """Renders /metrics; each collector's part is re-rendered only after that collector commits."""
 
-    def __init__(self, history: History, sampler: Sampler, mode: str) -> None:
+    def __init__(self, history: History, sampler: Sampler, mode: str, hung_seconds: float | None = None) -> None:
+        """`hung_seconds`: a collector whose run has lasted this long has its samples withheld
+        (collector_failing's hung_seconds): the last readings of a source that blocks are not
+        live, and served as such they hide the outage (issue 30). None: never withheld."""
         self._history = history
+        self._sampler = sampler
+        self.hung_seconds = hung_seconds
         self._registry_cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (_fingerprint, text)
         # The agent's own metrics first, rendered like the samples (values re-formatted only),
         # then what else registers here (the detectors' findings, Alertmanager delivery).
@@ -97,8 +102,8 @@ class Exposition:
         # generation, so it is never served after that commit.
         self._generation = 0
         self._cached: tuple[int, bytes] = (-1, b"")
-        # Per format (TEXT, OPENMETRICS):
-        self._cached_by_format: dict[str, tuple[int, bytes]] = {}
+        # Per format (TEXT, OPENMETRICS): ((commit generation, collectors withheld), text)
+        self._cached_by_format: dict[str, tuple[tuple, bytes]] = {}
         # (format, collector) -> (the Samples object rendered, its text); a commit stores a new object.
         self._parts: dict[tuple[str, str], tuple[Samples, bytes]] = {}
         # (format, collector) -> its families' HELP/TYPE lines and its series' text before the value.
@@ -110,11 +115,14 @@ class Exposition:
 
     def samples_text(self, exposition_format: str = TEXT) -> bytes:
         """Every collector's latest samples; in OpenMetrics without the closing "# EOF"."""
-        generation = self._generation
-        cached_generation, text = self._cached_by_format.get(exposition_format, (-1, b""))
+        withheld = self.withheld()
+        generation = (self._generation, withheld)
+        cached_generation, text = self._cached_by_format.get(exposition_format, ((-1,), b""))
         if cached_generation != generation:
             parts = []
             for collector, (_at, samples) in sorted(self._history.latest().items()):
+                if collector in withheld:
+                    continue
                 known = self._parts.get((exposition_format, collector))
                 if known is None or known[0] is not samples:
                     rendered = self._line_cache(exposition_format, collector).render(samples)
@@ -123,6 +131,10 @@ class Exposition:
             text = b"".join(parts)
             self._cached_by_format[exposition_format] = (generation, text)
         return text
+
+    def withheld(self) -> frozenset[str]:
+        """The collectors whose samples are withheld now: hung for hung_seconds or more."""
+        return frozenset() if self.hung_seconds is None else frozenset(self._sampler.hung(self.hung_seconds))
 
     def _registry_text(self, exposition_format: str) -> bytes:
         """health_registry rendered; the text of the last render again while every family and

@@ -268,9 +268,9 @@ def bench_html(latest: LatestValues, now: float) -> str:
     for key in sorted(finished, key=numeric_first):
         results = [labels for labels in figures[bench.BANDWIDTH.name] if labels[:2] == key]
         # The largest copies stand for the link (small ones measure launch overhead).
-        largest = max((as_number(labels[4]) for labels in results), default=0.0)
+        largest = max((as_number(labels[5]) for labels in results), default=0.0)
         rows = [bench_row(labels, figures) for labels in sorted(results, key=bench_order)
-                if as_number(labels[4]) == largest]
+                if as_number(labels[5]) == largest]
         subtitle = " · ".join(part for part in (
             f"finished {clock_and_age(finished[key], now)}",
             f"link {human_rate(link_rates[key])} per direction" if link_rates.get(key) else "",
@@ -283,7 +283,7 @@ def bench_html(latest: LatestValues, now: float) -> str:
 
 
 def bench_row(labels: tuple[str, ...], figures: dict[str, dict[tuple[str, ...], float]]) -> tuple[str, ...]:
-    _gpu, _uuid, direction, memory, _size, placement, path = labels
+    _gpu, _uuid, direction, memory, _issue, _size, placement, path = labels
     efficiency = figures[bench.EFFICIENCY.name].get(labels)
     over = ", over NVLink-C2C" if path == "c2c" else ""
     return (DIRECTIONS.get(direction, direction), f"{memory}, {placement}{over}",
@@ -292,7 +292,7 @@ def bench_row(labels: tuple[str, ...], figures: dict[str, dict[tuple[str, ...], 
 
 
 def bench_order(labels: tuple[str, ...]) -> tuple:
-    direction, memory, placement = labels[2], labels[3], labels[5]
+    direction, memory, placement = labels[2], labels[3], labels[6]
     known = list(DIRECTIONS)
     return (known.index(direction) if direction in known else len(known), memory != "pinned",
             placement != "local", labels)

@@ -149,11 +149,11 @@ def test_the_push_loop_survives_an_unexpected_exception_and_counts_the_restart(f
     pusher = AlertmanagerPusher(firing_engine, [good.url], "http://x/runbooks", interval_seconds=1)
     real_alerts, calls = pusher.alerts, []
 
-    def alerts_failing_once(now):
+    def alerts_failing_once(now, clock_offset=0.0):
         calls.append(now)
         if len(calls) == 2:  # outside the request, where no failure was expected
             raise KeyError("injected: a bug the push loop did not expect")
-        return real_alerts(now)
+        return real_alerts(now, clock_offset)
 
     pusher.alerts = alerts_failing_once
     pusher.start()

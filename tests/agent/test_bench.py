@@ -13,13 +13,15 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hybridmon.agent.commands import budget
-from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason
+from hybridmon.agent.commands.bench import render
+from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy_reason, is_display_server
 from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
 from hybridmon.exporters import bench_report
 from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.bench import (BANDWIDTH, C2C_MEASURED_CAPACITY, EFFICIENCY, MEASURED_BIDIRECTIONAL_CAPACITY,
                                       MEASURED_CAPACITY, BenchCollector)
-from hybridmon.exporters.bench_runs import load_latest, measured_capacity, parse_stored_run
+from hybridmon.exporters.bench_runs import (bidirectional_capacity, load_latest, measured_capacity,
+                                            parse_stored_run, stands_for_the_link)
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.pcie_rates import theoretical_capacity
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, REPO
@@ -71,7 +73,7 @@ def runner(tmp_path: Path, nvml=None, **options) -> BenchRunner:
 def test_report_parses_into_bytes_per_second_with_placement():
     parsed = bench_report.parse_report(fixture_text("report-gen4-local.json"))
     assert parsed.pci_bus_id == "0000:17:00.0" and parsed.numa_node == 0
-    assert len(parsed.results) == 24 and parsed.skipped == ()
+    assert len(parsed.results) == 40 and parsed.skipped == ()
     peak = [r for r in parsed.results if (r.direction, r.memory, r.transfer_bytes)
             == ("host_to_device", "pinned", 268435456)]
     assert peak[0].median_bytes_per_second == pytest.approx(26.208e9)
@@ -84,6 +86,30 @@ def test_report_parses_into_bytes_per_second_with_placement():
     assert both == {"host_to_device": pytest.approx(26.208e9), "device_to_host": pytest.approx(26.402e9),
                     "host_to_device_bidirectional": pytest.approx(20.932e9),
                     "device_to_host_bidirectional": pytest.approx(21.185e9)}
+    bidirectional = [r for r in parsed.results if r.direction in bench_report.BIDIRECTIONAL]
+    assert {r.interfered_throughout for r in bidirectional} == {True}
+    assert {(r.memory, r.issue) for r in parsed.results} == {
+        ("pinned", "queued"), ("pinned", "loop"), ("pageable", "loop")}
+
+
+def test_kv_block_sizes_are_read_per_size_queued_and_as_a_copy_loop():
+    """Version 3: the 32 KiB - 1 MiB blocks a server copies per layer, each direction alone, both
+    with the issue cost hidden (queued) and paid (loop)."""
+    parsed = bench_report.parse_report(fixture_text("report-gen4-local.json"))
+    loops = {(r.direction, r.transfer_bytes): r.median_bytes_per_second for r in parsed.results if r.issue == "loop"
+             and r.memory == "pinned"}
+    assert sorted({size for _direction, size in loops}) == [32768, 131072, 262144, 1048576]
+    assert loops[("host_to_device", 32768)] == pytest.approx(8.9e9)
+
+
+def test_a_version_2_report_is_still_read_with_what_it_did_not_record_left_unknown():
+    """Before issue 29 both bidirectional streams copied the same bytes and nobody checked that
+    the interference held: the figures are read, the check is unknown (None), never True."""
+    parsed = bench_report.parse_report(fixture_text("report-v2-gen4-local.json"))
+    assert len(parsed.results) == 24
+    assert {r.issue for r in parsed.results if r.memory == "pinned"} == {"queued"}
+    assert {r.issue for r in parsed.results if r.memory == "pageable"} == {"loop"}
+    assert {r.interfered_throughout for r in parsed.results} == {None}
 
 
 def test_a_version_1_report_is_still_read_and_its_sum_is_named_as_one():
@@ -94,13 +120,18 @@ def test_a_version_1_report_is_still_read_and_its_sum_is_named_as_one():
         ("bidirectional_summed", pytest.approx(42.117e9))]
     assert parsed.cpu_affinity is None
     data = json.loads(fixture_text("report-gen4-local.json"))
-    data["results"][2]["direction"] = "bidirectional"  # the version-1 name in a version-2 report
+    data["results"][2]["direction"] = "bidirectional"  # the version-1 name in a version-3 report
     with pytest.raises(bench_report.ReportError, match="unknown direction"):
         bench_report.parse_report(json.dumps(data))
 
 
 @pytest.mark.parametrize("mutation, message", [
-    (lambda r: r.update(version=3), "schema version 3"),
+    (lambda r: r.update(version=4), "schema version 4"),
+    (lambda r: r["results"][0].pop("issue"), "missing 'issue'"),
+    (lambda r: r["results"][0].update(issue="sideways"), "unknown issue 'sideways'"),
+    (lambda r: r["results"][16].update(issue="queued"), "unknown issue 'queued' for pageable memory"),
+    (lambda r: r["results"][2].pop("interfered_throughout"), "missing 'interfered_throughout'"),
+    (lambda r: r["results"][2].update(interfering_copies_per_sample=0), "must be positive"),
     (lambda r: r["cpu_affinity"].update(bound="yes"), "'bound' is yes"),
     (lambda r: r["results"][0].update(verified=False), "not verified"),
     (lambda r: r["results"][0].update(median_gbps=0), "not positive"),
@@ -122,6 +153,9 @@ def test_error_object_and_progress_lines():
     step = bench_report.parse_progress('{"progress": {"step": 3, "steps": 20, "direction": "h2d", '
                                        '"memory": "pinned", "bytes": 2097152}}')
     assert (step.step, step.steps, step.direction, step.transfer_bytes) == (3, 20, "host_to_device", 2097152)
+    step = bench_report.parse_progress('{"progress": {"step": 9, "steps": 40, "direction": "d2h_bidirectional", '
+                                       '"memory": "pinned", "issue": "queued", "bytes": 2097152}}')
+    assert (step.direction, step.issue) == ("device_to_host_bidirectional", "queued")
     assert bench_report.parse_progress("NVRM: some driver chatter") is None
 
 
@@ -143,6 +177,16 @@ def test_busy_reason_names_processes_and_utilization():
     assert busy_reason(activity, 0.05) == "processes pid 4242 (vllm, 30.0 GiB); 87% utilization"
     assert busy_reason(GpuActivity((), 0.04), 0.05) is None
     assert busy_reason(GpuActivity((), None), 0.05) is None  # no other process: utilization may be unknown
+
+
+def test_a_display_server_alone_leaves_the_gpu_idle_for_the_bench_but_a_compute_process_does_not():
+    xorg = (2101, "Xorg", 18 * 2**20)
+    assert busy_reason(GpuActivity((), 0.01, display_servers=(xorg,)), 0.05) is None
+    assert busy_reason(GpuActivity((), 0.30, display_servers=(xorg,)), 0.05) == "30% utilization"
+    assert is_display_server("/usr/lib/xorg/Xorg", frozenset({"graphics"}))  # nvmlSystemGetProcessName's path
+    assert is_display_server("gnome-shell", frozenset({"graphics"}))
+    assert not is_display_server("Xorg", frozenset({"graphics", "compute"}))  # a CUDA context copies like any
+    assert not is_display_server("llama-server", frozenset({"graphics"}))  # a Vulkan client copies too
 
 
 def test_a_gpu_whose_processes_cannot_be_read_counts_as_in_use():
@@ -169,7 +213,8 @@ def test_runner_refuses_when_nvml_will_not_list_processes_and_a_forced_run_is_co
 
 def test_runner_refuses_a_busy_gpu_and_runs_nothing(tmp_path):
     busy = FakeNvml()  # the fixture host: pid 4242 runs on GPU 0 at 87 %
-    with pytest.raises(GpuBusy, match=r"pid 4242 \(python3, 30.0 GiB\), pid \d+ \(Xorg[^)]*\); 87% utilization") as raised:
+    # Its headless Xorg (graphics list only) is a display server: not what makes it busy.
+    with pytest.raises(GpuBusy, match=r"in use \(processes pid 4242 \(python3, 30.0 GiB\); 87% utilization\)") as raised:
         runner(tmp_path, nvml=busy).run_gpu(0)
     assert raised.value.exit_code == 4
     assert calls(tmp_path) == [] and not (tmp_path / "state").exists()
@@ -201,7 +246,8 @@ def test_run_measures_local_then_the_farthest_remote_node_and_stores_both(tmp_pa
     assert record["link"] == {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16}
     assert record["contended"] is None and record["failures"] == [] and record["mig"] is None
     assert record["placements"][0]["notes"] == ["no locality known (no local_cpulist in sysfs): CPUs not bound"]
-    assert progress[0] == ("0", "local", 1) and progress[-1] == ("0", "remote", 20) and len(progress) == 40
+    # one step per test: local 24 at the transfer sizes + 16 at the KV-block sizes, remote 24
+    assert progress[0] == ("0", "local", 1) and progress[-1] == ("0", "remote", 24) and len(progress) == 64
     latest = tmp_path / "state" / "bench" / "latest" / "0000:17:00.0.json"
     assert json.loads(latest.read_text()) == record
     assert len(list((tmp_path / "state" / "bench" / "runs").glob("*-0000:17:00.0.json"))) == 1
@@ -286,7 +332,7 @@ def test_collector_exports_the_stored_run(tmp_path):
     runner(tmp_path).run_gpu(0)
     samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
     labels = dict(gpu="0", uuid="GPU-0a1b2c3d-0000-4000-8000-000000000000")
-    peak = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="268435456")
+    peak = dict(labels, direction="host_to_device", memory="pinned", issue="queued", transfer_bytes="268435456")
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="local",
                          path="pcie") == pytest.approx(26.208e9)
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="remote") == pytest.approx(20.442e9)
@@ -297,7 +343,11 @@ def test_collector_exports_the_stored_run(tmp_path):
     assert samples.value("hybridmon_bench_contended", **labels) == 0
     assert samples.value("hybridmon_gpu_pcie_measured_capacity_bytes_per_second", **labels,
                          direction="device_to_host") == pytest.approx(26.402e9)
-    assert len(samples.find("hybridmon_bench_bandwidth_bytes_per_second")) == 48
+    # local: 24 transfer-size results + 16 KV-block ones; remote: 24
+    assert len(samples.find("hybridmon_bench_bandwidth_bytes_per_second")) == 64
+    block = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="32768", placement="local")
+    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **block, issue="loop") == pytest.approx(8.9e9)
+    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **block, issue="queued") == pytest.approx(14.5e9)
     # Efficiency only for the largest copies: 6 (direction, memory) pairs per placement.
     small = dict(labels, direction="host_to_device", memory="pinned", transfer_bytes="2097152")
     assert samples.value("hybridmon_bench_efficiency_ratio", **small, placement="local") is None
@@ -346,11 +396,56 @@ def test_a_run_stored_before_the_path_reads_as_pcie_and_an_unknown_path_is_refus
 def test_a_version_1_run_keeps_its_figures_and_exports_no_bidirectional_capacity(tmp_path):
     runner(tmp_path, local="report-v1-gen4-local.json", remote=None).run_gpu(0)
     samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
-    summed = dict(gpu="0", direction="bidirectional_summed", memory="pinned", transfer_bytes="268435456",
-                  placement="local")
+    summed = dict(gpu="0", direction="bidirectional_summed", memory="pinned", issue="queued",
+                  transfer_bytes="268435456", placement="local")
     assert samples.value("hybridmon_bench_efficiency_ratio", **summed) == pytest.approx(42.117e9 / (2 * GEN4_X16))
     assert samples.value(MEASURED_CAPACITY.name, gpu="0", direction="host_to_device") == pytest.approx(26.208e9)
     assert samples.find(MEASURED_BIDIRECTIONAL_CAPACITY.name) == []
+
+
+@pytest.mark.slow
+def test_a_version_2_run_keeps_its_figures_and_exports_no_bidirectional_capacity(tmp_path):
+    """Its bidirectional streams copied equal bytes, so the slower one ran its tail alone and reads
+    high (issue 29: +32 % for 12.5 against 24 GB/s): shown, not used to size the link both ways."""
+    runner(tmp_path, local="report-v2-gen4-local.json", remote=None).run_gpu(0)
+    samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
+    stream = dict(gpu="0", direction="host_to_device_bidirectional", memory="pinned", issue="queued",
+                  transfer_bytes="268435456", placement="local")
+    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **stream) == pytest.approx(20.932e9)
+    assert samples.value(MEASURED_CAPACITY.name, gpu="0", direction="host_to_device") == pytest.approx(26.208e9)
+    assert samples.find(MEASURED_BIDIRECTIONAL_CAPACITY.name) == []
+
+
+def test_the_command_says_what_sizes_the_link_both_ways_and_when_a_run_does_not():
+    record = json.loads(stored_run_text())
+    assert ("  both ways at once: device to host 21.18 + host to device 20.93 = 42.12 GB/s"
+            in render(record).splitlines())
+    record["placements"][0]["report"] = json.loads(fixture_text("report-v2-gen4-local.json"))
+    assert "  both ways at once: not from this run (a run before issue 29" in render(record)
+
+
+def test_a_bidirectional_figure_whose_interference_stopped_first_does_not_size_the_link(tmp_path):
+    """Version 3 checks that the opposite direction outlasted the measured one in every sample;
+    where it did not (a direction over 8x faster than the other), the figure is shown but is no
+    capacity: half a sum would understate the link, so both directions' capacity goes."""
+    data = json.loads(fixture_text("report-gen4-local.json"))
+    for result in data["results"]:
+        if result["direction"] == "d2h_bidirectional":
+            result["interfered_throughout"] = False
+    record = json.loads(stored_run_text())
+    record["placements"] = [{"placement": "local", "numa_node": 0, "report": data}]
+    run = parse_stored_run(json.dumps(record))
+    assert set(bidirectional_capacity(run)) == {"host_to_device"}
+    assert measured_capacity(run)["device_to_host"] == (pytest.approx(26.402e9), 268435456)
+
+
+def test_a_kv_block_loop_never_sizes_the_link():
+    """Only queued pinned copies stand for the link (exporters/bench_runs.stands_for_the_link)."""
+    parsed = bench_report.parse_report(fixture_text("report-gen4-local.json"))
+    kinds = {(r.memory, r.issue, r.direction in bench_report.BIDIRECTIONAL): stands_for_the_link(r)
+             for r in parsed.results}
+    assert kinds == {("pinned", "queued", False): True, ("pinned", "queued", True): True,
+                     ("pinned", "loop", False): False, ("pageable", "loop", False): False}
 
 
 @pytest.mark.slow
@@ -440,8 +535,11 @@ def test_cli_refuses_a_busy_gpu_with_exit_4_and_runs_it_with_force(tmp_path):
     # Progress is a live line on a terminal only (tests/agent/test_progress.py); a pipe gets none.
     assert "[ 1/20]" not in forced.stderr and "\r" not in forced.stderr
     assert "not used as link capacity" in forced.stdout
-    assert ("    pinned     256 MiB       26.21 (83%)       26.40 (84%)       20.93 (66%)       21.18 (67%)"
+    assert ("    pinned        256 MiB       26.21 (83%)       26.40 (84%)       20.93 (66%)       21.18 (67%)"
             in forced.stdout)
+    # A KV block as a server's copy loop issues it, beside the same block queued.
+    assert "    pinned loop    32 KiB        8.90 (28%)        9.10 (29%)                 -                 -" in forced.stdout
+    assert "    pinned         32 KiB       14.50 (46%)       14.80 (47%)                 -                 -" in forced.stdout
     assert "host->device      device->host  h->d (both ways)  d->h (both ways)" in forced.stdout
 
 
@@ -467,6 +565,19 @@ def test_cli_turns_cudas_missing_device_into_exit_3(tmp_path):
     assert "no CUDA device: cudaErrorInsufficientDriver" in result.stderr
     assert "needs an NVIDIA GPU with a working driver" in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "state").exists()
+
+
+@pytest.mark.slow
+def test_cli_names_a_driver_older_than_the_runtime_instead_of_no_device(tmp_path):
+    """cudaErrorInsufficientDriver with a driver loaded: the binary's exit 7 and its message (both
+    versions, both ways out) reach the user as a failure, not as "no CUDA device" (issue 29)."""
+    binary = fake_binary(tmp_path, local="error-driver-too-old.json", remote=None, status=7)
+    result = hybridmon("bench", "--gpu", "0", "--force", "--binary", str(binary), state=tmp_path / "state")
+    assert result.returncode == 1
+    assert ("GPU 0: CUDA driver too old: the CUDA runtime 13.0 this binary was built with needs a newer "
+            "driver than the installed one, which supports CUDA up to 12.4: update the NVIDIA driver") in result.stderr
+    assert "no CUDA device" not in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "state").exists()
 
 
 @pytest.mark.slow

@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 
 from hybridmon.agent.bench import placement
-from hybridmon.agent.bench.runner import BenchRunner, MigEnabled
+from hybridmon.agent.bench.runner import BenchRunner, MigEnabled, busy_reason
 from hybridmon.exporters.bench import BenchCollector
 from hybridmon.exporters.bench_runs import load_latest, measured_capacity, parse_stored_run
 from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.sources import LiveSource
 from tests.support.bench_helpers import calls, fake_binary
-from tests.support.fake_nvml import FakeNvml, default_gpus, mig_gpu
+from tests.support.fake_nvml import GIB, MIB, FakeNvml, FakeProcess, default_gpus, mig_gpu
 
 BUS_ID = "0000:17:00.0"  # the fake NVML's GPU 0
 
@@ -163,15 +163,24 @@ def test_a_mig_instance_run_is_history_only_and_never_the_gpus_capacity(tmp_path
         BenchCollector(LiveSource(), tmp_path / "state").collect()
 
 
-def test_the_busy_check_sees_graphics_clients_too(tmp_path):
+def test_the_busy_check_sees_graphics_clients_too_but_not_a_display_server(tmp_path):
     """Nvml.processes (compute, graphics and MPS lists): a Vulkan or OpenGL client's copies use the
-    link like a compute process's."""
+    link like a compute process's; a display server in the graphics list only does not make the GPU
+    busy (runner.DISPLAY_SERVERS: a judgement), while the same name with a compute context does."""
     gpus = default_gpus()
     nvml = FakeNvml()
     nvml.configure(gpus=gpus)
     for gpu in gpus:
         gpu.processes = [p for p in gpu.processes if "graphics" in p.kinds]
         gpu.utilization_percent = 0
+    gpus[0].processes.append(FakeProcess(7001, "llama-server", 2 * GIB, ("graphics",)))  # Vulkan backend
+    gpus[1].processes.append(FakeProcess(7002, "Xwayland", 64 * MIB, ("graphics", "compute")))
     bench = BenchRunner(fake_binary(tmp_path), tmp_path / "state", nvml_module=nvml,
                         sysfs=sysfs_tree(tmp_path), procfs=procfs_tree(tmp_path))
-    assert [name for _pid, name, _used in bench.activity(0).processes] == ["Xorg"]
+    first, second = bench.activity(0), bench.activity(1)
+    assert [name for _pid, name, _used in first.processes] == ["llama-server"]
+    assert [name for _pid, name, _used in first.display_servers] == ["Xorg"]
+    assert [name for _pid, name, _used in second.processes] == ["Xwayland"]
+    assert [name for _pid, name, _used in second.display_servers] == ["Xorg"]
+    gpus[0].processes = [p for p in gpus[0].processes if p.pid != 7001]
+    assert busy_reason(bench.activity(0), 0.05) is None

@@ -2,6 +2,7 @@
 import json
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -156,3 +157,30 @@ def test_a_check_loads_no_promtool_case_builder_nor_any_test_module():
     result = subprocess.run([HYBRIDMON[0], "-c", CHECK_AND_LIST_MODULES], env=subprocess_environment(),
                             cwd="/", capture_output=True, text=True, timeout=60)
     assert "LOADED []" in result.stderr, result.stderr[-2000:]
+
+
+WEDGED_NVML = '''"""tests.support.fake_nvml, but its memory query blocks as every NVML call does on a wedged driver
+(issue 30: with every call blocking 30 s, `check --duration 2` printed after ~12 s and never exited)."""
+import time
+
+from tests.support.fake_nvml import *  # noqa: F401,F403 - the fake's every function and constant
+
+
+def nvmlDeviceGetMemoryInfo(*_args, **_kwargs):
+    time.sleep(600)
+'''
+
+
+@pytest.mark.slow
+def test_a_wedged_nvml_is_a_finding_and_the_check_still_exits(tmp_path):
+    (tmp_path / "wedged_nvml.py").write_text(WEDGED_NVML)
+    started = time.monotonic()
+    result = run_check("--duration", "2", "--json", environment={
+        **FIXTURE_ENVIRONMENT, "HYBRIDMON_GPU__NVML_MODULE": "wedged_nvml", "PYTHONPATH": f"{REPO}:{tmp_path}"})
+    elapsed = time.monotonic() - started
+    report = json.loads(result.stdout)
+    [hung] = [f for f in report["findings"] if f["alertname"] == "HybridmonCollectorHung"]
+    assert hung["labels"] == {"collector": "gpu"} and hung["severity"] == "warning"
+    assert result.returncode == report["exit_code"] == 1, result.stderr
+    # the window, the grace for the collectors still running, and the interpreter's start
+    assert elapsed < 2 + check.HUNG_GRACE_SECONDS + 10, elapsed

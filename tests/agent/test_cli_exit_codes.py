@@ -42,6 +42,9 @@ USAGE_ERRORS = [
     (["bench", "--gpu", "-1"], "--gpu: -1 is less than 0"),
     (["budget", "--context", "10"], "one of the arguments --model --config-json is required"),
     ([*BUDGET, "--vram-free", "lots"], "cannot read free VRAM"),
+    # issue 30: a mistyped flag is a usage error, not the configuration error (78) it used to be
+    (["run", "--listen", "nonsense"], "--listen: 'nonsense' is not HOST:PORT"),
+    (["run", "--listen", "127.0.0.1:70000"], "--listen: port 70000 is outside 1-65535"),
 ]
 
 
@@ -141,6 +144,16 @@ def test_a_taken_port_exits_74_and_a_bad_trace_65(tmp_path):
     bad_trace = run_hybridmon("run", "--replay", str(trace), "--listen", "127.0.0.1:1")
     assert bad_trace.returncode == cli.EXIT_DATA == 65, bad_trace.stderr
     assert "not a hybridmon trace" in bad_trace.stderr and "Traceback" not in bad_trace.stderr
+
+
+@pytest.mark.slow
+def test_a_trace_the_system_will_not_let_be_written_exits_74(tmp_path):
+    """Issue 30: `record` into a missing directory exited 65 (a bad input file)."""
+    refused = run_hybridmon("record", "--duration", "1", "--output", str(tmp_path / "missing/t.jsonl.gz"),
+                            environment=FIXTURE_ENVIRONMENT)
+    assert refused.returncode == cli.EXIT_IO == 74, refused.stderr
+    assert "cannot write trace" in refused.stderr and "No such file or directory" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 @pytest.mark.slow

@@ -111,6 +111,28 @@ def test_binary_without_a_device_exits_with_the_documented_status_and_json_error
 
 
 @pytest.mark.slow
+def test_binary_names_a_driver_older_than_its_runtime(built, tmp_path):
+    """Against a libcuda.so.1 reporting CUDA 12.4 (tests/support/stub_cuda), the runtime says
+    cudaErrorInsufficientDriver; the binary names both versions with exit 7, not "no CUDA device".
+    Without any driver (this host) the same error stays exit 3 (the test above)."""
+    stub = tmp_path / "libcuda.so.1"
+    subprocess.run(["cc", "-shared", "-fPIC", "-Wall", "-Werror", "-o", str(stub),
+                    str(REPO / "tests/support/stub_cuda/libcuda_stub.c")], check=True)
+    proc = subprocess.run([str(built)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path)})
+    assert proc.returncode == bench_build.EXIT_DRIVER_TOO_OLD == 7, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["error"] == "CUDA driver too old"
+    message = (r"the CUDA runtime 1\d\.\d this binary was built with needs a newer driver than the "
+               r"installed one, which supports CUDA up to 12\.4: update the NVIDIA driver, or build the "
+               r"benchmark with a CUDA toolkit no newer than 12\.4 \(cudaErrorInsufficientDriver\)")
+    assert re.fullmatch(message, report["detail"]), report["detail"]
+    # The fixture the runner's tests use was captured this way (CUDA 13.0): still what it prints.
+    captured = json.loads((REPO / "tests/fixtures/bench/error-driver-too-old.json").read_text())
+    assert re.fullmatch(message, captured["detail"]) and captured["error"] == report["error"]
+
+
+@pytest.mark.slow
 def test_binary_reports_its_source_hash_and_rejects_bad_options_as_json(built):
     version = run_binary(built, "--version")
     assert version.returncode == 0

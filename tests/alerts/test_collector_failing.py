@@ -4,17 +4,20 @@ to rules/tests/generated_collector_failing.yml by `python -m tests.rules.generat
 promtool in tests/rules/test_rules.py)."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from hybridmon.agent.alerts import collector_failing
-from hybridmon.agent.alerts.collector_failing import ALERTNAME
+from hybridmon.agent.alerts.collector_failing import ALERTNAME, HUNG_ALERTNAME
 from hybridmon.agent.config import load_config
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.agent.loop.history import History
-from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_SUCCESS
+from hybridmon.agent.self_metrics import COLLECTOR_ERRORS, COLLECTOR_RUNNING, COLLECTOR_SUCCESS
 from tests.support.detector_history import THRESHOLDS, assert_says_its_rules_words
-from tests.support.promtool_cases import BEFORE_SAMPLES, Test, firing, not_yet
+from tests.support.promtool_cases import BEFORE_SAMPLES, ONSET, Test, firing, not_yet
 
 T0 = 1_700_000_000.0
 
@@ -79,6 +82,66 @@ def test_a_collector_that_recovers_resolves_and_one_that_fails_once_stays_pendin
     assert engine.firing() == [] and [s.state for s in engine.states() if s.state != "resolved"] == []
 
 
+def test_a_hung_collector_is_withheld_from_metrics_named_in_healthz_and_found(agent, monkeypatch):
+    """Issue 30: with every NVML call blocking, /healthz said ok, gpu_up stayed 1 and the last
+    figures stayed exported as live. A run that has not returned for hung_seconds (0.3 s here) has
+    its samples withheld, /healthz says degraded and names it, and HybridmonCollectorHung is
+    found; once the run returns, all is as before."""
+    from fastapi.testclient import TestClient
+    from hybridmon.agent.api.server import create_app
+
+    host_memory = scheduled(agent, "host_memory")
+    agent.sampler.run_collector(host_memory)
+    assert b"hybridmon_memory_available_bytes" in agent.exposition.render()
+    released = threading.Event()
+    real = host_memory.collector.collect
+
+    def blocked(*args, **kwargs):
+        released.wait(30)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(host_memory.collector, "collect", blocked)
+    run = threading.Thread(target=agent.sampler.run_collector, args=(host_memory,))
+    run.start()
+    agent.exposition.hung_seconds = 0.3
+    detector = collector_failing.Detector(collector_failing.Settings(for_seconds=300, hung_seconds=0.3))
+    detector.attach(agent)
+    api = TestClient(create_app(agent))
+    try:
+        assert b"hybridmon_memory_available_bytes" in agent.exposition.render()   # not yet hung
+        time.sleep(0.4)
+        text = agent.exposition.render()
+        assert b"hybridmon_memory_available_bytes" not in text
+        assert b'hybridmon_collector_running_seconds{collector="host_memory"}' in text
+        (found,) = detector.evaluate(None, T0)
+        assert found.alertname == HUNG_ALERTNAME and found.labels == {"collector": "host_memory"}
+        assert found.value >= 0.3 and "is hung" in found.summary
+        health = api.get("/healthz")
+        assert health.status_code == 200 and health.json()["status"] == "degraded"
+        assert "collector host_memory has not returned" in health.json()["degraded"][0]
+    finally:
+        released.set()
+        run.join()
+    assert b"hybridmon_memory_available_bytes" in agent.exposition.render()
+    assert detector.evaluate(None, T0 + 10) == [] and api.get("/healthz").json()["status"] == "ok"
+
+
+def test_the_hung_finding_says_its_rules_words():
+    class StuckSampler:
+        scheduled: list = []
+
+        @staticmethod
+        def hung(seconds):
+            return {"gpu": 95.0} if seconds <= 95.0 else {}
+
+    class RunningAgent:
+        sampler, pusher = StuckSampler(), None
+    detector = collector_failing.Detector(THRESHOLDS.collector_failing)
+    detector.attach(RunningAgent())
+    (found,) = detector.evaluate(None, T0)
+    assert_says_its_rules_words(found)
+    assert found.summary.endswith("its run has not returned for 1m 35s")
+
+
 # --- its rule's promtool cases ------------------------------------------------------------------
 
 
@@ -99,4 +162,18 @@ def promtool_cases(t, catalog) -> list[Test]:
     test.constant(COLLECTOR_ERRORS.name, 0, collector="pcie")
     test.expect(not_yet(wait), rule.alert)
     test.expect(firing(wait), rule.alert, test.alert(rule, {"collector": "gpu"}, value=wait * 1.0))
-    return [test]
+    return [test, _hung(t, catalog)]
+
+
+def _hung(t, catalog) -> Test:
+    """gpu's run never returns from the onset (its running seconds grow with time) and fires once
+    they reach hung_seconds; process returns from every run (0 between runs): silent."""
+    hung = t.collector_failing.hung_seconds
+    rule = catalog.find(HUNG_ALERTNAME)
+    test = Test("collector hung: gpu's run not returning from the onset fires at hung_seconds; "
+                "process returning from each run stays silent", firing(hung) + 120, catalog)
+    test.counter(COLLECTOR_RUNNING.name, 0, 1.0, collector="gpu")
+    test.constant(COLLECTOR_RUNNING.name, 0, collector="process")
+    test.expect(ONSET, rule.alert)
+    test.expect(firing(hung), rule.alert, test.alert(rule, {"collector": "gpu"}, value=float(firing(hung) - ONSET)))
+    return test

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
@@ -24,8 +24,8 @@ from hybridmon.exporters.process import (
     TREE_ROOT,
     tree_roots,
 )
-from hybridmon.exporters.process_cmdline import (ProcessIdentity, arguments_of, cmdline_label, identify, readable_model,
-                                       redact)
+from hybridmon.exporters.process_cmdline import (ProcessIdentity, arguments_of, cmdline_label, identify, identity_of,
+                                                 readable_model, redact)
 from hybridmon.exporters.procfs import ProcessStatus, parse_proc_status
 from tests.support.paths import FIXTURE_HOST
 from hybridmon.exporters.process import parse_memlock_limit
@@ -412,9 +412,60 @@ def test_default_patterns_find_servers_by_their_command(line):
     ("https://u:p@h/a/b.gguf#frag", "https://h/a/b.gguf"),
     ("/", "/"),
     ("x" * 300, "x" * 128),
+    # issue 30: user-info without "://", and after a scheme written with a backslash (the WHATWG
+    # URL standard reads https:/\ as https://, and so do browsers and curl)
+    ("user:SECRET@host/repo", "<redacted>@host/repo"),
+    ("https:/\\user:pw@host/m.gguf", "https:/\\<redacted>@host/m.gguf"),
+    # URLs urlsplit refuses (ValueError): an unclosed IPv6 bracket, a port out of range or not a
+    # number; still no user-info, query or fragment
+    ("https://x@[::1", "https://<redacted>@[::1"),
+    ("https://u:p@host:99999/m.gguf?sig=s", "https://<redacted>@host:99999/m.gguf"),
+    ("https://host:port/m#f", "https://host:port/m"),
 ])
 def test_readable_model_shows_no_home_directory_or_credentials(value, readable):
     assert readable_model(value) == readable
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(
+    st.text(max_size=40),
+    # URL-like words, where urlsplit's errors live: brackets, ports, schemes, user-info
+    st.builds(lambda scheme, middle, tail: f"{scheme}{middle}{tail}",
+              st.sampled_from(["https://", "http:/\\", "hf://", "s3://", "", "file:"]),
+              st.text(alphabet="[]:@/\\?#%.x9", max_size=12), st.text(max_size=8)),
+    st.sampled_from(["--model", "-m", "--model-url", "--served-model-name", "--cpu-offload-gb", "serve",
+                     "vllm", "llama-server", "-hf"])), max_size=10),
+    st.sampled_from(["llama-server", "vllm", "python3 -m sglang.launch_server", "ollama runner"]))
+def test_no_command_line_makes_the_readers_raise(words, program):
+    """Issue 30: any local user can start a process with any command line; what the collector
+    reads of it (identity_of, cmdline_label) returns for every one of them."""
+    raw = argv(*program.split(), *words)
+    identity = identity_of(raw)
+    assert len(identity.model) <= 128 and len(cmdline_label(raw)) <= 200
+
+
+def test_a_process_whose_command_line_defeats_a_parser_costs_only_its_own_identity(procfs_copy, monkeypatch,
+                                                                                   caplog):
+    """Issue 30: `--model 'https://x@[::1'` on a process named llama-server made every collection
+    fail: every hybridmon_process_* series went, the real servers' included. Now that URL reads
+    (readable_model), and a parser bug still left costs that process its identity only."""
+    (procfs_copy / "5151/cmdline").write_bytes(b"llama-server\0--model\0https://x@[::1\0")
+    samples = fixture_collector(LiveSource(), procfs_copy).collect()
+    [info] = samples.find("hybridmon_process_info", pid="5151")
+    assert dict(zip(info.spec.label_names, info.label_values))["model"] == "https://<redacted>@[::1"
+
+    import hybridmon.exporters.process as process_module
+
+    def broken(raw):
+        if "llama-server" in raw:
+            raise ValueError("Invalid IPv6 URL")
+        return identity_of(raw)
+    monkeypatch.setattr(process_module, "identity_of", broken)
+    samples = fixture_collector(LiveSource(), procfs_copy).collect()
+    assert samples.find("hybridmon_process_info", pid="5151") == []
+    assert samples.value("hybridmon_process_resident_bytes", pid="5151") > 0   # its other series stay
+    assert samples.find("hybridmon_process_info", pid="4242")                 # and the others' identity
+    assert "cannot read the command line of pid 5151 (ValueError: Invalid IPv6 URL)" in caplog.text
 
 
 # --- collector on the fixture host ---------------------------------------------------------

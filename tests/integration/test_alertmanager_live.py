@@ -61,11 +61,11 @@ def test_alerts_reach_a_real_alertmanager_beside_hostile_ones(tmp_path):
                                     "http://agent:9787/runbooks", interval_seconds=INTERVAL)
         real_alerts = []
 
-        def alerts_failing_once(now):  # a bug in the push loop, once
+        def alerts_failing_once(now, clock_offset=0.0):  # a bug in the push loop, once
             real_alerts.append(now)
             if len(real_alerts) == 12:
                 raise RuntimeError("injected: an exception the push loop did not expect")
-            return pusher_alerts(now)
+            return pusher_alerts(now, clock_offset)
 
         pusher_alerts, pusher.alerts = pusher.alerts, alerts_failing_once
         rss = RssSampler()

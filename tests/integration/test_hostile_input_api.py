@@ -194,7 +194,29 @@ def answered_cleanly(client: TestClient, request: dict) -> None:
     assert answer.status_code < 500, (request["method"], request["url"], request["headers"],
                                       request["content"][:100], answer.status_code, answer.text[:300])
     assert "Traceback" not in answer.text and 'File "' not in answer.text
+    assert_protected(answer)
     assert client.get("/healthz").status_code == 200
+
+
+def assert_protected(answer) -> None:
+    """Issue 30: every answer, errors included, carries the protective headers; an HTML one a
+    Content-Security-Policy that allows no script and fetches nothing."""
+    headers = answer.headers
+    assert (headers.get("x-content-type-options"), headers.get("x-frame-options"),
+            headers.get("cache-control")) == ("nosniff", "DENY", "no-store"), dict(headers)
+    if headers.get("content-type", "").startswith("text/html"):
+        policy = headers.get("content-security-policy", "")
+        assert policy.startswith("default-src 'none'") and "script-src" not in policy, policy
+        assert "frame-ancestors 'none'" in policy
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD", "POST"])
+def test_every_declared_route_answers_with_the_protective_headers(fuzzed, method):
+    for path in declared_paths(fuzzed.app) + ["/no-such-page"]:
+        answer = fuzzed.request(method, path)
+        assert_protected(answer)
+        if method == "GET" and path in ("/", "/runbooks"):
+            assert "content-security-policy" in answer.headers
 
 
 @settings(FUZZ_SETTINGS, max_examples=100)

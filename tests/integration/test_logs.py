@@ -141,3 +141,32 @@ def test_a_root_logger_configured_first_is_left_alone(own_root_logger):
     with pytest.raises(ValueError, match="text, json"):
         configure_logging("info", "xml", stream=io.StringIO(), force=True)
     assert JsonFormatter().format(logging.makeLogRecord({"msg": "x"}))  # renders a bare record
+
+
+def test_each_request_httpx_makes_is_not_an_info_line(own_root_logger):
+    """Issue 30: httpx logs every request at INFO, one line per push per Alertmanager (~2,880 a day
+    at the 30 s resend). Requests made through a real httpx client to a local server: nothing at
+    info, the request line again at debug."""
+    import http.server
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/api/v2/alerts"
+    try:
+        for level, expected in (("info", 0), ("debug", 1)):
+            stream = io.StringIO()
+            configure_logging(level, "text", stream=stream, force=True)
+            with httpx.Client() as client:
+                client.post(url, json=[])
+            assert stream.getvalue().count("HTTP Request: POST") == expected, stream.getvalue()
+    finally:
+        server.shutdown()
+        server.server_close()

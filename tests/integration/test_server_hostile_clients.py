@@ -212,6 +212,22 @@ def test_on_ipv6_loopback_the_url_is_bracketed_and_sighup_keeps_it_serving(tmp_p
     assert "Traceback" not in log_path.read_text(), log_path.read_text()[-4000:]
 
 
+def test_an_invalid_chunked_body_is_a_400_without_a_traceback(tmp_path):
+    """Issue 30: an invalid chunk in a request body got uvicorn's 400 while the route, already
+    running, answered into the closed exchange: an ERROR with a 47-line traceback per request."""
+    log_path = tmp_path / "agent.log"
+    with agent_process(log_path) as (process, port):
+        for path in ("/api/v1/bench", "/metrics", "/", "/api/v1/findings"):
+            with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+                conn.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
+                             "Content-Type: application/json\r\n\r\nzz\r\nhello\r\n0\r\n\r\n".encode())
+                assert conn.recv(64).startswith(b"HTTP/1.1 400 "), path
+        assert httpx.get(listen_url("127.0.0.1", port)).status_code == 200
+        time.sleep(0.5)   # the route's task ends after the answer
+    log_text = log_path.read_text()
+    assert "Traceback" not in log_text and " ERROR " not in log_text, log_text[-2000:]
+
+
 def test_listen_url_brackets_ipv6_hosts_only():
     assert listen_url("::1", 9787) == "http://[::1]:9787/metrics"
     assert listen_url("::", 9787) == "http://[::]:9787/metrics"

@@ -28,23 +28,22 @@ text = open(path).read()
 try:  # where the real binary was told to put its thread and buffers (offload_bench.cu, main)
     report = json.loads(text)
     cpus = args[args.index("--cpus") + 1] if "--cpus" in args else "auto"
-    if report.get("version") == 2 and status == 0 and cpus != "auto":
+    if report.get("version", 1) >= 2 and status == 0 and cpus != "auto":
         report["cpu_affinity"] = ({{"bound": False, "cpus": "0-63", "note": "not bound (--cpus none)"}}
                                   if cpus == "none" else {{"bound": True, "cpus": cpus, "note": None}})
-    if report.get("version") == 2 and status == 0 and numa == "none":
+    if report.get("version", 1) >= 2 and status == 0 and numa == "none":
         report.update(numa_node=None, numa_policy="default", numa_note="not bound (--numa-node none)")
-    if report.get("version") == 2 and status == 0:
+    if report.get("version", 1) >= 2 and status == 0:
         text = json.dumps(report)
 except (ValueError, TypeError, AttributeError):
     pass
 try:  # progress lines for a well-formed report; a garbage one is printed as it is
-    # As offload_bench.cu prints them: one per measurement, so one "bidirectional" step for the
-    # two results (h2d_bidirectional, d2h_bidirectional) that measurement gives.
-    measured = [r for r in json.loads(text)["results"] if r["direction"] != "d2h_bidirectional"]
+    # As offload_bench.cu (version 3) prints them: one per test, each test one result.
+    measured = json.loads(text)["results"]
     for step, result in enumerate(measured, 1):
-        direction = "bidirectional" if "bidirectional" in result["direction"] else result["direction"]
-        print(json.dumps({{"progress": {{"step": step, "steps": len(measured), "direction": direction,
-                                         "memory": result["memory"], "bytes": result["bytes"]}}}}),
+        print(json.dumps({{"progress": {{"step": step, "steps": len(measured), "direction": result["direction"],
+                                         "memory": result["memory"], "issue": result.get("issue", ""),
+                                         "bytes": result["bytes"]}}}}),
               file=sys.stderr)
 except (KeyError, TypeError, ValueError):
     pass
