@@ -1,6 +1,7 @@
 """The recording rules of the PCIe and GPU-memory groups: link capacity (theoretical, measured,
 effective; one direction and both together), 1 min averages of traffic, utilization and memory,
-the replay rate and DCGM's bound, the memory slope. The alerts that read them are in
+the replay rate and DCGM's bound, the memory slope; and for GPUs in NVLink-C2C mode (issue 29)
+C2C's capacity per direction, traffic and its share, which GpuC2cStarvation reads. The alerts that read them are in
 agent/alerts/ (pcie_*, gpu_*).
 
 Gauges are compared as their 1 min average (avg_over_time), counters as 1 min rates, as in the
