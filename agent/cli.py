@@ -403,8 +403,12 @@ def _runbooks(args: argparse.Namespace) -> int:
 
 
 def _exit_past_hung_collectors(hung: list[str], code: int) -> None:
-    """Python waits for every worker thread at exit; one stuck in NVML would never return."""
-    if hung:
+    """Python waits for every worker thread at exit; one stuck in NVML would never return, nor a
+    status page render the server abandoned at shutdown (issue 30: SIGTERM left the agent alive
+    65 s). The agent has stopped by then: nothing is left to flush but the logs."""
+    stuck = [thread for thread in threading.enumerate()
+             if thread is not threading.main_thread() and not thread.daemon and thread.is_alive()]
+    if hung or stuck:
         logging.shutdown()
         sys.stdout.flush()
         sys.stderr.flush()

@@ -94,7 +94,7 @@ def build(t: Thresholds, runbooks: str) -> model.Dashboard:
     return assemble(dashboard, [
         ("PCIe traffic", [gpu_panels.traffic_vs_capacity(t, runbooks, "PCIe traffic vs capacity"),
                           gpu_panels.traffic_share(t, runbooks), gpu_panels.utilization(t, runbooks),
-                          gpu_panels.bus_account(runbooks)]),
+                          gpu_panels.bus_account(runbooks), gpu_panels.uplink_traffic_vs_capacity(t, runbooks)]),
         ("Benchmark", benchmark()),
         ("PCIe link", [gpu_panels.gpu_up(runbooks), gpu_panels.link_now(runbooks, width=18),
                        gpu_panels.link_capacity_share(runbooks), link_over_time(runbooks)]),

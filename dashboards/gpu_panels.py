@@ -55,6 +55,35 @@ def traffic_vs_capacity(t: Thresholds, runbooks: str, title: str, width: int = 2
     return panel
 
 
+def uplink_of_chosen_gpus(expr: str) -> str:
+    """`expr` (a series per uplink) for the shared uplinks the chosen GPUs sit behind."""
+    return (f"{expr}\nand on (job, instance, uplink)\n{selector(recorded.GPU_UPLINK)}")
+
+
+def uplink_traffic_vs_capacity(t: Thresholds, runbooks: str, width: int = 24):
+    """The PCIe link GPUs behind one switch share (issue 29): their summed traffic per direction
+    against what it carries, as PcieUplinkStarvation reads them."""
+    share = t.pcie_uplink_starvation.traffic_share_of_capacity
+    achievable = selector(recorded.UPLINK_ACHIEVABLE, gpu=False)
+    panel = graph(
+        "Shared PCIe uplink: traffic of the GPUs behind it vs capacity", "Bps",
+        "Where GPUs sit behind one PCIe switch, the one link from its upstream port to the CPU's "
+        "root port carries all their host traffic: here each such uplink of the chosen GPUs, the "
+        "sum of its GPUs' traffic per direction over the last minute (as GpuPcieStarvation reads "
+        "each GPU's), against what copies achieve on its best generation and width of the minute "
+        "(hybridmon/pcie_rates.py; no benchmark measures an uplink). The starvation level is "
+        "traffic_share_of_capacity of [pcie_uplink_starvation]. Empty where every GPU has a link "
+        "of its own to its root port.",
+        query(uplink_of_chosen_gpus(selector(recorded.UPLINK_TRAFFIC, gpu=False)),
+              "uplink {{uplink}} {{direction}}", "A"),
+        query(uplink_of_chosen_gpus(achievable), "uplink {{uplink}} carries, each way", "B"),
+        query(uplink_of_chosen_gpus(f"{number(share)} * {achievable}"), "uplink {{uplink}} starvation level", "C"),
+        width=width, links=runbook_links(runbooks, "PcieUplinkStarvation"))
+    for ref in "BC":
+        panel = panel.override_by_query(ref, [DASHED])
+    return panel
+
+
 def bus_account(runbooks: str, width: int = 24):
     """Where the bus time goes: each direction's bytes stacked by cause, one stack per direction."""
     panel = graph(

@@ -1,12 +1,14 @@
-"""NVIDIA GPUs through NVML: identity, memory, PCIe link and traffic, utilization, processes.
+"""NVIDIA GPUs through NVML: identity, memory, PCIe link and traffic, utilization, processes,
+and the NVLink-C2C link of Grace Hopper/Blackwell GPUs.
 
 All NVML access goes through exporters/nvml.py. GPUs are read concurrently, one task per GPU:
 where a GPU lacks PCIe byte counters, nvmlDeviceGetPcieThroughput samples a 20 ms window per
 direction and blocks meanwhile, so such a GPU's first tick costs ~40 ms and eight read one after
 the other ~320 ms; later ticks take the samples a sampler thread took meanwhile
-(exporters/pcie_traffic.py, docs/nvml-cost.md). Once no GPU's last read waited on a window (byte
-counters or samplers), they are read one after the other: nothing then waits long enough for
-the pool to pay for itself (GpuCollector._unhurried).
+(exporters/pcie_traffic.py, docs/nvml-cost.md). GPUs whose last read waited on no window (byte
+counters, GPM or samplers) are read one after the other in one task: nothing then waits long
+enough for a task each to pay for itself (GpuCollector._unhurried). A collection waits for the
+tasks at most read_budget_seconds, so a GPU whose NVML call hangs delays no other (_read_all).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import logging
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+import queue
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -23,8 +25,12 @@ from pydantic import Field
 from hybridmon.exporters.sources import RawSource
 from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, CollectorSettings, LogOnce,
                                       MetricSpec, NoDataError, Samples)
-from hybridmon.exporters.nvml import GpuLostError, GpuProcess, Nvml
-from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, DIRECTIONS,
+from hybridmon.exporters.nvml import C2cLink, GpuLostError, GpuProcess, Nvml
+from hybridmon.exporters.nvml_answers import (NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC,
+                                              NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC,
+                                              NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+                                              NVML_GPM_METRIC_PCIE_TX_PER_SEC)
+from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, DIRECTIONS, MIB,
                                               MAX_SAMPLES_PER_SECOND, PcieTraffic, TrafficReading)
 from hybridmon.exporters.pid_namespace import PidView, pid_view
 from hybridmon.exporters.sources import LiveSource, TraceMissError
@@ -74,7 +80,8 @@ MEMORY_RESERVED = MetricSpec(
 PCIE_THROUGHPUT = MetricSpec(
     "hybridmon_gpu_pcie_throughput_bytes_per_second",
     "PCIe traffic (bytes/s) since the previous collection: the PCIe byte counters' increase "
-    "over NVML's time between them where the GPU has them, else the mean of the 20 ms "
+    "over NVML's time between them where the GPU has them, else GPM's PCIe metrics between two "
+    "samples (Hopper and later; MiB/s x 2^20), else the mean of the 20 ms "
     "nvmlDeviceGetPcieThroughput samples (KB/s x 1024) taken since; one 20 ms window on the "
     "first collection. direction host_to_device (RX) or device_to_host (TX).",
     "gauge", ("gpu", "uuid", "direction"))
@@ -126,16 +133,27 @@ NUMA_NODE = MetricSpec(
 MIG_MODE = MetricSpec(
     "hybridmon_gpu_mig_mode",
     "1 when MIG is enabled on the GPU, 0 when disabled (nvmlDeviceGetMigMode current mode); "
-    "absent on GPUs without MIG. With MIG on, utilization and per-process memory are per "
-    "instance and not exported; PCIe traffic and memory are the whole GPU's.",
+    "absent on GPUs without MIG. With MIG on, utilization is per instance and not exported; "
+    "PCIe traffic and memory are the whole GPU's; per-process memory is read as root only.",
     "gauge", GPU)
 PROCESS_MEMORY_USED = MetricSpec(
     "hybridmon_gpu_process_memory_used_bytes",
     "GPU memory a process uses on the GPU (bytes), usedGpuMemory from NVML's compute, graphics "
     "(OpenGL/Vulkan) and MPS compute process lists, a process in several lists counted once and "
     "summed over MIG instances; process_name the comm of /proc/<pid>/comm, as on every process "
-    "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell (e.g. in some containers) and with MIG on.", "gauge",
+    "series, else nvmlSystemGetProcessName (the pid when unknown); absent when NVML cannot tell "
+    "(e.g. in some containers). With MIG on, the instances' processes come from the parent GPU's "
+    "lists (each entry carries its gpuInstanceId), which NVML gives to root only: absent when the "
+    "agent is not root.", "gauge",
     ("gpu", "uuid", "pid", "process_name"))
+
+INSTANCE_PROCESS_MEMORY_USED = MetricSpec(
+    "hybridmon_gpu_instance_process_memory_used_bytes",
+    "GPU memory a process uses in one MIG GPU instance (bytes): usedGpuMemory of the parent GPU's "
+    "process lists, whose entries carry the instance (gpuInstanceId, nvmlProcessInfo_v2_t); NVML "
+    "gives them to root only, so absent when the agent is not root, and on GPUs without MIG. "
+    "hybridmon_gpu_process_memory_used_bytes has the same processes summed per GPU.",
+    "gauge", ("gpu", "uuid", "gpu_instance", "pid", "process_name"))
 
 # NVLink-C2C (GH200, GB200: offloaded KV and weights cross C2C, not PCIe; issue 29). Defined here
 # for the collector and the judgement alike; the collector emits them where NVML answers.
@@ -166,11 +184,34 @@ C2C_THROUGHPUT = MetricSpec(
     "_TX_PER_SEC: device_to_host; MiB/s x 2^20); absent where GPM cannot be read.",
     "gauge", ("gpu", "uuid", "direction"))
 
+PCIE_TRAFFIC_METHOD = MetricSpec(
+    "hybridmon_gpu_pcie_traffic_method",
+    "How the GPU's PCIe traffic is read, value 1 on its one method: counters (the byte counters "
+    "of nvmlDeviceGetFieldValues, exact), gpm (GPM PCIe metrics between two samples, Hopper and "
+    "later, exact; where the counters are missing or keep failing) or sampled (20 ms "
+    "nvmlDeviceGetPcieThroughput windows, with the error bound of docs/nvml-cost.md).",
+    "gauge", ("gpu", "uuid", "method"))
+
 METRIC_SPECS = (GPU_INFO, GPU_UP, DOWN_READINGS, DOWN_BLIPS, MEMORY_USED, MEMORY_TOTAL,
                 MEMORY_RESERVED, PCIE_THROUGHPUT,
-                PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
+                PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_TRAFFIC_METHOD, PCIE_LINK_GENERATION,
+                PCIE_LINK_MAX_GENERATION, PCIE_LINK_WIDTH,
                 PCIE_LINK_MAX_WIDTH, PCIE_REPLAYS, UTILIZATION, NUMA_NODE, MIG_MODE,
-                PROCESS_MEMORY_USED, C2C_MODE, C2C_LINKS, C2C_LINK_UP, C2C_LINK_MAX_BANDWIDTH, C2C_THROUGHPUT)
+                PROCESS_MEMORY_USED, INSTANCE_PROCESS_MEMORY_USED, C2C_MODE, C2C_LINKS, C2C_LINK_UP, C2C_LINK_MAX_BANDWIDTH,
+                C2C_THROUGHPUT)
+# Asked together in one GPM sample pair a tick, whichever of PCIe and C2C needs it: a metric more in
+# the same nvmlGpmMetricsGet costs nothing, a second sample pair would.
+GPM_METRIC_IDS = (NVML_GPM_METRIC_PCIE_RX_PER_SEC, NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+                  NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC, NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC)
+C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), TX
+
+
+DEFAULT_READ_BUDGET_SECONDS = 0.8
+"""How long a collection waits for the GPUs' reads, within the 1 s tick. A GPU's read is a dozen
+non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
+windows: 0.8 s is twenty times the slowest normal read, so a host loaded enough to starve the
+agent's threads for a while (the test suite on 2 busy cores took over 0.5 s) is not read as a hung
+GPU, and the collection still ends within its tick."""
 
 
 @dataclass
@@ -181,10 +222,13 @@ class GpuReading:
     uuid: str | None
     lost: bool = False
     answered: bool = True  # at least one NVML call on it succeeded this tick
+    late: bool = False  # its read ran past the budget this tick: no series (GpuCollector._read_all)
     values: dict[MetricSpec, Any] = field(default_factory=dict)
     info: dict[str, str] = field(default_factory=dict)
     traffic: TrafficReading = field(default_factory=TrafficReading)
     processes: list[GpuProcess] = field(default_factory=list)
+    c2c_links: list[C2cLink] = field(default_factory=list)
+    c2c_bytes_per_second: tuple[float, float] | None = None  # DIRECTIONS order
 
 
 class GpuCollector:
@@ -194,7 +238,8 @@ class GpuCollector:
 
     def __init__(self, source: RawSource, nvml_module: str | Any | None = "pynvml",
                  max_workers: int = 8, clock: Callable[[], float] = time.monotonic,
-                 pcie_samples_per_second: float = 0.0, procfs: str | None = None) -> None:
+                 pcie_samples_per_second: float = 0.0, procfs: str | None = None,
+                 read_budget_seconds: float = DEFAULT_READ_BUDGET_SECONDS) -> None:
         """pcie_samples_per_second: background samples of GPUs without PCIe byte counters (the
         agent's [gpu] setting defaults to 10); 0 reads one 20 ms window per tick instead.
         procfs: where each GPU process's comm is read, so that its process_name is the one the
@@ -207,16 +252,21 @@ class GpuCollector:
                         if nvml_module is not None and pcie_samples_per_second > 0 else None)
         self._traffic = PcieTraffic(self._nvml, source, sampler_nvml, pcie_samples_per_second,
                                     replaying=nvml_module is None)
+        self._replaying = nvml_module is None
+        self._read_budget_seconds = read_budget_seconds
+        self._reading_now: set[int] = set()  # GPUs whose read is in progress (guarded by _pool_lock)
+        self._late_before: set[int] = set()  # GPUs late at the previous collection
+        self._late_now: set[int] = set()
         self._max_workers = max(1, max_workers)
-        self._pool: ThreadPoolExecutor | None = None
+        self._pool: DaemonPool | None = None
         self._pool_lock = threading.Lock()
         self._log_once = LogOnce(log)
         self._processes: dict[int, str] = {}
         self._names_read_elsewhere: Callable[[], Mapping[int, str]] | None = None
-        # The GPUs whose next PCIe traffic read takes byte counters or a sampler's samples, not a
-        # 20 ms window. When that is every GPU, none waits and they are read one after the other:
-        # handing eight short reads to the pool cost more CPU than the reads (0.8 ms a tick of 2.5
-        # on the 8-GPU host with the fake NVML, issue 17).
+        # The GPUs whose next PCIe traffic read takes byte counters, GPM or a sampler's samples,
+        # not a 20 ms window: none of them waits, so they are read one after the other in one task
+        # (handing eight short reads to the pool one each cost more CPU than the reads: 0.8 ms a
+        # tick of 2.5 on the 8-GPU host with the fake NVML, issue 17).
         self._unhurried: set[int] = set()
         # Per GPU index: collections in a row it has been down, and its down readings that did
         # not hold (down at one collection, up at the next).
@@ -242,12 +292,16 @@ class GpuCollector:
         driver_version = nvml.driver_version() or ""
         # Decided here, before the concurrent reads, so probe order does not depend on threads.
         nvml.memory_info_version()
+        self._late_now = set()
         readings = self._read_all(count)
+        self._late_before = self._late_now
         # Names resolved here rather than per GPU thread: a pid on two GPUs is looked up once.
         names = self._process_names(p.pid for r in readings for p in r.processes)
         self._processes = names
         samples = Samples()
         for reading in readings:
+            if reading.late:
+                continue  # not a reading: no series, its down count unchanged
             self._count_down(reading)
             self._add(samples, reading, driver_version, names)
         return samples
@@ -304,25 +358,100 @@ class GpuCollector:
         return {int(pid): name for pid, name in recorded.items()}
 
     def _read_all(self, count: int) -> list[GpuReading]:
-        unhurried, self._unhurried = self._unhurried, set()
-        if count == 1 or unhurried.issuperset(range(count)):
-            readings = [self._read_gpu(index) for index in range(count)]
-        else:
-            readings = self._read_concurrently(count)
-        # Read from counters or samples this tick (or counters that had no interval yet): the next
-        # read likely is too. A sampler that had no sample this tick (just started, or a tick
-        # shorter than its slot) falls back to a window: those stay on the pool.
-        self._unhurried = {reading.index for reading in readings if not reading.lost and (
-            reading.traffic.method in ("counters", "samples") or reading.traffic.counted_bytes is not None)}
-        return readings
+        """Every GPU's reading, each GPU's read (or the batch of unhurried ones) a task of the pool,
+        waited for at most read_budget_seconds: a GPU whose read is not done by then is late, and
+        not read again until that read returns, so one GPU whose NVML call blocks leaves the
+        others' readings on time. A late GPU has no series in that collection (a read slowed by a
+        loaded host is not a GPU down); one whose read is still in progress at the next
+        collection, over a tick later, is hung and reported down (nothing answered in it).
 
-    def _read_concurrently(self, count: int) -> list[GpuReading]:
+        Which GPUs were late is a reading of its own ("gpu.late"), so a replay leaves out the same
+        GPUs without waiting: their calls made after the deadline are not in this collection's
+        readings (a late read's calls finishing during a later collection are recorded there)."""
+        if self._replaying:
+            try:
+                late = set(self._source.call("gpu.late", list))
+            except TraceMissError:  # recorded before late GPUs were recorded: none were
+                late = set()
+            return [self._late_reading(index, late) if index in late else self._read_gpu(index)
+                    for index in range(count)]
+        groups = self._groups(count)
+        finished: dict[int, GpuReading] = {}
+        failures: list[BaseException] = []
+        stop = threading.Event()
+        pool = self._pool_for(count)
+        tasks = [pool.submit(self._read_group, group, finished, failures, stop) for group in groups]
+        deadline = time.monotonic() + self._read_budget_seconds
+        for done in tasks:
+            done.wait(max(0.0, deadline - time.monotonic()))
+        stop.set()  # a batch still running stops after the GPU it is reading
+        if failures:
+            raise failures[0]  # not an NVML answer (the collector's own error): the run fails
+        readings = dict(finished)
+        late = sorted(set(range(count)) - readings.keys())
+        self._source.call("gpu.late", lambda: late)
+        for index in late:
+            self._log_once(f"late:{index}", "GPU %d: its NVML reads took longer than %g s "
+                           "(read budget): its series are absent from this collection, and it is "
+                           "reported down while that read is still in progress at the next; the "
+                           "other GPUs are read on time", index, self._read_budget_seconds)
+            readings[index] = self._late_reading(index, late)
+        ordered = [readings[index] for index in range(count)]
+        # Read from counters, GPM or samples this tick (or counters that had no interval yet): the
+        # next read likely is too, and none waits on a window, so they are read one after the
+        # other in one task (issue 17: handing eight short reads to the pool cost more CPU than
+        # the reads). A sampler that had no sample this tick (just started, or a tick shorter than
+        # its slot) falls back to a window: those keep a task each.
+        self._unhurried = {reading.index for reading in ordered if reading.answered and not reading.lost and (
+            reading.traffic.method in ("counters", "gpm", "samples")
+            or reading.traffic.counted_bytes is not None)}
+        return ordered
+
+    def _groups(self, count: int) -> list[list[int]]:
+        """The tasks of this collection: one per GPU that may wait on a window, one for all the
+        unhurried ones; a GPU whose earlier read is still in progress is in none."""
+        with self._pool_lock:
+            busy = set(self._reading_now)
+        wanted = [index for index in range(count) if index not in busy]
+        groups = [[index] for index in wanted if index not in self._unhurried]
+        batch = [index for index in wanted if index in self._unhurried]
+        return groups + ([batch] if batch else [])
+
+    def _read_group(self, group: list[int], finished: dict[int, GpuReading],
+                    failures: list[BaseException], stop: threading.Event) -> None:
+        for index in group:
+            if stop.is_set():
+                return
+            with self._pool_lock:
+                self._reading_now.add(index)
+            try:
+                finished[index] = self._read_gpu(index)
+            except Exception as error:
+                failures.append(error)
+                return
+            finally:
+                with self._pool_lock:
+                    self._reading_now.discard(index)
+
+    def _late_reading(self, index: int, late: Iterable[int]) -> GpuReading:
+        """A late GPU's reading: late (no series) the first collection, down from the second in a
+        row, under the UUID its read got (now or earlier), if any. `late`: this collection's late
+        GPUs, kept to tell the next collection which were late before."""
+        if self._replaying and self._nvml.known_uuid(index) is None:
+            try:  # the late read's first call, the UUID, may have answered before the deadline
+                self._nvml.uuid(index)
+            except (TraceMissError, GpuLostError):
+                pass
+        hung = index in self._late_before
+        self._late_now = set(late)
+        return GpuReading(index, self._nvml.known_uuid(index), answered=False, late=not hung)
+
+    def _pool_for(self, count: int) -> DaemonPool:
         with self._pool_lock:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(min(self._max_workers, count),
-                                                thread_name_prefix="hybridmon-gpu")
-            pool = self._pool
-        return list(pool.map(self._read_gpu, range(count)))
+                # One worker per GPU: a late GPU holds one and is not given another task.
+                self._pool = DaemonPool(min(self._max_workers, count), "hybridmon-gpu")
+            return self._pool
 
     def _read_gpu(self, index: int) -> GpuReading:
         nvml = self._nvml
@@ -340,7 +469,9 @@ class GpuCollector:
             if memory is not None:
                 reading.values.update({MEMORY_USED: memory[0], MEMORY_TOTAL: memory[1],
                                        MEMORY_RESERVED: memory[2]})
-            reading.traffic = self._traffic.read(index)
+            gpm = _OnceThisTick(lambda: nvml.gpm_metrics(index, GPM_METRIC_IDS))
+            reading.traffic = self._traffic.read(index, gpm)
+            self._read_c2c(reading, gpm)
             reading.values.update({
                 PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
                 PCIE_LINK_MAX_GENERATION: nvml.pcie_link_max_generation(index),
@@ -353,11 +484,19 @@ class GpuCollector:
             if mig is not None:
                 reading.values[MIG_MODE] = 1 if mig else 0
             if mig:
-                # The parent handle refuses these with MIG on (nvml.h: utilization NOT_SUPPORTED,
-                # processes NO_PERMISSION without privileges); asking would only log failures.
-                self._log_once(f"mig:{index}", "GPU %d has MIG enabled: utilization and "
-                               "per-process memory are per instance and not read by hybridmon; "
-                               "PCIe traffic and memory are the whole GPU's", index)
+                # With MIG on the parent handle refuses utilization (nvml.h: NOT_SUPPORTED), and
+                # lists the instances' processes, each with its gpuInstanceId, only to a
+                # privileged caller (root; NO_PERMISSION otherwise).
+                self._log_once(f"mig:{index}", "GPU %d has MIG enabled: utilization is per "
+                               "instance and not read; PCIe traffic and memory are the whole GPU's",
+                               index)
+                listed = nvml.processes(index)
+                if listed is None:
+                    self._log_once(f"mig-processes:{index}", "GPU %d has MIG enabled and NVML "
+                                   "lists its instances' processes only to root: their GPU "
+                                   "memory is not exported; run the agent as root to see it",
+                                   index)
+                reading.processes = listed or []
             else:
                 reading.values[UTILIZATION] = nvml.utilization_ratio(index)
                 reading.processes = nvml.processes(index) or []
@@ -366,6 +505,26 @@ class GpuCollector:
             return reading
         except GpuLostError:
             return GpuReading(index, nvml.known_uuid(index) or "", lost=True)
+
+    def _read_c2c(self, reading: GpuReading, gpm: Callable[[], dict[int, float] | None]) -> None:
+        """The NVLink-C2C mode, links and traffic, where NVML answers them (absent elsewhere)."""
+        nvml, index = self._nvml, reading.index
+        enabled = nvml.c2c_mode_enabled(index)
+        if enabled is None:
+            return
+        reading.values[C2C_MODE] = 1 if enabled else 0
+        if not enabled:
+            return
+        reading.c2c_links = nvml.c2c_links(index) or []
+        if not nvml.gpm_supported(index):
+            self._log_once(f"c2c-traffic:{index}", "GPU %d has NVLink-C2C enabled but no GPM "
+                           "metrics (nvmlGpmQueryDeviceSupport): host<->device copies cross C2C, "
+                           "not PCIe, and their traffic cannot be read; %s is absent", index,
+                           C2C_THROUGHPUT.name)
+            return
+        metrics = gpm() or {}
+        if all(metric in metrics for metric in C2C_GPM_IDS):
+            reading.c2c_bytes_per_second = tuple(metrics[metric] * MIB for metric in C2C_GPM_IDS)
 
     def _add(self, samples: Samples, reading: GpuReading, driver_version: str,
              names: dict[int, str]) -> None:
@@ -388,6 +547,18 @@ class GpuCollector:
                 samples.add(PCIE_BYTES, traffic.counted_bytes[index], gpu, uuid, direction)
             if traffic.sampled_bytes is not None:
                 samples.add(PCIE_SAMPLED_BYTES, traffic.sampled_bytes[index], gpu, uuid, direction)
+        samples.add(PCIE_TRAFFIC_METHOD, 1, gpu, uuid, traffic.source)
+        if reading.c2c_links:
+            samples.add(C2C_LINKS, len(reading.c2c_links), gpu, uuid)
+        for link in reading.c2c_links:
+            if link.up is not None:
+                samples.add(C2C_LINK_UP, 1 if link.up else 0, gpu, uuid, link.link)
+            if link.max_bytes_per_second is not None:
+                samples.add(C2C_LINK_MAX_BANDWIDTH, link.max_bytes_per_second, gpu, uuid, link.link)
+        if reading.c2c_bytes_per_second is not None:
+            for index, direction in enumerate(DIRECTIONS):
+                samples.add(C2C_THROUGHPUT, reading.c2c_bytes_per_second[index], gpu, uuid,
+                            direction)
         per_pid: dict[int, int] = {}
         for process in reading.processes:
             if process.used_memory_bytes is not None:
@@ -395,14 +566,76 @@ class GpuCollector:
                 per_pid[process.pid] = per_pid.get(process.pid, 0) + process.used_memory_bytes
         for pid, used in sorted(per_pid.items()):
             samples.add(PROCESS_MEMORY_USED, used, gpu, uuid, pid, names.get(pid, str(pid)))
+        # processes() keeps one entry per (pid, instance): each is its own series here. Only with
+        # MIG on: nvml.h sets gpuInstanceId to 0xFFFFFFFF otherwise, but a driver writing 0 there
+        # must not invent an instance.
+        mig_on = reading.values.get(MIG_MODE) == 1
+        for process in reading.processes if mig_on else ():
+            if process.gpu_instance_id is not None and process.used_memory_bytes is not None:
+                samples.add(INSTANCE_PROCESS_MEMORY_USED, process.used_memory_bytes, gpu, uuid,
+                            process.gpu_instance_id, process.pid,
+                            names.get(process.pid, str(process.pid)))
 
     def close(self) -> None:
         with self._pool_lock:
             pool, self._pool = self._pool, None
+            hung = bool(self._reading_now)
         if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+            # A late read may never return (NVML stuck on a lost GPU): closing must not wait on it.
+            pool.shutdown(wait=not hung)
         self._traffic.close()
         self._nvml.close()
+
+
+class DaemonPool:
+    """A fixed pool of daemon threads running tasks in order. Not ThreadPoolExecutor: Python joins
+    its threads at exit, so one stuck in an NVML call that never returns would keep the agent
+    from exiting on SIGTERM."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads = [threading.Thread(target=self._work, daemon=True, name=f"{name}-{i}")
+                         for i in range(workers)]
+        self.shut_down = False
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, task: Callable[..., Any], *args: Any) -> threading.Event:
+        """Queue task(*args); the event is set when it has run (its errors are the task's to keep)."""
+        done = threading.Event()
+        self._tasks.put((task, args, done))
+        return done
+
+    def _work(self) -> None:
+        while (item := self._tasks.get()) is not None:
+            task, args, done = item
+            try:
+                task(*args)
+            except Exception:  # a task keeps its own errors; this only keeps the worker alive
+                log.exception("GPU read task failed")
+            finally:
+                done.set()
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.shut_down = True
+        for _ in self._threads:
+            self._tasks.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
+class _OnceThisTick:
+    """A reading made on first use and kept for the rest of one GPU's read (the GPM sample pair
+    PCIe and C2C share: a second call would measure a near-empty interval)."""
+
+    def __init__(self, read: Callable[[], Any]) -> None:
+        self._read, self._done, self._value = read, False, None
+
+    def __call__(self) -> Any:
+        if not self._done:
+            self._value, self._done = self._read(), True
+        return self._value
 
 
 class GpuSettings(CollectorSettings):
@@ -412,6 +645,10 @@ class GpuSettings(CollectorSettings):
         default="pynvml", description="Python module providing NVML; tests point it at a fake"
     )
     max_workers: int = Field(default=8, ge=1, le=64)
+    read_budget_seconds: float = Field(
+        default=DEFAULT_READ_BUDGET_SECONDS, gt=0, le=10,
+        description="How long a collection waits for each GPU's NVML reads; a GPU not read by "
+                    "then is reported down for that collection and the others are on time")
     pcie_samples_per_second: float = Field(
         default=DEFAULT_SAMPLES_PER_SECOND, ge=0, le=MAX_SAMPLES_PER_SECOND,
         description="PCIe throughput samples a second per GPU without PCIe byte counters (each "
@@ -425,7 +662,7 @@ def _gpu_collector(context: CollectorContext) -> GpuCollector:
     return GpuCollector(context.source, nvml_module=None if context.replay else settings.nvml_module,
                         max_workers=settings.max_workers,
                         pcie_samples_per_second=settings.pcie_samples_per_second,
-                        procfs=context.procfs)
+                        procfs=context.procfs, read_budget_seconds=settings.read_budget_seconds)
 
 
 REGISTRATION = CollectorRegistration(GpuCollector, _gpu_collector, settings=GpuSettings)

@@ -15,6 +15,7 @@ inference_scrape.py makes the bounded GET and finds the listening ports.
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import logging
 import re
@@ -32,13 +33,23 @@ from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, MIN_HTTP_TIMEOUT_SE
                                       CollectorRegistration, CollectorSettings, LogOnce, NoDataError, Samples)
 from hybridmon.exporters.inference_formats import PERCENTILES, interpret, recent_quantile
 from hybridmon.exporters.inference_stats import Histogram, ServerStats
-from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, OFFLOAD_BYTES,
+from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, MODELS_LEFT_OUT, OFFLOAD_BYTES,
                                          OFFLOAD_DROPPED_TOKENS, OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR,
                                          SCRAPE_SUCCESS, SERVERS, USUAL_PORTS)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
+# Models per endpoint whose series are kept (issue 30: a peer publishing 75,000 models in a 7.8 MB
+# body made 150,000 series, 1.55 GB of history and a status page that never answered). A server
+# serves one model, or a few: vLLM's served names and adapters, Ollama's loaded models (its
+# OLLAMA_MAX_LOADED_MODELS defaults to 3 per GPU). 16 leaves room for a large multi-model server.
+DEFAULT_MAX_MODELS_PER_ENDPOINT = 16
+# A model label, and a dropped-tokens reason, are what a peer writes: bounded in bytes, a long one
+# keeps its start and a hash of the whole, so two long names stay apart.
+LABEL_LIMIT = 128
+# KV-offload drop reasons per model kept (vLLM publishes two or three).
+MAX_REASONS = 8
 _MAX_PORTS_PER_PROCESS = 8  # vLLM and SGLang also listen on internal ports; the API port is one
 _MAX_PARALLEL_SCRAPES = 8
 _SERVER_ANSWERED = (None, "missing_families")  # a known server, even if some names changed
@@ -70,8 +81,10 @@ class InferenceCollector:
                  watched: Callable[[], Mapping[int, str]] = lambda: {},
                  timeout_seconds: float = 2.0, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                  discovery_interval_seconds: float = 30.0, clock: Callable[[], float] = time.monotonic,
-                 fetch: Callable[[str, float, int], dict] = inference_scrape.fetch) -> None:
+                 fetch: Callable[[str, float, int], dict] = inference_scrape.fetch,
+                 max_models_per_endpoint: int = DEFAULT_MAX_MODELS_PER_ENDPOINT) -> None:
         self._source = source
+        self._max_models = max_models_per_endpoint
         self._procfs = procfs
         # llama-server's derived token counter can dip by a few tokens between scrapes (6-digit
         # printing): hold it so that rate() never sees a reset (inference_llamacpp.RisingCounter).
@@ -223,10 +236,31 @@ class InferenceCollector:
             self._log_once(f"error:{target.url}:{reading.error}", "inference endpoint %s: %s (%s)",
                            target.url, reading.error, reading.detail)
         pid = "" if target.pid is None else str(target.pid)
-        for stats in reading.stats:
+        kept = self._within_caps(target.url, reading.stats)
+        samples.add(MODELS_LEFT_OUT, len(reading.stats) - len(kept), target.url)
+        for stats in kept:
             if stats.server == "vllm" and target.pid is not None and self._offloads_to_lmcache(target.pid):
                 stats.kv_offload_in_lmcache = 1.0
             self._add_stats(samples, target.url, pid, stats)
+
+    def _within_caps(self, url: str, found: list[ServerStats]) -> list[ServerStats]:
+        """The models of one answer the agent keeps: at most max_models_per_endpoint, the busiest
+        by generated tokens (then running requests), their labels bounded (LABEL_LIMIT, MAX_REASONS).
+        A peer over the cap is logged once, with what it costs and how to raise it."""
+        if len(found) > self._max_models:
+            self._log_once(f"models:{url}", "inference endpoint %s publishes %d models; the agent keeps "
+                           "the %d busiest (by generated tokens) and leaves the rest out "
+                           "(hybridmon_inference_models_left_out): every model is ~40 series in memory "
+                           "and in /metrics. Raise [inference] max_models_per_endpoint if they are all "
+                           "real", url, len(found), self._max_models)
+            found = sorted(found, key=lambda s: (-(s.generated_tokens or 0.0), -(s.requests_running or 0.0),
+                                                 s.server, s.model))[:self._max_models]
+        for stats in found:
+            stats.model = bounded_label(stats.model)
+            if stats.kv_offload_dropped_tokens:
+                stats.kv_offload_dropped_tokens = {bounded_label(reason): tokens for reason, tokens in
+                                                   sorted(stats.kv_offload_dropped_tokens.items())[:MAX_REASONS]}
+        return found
 
     def _add_stats(self, samples: Samples, url: str, pid: str, stats: ServerStats) -> None:
         labels = (stats.server, url, stats.model, pid)
@@ -267,6 +301,15 @@ class InferenceCollector:
 
     def close(self) -> None:
         pass
+
+
+def bounded_label(value: str) -> str:
+    """`value` if within LABEL_LIMIT characters, else its start, "~" and 8 hex digits of its
+    SHA-256: as long as LABEL_LIMIT, and two long values stay two labels."""
+    if len(value) <= LABEL_LIMIT:
+        return value
+    digest = hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+    return f"{value[:LABEL_LIMIT - 9]}~{digest}"
 
 
 def _argv(source: RawSource, procfs: str, pid: int) -> list[str]:
@@ -373,6 +416,8 @@ class InferenceSettings(CollectorSettings):
     timeout_seconds: float = Field(default=2.0, ge=MIN_HTTP_TIMEOUT_SECONDS, le=10, description="whole GET; keep it under the interval")
     max_body_bytes: int = Field(default=DEFAULT_MAX_BODY_BYTES, ge=4096, le=256 * 1024 * 1024)
     discovery_interval_seconds: float = Field(default=30.0, ge=MIN_DISCOVERY_SECONDS, le=3600)
+    max_models_per_endpoint: int = Field(default=DEFAULT_MAX_MODELS_PER_ENDPOINT, ge=1, le=1024,
+                                         description="models kept per endpoint, the busiest")
 
     @field_validator("endpoints", mode="before")
     @classmethod
@@ -388,7 +433,8 @@ def _inference_collector(context: CollectorContext) -> InferenceCollector:
         context.source, procfs=context.procfs, endpoints=[(e.url, e.server) for e in settings.endpoints],
         discover=settings.discover, probe_ports=settings.probe_ports, watched=context.watched_processes(),
         timeout_seconds=settings.timeout_seconds, max_body_bytes=settings.max_body_bytes,
-        discovery_interval_seconds=settings.discovery_interval_seconds)
+        discovery_interval_seconds=settings.discovery_interval_seconds,
+        max_models_per_endpoint=settings.max_models_per_endpoint)
 
 
 # It looks for servers on the ports of the process collector's watch list, so it runs after it.

@@ -385,6 +385,12 @@ SCRAPE_SUCCESS = MetricSpec(
 SCRAPE_DURATION = MetricSpec(
     "hybridmon_inference_scrape_duration_seconds",
     "Seconds the endpoint's last GET took, bounded by [inference] timeout_seconds.", "gauge", ("endpoint",))
+MODELS_LEFT_OUT = MetricSpec(
+    "hybridmon_inference_models_left_out",
+    "Models the endpoint's last scrape published beyond [inference] max_models_per_endpoint, whose "
+    "series the agent left out (it keeps the busiest by generated tokens); 0 when none. A peer that "
+    "publishes thousands of models would otherwise cost memory and /metrics time per series.",
+    "gauge", ("endpoint",))
 SCRAPE_ERROR = MetricSpec(
     "hybridmon_inference_scrape_error",
     "1 with the reason the endpoint's last scrape failed; absent when it succeeded. timeout: no "
@@ -418,4 +424,4 @@ SCRAPE_REASONS = {
 
 METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS, OFFLOAD_DROPPED_TOKENS,
                 *(spec for specs in HISTOGRAM_SPECS.values() for spec in specs),
-                SCRAPE_SUCCESS, SCRAPE_DURATION, SCRAPE_ERROR)
+                SCRAPE_SUCCESS, SCRAPE_DURATION, SCRAPE_ERROR, MODELS_LEFT_OUT)

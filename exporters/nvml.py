@@ -5,12 +5,17 @@ Every NVML call goes through `Nvml._attempt`, which hands `source.call` a key su
 handle) and a fetch that calls the module and turns the answer into plain JSON data. Device handles
 are looked up inside the fetch, so a replay (module=None) imports nothing and runs no fetch.
 
+A reading made of several NVML calls (a GPM sample and the metrics since the previous one) is one
+fetch under one key (`_run`), so a replay needs none of NVML's state (its sample buffers).
+
 Errors are classified by class name, so real pynvml errors, the test fake's and replayed ones
 (exporters.sources.ReplayedCallError carries `type_name`) behave alike:
 - NotSupported, FunctionNotFound (driver too old): the value is unsupported (None), logged once;
 - a function the pynvml module lacks (nvidia-ml-py older than the function): unsupported too, logged
   once with the version to upgrade to (MIN_NVIDIA_ML_PY);
 - LibraryNotFound, DriverNotLoaded at init: NoDataError telling the operator to install the driver;
+- LibRmVersionMismatch at init: CollectorError saying the kernel module and the library differ (a
+  driver upgraded without a reload) and what to do, retried like any init failure;
 - GpuIsLost (and Unknown right after it on the same GPU): GpuLostError for that GPU;
 - anything else (Timeout, NoPermission, ...): the value is absent this time, logged once per
   function and error.
@@ -22,18 +27,20 @@ import importlib.metadata
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Iterable
 
 from hybridmon.exporters.sources import TraceMissError
 from hybridmon.exporters.base import CollectorError, LogOnce, NoDataError, ParseError
 from hybridmon.exporters.nvml_answers import (
-    FIELD_VALUE_MEMBERS, NVML_DEVICE_MIG_ENABLE, NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
+    FIELD_VALUE_MEMBERS, NVML_DEVICE_MIG_ENABLE, NVML_FI_DEV_C2C_LINK_COUNT,
+    NVML_FI_DEV_C2C_LINK_GET_MAX_BW, NVML_FI_DEV_C2C_LINK_GET_STATUS, C2cLink, NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
     NVML_FI_DEV_PCIE_COUNT_TX_BYTES, NVML_SUCCESS, GpuProcess, PcieByteCount, gpu_process,
     normalize_pci_bus_id, to_plain)
 
 # The answers' types are imported from here by the collectors: this module is the one gate.
-__all__ = ["GpuLostError", "GpuProcess", "Nvml", "PcieByteCount", "normalize_pci_bus_id", "MIN_NVIDIA_ML_PY"]
+__all__ = ["C2cLink", "GpuLostError", "GpuProcess", "Nvml", "PcieByteCount", "normalize_pci_bus_id", "MIN_NVIDIA_ML_PY"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +54,14 @@ DRIVER_MISSING_MESSAGES = {
         "not running): GPU metrics are absent; load it (modprobe nvidia) or reinstall the driver"
     ),
 }
+# Not a missing driver but two of them: the kernel module loaded is older or newer than the
+# libnvidia-ml.so.1 installed (nvml.h: "RM detects a driver/library version mismatch"), what a driver
+# upgrade leaves until the old module is unloaded. Retried like any init failure: a reload heals it.
+LIB_RM_MISMATCH_MESSAGE = (
+    "NVIDIA kernel module and libnvidia-ml.so.1 are different driver versions "
+    "(NVMLError_LibRmVersionMismatch): the driver was upgraded without reloading the module; "
+    "reboot, or stop GPU processes and reload it (rmmod nvidia_uvm nvidia_drm nvidia_modeset "
+    "nvidia; modprobe nvidia). GPU metrics are absent until then")
 OK, UNSUPPORTED, FAILED = "ok", "unsupported", "failed"
 # The oldest nvidia-ml-py whose wrappers hybridmon relies on are right, read from the wheels:
 # - 12.535.77 sizes the process struct with usedGpuCcProtectedMemory (32 bytes) where the driver
@@ -75,6 +90,20 @@ PROCESS_LISTS = (("compute", "nvmlDeviceGetComputeRunningProcesses"),
 # again and turns FunctionNotFound into NVMLLibraryMismatchError, so it only helps a binding
 # whose unversioned wrapper reaches the driver's v1 symbol.
 PROCESS_ENTRY_POINTS = ("_v3", "_v2", "")
+
+
+GPM_MIN_INTERVAL_SECONDS = 0.1
+"""nvml.h, nvmlGpmMetricsGet: samples "greater than 100ms" apart, "due to the internal sample
+refresh rate"."""
+
+
+@dataclass
+class GpmSamples:
+    """One GPU's two NVML GPM sample buffers: the latest sample, and the one the next fills."""
+
+    previous: Any
+    spare: Any
+    taken_at: float | None = None
 
 
 class BindingLacksFunctionError(Exception):
@@ -110,6 +139,15 @@ def _binding_version(module: Any) -> str:
 
 
 KEY_CACHE_SIZE = 1024
+PCIE_COUNTER_FAILURES_TO_GIVE_UP = 3
+"""Reads in a row without PCIe byte counters, on a GPU whose counters may yet answer, before they
+are given up. One failed call is often a transient (a Timeout while the driver is busy, a GPU
+reset's aftermath); three at the 1 s tick is a driver that keeps failing, and each such read
+costs a 20 ms blocking window meanwhile, so waiting longer buys little."""
+PCIE_COUNTER_RETRY_READS = 60
+"""Counters given up are asked again on every 60th read (once a minute at the 1 s tick): the
+exact reading is worth recovering after a transient, and one non-blocking call a minute costs
+nothing. Counted in reads, not seconds, so a replay asks on the same ticks as the recording."""
 
 
 class Nvml:
@@ -136,7 +174,12 @@ class Nvml:
         self._answers: dict[int, int] = {}
         self._memory_version: str | None = None
         self._pcie_counter_bits: dict[int, int | None] = {}  # gpu -> counter width; None: unusable
+        # gpu -> reads in a row without counters that may yet answer; reads until the next retry
+        # of counters given up.
+        self._pcie_counter_failures: dict[int, int] = {}
+        self._pcie_counter_retry_in: dict[int, int] = {}
         self._process_names: dict[int, str] = {}
+        self._gpm_samples: dict[int, GpmSamples] = {}  # live only: NVML's sample buffers per GPU
         # (function, gpu, args) -> the call's key: built once, not per call (a tick makes ~76
         # calls on 8 GPUs, the PCIe samplers 160 a second); cleared past KEY_CACHE_SIZE, as pids
         # (nvmlSystemGetProcessName) come and go.
@@ -171,6 +214,9 @@ class Nvml:
                 name = error_name(error)
                 if name in DRIVER_MISSING_MESSAGES:
                     failure: Exception = NoDataError(DRIVER_MISSING_MESSAGES[name])
+                elif name == "NVMLError_LibRmVersionMismatch":
+                    failure = CollectorError(f"{LIB_RM_MISMATCH_MESSAGE}; retrying every "
+                                             f"{self._init_retry_seconds:g} s")
                 elif _is_nvml_error(name):
                     failure = CollectorError(f"NVML initialisation failed ({name}: {error}); "
                                              f"retrying every {self._init_retry_seconds:g} s")
@@ -199,6 +245,7 @@ class Nvml:
         """Shut NVML down. Not recorded: it happens between collects and changes no reading."""
         with self._init_lock:
             if self._initialized and self._module is not None:
+                self._free_gpm_samples()
                 try:
                     self._module.nvmlShutdown()
                 except Exception as error:  # shutting down must not fail the agent's exit
@@ -223,6 +270,30 @@ class Nvml:
     def _attempt_named(self, gpu: int | None, function: str, args: tuple = (), *call_args: Any,
                        **call_kwargs: Any) -> tuple[str, Any, str | None]:
         """_attempt's answer and the error's class name (None on success)."""
+        def fetch() -> Any:
+            try:  # not self._function: a method call more per NVML call shows (~76 a tick)
+                target = getattr(self._module, function)
+            except AttributeError:
+                target = self._function(function)  # raises BindingLacksFunctionError
+            if gpu is None:
+                return to_plain(target(*call_args, **call_kwargs))
+            return to_plain(target(self._handle(gpu), *call_args, **call_kwargs))
+
+        return self._run(gpu, function, args, fetch)
+
+    def _function(self, name: str) -> Any:
+        """The pynvml function `name`; BindingLacksFunctionError where this nvidia-ml-py lacks it."""
+        try:
+            return getattr(self._module, name)
+        except AttributeError:
+            raise BindingLacksFunctionError(
+                f"nvidia-ml-py {_binding_version(self._module)} lacks {name}; upgrade to "
+                f">= {MIN_NVIDIA_ML_PY}") from None
+
+    def _run(self, gpu: int | None, function: str, args: tuple,
+             fetch: Callable[[], Any]) -> tuple[str, Any, str | None]:
+        """The one call path: `fetch` (plain JSON data out) through the source under the key of
+        (function, gpu, args), its errors sorted by class name (module docstring)."""
         self._ensure_initialized()
         key = self._keys.get((function, gpu, args))
         if key is None:
@@ -231,17 +302,6 @@ class Nvml:
             if len(self._keys) >= KEY_CACHE_SIZE:
                 self._keys.clear()
             self._keys[(function, gpu, args)] = key
-
-        def fetch() -> Any:
-            try:
-                target = getattr(self._module, function)
-            except AttributeError:
-                raise BindingLacksFunctionError(
-                    f"nvidia-ml-py {_binding_version(self._module)} lacks {function}; upgrade to "
-                    f">= {MIN_NVIDIA_ML_PY}") from None
-            if gpu is None:
-                return to_plain(target(*call_args, **call_kwargs))
-            return to_plain(target(self._handle(gpu), *call_args, **call_kwargs))
 
         try:
             value = self._source.call(key, fetch)
@@ -405,16 +465,28 @@ class Nvml:
         SUCCESS with a 64-bit integer valueType. A field answering an error (drivers before R555
         do not know the ids; some GPUs lack them) or a 32-bit value (it would wrap every 4 GiB,
         under 0.1 s at Gen5 x16, so one tick could hide several wraps) means unusable for good,
-        logged once; the agent then samples nvmlDeviceGetPcieThroughput (exporters/pcie_traffic.py).
-        None: unusable, or no answer this time."""
-        if gpu in self._pcie_counter_bits and self._pcie_counter_bits[gpu] is None:
+        logged once; the agent then reads the GPU another way (exporters/pcie_traffic.py).
+
+        A call that gives no counters for another reason (the whole call failing, which nvml.h
+        allows: it promises SUCCESS only "if any values were populated"; or fields that answered
+        before answering an error now) leaves the GPU as it was; PCIE_COUNTER_FAILURES_TO_GIVE_UP
+        of them in a row give the counters up, so the GPU is read another way rather than by one
+        20 ms window a tick for good, and they are asked again every PCIE_COUNTER_RETRY_READS
+        reads. None: unusable, given up, or no answer this time."""
+        if self._pcie_counter_bits.get(gpu, 0) is None:
             return None
-        status, fields = self._attempt(gpu, "nvmlDeviceGetFieldValues", ("pcie_bytes",),
-                                       [NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
-                                        NVML_FI_DEV_PCIE_COUNT_TX_BYTES])
+        reads_to_retry = self._pcie_counter_retry_in.get(gpu)
+        if reads_to_retry is not None and reads_to_retry > 1:
+            self._pcie_counter_retry_in[gpu] = reads_to_retry - 1
+            return None
+        status, fields, error = self._attempt_named(
+            gpu, "nvmlDeviceGetFieldValues", ("pcie_bytes",),
+            [NVML_FI_DEV_PCIE_COUNT_RX_BYTES, NVML_FI_DEV_PCIE_COUNT_TX_BYTES])
         if status == UNSUPPORTED:
             self._pcie_counter_bits[gpu] = None
+            return None
         if status != OK:
+            self._pcie_counters_missed(gpu, f"the whole call failed with {error}")
             return None
         by_id = {field["fieldId"]: field for field in fields}
         rx = by_id.get(NVML_FI_DEV_PCIE_COUNT_RX_BYTES, {})
@@ -426,26 +498,156 @@ class Nvml:
         if returns == (NVML_SUCCESS, NVML_SUCCESS) and integer and bits == {64}:
             if decided == 0:
                 self._pcie_counter_bits[gpu] = 64
+            self._pcie_counter_failures.pop(gpu, None)
+            if self._pcie_counter_retry_in.pop(gpu, None) is not None:
+                logger.warning("GPU %d: its PCIe byte counters answer again; its traffic is read "
+                               "from them again", gpu)
             return PcieByteCount(int(rx["value"]), int(tx["value"]),
                                  max(rx["timestamp"], tx["timestamp"]) / 1e6, 64)
-        if decided == 0:
+        if decided == 0 and reads_to_retry is None:
             self._pcie_counter_bits[gpu] = None
             self._log_once(f"pcie_counters:{gpu}", "GPU %d has no usable PCIe byte counters "
                            "(nvmlDeviceGetFieldValues RX/TX_BYTES answered nvmlReturn %s, value "
                            "types %s; 64-bit counters need driver R555 or later): its PCIe traffic "
-                           "is sampled with nvmlDeviceGetPcieThroughput instead", gpu, returns,
+                           "is read another way", gpu, returns,
                            (rx.get("valueType"), tx.get("valueType")), level=logging.INFO)
         else:
-            self._log_once(f"pcie_counters_failed:{gpu}", "GPU %d: PCIe byte counters answered "
-                           "nvmlReturn %s this time; their series are absent until they answer",
-                           gpu, returns)
+            self._pcie_counters_missed(gpu, f"the fields answered nvmlReturn {returns}")
         return None
 
+    def _pcie_counters_missed(self, gpu: int, why: str) -> None:
+        """One read that gave no counters where they may yet answer: counted, and past
+        PCIE_COUNTER_FAILURES_TO_GIVE_UP in a row (or on a retry) the counters are given up."""
+        failures = self._pcie_counter_failures[gpu] = self._pcie_counter_failures.get(gpu, 0) + 1
+        retrying = gpu in self._pcie_counter_retry_in
+        if failures < PCIE_COUNTER_FAILURES_TO_GIVE_UP and not retrying:
+            self._log_once(f"pcie_counters_failed:{gpu}", "GPU %d: no PCIe byte counters this "
+                           "time (%s); one 20 ms window is read instead", gpu, why)
+            return
+        self._pcie_counter_retry_in[gpu] = PCIE_COUNTER_RETRY_READS
+        if not retrying:
+            logger.warning("GPU %d: nvmlDeviceGetFieldValues gave no PCIe byte counters %d times "
+                           "in a row (last: %s): its traffic is read another way (GPM or sampled, "
+                           "as the traffic method series says) and the counters are asked again "
+                           "every %d reads", gpu, failures, why, PCIE_COUNTER_RETRY_READS)
+
     def pcie_byte_counters_usable(self, gpu: int) -> bool | None:
-        """Whether pcie_byte_counters decided the GPU has usable counters; None: not decided yet."""
+        """Whether the GPU's traffic comes from its counters: False where pcie_byte_counters found
+        them unusable or gave them up; None while not decided (no answer yet)."""
+        if gpu in self._pcie_counter_retry_in:
+            return False
         if gpu not in self._pcie_counter_bits:
             return None
         return self._pcie_counter_bits[gpu] is not None
+
+    # --- GPM (Hopper and later) -----------------------------------------------------------
+    def gpm_supported(self, gpu: int) -> bool:
+        """Whether the GPU has GPM metrics (nvmlGpmQueryDeviceSupport isSupportedDevice; nvml.h:
+        "Hopper or newer fully supported devices"). Read once: it is the GPU's and the driver's."""
+        return bool(self._asked_once(gpu, "nvmlGpmQueryDeviceSupport", lambda unsupported, answer: (
+            not unsupported and bool((answer or {}).get("isSupportedDevice")))))
+
+    def gpm_metrics(self, gpu: int, metric_ids: tuple[int, ...]) -> dict[int, float] | None:
+        """metric id -> value (the unit nvml.h gives each, e.g. MiB/s) between this call's GPM
+        sample and the previous call's, for the metrics that answered SUCCESS. None where GPM is
+        unsupported, on the first call (one sample is no interval), within GPM_MIN_INTERVAL_SECONDS
+        of the previous sample (kept, so the next call measures from it), or when the call failed.
+
+        One recorded reading per call: the sample and the metrics between it and the previous one
+        are taken inside one fetch, so a replay answers from the trace without NVML's samples."""
+        if not self.gpm_supported(gpu):
+            return None
+        status, answered, _ = self._run(gpu, "nvmlGpmMetricsGet", tuple(metric_ids),
+                                        lambda: self._gpm_fetch(gpu, metric_ids))
+        if status != OK or answered is None:
+            return None
+        values = {}
+        for metric in answered:
+            if metric["nvmlReturn"] == NVML_SUCCESS:
+                values[int(metric["metricId"])] = float(metric["value"])
+            else:
+                self._log_once(f"gpm_metric:{gpu}:{metric['metricId']}", "GPU %d: GPM metric %d "
+                               "answered nvmlReturn %d; its series are absent", gpu,
+                               metric["metricId"], metric["nvmlReturn"], level=logging.INFO)
+        return values
+
+    def _gpm_fetch(self, gpu: int, metric_ids: tuple[int, ...]) -> list[dict] | None:
+        """Take a GPM sample into the spare buffer and compute the metrics from the previous
+        sample to it (nvml.h, nvmlGpmMetricsGet: two nvmlGpmSampleGet calls "greater than 100ms"
+        apart); the new sample becomes the previous one. Live only: a replay never runs it."""
+        handle = self._handle(gpu)
+        state = self._gpm_samples.get(gpu)
+        if state is None:
+            allocate = self._function("nvmlGpmSampleAlloc")
+            state = self._gpm_samples[gpu] = GpmSamples(allocate(), allocate())
+        now = self._clock()
+        if state.taken_at is not None and now - state.taken_at < GPM_MIN_INTERVAL_SECONDS:
+            return None
+        self._function("nvmlGpmSampleGet")(handle, state.spare)
+        earlier, state.previous, state.spare = state.previous, state.spare, state.previous
+        first, state.taken_at = state.taken_at is None, now
+        if first:
+            return None
+        request = self._function("c_nvmlGpmMetricsGet_t")()
+        request.version = self._module_attr("NVML_GPM_METRICS_GET_VERSION")
+        request.numMetrics = len(metric_ids)
+        request.sample1, request.sample2 = earlier, state.previous
+        for slot, metric_id in enumerate(metric_ids):
+            request.metrics[slot].metricId = metric_id
+        self._function("nvmlGpmMetricsGet")(request)
+        return [{"metricId": int(request.metrics[slot].metricId),
+                 "nvmlReturn": int(request.metrics[slot].nvmlReturn),
+                 "value": float(request.metrics[slot].value)} for slot in range(len(metric_ids))]
+
+    def _free_gpm_samples(self) -> None:
+        samples, self._gpm_samples = self._gpm_samples, {}
+        free = getattr(self._module, "nvmlGpmSampleFree", None)
+        for state in samples.values():
+            for sample in (state.previous, state.spare):
+                try:
+                    free(sample)
+                except Exception as error:  # freeing must not fail the agent's exit
+                    logger.debug("nvmlGpmSampleFree failed: %s", error)
+
+    # --- NVLink-C2C (Grace Hopper, Grace Blackwell) ----------------------------------------
+    def c2c_mode_enabled(self, gpu: int) -> bool | None:
+        """Whether the GPU's NVLink-C2C link to the CPU is on (nvmlDeviceGetC2cModeInfoV
+        isC2cEnabled); None where NVML does not answer (no C2C: NOT_SUPPORTED; older driver or
+        binding: the function is missing). Read once: the platform's, fixed while NVML is loaded."""
+        return self._asked_once(gpu, "nvmlDeviceGetC2cModeInfoV", lambda unsupported, info: (
+            None if unsupported or not info else bool(info.get("isC2cEnabled"))))
+
+    def c2c_links(self, gpu: int) -> list[C2cLink] | None:
+        """Each NVLink-C2C link's state from nvmlDeviceGetFieldValues: the count (field 170, read
+        until it answers, then kept), then per link its status (171) and maximum bandwidth (172,
+        nvml.h: "in MBps", taken as 10^6 bytes/s) with the link as scopeId. nvml.h asks for the
+        link in scopeId for the NVLink fields and says nothing for 171/172: the link as scopeId
+        is an assumption (nvidia-smi c2c -s lists both per link) only a C2C host can settle.
+        None where the count is unknown."""
+        count = self._static.get(("c2c_link_count", gpu))
+        if count is None:
+            fields = self._call(gpu, "nvmlDeviceGetFieldValues", ("c2c_count",),
+                                [NVML_FI_DEV_C2C_LINK_COUNT])
+            answer = (fields or [{}])[0]
+            if answer.get("nvmlReturn") != NVML_SUCCESS or answer.get("value") is None:
+                return None
+            count = self._static[("c2c_link_count", gpu)] = int(answer["value"])
+        if count == 0:
+            return []
+        requested = [(field_id, link) for link in range(count)
+                     for field_id in (NVML_FI_DEV_C2C_LINK_GET_STATUS, NVML_FI_DEV_C2C_LINK_GET_MAX_BW)]
+        fields = self._call(gpu, "nvmlDeviceGetFieldValues", ("c2c_links",), requested)
+        if fields is None:
+            return None
+        answers = {(f["fieldId"], f["scopeId"]): f["value"] for f in fields
+                   if f["nvmlReturn"] == NVML_SUCCESS and f["value"] is not None}
+        links = []
+        for link in range(count):
+            up = answers.get((NVML_FI_DEV_C2C_LINK_GET_STATUS, link))
+            megabytes = answers.get((NVML_FI_DEV_C2C_LINK_GET_MAX_BW, link))
+            links.append(C2cLink(link, None if up is None else up == 1,
+                                 None if megabytes is None else int(megabytes) * 1_000_000))
+        return links
 
     def utilization_ratio(self, gpu: int) -> float | None:
         """Share of the last sample period in which a kernel ran (nvmlDeviceGetUtilizationRates)."""
@@ -534,7 +736,12 @@ class Nvml:
                     self._process_entry[key] = name
                 return listed or []
             if status == FAILED:
-                return None  # transient (or NO_PERMISSION under MIG): ask again next time
+                if error == "NVMLError_NoPermission":
+                    # The parent of MIG instances lists them to root only (nvml.h); the agent's
+                    # privileges do not change while it runs, so it is not asked again.
+                    with self._state_lock:
+                        self._process_unsupported.add(key)
+                return None  # otherwise transient: ask again next time
             if error in MISSING_FUNCTION_ERRORS:
                 with self._state_lock:
                     self._process_missing.add((gpu, name))

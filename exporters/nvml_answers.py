@@ -1,5 +1,5 @@
 """NVML's answers as plain data: what pynvml's ctypes structs become before a trace records them,
-and the values the agent reads out of them (processes, PCIe byte counters, bus ids).
+and the values the agent reads out of them (processes, PCIe byte counters, NVLink-C2C links, bus ids).
 
 Kept apart from exporters/nvml.py, the call path, so each reads in one sitting; nvml.py re-exports
 every name here for its callers.
@@ -34,6 +34,16 @@ class PcieByteCount:
 
 
 @dataclass(frozen=True, slots=True)
+class C2cLink:
+    """One NVLink-C2C link of a GPU: up (None: not answered), its maximum in bytes/s (None: not
+    answered; NVML states it "for active links")."""
+
+    link: int
+    up: bool | None
+    max_bytes_per_second: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class GpuProcess:
     """One process on one GPU (or one MIG instance of it) as NVML lists it.
 
@@ -64,6 +74,17 @@ def normalize_pci_bus_id(bus_id: str) -> str:
 # part of NVML's ABI, and an older driver answers them NOT_SUPPORTED per field.
 NVML_FI_DEV_PCIE_COUNT_TX_BYTES = 197
 NVML_FI_DEV_PCIE_COUNT_RX_BYTES = 198
+# NVLink-C2C fields (nvml.h 12.9.79: link count; status "0=INACTIVE 1=ACTIVE"; "C2C Link Speed in
+# MBps for active links"); pynvml names them from nvidia-ml-py 12.550 on.
+NVML_FI_DEV_C2C_LINK_COUNT = 170
+NVML_FI_DEV_C2C_LINK_GET_STATUS = 171
+NVML_FI_DEV_C2C_LINK_GET_MAX_BW = 172
+# GPM metrics (nvml.h 12.9.79 nvmlGpmMetricId_t, all "in MiB/sec"): PCIe "from this GPU" (TX) and
+# "to this GPU" (RX); C2C total transmit and receive.
+NVML_GPM_METRIC_PCIE_TX_PER_SEC = 20
+NVML_GPM_METRIC_PCIE_RX_PER_SEC = 21
+NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC = 100
+NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC = 101
 NVML_SUCCESS = 0
 # nvmlValueType_t -> (the nvmlValue_t member that holds it, its width in bits on this platform).
 FIELD_VALUE_MEMBERS = {

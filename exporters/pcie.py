@@ -7,9 +7,12 @@ going to 0 shows that fall even while NVML hangs.
 Discovery lists the NVIDIA display-class functions (vendor 0x10de, class 0x03xxxx; the HDMI audio
 function of the same card is class 0x04 and is left out) through pyudev on the live host, or by
 walking <sysfs>/bus/pci/devices for any other root. It runs on the first collect(), every
-REDISCOVERY_SECONDS, and at once when udev reports an NVIDIA event. Every nondeterministic input
-(the device list, the rediscovery decision, the udev event counts) goes through source.call, so a
-replayed trace makes the same reads in the same order.
+REDISCOVERY_SECONDS, and at once when udev reports an NVIDIA event; it also resolves each GPU's
+place in the PCIe tree (exporters/pcie_topology.py: the uplink it shares with other GPUs, the
+narrowest link on its way to the CPU), which changes only when devices come or go. Every
+nondeterministic input (the device list, the rediscovery decision, the udev event counts, the
+resolved sysfs paths) goes through source.call, so a replayed trace makes the same reads in the
+same order.
 """
 from __future__ import annotations
 
@@ -26,8 +29,10 @@ import pyudev
 
 from pydantic import Field
 
+from hybridmon.exporters import pcie_topology as topology
 from hybridmon.exporters.base import (CollectorContext, CollectorRegistration, CollectorSettings, LogOnce,
                                       MetricSpec, NoDataError, ParseError, Samples, read_parsed)
+from hybridmon.pcie_rates import theoretical_capacity
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +215,7 @@ class PcieCollector:
     default_interval_seconds = 1.0
     metric_specs = (LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, LINK_GENERATION,
                     LINK_MAX_GENERATION, AER_ERRORS, DEVICE_NUMA_NODE, DEVICE_PRESENT,
-                    UDEV_EVENTS)
+                    UDEV_EVENTS) + topology.METRIC_SPECS
 
     def __init__(self, source: Any, sysfs: str = "/sys", use_udev: bool | None = None,
                  monitor_events: bool = True, *,
@@ -226,6 +231,8 @@ class PcieCollector:
         self._seen: list[str] = []          # every GPU function seen since start, in order
         self._present: set[str] = set()
         self._fixed_by_address: dict[str, _FixedAttributes] = {}  # until the next discovery
+        self._paths: dict[str, tuple[str, ...]] = {}  # GPU -> root port ... GPU, at the last discovery
+        self._uplinks: dict[str, topology.SharedUplink] = {}
         self._aer_seen: dict[tuple[str, str], tuple[str, int]] = {}  # (address, file) -> (text, total)
         self._discovered_at: float | None = None
         self._last_event_counts: dict[str, int] | None = None
@@ -248,10 +255,12 @@ class PcieCollector:
             raise NoDataError(
                 f"no NVIDIA GPU function (vendor 0x10de, class 0x03xxxx) under {self._devices_dir}")
         samples = Samples()
+        links: dict[str, tuple[float | None, int | None]] = {}  # this collect's link reads, by function
         for address in self._seen:
             if address in self._present and self._still_there(address):
-                self._add_device(samples, address)
+                self._add_device(samples, address, links)
             samples.add(DEVICE_PRESENT, 1 if address in self._present else 0, address)
+        self._add_topology(samples, links)
         if events is not None:
             for action, count in sorted(events.items()):
                 samples.add(UDEV_EVENTS, count, action)
@@ -287,6 +296,21 @@ class PcieCollector:
         self._present = set(addresses)
         self._fixed_by_address.clear()
         self._seen.extend(address for address in addresses if address not in self._seen)
+        self._paths = {address: path for address in sorted(self._present)
+                       if (path := self._device_path(address)) is not None}
+        self._uplinks = topology.shared_uplinks(self._paths)
+
+    def _device_path(self, address: str) -> tuple[str, ...] | None:
+        """The function's chain from its root port down (pcie_topology.parse_device_path), or None
+        with the reason logged once."""
+        try:
+            resolved = self._source.call(f"pcie.device_path:{address}",
+                                         lambda: os.path.realpath(os.path.join(self._devices_dir, address)))
+            return topology.parse_device_path(resolved)
+        except Exception as error:  # a ParseError, or a replayed failure
+            self._log_once(f"path:{address}", "pcie: cannot place %s in the PCIe tree (%s): its "
+                           "uplink and narrowest-link series are absent", address, error)
+            return None
 
     def _list_nvidia_gpus_sysfs(self) -> list[str]:
         found = []
@@ -335,10 +359,18 @@ class PcieCollector:
                 self._parsed(address, "numa_node", parse_numa_node))
         return fixed
 
-    def _add_device(self, samples: Samples, address: str) -> None:
+    def _link(self, address: str, links: dict[str, tuple[float | None, int | None]]) -> tuple[float | None, int | None]:
+        """(transfers/s, lanes) of the link above the function, read once per collect: a switch
+        port above two GPUs is on both their paths."""
+        if address not in links:
+            links[address] = (self._parsed(address, "current_link_speed", parse_link_speed),
+                              self._parsed(address, "current_link_width", parse_link_width))
+        return links[address]
+
+    def _add_device(self, samples: Samples, address: str,
+                    links: dict[str, tuple[float | None, int | None]]) -> None:
         fixed = self._fixed(address)
-        speed = self._parsed(address, "current_link_speed", parse_link_speed)
-        width = self._parsed(address, "current_link_width", parse_link_width)
+        speed, width = self._link(address, links)
         samples.add_many(((LINK_SPEED, speed), (LINK_MAX_SPEED, fixed.max_speed),
                           (LINK_GENERATION, link_generation(speed)),
                           (LINK_MAX_GENERATION, link_generation(fixed.max_speed)),
@@ -351,6 +383,40 @@ class PcieCollector:
                                      "no AER statistics: a device without AER, or a kernel "
                                      "without CONFIG_PCIEAER"))
             samples.add(AER_ERRORS, total, address, severity)
+
+    def _add_topology(self, samples: Samples, links: dict[str, tuple[float | None, int | None]]) -> None:
+        """The shared uplinks of the GPUs on the bus and the narrowest link on each one's path."""
+        for uplink in sorted({shared.port: shared for shared in self._uplinks.values()}.values(),
+                             key=lambda shared: shared.port):
+            fixed = self._fixed(uplink.port)
+            speed, width = self._link(uplink.port, links)
+            samples.add_many(((topology.UPLINK_GPUS, len(uplink.gpus)), (topology.UPLINK_SPEED, speed),
+                              (topology.UPLINK_GENERATION, link_generation(speed)),
+                              (topology.UPLINK_WIDTH, width), (topology.UPLINK_MAX_SPEED, fixed.max_speed),
+                              (topology.UPLINK_MAX_WIDTH, fixed.max_width)), uplink.port)
+        for gpu, uplink in sorted(self._uplinks.items()):
+            if gpu in self._present:
+                samples.add(topology.UPLINK_INFO, 1, gpu, uplink.port, uplink.root_port)
+        for gpu, path in sorted(self._paths.items()):
+            if gpu not in self._present:
+                continue
+            narrowest = self._narrowest(path, links)
+            if narrowest is not None:
+                port, speed, width = narrowest
+                samples.add_many(((topology.NARROWEST_WIDTH, width), (topology.NARROWEST_SPEED, speed)), gpu, port)
+
+    def _narrowest(self, path: tuple[str, ...], links: dict[str, tuple[float | None, int | None]]
+                   ) -> tuple[str, float, int] | None:
+        """(function below it, transfers/s, lanes) of the link with the fewest theoretical bytes/s
+        on the path, nearest the CPU among equals; links of unknown state are left out."""
+        best: tuple[float, str, float, int] | None = None
+        for port in topology.link_ends(path):
+            speed, width = self._link(port, links)
+            generation = link_generation(speed)
+            carries = theoretical_capacity(generation, width) if generation and width else None
+            if carries is not None and (best is None or carries < best[0]):
+                best = (carries, port, speed, width)
+        return best[1:] if best else None
 
     def _aer_total(self, address: str, name: str, total_key: str, text: str) -> int:
         """_total of an AER file, parsed again only when its text changed: 24 files a tick on 8

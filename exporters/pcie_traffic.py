@@ -9,7 +9,11 @@ NVML offers two readings (docs/nvml-cost.md):
   traffic at 50 % duty its standard error is sqrt(0.25 / 60) = 6.5 % of the burst rate, 13 % of
   the mean; a 15 s Prometheus scrape keeps 4 windows a minute, 50 %.
 
-So `PcieTraffic.read` uses the counters where the GPU has them. Where it does not, a
+So `PcieTraffic.read` uses the counters where the GPU has them. Where it does not (or they keep
+failing: exporters/nvml.py gives them up after a few reads in a row and asks again now and then),
+a GPU with GPM (Hopper and later) is read from its GPM PCIe metrics: NVML's bytes between two
+samples a tick apart, MiB/s, no blocking and, like the counters, the exact average of the interval.
+Elsewhere a
 `ThroughputSampler` thread per GPU takes `samples_per_second` window pairs (RX then TX), one at a
 uniformly random moment in each slot of 1/samples_per_second (stratified sampling: unbiased for
 any traffic, however periodic, and no noisier than independent samples), and each tick publishes
@@ -41,6 +45,8 @@ from typing import Any, Callable
 
 from hybridmon.exporters.base import LogOnce
 from hybridmon.exporters.nvml import GpuLostError, Nvml, PcieByteCount
+from hybridmon.exporters.nvml_answers import (NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+                                              NVML_GPM_METRIC_PCIE_TX_PER_SEC)
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +63,14 @@ WRAP_MARGIN_BYTES = 2**44
 driver reload or GPU reset), read as Prometheus reads a counter reset. 16 TiB: more than a Gen6
 x16 link (~121 GB/s) carries in two minutes, far more than one tick's traffic."""
 DIRECTIONS = ("host_to_device", "device_to_host")
+MIB = 2**20
+GPM_GIVE_UP_MISSES = 4
+"""GPM reads in a row without PCIe metrics before GPM is given up for the GPU's traffic: the first
+read has no interval by design, then three failures, as for the counters (exporters/nvml.py
+PCIE_COUNTER_FAILURES_TO_GIVE_UP)."""
+METHODS = ("counters", "gpm", "sampled")
+"""How a GPU's traffic is read (hybridmon_gpu_pcie_traffic_method): its byte counters, its GPM
+PCIe metrics, or 20 ms nvmlDeviceGetPcieThroughput windows (sampled, or one a tick)."""
 
 
 def counter_increase(previous: int, current: int, width_bits: int) -> int:
@@ -79,8 +93,8 @@ def share_standard_error(duty: float, samples: int) -> float:
 class TrafficReading:
     """One GPU's PCIe traffic in one tick, per direction (host_to_device, device_to_host).
 
-    bytes_per_second: the gauge, the average since the previous reading (method "counters" or
-    "samples"), or one 20 ms window ("window": the first tick, or samples_per_second 0).
+    bytes_per_second: the gauge, the average since the previous reading (method "counters", "gpm"
+    or "samples"), or one 20 ms window ("window": the first tick, or samples_per_second 0).
     counted_bytes: NVML's cumulative counters, None without them. sampled_bytes: the sampler's
     running estimate of the bytes moved, None without a sampler."""
 
@@ -88,6 +102,7 @@ class TrafficReading:
     counted_bytes: tuple[int, int] | None = None
     sampled_bytes: tuple[float, float] | None = None
     method: str = "window"
+    source: str = "sampled"  # one of METHODS: how the GPU's traffic is read, this tick's window aside
 
 
 class ThroughputSampler:
@@ -212,17 +227,45 @@ class PcieTraffic:
         self._replaying = replaying
         self._previous: dict[int, PcieByteCount] = {}
         self._samplers: dict[int, ThroughputSampler] = {}
+        self._gpm_misses: dict[int, int] = {}  # gpu -> GPM reads in a row without PCIe metrics
         self._lock = threading.Lock()
 
-    def read(self, gpu: int) -> TrafficReading:
+    def read(self, gpu: int, gpm: Callable[[], dict[int, float] | None] = lambda: None) -> TrafficReading:
+        """gpm: the GPU's GPM metrics this tick (Nvml.gpm_metrics, read at most once a tick by
+        the caller, as C2C shares the sample pair); asked only where GPM is the method."""
         counted = self._nvml.pcie_byte_counters(gpu)
         if counted is not None:
+            self._stop_sampler(gpu)  # counters back after a retry: the samples are not needed
             return self._from_counters(gpu, counted)
         self._previous.pop(gpu, None)  # a gap: the next rate starts afresh
-        if self._nvml.pcie_byte_counters_usable(gpu) is False and self._samples_per_second > 0:
-            if self._replaying or self._sampler_nvml is not None:
+        if self._nvml.pcie_byte_counters_usable(gpu) is False:
+            if self._gpm_misses.get(gpu, 0) < GPM_GIVE_UP_MISSES and self._nvml.gpm_supported(gpu):
+                reading = self._from_gpm(gpu, gpm())
+                if reading is not None:
+                    return reading
+            if self._samples_per_second > 0 and (self._replaying or self._sampler_nvml is not None):
                 return self._from_samples(gpu)
         return TrafficReading(self._nvml.pcie_throughput_bytes_per_second(gpu))
+
+    def _from_gpm(self, gpu: int, metrics: dict[int, float] | None) -> TrafficReading | None:
+        """The GPM PCIe metrics as a reading: a window this tick where they gave no interval yet
+        (first read) or failed, None once GPM is given up for the GPU (GPM_GIVE_UP_MISSES)."""
+        ids = (NVML_GPM_METRIC_PCIE_RX_PER_SEC, NVML_GPM_METRIC_PCIE_TX_PER_SEC)
+        if metrics is not None and all(metric in metrics for metric in ids):
+            self._gpm_misses[gpu] = 0
+            self._stop_sampler(gpu)  # one started while GPM's support was not known yet
+            return TrafficReading(tuple(metrics[metric] * MIB for metric in ids), method="gpm",
+                                  source="gpm")
+        misses = self._gpm_misses[gpu] = self._gpm_misses.get(gpu, 0) + 1
+        if misses >= GPM_GIVE_UP_MISSES or metrics is not None:
+            # Answered without the PCIe metrics: the GPU does not measure them; asking is futile.
+            self._gpm_misses[gpu] = GPM_GIVE_UP_MISSES
+            log.warning("GPU %d: GPM gave no PCIe metrics (%s): its PCIe traffic is sampled with "
+                        "nvmlDeviceGetPcieThroughput instead", gpu,
+                        "failed %d times in a row" % misses if metrics is None else
+                        "answered without them")
+            return None
+        return TrafficReading(self._nvml.pcie_throughput_bytes_per_second(gpu), source="gpm")
 
     def _from_counters(self, gpu: int, counted: PcieByteCount) -> TrafficReading:
         totals = (counted.host_to_device_bytes, counted.device_to_host_bytes)
@@ -231,11 +274,12 @@ class PcieTraffic:
         elapsed = None if previous is None else counted.timestamp_seconds - previous.timestamp_seconds
         if previous is None or elapsed <= 0:
             # No interval yet (first tick): one 20 ms window, so the gauge is there from the start.
-            return TrafficReading(self._nvml.pcie_throughput_bytes_per_second(gpu), totals)
+            return TrafficReading(self._nvml.pcie_throughput_bytes_per_second(gpu), totals,
+                                  source="counters")
         before = (previous.host_to_device_bytes, previous.device_to_host_bytes)
         rates = tuple(counter_increase(old, new, counted.width_bits) / elapsed
                       for old, new in zip(before, totals))
-        return TrafficReading(rates, totals, method="counters")
+        return TrafficReading(rates, totals, method="counters", source="counters")
 
     def _from_samples(self, gpu: int) -> TrafficReading:
         def take() -> dict:
@@ -269,6 +313,12 @@ class PcieTraffic:
                 log.info("GPU %d: sampling PCIe throughput %g times a second (no byte counters; "
                          "docs/nvml-cost.md)", gpu, self._samples_per_second)
         return sampler
+
+    def _stop_sampler(self, gpu: int) -> None:
+        with self._lock:
+            sampler = self._samplers.pop(gpu, None)
+        if sampler is not None:
+            sampler.stop()
 
     def close(self) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from hybridmon.exporters import bench as bench_metrics
 from hybridmon.exporters import gpu as gpu_metrics
+from hybridmon.exporters import pcie_topology as topology
 from hybridmon.rules.model import Recording, Thresholds
 from hybridmon.pcie_rates import (C2C_ACHIEVABLE_SHARE_TEXT, LANE_ACHIEVABLE_TEXT, LANE_BIDIRECTIONAL_TEXT, LANE_BYTES_PER_SECOND_TEXT,
                                   LANE_LINE_RATE_BITS_PER_SECOND_TEXT)
@@ -58,6 +59,20 @@ MEASURED_C2C_CAPACITY = bench_metrics.C2C_MEASURED_CAPACITY.name
 C2C_TRAFFIC = f"gpu:{gpu_metrics.C2C_THROUGHPUT.name}:avg1m"
 C2C_TRAFFIC_SHARE = "gpu:hybridmon_gpu_c2c_traffic_share_of_capacity:avg1m"
 C2C_ON = f"{gpu_metrics.C2C_MODE.name} == 1"
+# The shared uplink of each GPU behind one (exporters/pcie_topology.py), named by the GPU's gpu and
+# uuid labels (the uplink series name it by its PCI address): labels gpu, uuid, uplink.
+GPU_UPLINK = f"gpu:{topology.UPLINK_INFO.name}:by_gpu"
+# Per shared uplink and direction: the sum of TRAFFIC of the GPUs behind it (labels uplink, direction).
+UPLINK_TRAFFIC = "uplink:hybridmon_gpu_pcie_traffic_bytes_per_second:sum_avg1m"
+# Each GPU's part of its uplink's traffic, both directions together (labels gpu, uuid, uplink).
+UPLINK_TRAFFIC_PART = "gpu:hybridmon_pcie_uplink_traffic_share:avg1m"
+# What the uplink carries in practice at the best generation x width of the minute: one direction,
+# and both together at once (pcie_rates, as for a GPU's own link; no benchmark measures an uplink).
+UPLINK_ACHIEVABLE = "uplink:hybridmon_pcie_uplink_achievable_bytes_per_second:best1m"
+UPLINK_BIDIRECTIONAL_ACHIEVABLE = "uplink:hybridmon_pcie_uplink_bidirectional_achievable_bytes_per_second:best1m"
+# UPLINK_TRAFFIC over UPLINK_ACHIEVABLE per direction, and (direction="both") the sum of both
+# directions over UPLINK_BIDIRECTIONAL_ACHIEVABLE.
+UPLINK_TRAFFIC_SHARE = "uplink:hybridmon_pcie_uplink_traffic_share_of_capacity:avg1m"
 REPLAY_BOUND = "gpu:hybridmon_gpu_pcie_replays_per_minute:dcgm_bound"
 MEMORY_USED = f"gpu:{gpu_metrics.MEMORY_USED.name}:avg1m"
 
@@ -72,11 +87,45 @@ def capacity_expr(generation: str, width: str) -> str:
             f"{by_generation(generation, LANE_BYTES_PER_SECOND_TEXT, '    ')}\n)")
 
 
-def best_link(table: dict[int, tuple[str, str]]) -> str:
-    """`table`'s per-lane rate of the best generation x best width seen over the last minute."""
-    best_generation = f"max_over_time({gpu_metrics.PCIE_LINK_GENERATION.name}[1m])"
-    return (f"(max_over_time({gpu_metrics.PCIE_LINK_WIDTH.name}[1m]) > 0)\n*\n(\n"
+def best_link(table: dict[int, tuple[str, str]], generation: str = gpu_metrics.PCIE_LINK_GENERATION.name,
+              width: str = gpu_metrics.PCIE_LINK_WIDTH.name) -> str:
+    """`table`'s per-lane rate of the best generation x best width seen over the last minute
+    (a GPU's own link; the uplink's series where they are given)."""
+    best_generation = f"max_over_time({generation}[1m])"
+    return (f"(max_over_time({width}[1m]) > 0)\n*\n(\n"
             f"{by_generation(best_generation, table, '    ')}\n)")
+
+
+def uplink_recordings() -> tuple[Recording, ...]:
+    """A shared uplink's traffic (its GPUs' TRAFFIC summed) against what it carries."""
+    per_gpu = (f"{TRAFFIC}\n* ignoring (direction, uplink) group_left (uplink)\n{GPU_UPLINK}")
+    return (
+        Recording(GPU_UPLINK,
+                  "# the uplink of each GPU behind a shared one, by the GPU's gpu and uuid labels\n"
+                  f"max without (pci_bus_id, root_port) (\n  {topology.UPLINK_INFO.name}\n"
+                  "  * ignoring (gpu, uuid, name, driver_version, uplink, root_port) group_left (gpu, uuid)\n"
+                  f"  {gpu_metrics.GPU_INFO.name}\n)"),
+        Recording(UPLINK_TRAFFIC,
+                  "# bytes/s per direction through the uplink: the sum of its GPUs' traffic\n"
+                  f"sum without (gpu, uuid) (\n{per_gpu}\n)"),
+        Recording(UPLINK_TRAFFIC_PART,
+                  "# each GPU's part of its uplink's traffic, both directions together\n"
+                  f"sum without (direction) (\n{per_gpu}\n)\n/ ignoring (gpu, uuid) group_left\n"
+                  f"sum without (direction) ({UPLINK_TRAFFIC})"),
+        Recording(UPLINK_ACHIEVABLE,
+                  "# bytes/s one direction of the uplink carries: best generation x width of the last\n"
+                  "# minute, theoretical x the share copy engines achieve (hybridmon/pcie_rates.py)\n"
+                  + best_link(LANE_ACHIEVABLE_TEXT, topology.UPLINK_GENERATION.name, topology.UPLINK_WIDTH.name)),
+        Recording(UPLINK_BIDIRECTIONAL_ACHIEVABLE,
+                  "# bytes/s both directions of the uplink carry together while both copy at once\n"
+                  + best_link(LANE_BIDIRECTIONAL_TEXT, topology.UPLINK_GENERATION.name, topology.UPLINK_WIDTH.name)),
+        Recording(UPLINK_TRAFFIC_SHARE,
+                  f"# each direction against what the uplink carries that way...\n"
+                  f"{UPLINK_TRAFFIC} / ignoring (direction) group_left {UPLINK_ACHIEVABLE}\n"
+                  "# ...and both together against what it carries both ways at once\nor\n"
+                  f'label_replace(\n  sum without (direction) ({UPLINK_TRAFFIC}) / {UPLINK_BIDIRECTIONAL_ACHIEVABLE},\n'
+                  f'  "direction", "{BOTH}", "", ""\n)'),
+    )
 
 
 def capacity_recordings() -> tuple[Recording, ...]:
@@ -149,6 +198,7 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
                                               gpu_metrics.PCIE_LINK_MAX_WIDTH.name)),
         *capacity_recordings(),
         *c2c_recordings(),
+        *uplink_recordings(),
         Recording(UTILIZATION, f"avg_over_time({gpu_metrics.UTILIZATION.name}[1m])"),
         Recording(replay_rate_record(t.pcie_errors.window_seconds), f"rate({gpu_metrics.PCIE_REPLAYS.name}[{window}])"),
         Recording(REPLAY_BOUND,

@@ -5,7 +5,7 @@ value, `<bound|humanize>` the first sample of a named query run when the alert f
 `<if gpu>...<else>...<end>` picks a text by whether the alert has that label, or, where `gpu` names
 a query, whether that query found anything (so a clause is left out rather than print "unknown"),
 and `<faulting|processes>` lists every series a named query returns, in its order, as `name (pid N,
-V/s)` (V humanized; "none" when it returns nothing). `go_template`
+V/s)` (V humanized; "none" when it returns nothing), and `<shares|gpuShares>` as `GPU 0 (55%)`. `go_template`
 turns the markers into Prometheus template code; `expected_text` fills them with the values a
 promtool test expects, formatted exactly as Prometheus's template functions format them (ported
 from prometheus/template/template.go), so the generated tests check the rules' PromQL and
@@ -110,8 +110,10 @@ FORMATS: dict[str, Callable[[float], str]] = {
 
 # List formats: a query's whole result, not its first sample. Each renders its items one way in
 # Go (a `range` over the query's samples) and the same way in Python (a sequence of items).
-LIST_FORMATS = ("processes",)
 _PROCESS_ITEM_GO = "{{ $s.Labels.process_name }} (pid {{ $s.Labels.pid }}, {{ $s.Value | humanize }}/s)"
+_GPU_SHARE_ITEM_GO = "GPU {{ $s.Labels.gpu }} ({{ $s.Value | humanizePercentage }})"
+LIST_ITEMS_GO = {"processes": _PROCESS_ITEM_GO, "gpuShares": _GPU_SHARE_ITEM_GO}
+LIST_FORMATS = tuple(LIST_ITEMS_GO)
 _EMPTY_LIST = "none"
 
 
@@ -121,6 +123,16 @@ def process_list(items) -> str:
     if not items:
         return _EMPTY_LIST
     return ", ".join(f"{name} (pid {pid}, {humanize(float(value))}/s)" for name, pid, value in items)
+
+
+def gpu_share_list(items) -> str:
+    """`<name|gpuShares>` filled from (gpu index, ratio) items: "GPU 0 (55%), GPU 1 (45%)"."""
+    if not items:
+        return _EMPTY_LIST
+    return ", ".join(f"GPU {gpu} ({humanize_percentage(float(share))})" for gpu, share in items)
+
+
+_LIST_FILLERS = {"processes": process_list, "gpuShares": gpu_share_list}
 
 
 def _query_call(promql: str, label_names: tuple[str, ...]) -> str:
@@ -140,7 +152,7 @@ def go_template(text: str, queries: Mapping[str, tuple[str, tuple[str, ...]]]) -
                 raise ValueError(f"<{name}|{fmt}> lists a query's samples: give <{name}> a query")
             promql, label_names = queries[name]
             return (f"{{{{ range $i, $s := {_query_call(promql, label_names)} }}}}{{{{ if $i }}}}, "
-                    f"{{{{ end }}}}{_PROCESS_ITEM_GO}{{{{ else }}}}{_EMPTY_LIST}{{{{ end }}}}")
+                    f"{{{{ end }}}}{LIST_ITEMS_GO[fmt]}{{{{ else }}}}{_EMPTY_LIST}{{{{ end }}}}")
         if name == "value":
             return f"{{{{ $value{pipe} }}}}"
         if name in queries:
@@ -169,7 +181,7 @@ def expected_text(text: str, values: Mapping[str, float | str | None]) -> str:
     def filled(name: str, fmt: str | None) -> str:
         value = values[name]
         if fmt in LIST_FORMATS:
-            return process_list(value)
+            return _LIST_FILLERS[fmt](value)
         if value is None:  # a query that returned nothing: the template's {{ else }}
             return "unknown"
         if fmt:

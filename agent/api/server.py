@@ -15,6 +15,7 @@ import logging
 import socket
 import sys
 
+import anyio
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
@@ -153,8 +154,11 @@ def create_app(agent: Agent) -> FastAPI:
     from hybridmon.agent.status.page import render_status_page
 
     @app.get("/", response_class=HTMLResponse)
-    def status_page() -> HTMLResponse:
-        return HTMLResponse(render_status_page(agent))
+    async def status_page() -> HTMLResponse:
+        # In a worker thread, as a sync route is, but abandoned when the server's shutdown cancels
+        # it: a render still running at SIGTERM must not hold the agent's exit (issue 30: 65 s).
+        page = await anyio.to_thread.run_sync(render_status_page, agent, abandon_on_cancel=True)
+        return HTMLResponse(page)
 
     runbooks = RunbookLibrary()
 

@@ -1,5 +1,6 @@
 """What the PCIe families judge a link by, as they publish it for the status page (Detector.figures):
-each direction of a GPU's link against what it carries (GpuPcieStarvation), and a server's KV
+each direction of a GPU's link against what it carries (GpuPcieStarvation), the link GPUs behind a
+switch share (PcieUplinkStarvation), and a server's KV
 offload loads against its GPUs' host->device link (InferenceKvOffloadPressure). The page shows
 these as the families decided them and works nothing out again; the capacity is always
 hybridmon.pcie_rates.effective_capacity of the best link of the minute judged."""
@@ -24,6 +25,20 @@ class DirectionLoad:
     @property
     def share(self) -> float | None:
         return self.traffic / self.capacity.bytes_per_second if self.capacity else None
+
+
+@dataclass(frozen=True)
+class UplinkLoad:
+    """One PCIe link several GPUs behind a switch share on their way to the CPU, over the minute
+    PcieUplinkStarvation judged: the link, the GPUs behind it with each one's part of its traffic
+    (both directions together), and the fullest of each direction and both together against what
+    it carries."""
+
+    uplink: str                                  # PCI address of the switch port below the link
+    root_port: str
+    link: str | None                             # "Gen4 x16"; None while its state is unknown
+    gpus: tuple[tuple[str, float | None], ...]   # (gpu index, part of the traffic), largest first
+    share: float | None                          # None: no traffic or no capacity known
 
 
 @dataclass(frozen=True)

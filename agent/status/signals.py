@@ -13,11 +13,11 @@ from typing import Any
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.detectors.common import PROCESS_LABELS
 from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.detectors.links import BUS_CAUSES, HOST_TO_DEVICE, BusAccount, DirectionLoad, LinkShare
+from hybridmon.agent.detectors.links import BUS_CAUSES, HOST_TO_DEVICE, BusAccount, DirectionLoad, LinkShare, UplinkLoad
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.status.template import Row, card, clock_and_age, key_values, paragraph, table
 from hybridmon.agent.status.trends import Trends, gpu_plots, host_plots, process_plots
-from hybridmon.exporters import bench, host_memory, numa, pcie, pressure, process
+from hybridmon.exporters import bench, host_memory, numa, pcie, pcie_topology, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
 from hybridmon.pcie_rates import link_name
@@ -65,7 +65,8 @@ class Decided:
     page shows as they were decided and never works out again: each GPU link's load against its
     capacity (GpuPcieStarvation), each server's KV loads against its GPUs' link
     (InferenceKvOffloadPressure), each lost GPU's last identity (GpuLost), where each GPU's bus
-    bytes went (InferenceWeightsCrossingBus's account). Empty before the
+    bytes went (InferenceWeightsCrossingBus's account), each shared uplink's load and the GPUs
+    behind it (PcieUplinkStarvation). Empty before the
     first evaluation and with the detectors off."""
 
     def __init__(self, engine: Engine | None) -> None:
@@ -76,6 +77,7 @@ class Decided:
         self.kv_shares: Mapping[tuple[str, ...], LinkShare] = figures("kv_offload_pressure")
         self.lost_gpus: Mapping[tuple[str, ...], Labels] = figures("gpu_lost")
         self.bus: Mapping[tuple[str, ...], BusAccount] = figures("weight_offload")
+        self.uplinks: Mapping[tuple[str, ...], UplinkLoad] = figures("pcie_uplink_starvation")
 
 
 def counter_rates(history: History, latest: LatestValues, metric: str, label_names: tuple[str, ...],
@@ -148,6 +150,9 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues, decided: Decided) -> li
     if generation and width:
         best = f" (max {link_name(best_generation, best_width)})" if best_generation and best_width else ""
         rows.append(("PCIe link", f"{link_name(generation, width)}{best}", False))
+    shared = uplink_row(key, latest, decided)
+    if shared is not None:
+        rows.append(shared)
     replays = get(gpu_metrics.PCIE_REPLAYS)
     if replays is not None:
         rows.append(("PCIe replays", f"{replays:.0f} since the driver loaded", False))
@@ -155,6 +160,32 @@ def gpu_rows(key: tuple[str, ...], latest: LatestValues, decided: Decided) -> li
     if node is not None:
         rows.append(("GPU memory NUMA node", f"{node:.0f}", False))
     return rows
+
+
+def uplink_row(key: tuple[str, ...], latest: LatestValues, decided: Decided) -> Row | None:
+    """The PCIe link this GPU shares with other GPUs behind a switch (exporters/pcie_topology.py):
+    the switch port below it, its link, the GPUs sharing it, and how full PcieUplinkStarvation
+    judged it over its last minute (each GPU's part of the traffic); None for a GPU with a link of
+    its own to its root port."""
+    index_of_bus = {labels.get("pci_bus_id"): labels["gpu"] for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)}
+    bus = next((bus for bus, gpu in index_of_bus.items() if gpu == key[0]), None)
+    behind: dict[str, list[str]] = {}
+    for labels, _ in latest.all(pcie_topology.UPLINK_INFO.name):
+        behind.setdefault(labels["uplink"], []).append(labels["pci_bus_id"])
+    uplink = next((port for port, buses in behind.items() if bus in buses), None)
+    if uplink is None:
+        return None
+    others = sorted(index_of_bus.get(other, other) for other in behind[uplink] if other != bus)
+    load = decided.uplinks.get((uplink,))
+    generation = latest.keyed(pcie_topology.UPLINK_GENERATION.name, "uplink").get((uplink,))
+    width = latest.keyed(pcie_topology.UPLINK_WIDTH.name, "uplink").get((uplink,))
+    link = load.link if load is not None and load.link else (
+        link_name(generation, width) if generation and width else "link state unknown")
+    text = f"switch port {uplink} ({link}), shared with GPU {', '.join(others)}"
+    if load is not None and load.share is not None:
+        parts = ", ".join(f"GPU {gpu} {percent(part)}" for gpu, part in load.gpus if part is not None)
+        text += f"; {percent(load.share)} full over the last minute ({parts} of its traffic)"
+    return ("Shared PCIe uplink", text, False)
 
 
 CAUSE_NAMES = {"kv_offload": "KV offload", "weights": "weights", "unattributed": "unattributed"}

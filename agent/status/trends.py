@@ -47,13 +47,24 @@ class Trends:
         self.times = [self.start + (i + 0.5) * width for i in range(BUCKETS)]
         self.intervals = engine.firing_intervals() if now is not None else []
         self._read: dict[str, list[BucketedSeries]] = {}
+        # (metric, the label names asked by) -> {their values: the series}: the page asks once per
+        # GPU, process and model, and a scan per ask made it quadratic (issue 30: 20,000 models)
+        self._indexes: dict[tuple[str, tuple[str, ...]], dict[tuple, list[BucketedSeries]]] = {}
 
     def series(self, spec: MetricSpec, **labels: str) -> list[BucketedSeries]:
         found = self._read.get(spec.name)
         if found is None:
             found = self._read[spec.name] = (
                 self.history.bucketed(spec.name, self.start, self.end, BUCKETS) if self.end else [])
-        return [s for s in found if all(s.labels.get(k) == v for k, v in labels.items())]
+        if not labels:
+            return list(found)
+        names = tuple(sorted(labels))
+        index = self._indexes.get((spec.name, names))
+        if index is None:
+            index = self._indexes[(spec.name, names)] = {}
+            for one in found:
+                index.setdefault(tuple(one.labels.get(name) for name in names), []).append(one)
+        return index.get(tuple(labels[name] for name in names), [])
 
     def gauge(self, spec: MetricSpec, **labels: str) -> list[float] | None:
         """Bucket means of the one series with `labels`, summed when several match (a process on

@@ -15,7 +15,8 @@ from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.gpu import GpuCollector
 from tests.support import fake_nvml
 from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, UUID1, XORG_PID, FakeClock,
-                                     FakeNvml, FakeProcess, mig_gpu, real_nvml_library_loads,
+                                     FakeNvml, FakeProcess, grace_hopper_gpu, mig_gpu,
+                                     real_nvml_library_loads,
                                      uniform_gpus)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -64,6 +65,8 @@ EXPECTED_GPU0 = {
     # no hybridmon_gpu_numa_node: NOT_SUPPORTED on x86 hosts; no hybridmon_gpu_mig_mode: no MIG
     ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, "4242", "python3")): 30 * GIB,
     ("hybridmon_gpu_process_memory_used_bytes", ("0", UUID0, str(XORG_PID), "Xorg")): 18 * MIB,
+    # driver 550 has no PCIe byte counters (R555+) and the L40S no GPM: one window a tick
+    ("hybridmon_gpu_pcie_traffic_method", ("0", UUID0, "sampled")): 1,
 }
 EXPECTED_GPU1 = {
     ("hybridmon_gpu_up", ("1", UUID1)): 1,
@@ -83,6 +86,7 @@ EXPECTED_GPU1 = {
     ("hybridmon_gpu_utilization_ratio", ("1", UUID1)): 0.35,
     ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, "5151", "llama-server")): 10 * GIB,
     ("hybridmon_gpu_process_memory_used_bytes", ("1", UUID1, str(XORG_PID), "Xorg")): 12 * MIB,
+    ("hybridmon_gpu_pcie_traffic_method", ("1", UUID1, "sampled")): 1,
 }
 
 
@@ -95,10 +99,14 @@ def test_collect_exact_samples(collector):
 def test_metric_specs_declare_every_family(fake):
     fake.gpus[1].numa_node = 1  # as on a platform where GPU memory is a NUMA node
     fake.gpus.append(mig_gpu())
+    fake.configure(privileged=True)  # root: the MIG instances' processes are listed
+    fake.gpus.append(grace_hopper_gpu())  # C2C, and GPM for its PCIe traffic
     fake.gpus[0].pcie_byte_counters = True  # counted; the others (driver 550) are sampled
     collector = GpuCollector(LiveSource(), fake, pcie_samples_per_second=10)
     names = {spec.name for spec in GpuCollector.metric_specs}
     try:
+        collector.collect()
+        time.sleep(0.11)  # GPM needs two samples over 100 ms apart (nvml.h) for C2C traffic
         assert {s.spec.name for s in collector.collect()} == names
     finally:
         collector.close()
@@ -278,11 +286,48 @@ def test_gpus_are_read_concurrently():
             assert fake.max_throughput_in_flight == 1
 
 
+def test_a_gpu_whose_call_hangs_leaves_the_others_on_time(caplog):
+    fake = FakeNvml(uniform_gpus(4))
+    fake.hang("nvmlDeviceGetMemoryInfo_v2", gpu=2, seconds=1.5)  # e.g. a GPU falling off the bus
+    recording = RecordingSource()
+    collector = GpuCollector(recording, fake, read_budget_seconds=0.4)
+    ticks = []
+    try:
+        started = time.monotonic()
+        first = collector.collect()
+        took = time.monotonic() - started
+        ticks.append((sorted(as_dict(first).items()), recording.take_readings()))
+        second = collector.collect()  # GPU 2's read still hangs: it is not asked again
+        ticks.append((sorted(as_dict(second).items()), recording.take_readings()))
+    finally:
+        fake.hang("nvmlDeviceGetMemoryInfo_v2", gpu=2, seconds=0)
+        collector.close()
+    assert took < 1.0  # the budget, not the hang
+    for samples in (first, second):
+        assert [samples.value("hybridmon_gpu_up", gpu=gpu) for gpu in "013"] == [1, 1, 1]
+        assert samples.value("hybridmon_gpu_memory_used_bytes", gpu="3") == 20 * GIB
+    # Late once: no series (a slow read is not a GPU down); still reading at the next: down.
+    assert gpu_series(first, "2") == set()
+    assert gpu_series(second, "2") == DOWN_SERIES
+    assert second.value("hybridmon_gpu_up", gpu="2") == 0
+    assert second.value("hybridmon_gpu_down_consecutive_readings", gpu="2") == 1
+    # the v2 probe on GPU 0, then four GPUs, then three: GPU 2 asked on the first tick only
+    assert fake.calls["nvmlDeviceGetMemoryInfo_v2"] == 1 + 4 + 3
+    assert caplog.text.count("GPU 2: its NVML reads took longer than 0.4 s (read budget): its "
+                             "series are absent from this collection") == 1
+    # A replay leaves out the same GPU, without waiting.
+    source = ReplaySource()
+    replay = GpuCollector(source, None)
+    for outcome, readings in ticks:
+        source.load(json.loads(json.dumps(readings)))
+        assert sorted(as_dict(replay.collect()).items()) == outcome
+
+
 def test_close_stops_the_pool_and_nvml(fake, collector):
     collector.collect()
     pool = collector._pool
     collector.close()
-    assert pool._shutdown and fake.calls["nvmlShutdown"] == 1
+    assert pool.shut_down and fake.calls["nvmlShutdown"] == 1
 
 
 def round_trip(fake: FakeNvml, steps) -> None:
@@ -466,7 +511,7 @@ def test_real_pynvml_wrappers_against_a_simulated_library(monkeypatch):
 
 # --- NVML as real hosts answer it (issue 13) --------------------------------------------------------
 def test_mig_gpu_exports_its_mode_and_leaves_per_instance_signals_out(caplog):
-    fake = FakeNvml([mig_gpu()])
+    fake = FakeNvml([mig_gpu()])  # not root: the parent refuses its instances' process lists
     collector = GpuCollector(LiveSource(), fake)
     try:
         for _ in range(2):
@@ -479,12 +524,31 @@ def test_mig_gpu_exports_its_mode_and_leaves_per_instance_signals_out(caplog):
     assert samples.value("hybridmon_gpu_up", gpu="0") == 1
     assert samples.value("hybridmon_gpu_memory_used_bytes", gpu="0") == 30 * GIB
     assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second", gpu="0")) == 2
-    # NVML is not asked what it refuses, and the reason is said once.
+    # Utilization is not asked; each process list once (NO_PERMISSION does not change while the
+    # agent runs), and the reason is said once.
     assert fake.calls["nvmlDeviceGetUtilizationRates"] == 0
-    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 0
+    assert fake.calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 1
     assert fake.calls["nvmlDeviceGetMigMode"] == 1
-    assert caplog.text.count("GPU 0 has MIG enabled: utilization and per-process memory are per "
-                             "instance") == 1
+    assert caplog.text.count("GPU 0 has MIG enabled and NVML lists its instances' processes only "
+                             "to root") == 1
+
+
+def test_mig_instances_processes_are_read_as_root():
+    fake = FakeNvml([mig_gpu()], privileged=True)
+    fake.gpus[0].processes.append(FakeProcess(6161, "python3", 1 * GIB, gpu_instance_id=2))
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        samples = collector.collect()
+    finally:
+        collector.close()
+    # Each instance's process, from the parent's list; a pid in two instances summed per GPU.
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="0", pid="6161") == 21 * GIB
+    assert samples.value("hybridmon_gpu_process_memory_used_bytes", gpu="0", pid="6262") == 9 * GIB
+    # and per instance, with its gpuInstanceId
+    per_instance = {(s.label_values[2], s.label_values[3]): s.value
+                    for s in samples.find("hybridmon_gpu_instance_process_memory_used_bytes")}
+    assert per_instance == {("1", "6161"): 20 * GIB, ("2", "6161"): 1 * GIB, ("2", "6262"): 9 * GIB}
+    assert collector.gpu_processes() == {6161: "python3", 6262: "python3"}
 
 
 def test_mig_disabled_is_zero_and_changes_nothing_else(fake, collector):
@@ -594,19 +658,79 @@ def test_gpus_are_read_one_after_the_other_once_none_waits_on_a_window(counters,
     read the GPUs one after the other. Without either, every tick reads windows: the pool."""
     fake = FakeNvml([replace(gpu, pcie_byte_counters=counters) for gpu in uniform_gpus(8)],
                     throughput_delay_seconds=0.001)
-    collector = GpuCollector(LiveSource(), fake, max_workers=8, pcie_samples_per_second=samples_per_second)
-    runs = []
-    concurrently = collector._read_concurrently
-    collector._read_concurrently = lambda count: runs.append(count) or concurrently(count)
+    # A budget no loaded test run reaches: this test is about the tasks, not about late GPUs.
+    collector = GpuCollector(LiveSource(), fake, max_workers=8, pcie_samples_per_second=samples_per_second,
+                             read_budget_seconds=30)
+    tasks = []
+    groups = collector._groups
+    collector._groups = lambda count: tasks.append(groups(count)) or tasks[-1]
     try:
         for tick in range(3):
-            before = len(runs)
             samples = collector.collect()
             assert len(samples.find("hybridmon_gpu_up")) == 8
             assert len(samples.find("hybridmon_gpu_pcie_throughput_bytes_per_second")) == 16
-            assert len(runs) - before == pooled[tick]
+            # a task per GPU, or all eight one after the other in one
+            assert tasks[-1] == ([[index] for index in range(8)] if pooled[tick] else [list(range(8))])
             if not samples_per_second:  # (sampler threads call it too)
                 assert fake.calls["nvmlDeviceGetPcieThroughput"] == 16 * (tick + 1 if counters is False else 1)
             time.sleep(0.35 if samples_per_second else 0)  # samples (one per 0.1 s slot) for the next tick
     finally:
         collector.close()
+
+
+# --- NVLink-C2C (issue 29) ---------------------------------------------------------------------------
+def test_c2c_mode_links_and_traffic_of_a_grace_hopper_gpu(fake):
+    fake.configure(gpus=[grace_hopper_gpu()])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        first = collector.collect()
+        time.sleep(0.11)  # nvml.h: GPM samples over 100 ms apart
+        samples = collector.collect()
+    finally:
+        collector.close()
+    assert first.find("hybridmon_gpu_c2c_throughput_bytes_per_second") == []  # one sample only
+    assert samples.value("hybridmon_gpu_c2c_mode_enabled", gpu="0") == 1
+    assert samples.value("hybridmon_gpu_c2c_link_count", gpu="0") == 10
+    assert len(samples.find("hybridmon_gpu_c2c_link_up")) == 10
+    assert samples.value("hybridmon_gpu_c2c_link_up", gpu="0", link="9") == 1
+    # field 172 is "in MBps" (nvml.h): 45,000 MB/s
+    assert samples.value("hybridmon_gpu_c2c_link_max_bytes_per_second", gpu="0", link="3") == 45e9
+    # GPM C2C RX is what the GPU receives: host to device (MiB/s x 2^20)
+    assert samples.value("hybridmon_gpu_c2c_throughput_bytes_per_second", gpu="0",
+                         direction="host_to_device") == pytest.approx(40 * GIB, rel=1e-6)
+    assert samples.value("hybridmon_gpu_c2c_throughput_bytes_per_second", gpu="0",
+                         direction="device_to_host") == pytest.approx(10 * GIB, rel=1e-6)
+    assert fake.calls["nvmlDeviceGetC2cModeInfoV"] == 1  # the platform's: read once
+
+
+def test_c2c_link_down_and_mode_off(fake):
+    gpu = grace_hopper_gpu()
+    gpu.c2c_links[4][0] = False
+    fake.configure(gpus=[gpu, replace(grace_hopper_gpu("GPU-4a1b2c3d-0000-4000-8000-000000000004"),
+                                      c2c_enabled=False)])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        samples = collector.collect()
+    finally:
+        collector.close()
+    assert samples.value("hybridmon_gpu_c2c_link_up", gpu="0", link="4") == 0
+    assert samples.value("hybridmon_gpu_c2c_mode_enabled", gpu="1") == 0
+    assert samples.find("hybridmon_gpu_c2c_link_count", gpu="1") == []
+
+
+def test_c2c_without_gpm_says_once_that_its_traffic_cannot_be_read(fake, caplog):
+    fake.configure(gpus=[replace(grace_hopper_gpu(), gpm_supported=False)])
+    collector = GpuCollector(LiveSource(), fake)
+    try:
+        for _ in range(3):
+            samples = collector.collect()
+    finally:
+        collector.close()
+    assert samples.value("hybridmon_gpu_c2c_mode_enabled", gpu="0") == 1
+    assert samples.find("hybridmon_gpu_c2c_throughput_bytes_per_second") == []
+    assert caplog.text.count("has NVLink-C2C enabled but no GPM metrics") == 1
+
+
+def test_no_c2c_series_on_a_pcie_host(collector):
+    names = {s.spec.name for s in collector.collect()}
+    assert not {name for name in names if "_c2c_" in name}

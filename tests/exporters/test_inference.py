@@ -32,7 +32,7 @@ from hybridmon.exporters.inference_names import METRIC_SPECS
 from hybridmon.exporters.inference_scrape import connect_host, fetch, find_listeners, parse_proc_net_tcp
 from tests.support.agent_helpers import fixture_config, run_every_collector_once
 from tests.support.paths import FIXTURE_HOST, FIXTURES
-from tests.support.fake_inference_server import FakeInferenceServer
+from tests.support.fake_inference_server import FakeInferenceServer, vllm_with_models
 from tests.support.parser_properties import texts_like
 import functools
 
@@ -847,3 +847,43 @@ PARSER_ROWS = [
     ParserRow(parse_proc_net_tcp, read(FIXTURE_HOST / "proc/4242/net/tcp", FIXTURE_HOST / "proc/4242/net/tcp6"),
               call=functools.partial(parse_proc_net_tcp, byteorder="little")),
 ]
+
+
+# --- issue 30: a peer that publishes more than it should ------------------------------------------
+
+def answering(body: str):
+    """A fetch that answers every URL with `body`, as inference_scrape.fetch returns an answer."""
+    return lambda url, _timeout, _max_bytes: {"url": url, "status": 200, "content_type": "text/plain",
+                                              "body": body, "error": None, "detail": "", "seconds": 0.01}
+
+
+def test_an_endpoint_with_thousands_of_models_keeps_the_busiest_up_to_the_cap(caplog):
+    """20,000 models (a `nobody` process named llama-server made 579 MB and a status page that timed
+    out): the 16 busiest by generated tokens are kept, the rest counted and logged once."""
+    url = "http://127.0.0.1:8000/metrics"
+    collector = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")],
+                                   fetch=answering(vllm_with_models(20_000)))
+    for _ in range(2):
+        samples = collector.collect()
+    kept = {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")}
+    assert kept == {f"hostile/model-{i}" for i in range(20_000 - 16, 20_000)}
+    assert samples.value("hybridmon_inference_models_left_out", endpoint=url) == 20_000 - 16
+    assert len(samples) < 1000
+    assert caplog.text.count("publishes 20000 models") == 1
+
+
+def test_a_normal_endpoint_leaves_no_model_out_and_the_cap_is_a_setting():
+    url = "http://127.0.0.1:8000/metrics"
+    samples = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")], fetch=answering(vllm_with_models(3))).collect()
+    assert samples.value("hybridmon_inference_models_left_out", endpoint=url) == 0
+    assert len(values(samples, "hybridmon_inference_requests_running")) == 3
+    config = load_config(environ={"HYBRIDMON_INFERENCE__MAX_MODELS_PER_ENDPOINT": "2"})
+    assert config.inference.max_models_per_endpoint == 2
+
+
+def test_a_long_model_label_is_bounded_and_two_long_ones_stay_apart():
+    url = "http://127.0.0.1:8000/metrics"
+    body = vllm_with_models(2, name="x" * 5000 + "{}")
+    samples = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")], fetch=answering(body)).collect()
+    models = {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")}
+    assert len(models) == 2 and all(len(model) == 128 and model.startswith("xxx") for model in models)

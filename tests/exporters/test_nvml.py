@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 
 import pynvml
 import pytest
@@ -13,11 +14,12 @@ from hybridmon.exporters.sources import (LiveSource, RecordingSource, ReplayedCa
                            TraceMissError)
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.nvml_answers import NVML_VALUE_NOT_AVAILABLE
-from hybridmon.exporters.nvml import (MIN_NVIDIA_ML_PY, GpuLostError,
+from hybridmon.exporters.nvml import (MIN_NVIDIA_ML_PY, C2cLink, GpuLostError,
                                       GpuProcess, Nvml, normalize_pci_bus_id, to_plain)
 from tests.support import fake_nvml
 from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, XORG_PID, FakeClock, FakeNvml,
-                                     FakeProcess, mig_gpu, real_nvml_library_loads)
+                                     FakeProcess, grace_hopper_gpu, mig_gpu,
+                                     real_nvml_library_loads)
 from tests.support.parser_properties import ParserRow
 
 
@@ -313,9 +315,21 @@ def test_driver_not_loaded_is_no_data(fake):
 
 
 def test_other_init_failures_are_collector_errors(fake):
-    fake.fail("nvmlInit", "NVMLError_LibRmVersionMismatch")
-    with pytest.raises(CollectorError, match="NVMLError_LibRmVersionMismatch"):
+    fake.fail("nvmlInit", "NVMLError_Unknown")
+    with pytest.raises(CollectorError, match="NVMLError_Unknown"):
         make(fake).device_count()
+
+
+def test_driver_library_and_kernel_module_mismatch_says_what_to_do(fake):
+    fake.fail("nvmlInit", "NVMLError_LibRmVersionMismatch", times=1)
+    clock = FakeClock()
+    nvml = make(fake, clock=clock)
+    with pytest.raises(CollectorError) as raised:
+        nvml.device_count()
+    assert "kernel module and libnvidia-ml.so.1 are different driver versions" in str(raised.value)
+    assert "reboot" in str(raised.value) and "retrying every 60 s" in str(raised.value)
+    clock.now += 60  # the module reloaded meanwhile: the retry succeeds
+    assert nvml.device_count() == 2
 
 
 def test_real_pynvml_on_this_host():
@@ -521,3 +535,61 @@ def test_process_list_fallback_and_missing_functions_record_and_replay():
 # (which holds every parse_* of exporters/ to its one promised error).
 # A reader under the parsers' contract, though not named parse_*.
 PARSER_ROWS = [ParserRow(normalize_pci_bus_id, ("00000000:17:00.0", "00000000:CA:00.0", "00010000:01:00.0"))]
+
+
+# --- GPM and NVLink-C2C (issue 29) ---------------------------------------------------------------
+GPM_IDS = (fake_nvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC, fake_nvml.NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC)
+
+
+def test_gpm_metrics_between_this_sample_and_the_previous():
+    fake = FakeNvml([grace_hopper_gpu()])
+    clock = FakeClock()
+    fake_time = [1_700_000_000.0]
+    fake.use_clock(lambda: fake_time[0], lambda seconds: None)
+    nvml = make(fake, clock=clock)
+    assert nvml.gpm_metrics(0, GPM_IDS) is None  # one sample: no interval yet
+    clock.now += 0.05
+    fake_time[0] += 0.05
+    assert nvml.gpm_metrics(0, GPM_IDS) is None  # nvml.h: samples over 100 ms apart; kept
+    assert fake.calls["nvmlGpmSampleGet"] == 1
+    clock.now += 1.0
+    fake_time[0] += 1.0
+    metrics = nvml.gpm_metrics(0, GPM_IDS)
+    assert metrics == {GPM_IDS[0]: pytest.approx(2_500 * 1024 / MIB),
+                       GPM_IDS[1]: pytest.approx(40 * 1024)}
+    nvml.close()
+    assert [sample.freed for sample in fake.gpm_samples] == [True, True]
+
+
+def test_gpm_absent_where_unsupported_or_the_binding_lacks_it(caplog):
+    fake = FakeNvml()  # an L40S and an A10: isSupportedDevice 0
+    assert make(fake).gpm_metrics(0, GPM_IDS) is None
+    assert fake.calls["nvmlGpmSampleGet"] == 0
+    old_binding = FakeNvml([grace_hopper_gpu()], binding_lacks=["nvmlGpmQueryDeviceSupport"])
+    assert make(old_binding).gpm_metrics(0, GPM_IDS) is None
+    assert "lacks nvmlGpmQueryDeviceSupport" in caplog.text
+
+
+def test_gpm_metric_that_fails_is_left_out_and_said_once(caplog):
+    caplog.set_level(logging.INFO)
+    fake = FakeNvml([grace_hopper_gpu()])
+    clock = FakeClock()
+    nvml = make(fake, clock=clock)
+    asked = GPM_IDS + (fake_nvml.NVML_GPM_METRIC_MAX - 1,)  # a metric the fake does not model
+    for _ in range(3):
+        clock.now += 1.0
+        time.sleep(0.002)  # the fake's samples use wall time
+        metrics = nvml.gpm_metrics(0, asked)
+    assert set(metrics) == set(GPM_IDS)
+    assert caplog.text.count(f"GPM metric {asked[-1]} answered nvmlReturn 3") == 1
+
+
+def test_c2c_links_absent_when_the_field_call_fails():
+    fake = FakeNvml([grace_hopper_gpu()])
+    nvml = make(fake)
+    assert nvml.c2c_mode_enabled(0) is True
+    assert len(nvml.c2c_links(0)) == 10
+    fake.fail("nvmlDeviceGetFieldValues", "NVMLError_Unknown", gpu=0, times=1)
+    assert nvml.c2c_links(0) is None
+    assert nvml.c2c_links(0)[3] == C2cLink(3, True, 45_000 * 10**6)
+    assert make(FakeNvml()).c2c_mode_enabled(0) is None  # NOT_SUPPORTED: an x86 PCIe host

@@ -54,6 +54,12 @@ EXPECTED_FIXTURE_SAMPLES = {
     ("hybridmon_pcie_link_max_width_lanes", (GPU1,)): 16,
     ("hybridmon_pcie_device_numa_node", (GPU1,)): 1,
     ("hybridmon_pcie_device_present", (GPU1,)): 1,
+    # each GPU alone on its root port: its own link is the only one on its path, and no uplink is
+    # shared (tests/exporters/test_pcie_topology.py has a switch)
+    ("hybridmon_pcie_path_narrowest_link_width_lanes", (GPU0, GPU0)): 16,
+    ("hybridmon_pcie_path_narrowest_link_speed_transfers_per_second", (GPU0, GPU0)): 16e9,
+    ("hybridmon_pcie_path_narrowest_link_width_lanes", (GPU1, GPU1)): 8,
+    ("hybridmon_pcie_path_narrowest_link_speed_transfers_per_second", (GPU1, GPU1)): 8e9,
 }
 
 
@@ -248,11 +254,17 @@ def test_no_nvidia_function_is_no_data(tmp_path, live_source):
         PcieCollector(live_source, sysfs=str(sysfs)).collect()  # audio function and bridge only
 
 
+# A link of unknown state is no candidate for the narrowest on the path: GPU0's path has no other.
+NARROWEST_OF_GPU0 = [f"path_narrowest_link_width_lanes:{GPU0}",
+                     f"path_narrowest_link_speed_transfers_per_second:{GPU0}"]
+
+
 @pytest.mark.parametrize("name, content, absent", [
-    ("current_link_speed", None, ["link_speed_transfers_per_second", "link_generation"]),
-    ("current_link_speed", "Unknown\n", ["link_speed_transfers_per_second", "link_generation"]),
+    ("current_link_speed", None, ["link_speed_transfers_per_second", "link_generation", *NARROWEST_OF_GPU0]),
+    ("current_link_speed", "Unknown\n", ["link_speed_transfers_per_second", "link_generation",
+                                         *NARROWEST_OF_GPU0]),
     ("max_link_speed", "garbage\n", ["link_max_speed_transfers_per_second", "link_max_generation"]),
-    ("current_link_width", "0\n", ["link_width_lanes"]),
+    ("current_link_width", "0\n", ["link_width_lanes", *NARROWEST_OF_GPU0]),
     ("max_link_width", "255\n", ["link_max_width_lanes"]),
     ("numa_node", "-1\n", ["device_numa_node"]),
     ("numa_node", None, ["device_numa_node"]),
@@ -271,8 +283,8 @@ def test_missing_or_odd_file_leaves_only_its_series_out(tmp_path, live_source, n
     samples = PcieCollector(live_source, sysfs=str(sysfs)).collect()
     expected = dict(EXPECTED_FIXTURE_SAMPLES)
     for key in absent:
-        metric, _, severity = key.partition(":")
-        del expected[("hybridmon_pcie_" + metric, (GPU0, severity) if severity else (GPU0,))]
+        metric, _, second_label = key.partition(":")   # an AER severity, or a narrowest link's port
+        del expected[("hybridmon_pcie_" + metric, (GPU0, second_label) if second_label else (GPU0,))]
     assert as_dict(samples) == expected
 
 
@@ -377,7 +389,10 @@ def test_udev_discovery_path_with_fake_enumeration(fixture_sysfs, live_source, m
     readings = recording.take_readings()
     assert readings[:2] == [["call", "pcie.rediscovery_due", True, True],
                             ["call", "udev.nvidia_pci_functions", True, [GPU0]]]
-    assert all(kind == "text" for kind, *_ in readings[2:])
+    # where the function sits in the PCIe tree, resolved through the source, then only files
+    assert readings[2][:3] == ["call", f"pcie.device_path:{GPU0}", True]
+    assert readings[2][3].endswith(f"/devices/pci0000:16/0000:16:01.0/{GPU0}")
+    assert all(kind == "text" for kind, *_ in readings[3:])
 
 
 def test_list_nvidia_gpus_udev_filters_display_functions(monkeypatch):

@@ -9,13 +9,14 @@ import time
 
 import pytest
 
-from hybridmon.exporters.gpu import PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT, GpuCollector
+from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
+                                     PCIE_TRAFFIC_METHOD, GpuCollector)
 from hybridmon.exporters.nvml import Nvml
 from hybridmon.exporters.pcie_traffic import (ThroughputSampler, counter_increase,
                                               share_standard_error)
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from tests.support.fake_nvml import (NVML_VALUE_TYPE_UNSIGNED_INT, FakeNvml, default_gpus,
-                                     pcie_on_seconds)
+                                     grace_hopper_gpu, pcie_on_seconds)
 
 KIB = 1024
 BURST_KILOBYTES_PER_SECOND = 1_000_000  # ~1 GB/s while a burst is on
@@ -227,3 +228,82 @@ def test_stop_wakes_a_sampler_waiting_for_its_next_moment():
     assert not sampler._thread.is_alive()
     sampler.stop()
     assert sampler.take()["host_to_device"]["samples"] == len(samples) <= 1
+
+
+# --- counters that fail whole (issue 29) -----------------------------------------------------------
+def method_of(samples, gpu="0") -> list[str]:
+    return [s.label_values[-1] for s in samples
+            if s.spec is PCIE_TRAFFIC_METHOD and s.label_values[0] == gpu]
+
+
+def test_counters_failing_whole_give_way_to_gpm_and_come_back_on_a_retry(caplog):
+    gpu = default_gpus()[0]
+    gpu.gpm_supported, gpu.pcie_byte_counters = True, True  # a Hopper-class GPU with counters
+    fake, clock = simulated_fake([gpu], driver_version=COUNTING_DRIVER)
+    # nvml.h promises SUCCESS only "if any values were populated": a driver may fail it whole.
+    fake.fail("nvmlDeviceGetFieldValues", "NVMLError_InvalidArgument", gpu=0)
+    collector = GpuCollector(LiveSource(), fake, clock=clock)
+    methods, rates = [], []
+    try:
+        for tick in range(1, 66):
+            clock.now += 1.0
+            if tick == 62:
+                fake.heal()  # the driver recovers; the next retry (the 63rd read) finds out
+            samples = collector.collect()
+            methods.append(method_of(samples))
+            rates.append(values(samples, PCIE_THROUGHPUT))
+    finally:
+        collector.close()
+    # Two failed reads (a window each); the third gives the counters up and GPM takes over: its
+    # first sample has no interval (a window), from the second on NVML's bytes between samples.
+    assert methods[:2] == [["sampled"]] * 2
+    assert methods[2:62] == [["gpm"]] * 60
+    assert fake.calls["nvmlGpmMetricsGet"] == 60 - 1
+    assert rates[4] == pytest.approx(1_200_000 * KIB)
+    # Given up, the counters were asked only on the retry: 3 failures, then the 63rd read.
+    assert methods[62:] == [["counters"]] * 3
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3 + 3
+    assert values(samples, PCIE_BYTES) is not None
+    assert "gave no PCIe byte counters 3 times in a row" in caplog.text
+    assert "answer again" in caplog.text
+
+
+def test_counters_failing_whole_without_gpm_are_sampled_not_asked_every_tick():
+    gpu = default_gpus()[0]
+    gpu.pcie_byte_counters = True  # an Ada GPU: no GPM (nvml.h: Hopper and newer)
+    fake, clock = simulated_fake([gpu], driver_version=COUNTING_DRIVER)
+    fake.fail("nvmlDeviceGetFieldValues", "NVMLError_Unknown", gpu=0)
+    collector = GpuCollector(LiveSource(), fake, clock=clock)
+    try:
+        for _ in range(20):
+            clock.now += 1.0
+            samples = collector.collect()
+    finally:
+        collector.close()
+    assert method_of(samples) == ["sampled"]
+    assert values(samples, PCIE_THROUGHPUT) == 1_200_000 * KIB
+    assert fake.calls["nvmlDeviceGetFieldValues"] == 3
+    assert fake.calls["nvmlGpmSampleGet"] == 0
+
+
+def test_gpm_traffic_and_c2c_record_and_replay():
+    fake, clock = simulated_fake([grace_hopper_gpu()])
+    recording = RecordingSource(LiveSource())
+    live = GpuCollector(recording, fake, clock=clock)
+    ticks = []
+    try:
+        for _ in range(4):
+            clock.now += 1.0
+            samples = live.collect()
+            ticks.append((sorted((s.spec.name, s.label_values, s.value) for s in samples),
+                          recording.take_readings()))
+    finally:
+        live.close()
+    assert method_of(samples) == ["gpm"]
+    assert fake.calls["nvmlGpmSampleGet"] == 4  # one sample a tick serves PCIe and C2C
+    assert all(sample.freed for sample in fake.gpm_samples)
+    source = ReplaySource()
+    replay = GpuCollector(source, None)
+    for expected, readings in ticks:
+        source.load(readings)
+        assert sorted((s.spec.name, s.label_values, s.value) for s in replay.collect()) == expected

@@ -23,6 +23,9 @@ from tests.support.stub_nvml import build
 GIB, MIB = 1024**3, 1024**2
 NOT_SUPPORTED, NO_PERMISSION = 3, 4  # nvmlReturn_t, nvml.h
 FI_PCIE_TX_BYTES, FI_PCIE_RX_BYTES = 197, 198  # NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES, nvml.h
+INVALID_ARGUMENT = 2  # nvmlReturn_t, nvml.h
+# nvml.h nvmlGpmMetricId_t: PCIe "to this GPU" (RX) / "from this GPU" (TX), C2C total RX / TX.
+GPM_PCIE_RX, GPM_PCIE_TX, GPM_C2C_RX, GPM_C2C_TX = 21, 20, 101, 100
 REPO = Path(__file__).resolve().parents[2]
 
 # Values chosen so that a misread shows: distinct per field, pids far apart from memory sizes,
@@ -51,6 +54,11 @@ GH200 = {
     "link_width": 16, "link_width_max": 16, "replays": 7, "util_gpu": 0, "util_memory": 0,
     "numa_node": 2, "mig_current": 0, "mig_pending": 0,
     "fields": {},  # the PCIe byte counters answer NOT_SUPPORTED per field
+    # NVLink-C2C on, two links (the second down), each "in MBps" (nvml.h field 172); GPM (Hopper)
+    # with PCIe RX/TX and C2C RX/TX in MiB/s, distinct so a swapped direction shows.
+    "c2c_mode": 1, "c2c_links": [(True, 45_000), (False, 44_000)],
+    "gpm_supported": 1, "gpm_metrics": {GPM_PCIE_RX: 1536.5, GPM_PCIE_TX: 512.25,
+                                        GPM_C2C_RX: 40960.0, GPM_C2C_TX: 10240.0},
     "processes": [("compute", 205001, 70 * GIB, "python3"),
                   ("mps", 205002, 2 * GIB, "mps-client"),
                   ("graphics", 205003, 96 * MIB, "Xwayland")],
@@ -411,3 +419,78 @@ def test_a_bad_layout_line_fails_init_and_says_which(tmp_path, version):
     assert result.returncode != 0
     assert "line 4 not understood: link_speed fast" in result.stderr
     assert "NVMLError_Unknown" in result.stderr
+
+
+# --- GPM, NVLink-C2C and field values that fail whole (issue 29) ---------------------------------
+@pytest.mark.slow
+def test_gpm_metrics_through_the_binding(probes, version):
+    report = probes(version)
+    assert reading(report, 1, "gpm_supported") is True
+    assert reading(report, 0, "gpm_supported") is False  # isSupportedDevice 0 (an Ada L40S)
+    first, second = report["wrapper"]["gpus"][1]["gpm_metrics"]
+    assert first == {"value": None}  # one sample is no interval
+    assert second["value"] == {str(metric): value for metric, value in GH200["gpm_metrics"].items()}
+    assert report["wrapper"]["gpus"][0]["gpm_metrics"][1] == {"value": None}
+
+
+@pytest.mark.slow
+def test_gpm_and_c2c_structs_match_nvml_h(probes, version):
+    gpm_request = probes(version)["abi"]["value"]["gpm_request"]
+    assert gpm_request["pynvml"] == gpm_request["header"]
+
+
+@pytest.mark.slow
+def test_c2c_mode_and_links_through_the_binding(probes, version):
+    report = probes(version)
+    assert reading(report, 1, "c2c_mode_enabled") is True
+    assert reading(report, 0, "c2c_mode_enabled") is None  # NOT_SUPPORTED: a PCIe host
+    assert reading(report, 1, "c2c_links") == [
+        {"link": 0, "up": True, "max_bytes_per_second": 45_000 * 10**6},
+        {"link": 1, "up": False, "max_bytes_per_second": 44_000 * 10**6}]
+
+
+@pytest.mark.slow
+def test_collector_exports_c2c_and_the_traffic_method(probes, version):
+    samples = collected(probes(version))
+    gh200 = ("1", GH200["uuid"])
+    assert samples[(gpu_exporter.C2C_MODE.name, gh200)] == 1
+    assert samples[(gpu_exporter.C2C_LINKS.name, gh200)] == 2
+    assert samples[(gpu_exporter.C2C_LINK_UP.name, (*gh200, "1"))] == 0
+    assert samples[(gpu_exporter.PCIE_TRAFFIC_METHOD.name, ("0", L40S["uuid"], "counters"))] == 1
+    assert samples[(gpu_exporter.PCIE_TRAFFIC_METHOD.name, (*gh200, "gpm"))] == 1
+
+
+@pytest.fixture(scope="module")
+def whole_call_failure(tmp_path_factory) -> dict:
+    """The newest binding over a driver that fails nvmlDeviceGetFieldValues whole on the L40S,
+    with the agent as root: the MIG A100's parent lists its instances' processes."""
+    path = tmp_path_factory.mktemp("stub-nvml-fails") / "layout.txt"
+    failing = {**L40S, "fail": {**L40S["fail"], "nvmlDeviceGetFieldValues": INVALID_ARGUMENT}}
+    as_root = {**A100_MIG, "fail": {function: code for function, code in A100_MIG["fail"].items()
+                                    if code != NO_PERMISSION}}
+    build.write_layout(path, {**LAYOUT, "gpus": [failing, GH200, as_root]})
+    return run_probe(build.NEWEST_NVIDIA_ML_PY, "current", path)
+
+
+@pytest.mark.slow
+def test_mig_instances_processes_as_root_carry_their_instance(whole_call_failure):
+    report = whole_call_failure
+    listed = reading(report, 2, "processes")
+    # The stub puts every MIG process in instance 0 (stub_nvml.c); 0xFFFFFFFF would read as None.
+    assert {(p["pid"], p["gpu_instance_id"]) for p in listed} == {
+        (306001, 0), (306002, 0), (306003, 0)}
+    samples = collected(report)
+    a100 = ("2", A100_MIG["uuid"])
+    assert samples[(gpu_exporter.INSTANCE_PROCESS_MEMORY_USED.name, (*a100, "0", "306001", "python3"))] == 10 * GIB
+    assert samples[(gpu_exporter.PROCESS_MEMORY_USED.name, (*a100, "306002", "python3"))] == 5 * GIB
+
+
+@pytest.mark.slow
+def test_field_values_failing_whole_are_given_up_after_three_reads(whole_call_failure, probes):
+    report = whole_call_failure
+    assert reading(report, 0, "pcie_byte_counters") is None
+    assert reading(report, 0, "pcie_byte_counters_usable_after_3_reads") is False
+    assert any("gave no PCIe byte counters 3 times in a row" in line for line in report["logs"])
+    # the same three reads where the call answers: the counters stay
+    assert reading(probes(build.NEWEST_NVIDIA_ML_PY), 0,
+                   "pcie_byte_counters_usable_after_3_reads") is True

@@ -469,6 +469,34 @@ def test_panel_joins_compute_what_they_say(tmp_path):
         ("0", "0000:17:00.0", "fatal"): 0.0})
 
 
+def test_the_shared_uplink_panel_sums_the_traffic_of_the_gpus_behind_it(tmp_path):
+    """The fixture host's two GPUs placed behind one switch port (its topology series added, as
+    exporters/pcie_topology.py exports them for tests/fixtures/host-switch): the panel's traffic is
+    their sum per direction, against what a Gen4 x16 uplink carries. Chosen GPU 1 alone, the
+    uplink it shares is still shown; the other way round too."""
+    from hybridmon.pcie_rates import achievable_capacity
+
+    uplink, root_port = "0000:e1:00.0", "0000:e0:01.0"
+    topology = {("hybridmon_pcie_uplink_generation", (("uplink", uplink),)): 4.0,
+                ("hybridmon_pcie_uplink_width_lanes", (("uplink", uplink),)): 16.0,
+                **{("hybridmon_pcie_uplink_info", (("pci_bus_id", bus), ("root_port", root_port), ("uplink", uplink))): 1.0
+                   for bus in ("0000:17:00.0", "0000:ca:00.0")}}
+    scrapes = [{**scrape, **topology} for scrape in fixture_host_scrapes(9)]
+    last = scrapes[-1]
+    for chosen in ("1", "0|1"):
+        queries = [q for q in all_panel_queries({**VARIABLES, "gpu": chosen})
+                   if q.panel_title == "Shared PCIe uplink: traffic of the GPUs behind it vs capacity"]
+        assert [q.ref_id for q in queries] == ["A", "B", "C"]
+        results = {q.ref_id: r for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
+        assert by(results["A"], "uplink", "direction") == pytest.approx({
+            (uplink, d): sum(sample(last, "hybridmon_gpu_pcie_throughput_bytes_per_second", gpu=gpu, direction=d)
+                             for gpu in "01") for d in MEASURED_GPU0})
+        carries = achievable_capacity(4, 16)
+        assert by(results["B"], "uplink") == pytest.approx({(uplink,): carries})
+        share = load_thresholds().pcie_uplink_starvation.traffic_share_of_capacity
+        assert by(results["C"], "uplink") == pytest.approx({(uplink,): share * carries})
+
+
 SERVER_LABELS = {"server": "vllm", "model": "m"}
 SERVED_BY_4242, NO_PID = "http://127.0.0.1:18000/metrics", "http://127.0.0.1:8001/metrics"
 OFF_GPU = "http://127.0.0.1:8002/metrics"  # pid 7777 holds no GPU memory

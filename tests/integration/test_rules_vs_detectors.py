@@ -45,7 +45,8 @@ memory_growth 1800/1860 and 1820/1860 (the rule's median of 10 m slopes reaches 
 and 465/465; numa_unpinned_memory_remote 315/300;
 gpu_memory_headroom 645/645; static info alerts 15/0 (the agent evaluates right after the GPU
 collector's commit, so it sees the host collectors one tick late); throughput_decay 7420/7410;
-kv_cache_full 285/285; kv_offload_link 255/255; inference_server_down 195/180.
+kv_cache_full 285/285; kv_offload_link 255/255; inference_server_down 195/180;
+pcie_uplink_starvation 255/255.
 
 The inference alerts need no tolerance of their own. InferenceThroughputDecay compares 10 min
 with 30 min means as PromQL's rate() computes them (windows.rate), so both doors underestimate a

@@ -10,6 +10,7 @@ import resource
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,8 +30,10 @@ LIMITS = ServerLimits()
 
 
 @contextlib.contextmanager
-def agent_process(log_path: Path, listen: str = "127.0.0.1", fd_limit: int | None = None):
-    """`hybridmon run` on the fixture host; yields (process, port) once /metrics answers."""
+def agent_process(log_path: Path, listen: str = "127.0.0.1", fd_limit: int | None = None,
+                  command: list[str] = HYBRIDMON):
+    """`hybridmon run` on the fixture host (`command`: how hybridmon is started); yields (process,
+    port) once /metrics answers."""
     port = free_port() if listen == "127.0.0.1" else _free_ipv6_port()
 
     def lower_fd_limit() -> None:
@@ -40,7 +43,7 @@ def agent_process(log_path: Path, listen: str = "127.0.0.1", fd_limit: int | Non
     address = f"[{listen}]:{port}" if ":" in listen else f"{listen}:{port}"
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            HYBRIDMON + ["run", "--listen", address], env=subprocess_environment(FIXTURE_ENVIRONMENT), cwd=REPO,
+            command + ["run", "--listen", address], env=subprocess_environment(FIXTURE_ENVIRONMENT), cwd=REPO,
             stdout=log, stderr=subprocess.STDOUT, preexec_fn=lower_fd_limit,
         )
     try:
@@ -226,6 +229,34 @@ def test_an_invalid_chunked_body_is_a_400_without_a_traceback(tmp_path):
         time.sleep(0.5)   # the route's task ends after the answer
     log_text = log_path.read_text()
     assert "Traceback" not in log_text and " ERROR " not in log_text, log_text[-2000:]
+
+
+# hybridmon with a status page whose render takes a minute (a page of 20,000 models did, issue 30)
+SLOW_PAGE = [sys.executable, "-c", "import sys, time\n"
+             "import hybridmon.agent.status.page as page\n"
+             "page.render_status_page = lambda agent: time.sleep(60) or ''\n"
+             "from hybridmon.agent import cli\n"
+             "sys.exit(cli.main(sys.argv[1:]))\n"]
+
+
+def test_sigterm_during_a_long_status_page_render_ends_the_agent_within_10_s(tmp_path):
+    """Issue 30: SIGTERM while the page rendered left the agent alive 65 s: the server's shutdown
+    waited for the render's worker thread, and Python's exit for the thread again."""
+    with agent_process(tmp_path / "agent.log", command=SLOW_PAGE) as (process, port):
+        page = threading.Thread(target=lambda: _ignore_errors(lambda: httpx.get(
+            listen_url("127.0.0.1", port, "/"), timeout=70)), daemon=True)
+        page.start()
+        time.sleep(1.0)   # the render is under way
+        asked = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        process.wait(30)
+        took = time.monotonic() - asked
+    assert process.returncode == 0 and took < 10, (process.returncode, took)
+
+
+def _ignore_errors(call) -> None:
+    with contextlib.suppress(httpx.HTTPError):
+        call()
 
 
 def test_listen_url_brackets_ipv6_hosts_only():

@@ -606,3 +606,68 @@ def test_history_bucketed_gives_each_buckets_mean_and_last_point():
     assert series.means[:2] == [4.5, 14.5] and series.means[2] != series.means[2] and series.means[3] == 34.5
     assert series.last_times[1] == 1019.0 and series.last_values[3] == 39.0
     assert history.bucketed(process.RESIDENT.name, 1000.0, 1040.0, 4, pid="2") == []
+
+
+def test_a_gpu_behind_a_switch_names_the_uplink_it_shares_and_with_whom(scenarios, tmp_path):
+    """pcie_uplink_starvation replayed with the detectors on (its offload over by the end): GPUs 2
+    and 3 behind switch port 0000:e1:00.0 each say so, with the link, the other GPU and how full
+    PcieUplinkStarvation judged it over the last minute; GPU 0, alone on its root port, says nothing
+    of an uplink."""
+    name = "pcie_uplink_starvation"
+    overrides = {"history_seconds": history_seconds_for(SCENARIOS[name]), "state_dir": str(tmp_path / "state")}
+    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=scenarios.summary(name).path)
+    try:
+        agent.replay(speed=0)
+        gpus = section_text(render_status_page(agent), "gpus")
+    finally:
+        agent.stop()
+    cards = {index: gpus[gpus.index(f"GPU {index} · "):] for index in "023"}
+    for index, other in (("2", "3"), ("3", "2")):
+        row = re.search(r"Shared PCIe uplink(switch port [^;]*); (\d+) % full over the last minute "
+                        r"\((GPU \d [\d.]+ %, GPU \d [\d.]+ %) of its traffic\)", cards[index])
+        assert row, cards[index][:600]
+        assert row.group(1) == f"switch port 0000:e1:00.0 (Gen4 x16), shared with GPU {other}"
+        # the last minute: both GPUs back at 0.10 of their links each, 0.20 of a Gen4 x16 together
+        assert 20 <= int(row.group(2)) <= 30, row.group(0)
+    assert "Shared PCIe uplink" not in cards["0"][:cards["0"].index("GPU 2 · ")]
+
+
+def test_the_trends_read_each_series_once_however_many_models_the_page_shows():
+    """Issue 30: the page asked the trends once per model, and each ask scanned every series of the
+    metric: quadratic in models (20,000 of them timed out at 60 s). Each metric's series are now
+    walked once, to index them, whatever the number of asks."""
+    from hybridmon.agent.loop.history import History
+    from hybridmon.agent.status.trends import Trends, server_plots
+
+    class Walked(list):
+        walks = 0
+
+        def __iter__(self):
+            Walked.walks += 1
+            return super().__iter__()
+
+    history = History(3600)
+    history.add_collector("inference", 5)
+    now = 1_700_000_000.0
+    models = [f"m{i}" for i in range(300)]
+    for tick in range(3):
+        samples = Samples()
+        for model in models:
+            labels = ("vllm", "http://127.0.0.1:8000/metrics", model, "")
+            samples.add(BY_FIELD["generated_tokens"], 100.0 * tick, *labels)
+            samples.add(BY_FIELD["kv_cache_usage_ratio"], 0.5, *labels)
+        history.commit("inference", now - 10 + 5 * tick, samples)
+    engine = Engine([], history)
+    trends = Trends(history, engine, load_thresholds_for_page(), now)
+    real = history.bucketed
+    history.bucketed = lambda *args, **kwargs: Walked(real(*args, **kwargs))
+    for model in models:
+        server_plots(trends, ("vllm", "http://127.0.0.1:8000/metrics", model, ""))
+    # one walk per metric to build its index (two metrics), none per model
+    assert Walked.walks == 2
+    assert len(trends.series(BY_FIELD["kv_cache_usage_ratio"], model="m7")) == 1
+
+
+def load_thresholds_for_page():
+    from hybridmon.agent.alerts.catalogue import load_thresholds
+    return load_thresholds()

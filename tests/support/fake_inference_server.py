@@ -147,3 +147,17 @@ def _handler_for(fake: FakeInferenceServer) -> type[BaseHTTPRequestHandler]:
                 self.wfile.flush()
 
     return Handler
+
+
+def vllm_with_models(count: int, name: str = "hostile/model-{}") -> str:
+    """A vLLM V1 body (its families as vllm/v1/metrics/loggers.py names them) publishing `count`
+    models, three series each, model i having generated i tokens: what a peer that publishes
+    thousands of models sends (issue 30: 75,000 in a 7.8 MB body)."""
+    lines = ["# TYPE vllm:num_requests_running gauge", "# TYPE vllm:generation_tokens_total counter",
+             "# TYPE vllm:kv_cache_usage_perc gauge"]
+    for i in range(count):
+        model = name.format(i)
+        lines += [f'vllm:num_requests_running{{engine="0",model_name="{model}"}} 1.0',
+                  f'vllm:generation_tokens_total{{engine="0",model_name="{model}"}} {float(i)}',
+                  f'vllm:kv_cache_usage_perc{{engine="0",model_name="{model}"}} 0.5']
+    return "\n".join(lines) + "\n"

@@ -13,7 +13,8 @@ so what the defaults answer: nvmlDeviceGetNumaNodeId NOT_SUPPORTED (nvml.h: "onl
 platforms where the GPUs are NUMA nodes"), nvmlDeviceGetMigMode NOT_SUPPORTED (L40S and A10 have no
 MIG), a link at Gen1 while the GPU is idle (anchors.md: "curr link gen drops at idle (pstate)").
 Modes real hosts also show, set per test: graphics-only processes (FakeProcess kinds), MIG on
-(mig_gpu()), drivers without the _v3 process entry points (process_entry_points), an older
+(mig_gpu(); its instances' processes listed to a privileged caller only, `privileged`), a Grace
+Hopper GPU with GPM and NVLink-C2C (grace_hopper_gpu()), NVML calls that hang (hang()), drivers without the _v3 process entry points (process_entry_points), an older
 nvidia-ml-py without some functions (binding_lacks), pids from another pid namespace
 (FOREIGN_PID). Each behaviour names its source next to it; pynvml means nvidia-ml-py 13.615.71's
 pynvml.py unless a version is given.
@@ -73,6 +74,18 @@ NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3
 NVML_VALUE_TYPE_SIGNED_LONG_LONG = 4
 PCIE_SAMPLE_WINDOW_SECONDS = 0.020  # nvml.h: "querying a byte counter over a 20ms interval"
 PCIE_COUNTERS_SINCE_DRIVER = 555  # the first driver branch whose nvml.h defines fields 197/198
+# NVLink-C2C fields (nvml.h 12.9.79, pynvml): link count, status 0/1, "Link Speed in MBps".
+NVML_FI_DEV_C2C_LINK_COUNT = 170
+NVML_FI_DEV_C2C_LINK_GET_STATUS = 171
+NVML_FI_DEV_C2C_LINK_GET_MAX_BW = 172
+# GPM (nvml.h 12.9.79 nvmlGpmMetricId_t, pynvml): the metrics hybridmon reads, all in MiB/s.
+NVML_GPM_METRIC_PCIE_TX_PER_SEC = 20
+NVML_GPM_METRIC_PCIE_RX_PER_SEC = 21
+NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC = 100
+NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC = 101
+NVML_GPM_METRIC_MAX = 477  # pynvml 13.615.71 (nvml.h 12.9.79 has 210; a version-1 struct either way)
+NVML_GPM_METRICS_GET_VERSION = 1
+NVML_GPM_SUPPORT_VERSION = 1
 NVML_DEVICE_MIG_DISABLE = 0x0  # nvml.h 12.9.79, pynvml
 NVML_DEVICE_MIG_ENABLE = 0x1
 nvmlMemory_v2 = 0x02000028
@@ -157,6 +170,40 @@ class c_nvmlFieldValue_t(ctypes.Structure):
                 ("value", c_nvmlValue_t)]
 
 
+class c_nvmlC2cModeInfo_v1_t(ctypes.Structure):
+    _fields_ = [("isC2cEnabled", ctypes.c_uint)]  # nvml.h nvmlC2cModeInfo_v1_t, pynvml
+
+
+class c_nvmlGpmSupport_t(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint), ("isSupportedDevice", ctypes.c_uint)]
+
+
+class c_nvmlGpmMetric_t(ctypes.Structure):
+    """pynvml's c_nvmlGpmMetric_t without metricInfo's three name pointers (never read here)."""
+
+    _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
+                ("value", ctypes.c_double)]
+
+
+class c_nvmlGpmMetricsGet_t(ctypes.Structure):
+    """pynvml's c_nvmlGpmMetricsGet_t; the samples are the fake's FakeGpmSample objects (in
+    pynvml, pointers to NVML's opaque sample buffers)."""
+
+    _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
+                ("sample1", ctypes.py_object), ("sample2", ctypes.py_object),
+                ("metrics", c_nvmlGpmMetric_t * NVML_GPM_METRIC_MAX)]
+
+
+@dataclass
+class FakeGpmSample:
+    """An NVML GPM sample buffer: what nvmlGpmSampleGet read into it (None until then)."""
+
+    gpu: int | None = None
+    taken_at: float = 0.0
+    counted: dict = field(default_factory=dict)  # GPM metric id -> bytes counted to taken_at
+    freed: bool = False
+
+
 class nvmlPciInfo_t(ctypes.Structure):
     _fields_ = [("busIdLegacy", ctypes.c_char * 16), ("domain", ctypes.c_uint),
                 ("bus", ctypes.c_uint), ("device", ctypes.c_uint), ("pciDeviceId", ctypes.c_uint),
@@ -230,6 +277,16 @@ class FakeGpu:
     pcie_byte_counters: bool | None = None
     pcie_counter_value_type: int = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
     pcie_counter_start_bytes: int = 0
+    # GPM (nvmlGpmQueryDeviceSupport): nvml.h names Hopper and newer; False answers
+    # isSupportedDevice 0 (as on the L40S and A10 of the defaults).
+    gpm_supported: bool = False
+    # NVLink-C2C: c2c_enabled None answers nvmlDeviceGetC2cModeInfoV NOT_SUPPORTED (x86 PCIe
+    # hosts); c2c_links one [up, MBps] per link (fields 171/172 with the link as scopeId: the
+    # stub's assumption, exporters/nvml.py c2c_links); the C2C traffic GPM reports, constant.
+    c2c_enabled: bool | None = None
+    c2c_links: list = field(default_factory=list)
+    c2c_rx_mib_per_second: float = 0.0
+    c2c_tx_mib_per_second: float = 0.0
 
     @classmethod
     def from_dict(cls, data: dict) -> "FakeGpu":
@@ -306,6 +363,21 @@ def mig_gpu(uuid: str = "GPU-2a1b2c3d-0000-4000-8000-000000000002",
                    mig_mode=NVML_DEVICE_MIG_ENABLE)
 
 
+def grace_hopper_gpu(uuid: str = "GPU-3a1b2c3d-0000-4000-8000-000000000003",
+                     bus_id: str = "00000009:01:00.0") -> FakeGpu:
+    """A GH200's Hopper GPU, simulated: GPM supported (nvml.h: Hopper and newer), NVLink-C2C on
+    with 10 links at 45,000 MBps each (450 GB/s a direction: NVIDIA's 900 GB/s bidirectional
+    NVLink-C2C figure spread over the links; the per-link split is this fake's choice), its GPU
+    memory a NUMA node (nvmlDeviceGetNumaNodeId answers 2), no PCIe byte counters (driver 550),
+    and KV offload traffic crossing C2C at 40 GiB/s in, 10 GiB/s out while PCIe idles."""
+    return FakeGpu("NVIDIA GH200 480GB", uuid, bus_id, 96 * GIB, 70 * GIB, 640 * MIB,
+                   2_500, 1_700, 5, 16, 5, 16, 0, 60, 2,
+                   [FakeProcess(7171, "python3", 70 * GIB)],
+                   idle_link_generation=None, gpm_supported=True, c2c_enabled=True,
+                   c2c_links=[[True, 45_000] for _ in range(10)],
+                   c2c_rx_mib_per_second=40 * 1024, c2c_tx_mib_per_second=10 * 1024)
+
+
 def uniform_gpus(count: int) -> list[FakeGpu]:
     """`count` identical L40S GPUs (for benchmarks and many-GPU tests), each with one process."""
     return [
@@ -326,7 +398,7 @@ class FakeNvml:
     """One fake NVML library. Its state is plain attributes; `calls` counts each C entry point."""
 
     SETTINGS = ("library_missing", "memory_v2_supported", "throughput_delay_seconds",
-                "process_entry_points", "binding_lacks")
+                "process_entry_points", "binding_lacks", "privileged")
 
     def __init__(self, gpus: list[FakeGpu] | None = None, **settings: Any) -> None:
         self._lock = threading.Lock()
@@ -346,11 +418,17 @@ class FakeNvml:
         # 12.535.x lacks nvmlDeviceGetNumaNodeId and every *RunningProcesses_v2.
         self.binding_lacks: tuple[str, ...] = ()
         self.throughput_delay_seconds = 0.0
+        # Root (or CAP_SYS_ADMIN): nvml.h lets the parent GPU of MIG instances list their
+        # processes, each with its gpuInstanceId, only for privileged callers.
+        self.privileged = False
+        self.gpm_samples: list[FakeGpmSample] = []
+        self._gpm_epoch: dict[int, float] = {}  # gpu -> the time of its first GPM sample
         self.throughput_in_flight = 0
         self.max_throughput_in_flight = 0  # the most nvmlDeviceGetPcieThroughput calls at once
         self.calls: Counter[str] = Counter()
         self.lost: set[int] = set()
         self._failures: list[list] = []  # [function or "*", gpu or None, error class, times left]
+        self._hangs: dict[tuple[str, int], float] = {}  # (function, gpu) -> seconds it blocks
         self._init_count = 0
         # Time for the PCIe traffic model: NVML's timestamps are wall-clock microseconds; a
         # simulation swaps in its own clock and sleep (use_clock).
@@ -381,6 +459,12 @@ class FakeNvml:
         error_class = globals()[error] if isinstance(error, str) else error
         with self._lock:
             self._failures.append([function_name, gpu, error_class, times])
+
+    def hang(self, function_name: str, gpu: int, seconds: float) -> None:
+        """Make `function_name` on one GPU block `seconds` before answering (0: stop), as NVML
+        calls do on a GPU falling off the bus (sampler.py: "NVML can hang")."""
+        with self._lock:
+            self._hangs[(function_name, gpu)] = seconds
 
     def heal(self) -> None:
         with self._lock:
@@ -420,6 +504,9 @@ class FakeNvml:
                     if times is not None:
                         failure[3] = times - 1
                     raise error_class()
+        hang = self._hangs.get((function, None if handle is None else handle.index))
+        if hang:
+            time.sleep(hang)  # real time: the collector's budget is real time
         if function != "nvmlInit" and self._init_count == 0:
             raise NVMLError(NVML_ERROR_UNINITIALIZED)
         if handle is None:
@@ -522,6 +609,8 @@ class FakeNvml:
         counted = self._pcie_count(handle.index, gpu) if supported else None
         for value in values:
             value.timestamp = int(self.clock() * 1e6)
+            if self._c2c_field(gpu, value):
+                continue
             if counted is None or value.fieldId not in (NVML_FI_DEV_PCIE_COUNT_RX_BYTES,
                                                          NVML_FI_DEV_PCIE_COUNT_TX_BYTES):
                 value.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
@@ -535,6 +624,84 @@ class FakeNvml:
             else:
                 value.value.ullVal = count % 2**64  # "Value can be wrapped" (nvml.h)
         return values
+
+    @staticmethod
+    def _c2c_field(gpu: FakeGpu, value: c_nvmlFieldValue_t) -> bool:
+        """Fill one NVLink-C2C field (170-172) where the GPU has C2C; False for other fields.
+        valueType unsigned int for the count and status, unsigned long long for the speed: nvml.h
+        does not say, the stub assumes the same."""
+        if gpu.c2c_enabled is None or value.fieldId not in (
+                NVML_FI_DEV_C2C_LINK_COUNT, NVML_FI_DEV_C2C_LINK_GET_STATUS,
+                NVML_FI_DEV_C2C_LINK_GET_MAX_BW):
+            return False
+        if value.fieldId == NVML_FI_DEV_C2C_LINK_COUNT:
+            value.valueType, value.value.uiVal = NVML_VALUE_TYPE_UNSIGNED_INT, len(gpu.c2c_links)
+        elif value.scopeId >= len(gpu.c2c_links):
+            value.nvmlReturn = NVML_ERROR_INVALID_ARGUMENT
+            return True
+        elif value.fieldId == NVML_FI_DEV_C2C_LINK_GET_STATUS:
+            value.valueType = NVML_VALUE_TYPE_UNSIGNED_INT
+            value.value.uiVal = 1 if gpu.c2c_links[value.scopeId][0] else 0
+        else:
+            value.valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            value.value.ullVal = gpu.c2c_links[value.scopeId][1]
+        value.nvmlReturn = NVML_SUCCESS
+        return True
+
+    # --- NVLink-C2C and GPM ----------------------------------------------------------------
+    def nvmlDeviceGetC2cModeInfoV(self, handle: FakeHandle) -> c_nvmlC2cModeInfo_v1_t:
+        gpu = self._enter("nvmlDeviceGetC2cModeInfoV", handle)
+        if gpu.c2c_enabled is None:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        return c_nvmlC2cModeInfo_v1_t(isC2cEnabled=1 if gpu.c2c_enabled else 0)
+
+    def nvmlGpmQueryDeviceSupport(self, handle: FakeHandle) -> c_nvmlGpmSupport_t:
+        gpu = self._enter("nvmlGpmQueryDeviceSupport", handle)
+        return c_nvmlGpmSupport_t(version=NVML_GPM_SUPPORT_VERSION,
+                                  isSupportedDevice=1 if gpu.gpm_supported else 0)
+
+    def nvmlGpmSampleAlloc(self) -> FakeGpmSample:
+        self._enter("nvmlGpmSampleAlloc")
+        sample = FakeGpmSample()
+        self.gpm_samples.append(sample)
+        return sample
+
+    def nvmlGpmSampleFree(self, sample: FakeGpmSample) -> None:
+        self._enter("nvmlGpmSampleFree")
+        sample.freed = True
+
+    def nvmlGpmSampleGet(self, handle: FakeHandle, sample: FakeGpmSample) -> FakeGpmSample:
+        """Reads the bytes moved so far: PCIe from the same traffic model as the byte counters,
+        C2C at the GPU's constant rates (MiB/s, nvml.h's unit for both GPM metrics)."""
+        gpu = self._enter("nvmlGpmSampleGet", handle)
+        if not gpu.gpm_supported:
+            raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+        rx, tx, now = self._pcie_count(handle.index, gpu)
+        sample.gpu, sample.taken_at = handle.index, now
+        # Counted from the GPU's first sample: bytes since 1970 would lose precision in a double.
+        since = now - self._gpm_epoch.setdefault(handle.index, now)
+        sample.counted = {NVML_GPM_METRIC_PCIE_RX_PER_SEC: rx, NVML_GPM_METRIC_PCIE_TX_PER_SEC: tx,
+                          NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: gpu.c2c_rx_mib_per_second * MIB * since,
+                          NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: gpu.c2c_tx_mib_per_second * MIB * since}
+        return sample
+
+    def nvmlGpmMetricsGet(self, request: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:
+        """Each requested metric over sample1 -> sample2; metrics the fake does not model answer
+        NOT_SUPPORTED per metric, as nvml.h's per-metric nvmlReturn allows."""
+        self._enter("nvmlGpmMetricsGet")
+        first, second = request.sample1, request.sample2
+        if (request.version != NVML_GPM_METRICS_GET_VERSION or first.gpu is None
+                or first.gpu != second.gpu or second.taken_at <= first.taken_at):
+            raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+        seconds = second.taken_at - first.taken_at
+        for slot in range(request.numMetrics):
+            metric = request.metrics[slot]
+            if metric.metricId in second.counted:
+                moved = second.counted[metric.metricId] - first.counted[metric.metricId]
+                metric.value, metric.nvmlReturn = moved / seconds / MIB, NVML_SUCCESS
+            else:
+                metric.nvmlReturn = NVML_ERROR_NOT_SUPPORTED
+        return request
 
     def _pcie_count(self, index: int, gpu: FakeGpu) -> tuple[int, int, float]:
         """The byte counters now: the traffic model integrated since the last call, at the GPU's
@@ -595,7 +762,7 @@ class FakeNvml:
         if entry_point not in self.process_entry_points:
             # pynvml's _nvmlGetFunctionPointer: a symbol libnvidia-ml.so.1 lacks
             raise NVMLError(NVML_ERROR_FUNCTION_NOT_FOUND)
-        if gpu.mig_mode == NVML_DEVICE_MIG_ENABLE:
+        if gpu.mig_mode == NVML_DEVICE_MIG_ENABLE and not self.privileged:
             raise NVMLError(NVML_ERROR_NO_PERMISSION)  # nvml.h: parent handle, unprivileged
         return [nvmlFriendlyObject({
             "pid": p.pid, "usedGpuMemory": p.used_gpu_memory_bytes,
@@ -657,7 +824,8 @@ class FakeNvml:
 
 
 for _name, _value in list(globals().items()):
-    if _name.startswith(("NVML_", "NVMLError", "nvmlMemory_", "NVMLLibraryMismatchError")):
+    if _name.startswith(("NVML_", "NVMLError", "nvmlMemory_", "NVMLLibraryMismatchError",
+                         "c_nvml")):
         setattr(FakeNvml, _name, _value)
 
 DEFAULT = FakeNvml()

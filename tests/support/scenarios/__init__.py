@@ -37,6 +37,7 @@ from tests.support.scenarios import gpu_blip_library  # noqa: F401 (registers it
 from tests.support.scenarios import crash_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import swap_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import leak_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import topology_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 

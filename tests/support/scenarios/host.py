@@ -18,12 +18,16 @@ the real collectors then make are consistent by construction:
 - a GPU's used memory is its processes' memory plus a fixed context overhead, and its PCIe link is
   written the same to NVML and to sysfs (current_link_speed, current_link_width);
 - a removed PCI function loses both its bus/pci/devices link and its device directory;
+- a PCIe switch (`add_switch`) nests its root port, upstream and downstream ports as the kernel
+  nests bridges, and a GPU added behind it (`add_gpu_behind`) sits below a downstream port, so
+  the GPUs' resolved sysfs paths say which link they share;
 - vLLM's /metrics (inference.py) follows its own load, served on loopback while a trace is made.
 
 Only the files a scenario can change are rewritten, and only when their text changed.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -521,6 +525,54 @@ class SyntheticHost:
                    self.sysfs / "bus/pci/devices" / address)
         self.pci[address] = self._load_pci(address)
         return self.pci[address]
+
+    # --- a PCIe switch: GPUs that share one link to the CPU (issue 29) -------------------------
+    def add_switch(self, root_port: str, upstream_port: str, downstream_ports: Iterable[str], node: int,
+                   generation: int = 4, width: int = 16) -> None:
+        """A root port on a host bridge of its own and, below it, a PCIe switch: its upstream port
+        and downstream ports, nested as the kernel nests bridges (devices/pci<domain:bus>/<root
+        port>/<upstream port>/<downstream port>, Documentation/ABI/testing/sysfs-bus-pci), each
+        linked from bus/pci/devices, every link at `generation` x `width`, on NUMA node `node`. Ids
+        as in tests/fixtures/host-switch: an Intel root port, Broadcom PEX88000 switch ports."""
+        root = self._add_bridge(self.sysfs / "devices" / ("pci" + root_port[:7]), root_port, "0x8086", "0x347a",
+                                node, generation, width)
+        upstream = self._add_bridge(root, upstream_port, "0x1000", "0xc030", node, generation, width)
+        for port in downstream_ports:
+            self._add_bridge(upstream, port, "0x1000", "0xc030", node, generation, width)
+
+    def _add_bridge(self, parent: Path, address: str, vendor: str, device: str, node: int,
+                    generation: int, width: int) -> Path:
+        directory = parent / address
+        directory.mkdir(parents=True)
+        speed = LINK_SPEED_TEXT[generation]
+        for name, text in (("vendor", vendor), ("device", device), ("class", "0x060400"),
+                           ("current_link_speed", speed), ("current_link_width", width),
+                           ("max_link_speed", speed), ("max_link_width", width), ("numa_node", node)):
+            (directory / name).write_text(f"{text}\n")
+        self._link_function(address, directory)
+        return directory
+
+    def _link_function(self, address: str, directory: Path) -> None:
+        """bus/pci/devices/<address> -> the function's directory, relative as the kernel links it."""
+        devices = self.sysfs / "bus/pci/devices"
+        os.symlink(os.path.relpath(directory, devices), devices / address)
+        self.pci[address] = self._load_pci(address)
+
+    def add_gpu_behind(self, port: str, address: str, template: int, uuid: str) -> GpuState:
+        """A GPU like GPU `template` (its sysfs function copied, its NVML model and link), at
+        `address` below the bridge `port` (a switch's downstream port), with no processes yet;
+        NVML lists it after the others."""
+        model = self.gpus[template]
+        directory = self.pci[port].directory / address
+        shutil.copytree(self.pci[model.address].directory, directory)
+        (directory / "numa_node").write_text((self.pci[port].directory / "numa_node").read_text())
+        self._link_function(address, directory)
+        domain, bus, rest = address.split(":")
+        nvml = dataclasses.replace(model.nvml, uuid=uuid, pci_bus_id=f"0000{domain}:{bus.upper()}:{rest}",
+                                   memory_used_bytes=2 * GIB, processes=[])
+        gpu = GpuState(len(self.gpus), address, nvml, {}, float(nvml.memory_used_bytes), 0.0, 0.0, 0.0, Counter(0.0))
+        self.gpus.append(gpu)
+        return gpu
 
     def add_process_like(self, template: int, pid: int) -> ProcessState:
         """A copy of process `template` as `pid`: its /proc directory (fd/ socket links and all),

@@ -192,6 +192,10 @@ def write_layout(path: Path, layout: dict) -> None:
                 lines += [f"field {field} {count}" for field, count in value.items()]
             elif key == "fail":
                 lines += [f"fail {function} {code}" for function, code in value.items()]
+            elif key == "c2c_links":
+                lines += [f"c2c_link {int(up)} {mbps}" for up, mbps in value]
+            elif key == "gpm_metrics":
+                lines += [f"gpm_metric {metric} {mib}" for metric, mib in value.items()]
             elif key == "cpu_affinity":
                 lines.append("cpu_affinity " + " ".join(hex(word) for word in value))
             else:

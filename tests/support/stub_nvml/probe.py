@@ -13,6 +13,7 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 from importlib import metadata
 from typing import Any, Callable
 
@@ -22,7 +23,10 @@ NVML_READINGS = (
     "pcie_link_generation", "pcie_link_max_generation", "pcie_link_width_lanes",
     "pcie_link_max_width_lanes", "pcie_replay_count", "utilization_ratio", "numa_node",
     "compute_processes", "processes", "mig_enabled", "pcie_byte_counters",
+    "c2c_mode_enabled", "c2c_links", "gpm_supported",
 )
+# GPM metrics the probe asks over two samples (PCIe RX/TX, C2C RX/TX; nvml.h nvmlGpmMetricId_t).
+GPM_METRICS = (21, 20, 101, 100)
 # The stub's entry points whose call counts the tests look at.
 COUNTED_CALLS = tuple(
     f"nvmlDevice{function}"
@@ -42,6 +46,9 @@ ABI_PAIRS = (
     (("c_nvmlUtilization_t",), "nvmlUtilization_t"),
     (("c_nvmlValue_t",), "nvmlValue_t"),
     (("c_nvmlFieldValue_t",), "nvmlFieldValue_t"),
+    (("c_nvmlC2cModeInfo_v1_t",), "nvmlC2cModeInfo_v1_t"),
+    (("c_nvmlGpmSupport_t",), "nvmlGpmSupport_t"),
+    (("c_nvmlGpmMetric_t",), "nvmlGpmMetric_t"),
 )
 
 
@@ -99,6 +106,16 @@ def read_wrapper() -> dict[str, Any]:
             readings[reading] = ({"missing": f"Nvml has no {reading}()"} if method is None
                                  else attempt(lambda: method(gpu)))
         result["gpus"].append(readings)
+    # GPM over two samples 0.15 s apart (nvml.h: "greater than 100ms"), and the PCIe byte counters
+    # read until a GPU whose field values fail whole has them given up.
+    first = [attempt(lambda: nvml.gpm_metrics(gpu, GPM_METRICS)) for gpu in range(count)]
+    time.sleep(0.15)
+    for gpu, readings in enumerate(result["gpus"]):
+        readings["gpm_metrics"] = [first[gpu], attempt(lambda: nvml.gpm_metrics(gpu, GPM_METRICS))]
+        for _ in range(2):
+            attempt(lambda: nvml.pcie_byte_counters(gpu))
+        readings["pcie_byte_counters_usable_after_3_reads"] = attempt(
+            lambda: nvml.pcie_byte_counters_usable(gpu))
     pids = sorted({process["pid"] for readings in result["gpus"]
                    for process in (readings["compute_processes"].get("value") or [])})
     result["process_names"] = attempt(lambda: nvml.process_names(pids))
@@ -159,7 +176,13 @@ def read_abi() -> dict[str, Any]:
                 entry["pynvml"][field[0]] = [descriptor.offset, descriptor.size]
         pairs.append(entry)
     library.hybridmon_stub_memory_v2_version.restype = ctypes.c_uint
-    return {"pairs": pairs,
+    # nvmlGpmMetricsGet_t: the members before metrics[] (whose length differs, stub_abi.c).
+    request = getattr(pynvml, "c_nvmlGpmMetricsGet_t", None)
+    gpm_request = {"header": header.get("nvmlGpmMetricsGet_t"),
+                   "pynvml": None if request is None else {
+                       name: [getattr(request, name).offset, getattr(request, name).size]
+                       for name in ("version", "numMetrics", "sample1", "sample2")}}
+    return {"pairs": pairs, "gpm_request": gpm_request,
             "memory_v2_version": {"header": library.hybridmon_stub_memory_v2_version(),
                                   "pynvml": getattr(pynvml, "nvmlMemory_v2", None)}}
 

@@ -44,6 +44,18 @@ static const struct hybridmon_stub_member header_members[] = {
     MEMBER(nvmlFieldValue_t, timestamp), MEMBER(nvmlFieldValue_t, latencyUsec),
     MEMBER(nvmlFieldValue_t, valueType), MEMBER(nvmlFieldValue_t, nvmlReturn),
     MEMBER(nvmlFieldValue_t, value),
+    TYPE_SIZE(nvmlC2cModeInfo_v1_t),
+    MEMBER(nvmlC2cModeInfo_v1_t, isC2cEnabled),
+    TYPE_SIZE(nvmlGpmSupport_t),
+    MEMBER(nvmlGpmSupport_t, version), MEMBER(nvmlGpmSupport_t, isSupportedDevice),
+    /* nvmlGpmMetricsGet_t is left out: its metrics[] is NVML_GPM_METRIC_MAX long, which grows with
+     * the header (210 here, 477 in pynvml 13.615.71) under the same version 1; the members before
+     * it are compared by the probe (gpm_request_layout). */
+    TYPE_SIZE(nvmlGpmMetric_t),
+    MEMBER(nvmlGpmMetric_t, metricId), MEMBER(nvmlGpmMetric_t, nvmlReturn),
+    MEMBER(nvmlGpmMetric_t, value), MEMBER(nvmlGpmMetric_t, metricInfo),
+    MEMBER(nvmlGpmMetricsGet_t, version), MEMBER(nvmlGpmMetricsGet_t, numMetrics),
+    MEMBER(nvmlGpmMetricsGet_t, sample1), MEMBER(nvmlGpmMetricsGet_t, sample2),
 };
 
 /* Row `index` of the table, or NULL past its end. */

@@ -100,6 +100,7 @@ static int parse_gpu_line(struct nvmlDevice_st *gpu, const char *key, const char
         {"mig_pending", offsetof(struct nvmlDevice_st, mig_pending)},
         {"pci_device_id", offsetof(struct nvmlDevice_st, pci_device_id)},
         {"pci_subsystem_id", offsetof(struct nvmlDevice_st, pci_subsystem_id)},
+        {"gpm_supported", offsetof(struct nvmlDevice_st, gpm_supported)},
     };
     static const struct { const char *key; size_t offset; } sizes[] = {
         {"memory_total", offsetof(struct nvmlDevice_st, memory_total)},
@@ -136,6 +137,22 @@ static int parse_gpu_line(struct nvmlDevice_st *gpu, const char *key, const char
             return -1;
         }
         gpu->field_count++;
+    } else if (strcmp(key, "c2c_mode") == 0) {
+        gpu->c2c_mode = (int)strtol(rest, NULL, 0);
+    } else if (strcmp(key, "c2c_link") == 0) {
+        struct stub_c2c_link *link = &gpu->c2c_links[gpu->c2c_link_count];
+        if (gpu->c2c_link_count >= STUB_MAX_C2C_LINKS
+            || sscanf(rest, "%u %llu", &link->up, &link->max_mbps) != 2) {
+            return -1;
+        }
+        gpu->c2c_link_count++;
+    } else if (strcmp(key, "gpm_metric") == 0) {
+        struct stub_gpm_metric *metric = &gpu->gpm_metrics[gpu->gpm_metric_count];
+        if (gpu->gpm_metric_count >= STUB_MAX_GPM_METRICS
+            || sscanf(rest, "%u %lf", &metric->id, &metric->value) != 2) {
+            return -1;
+        }
+        gpu->gpm_metric_count++;
     } else if (strcmp(key, "cpu_affinity") == 0) {
         char *end;
         const char *at = rest;
@@ -198,6 +215,7 @@ int load_layout(void)
             } else {
                 gpu = &gpus[gpu_count];
                 gpu->index = gpu_count++;
+                gpu->c2c_mode = -1;  /* no C2C unless the layout says (x86 PCIe hosts) */
             }
         } else if (gpu != NULL) {
             bad = parse_gpu_line(gpu, key, rest) != 0;

@@ -22,6 +22,9 @@
  *   replays / util_gpu / util_memory / numa_node / mig_current / mig_pending <number>
  *   pci_device_id / pci_subsystem_id <number, 0x allowed>   cpu_affinity <word> [<word> ...]
  *   field <fieldId> <unsigned long long>   (fields not listed answer NOT_SUPPORTED per value)
+ *   c2c_mode <0|1>                      (isC2cEnabled; without it C2C mode info is NOT_SUPPORTED)
+ *   c2c_link <up 0|1> <MBps>            (one per link: fields 171/172 with the link as scopeId)
+ *   gpm_supported <0|1>   gpm_metric <nvmlGpmMetricId_t> <value, e.g. MiB/s>
  *   process <compute|graphics|mps> <pid> <used bytes|na> <name>
  *   fail <nvmlFunction> <nvmlReturn_t>  (on this GPU only)
  *
@@ -31,7 +34,8 @@
  * process wrappers, NVMLLibraryMismatchError), as on such a driver.
  *
  * Simplifications (documented, not hidden): values are static between calls (counters do not
- * advance); nvmlDeviceGetPcieThroughput does not block for its 20 ms window;
+ * advance, a GPM metric answers its layout value over any two samples); nvmlDeviceGetPcieThroughput
+ * does not block for its 20 ms window;
  * nvmlDeviceSetCpuAffinity answers SUCCESS without binding the caller.
  */
 #include "stub_state.h"
@@ -360,6 +364,36 @@ nvmlReturn_t nvmlDeviceSetCpuAffinity(nvmlDevice_t device)
 }
 
 /* ---- field values ------------------------------------------------------------------------------- */
+/*
+ * NVLink-C2C fields, where the GPU has C2C mode info: the link count, then per link (scopeId) its
+ * status and "C2C Link Speed in MBps" (nvml.h). Assumptions, not in nvml.h: the link is given in
+ * scopeId (the header says so for the NVLink fields only), the count and status are unsigned int
+ * and the speed unsigned long long. 1 when the field was a C2C one.
+ */
+static int c2c_field(const struct nvmlDevice_st *device, nvmlFieldValue_t *value)
+{
+    if (device->c2c_mode < 0 || (value->fieldId != NVML_FI_DEV_C2C_LINK_COUNT
+                                 && value->fieldId != NVML_FI_DEV_C2C_LINK_GET_STATUS
+                                 && value->fieldId != NVML_FI_DEV_C2C_LINK_GET_MAX_BW)) {
+        return 0;
+    }
+    if (value->fieldId == NVML_FI_DEV_C2C_LINK_COUNT) {
+        value->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        value->value.uiVal = device->c2c_link_count;
+    } else if (value->scopeId >= device->c2c_link_count) {
+        value->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT;
+        return 1;
+    } else if (value->fieldId == NVML_FI_DEV_C2C_LINK_GET_STATUS) {
+        value->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        value->value.uiVal = device->c2c_links[value->scopeId].up;
+    } else {
+        value->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        value->value.ullVal = device->c2c_links[value->scopeId].max_mbps;
+    }
+    value->nvmlReturn = NVML_SUCCESS;
+    return 1;
+}
+
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
     struct timeval now;
@@ -372,12 +406,108 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
         value->timestamp = (long long)now.tv_sec * 1000000 + now.tv_usec;
         value->latencyUsec = 0;
         value->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        if (c2c_field(device, value)) {
+            continue;
+        }
         for (unsigned int f = 0; f < device->field_count; f++) {
             if (device->fields[f].id == value->fieldId) {
                 /* Assumed type: nvml.h does not say which valueType the PCIe byte counters use. */
                 value->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
                 value->value.ullVal = device->fields[f].value;
                 value->nvmlReturn = NVML_SUCCESS;
+            }
+        }
+    }
+    return NVML_SUCCESS;
+}
+
+/* ---- NVLink-C2C mode and GPM ------------------------------------------------------------------- */
+nvmlReturn_t nvmlDeviceGetC2cModeInfoV(nvmlDevice_t device, nvmlC2cModeInfo_v1_t *c2cModeInfo)
+{
+    ENTER_DEVICE(device);
+    REQUIRE(c2cModeInfo);
+    if (device->c2c_mode < 0) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    c2cModeInfo->isC2cEnabled = (unsigned int)device->c2c_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmQueryDeviceSupport(nvmlDevice_t device, nvmlGpmSupport_t *gpmSupport)
+{
+    ENTER_DEVICE(device);
+    REQUIRE(gpmSupport);
+    if (gpmSupport->version != NVML_GPM_SUPPORT_VERSION) {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;  /* assumed: nvml.h says "IN: Set to" it */
+    }
+    gpmSupport->isSupportedDevice = device->gpm_supported;
+    return NVML_SUCCESS;
+}
+
+/* nvml.h declares the sample only as an opaque `struct nvmlGpmSample_st *`. */
+struct nvmlGpmSample_st {
+    nvmlDevice_t device;   /* NULL until nvmlGpmSampleGet fills it */
+    long long taken_usec;
+};
+
+nvmlReturn_t nvmlGpmSampleAlloc(nvmlGpmSample_t *gpmSample)
+{
+    count_call(__func__);
+    REQUIRE(gpmSample);
+    *gpmSample = calloc(1, sizeof **gpmSample);
+    return *gpmSample == NULL ? NVML_ERROR_MEMORY : NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleFree(nvmlGpmSample_t gpmSample)
+{
+    count_call(__func__);
+    REQUIRE(gpmSample);
+    free(gpmSample);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpmSampleGet(nvmlDevice_t device, nvmlGpmSample_t gpmSample)
+{
+    struct timeval now;
+
+    ENTER_DEVICE(device);
+    REQUIRE(gpmSample);
+    if (!device->gpm_supported) {
+        return NVML_ERROR_NOT_SUPPORTED;
+    }
+    gettimeofday(&now, NULL);
+    gpmSample->device = device;
+    gpmSample->taken_usec = (long long)now.tv_sec * 1000000 + now.tv_usec;
+    return NVML_SUCCESS;
+}
+
+/*
+ * Each metric the layout lists answers its value over any two samples of the same GPU, the later
+ * one second; others NOT_SUPPORTED per metric. numMetrics is bounded by this header's
+ * NVML_GPM_METRIC_MAX (pynvml's array may be longer: the driver reads numMetrics entries only, an
+ * assumption a GPU would settle).
+ */
+nvmlReturn_t nvmlGpmMetricsGet(nvmlGpmMetricsGet_t *metricsGet)
+{
+    count_call(__func__);
+    REQUIRE(metricsGet);
+    if (metricsGet->version != NVML_GPM_METRICS_GET_VERSION) {
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    }
+    if (metricsGet->numMetrics > NVML_GPM_METRIC_MAX || metricsGet->sample1 == NULL
+        || metricsGet->sample2 == NULL || metricsGet->sample1->device == NULL
+        || metricsGet->sample1->device != metricsGet->sample2->device
+        || metricsGet->sample2->taken_usec <= metricsGet->sample1->taken_usec) {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    for (unsigned int i = 0; i < metricsGet->numMetrics; i++) {
+        nvmlGpmMetric_t *metric = &metricsGet->metrics[i];
+        const struct nvmlDevice_st *device = metricsGet->sample1->device;
+        metric->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+        for (unsigned int m = 0; m < device->gpm_metric_count; m++) {
+            if (device->gpm_metrics[m].id == metric->metricId) {
+                metric->value = device->gpm_metrics[m].value;
+                metric->nvmlReturn = NVML_SUCCESS;
             }
         }
     }

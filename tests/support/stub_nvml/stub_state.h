@@ -22,6 +22,8 @@
 #define STUB_MAX_FIELDS 8
 #define STUB_MAX_FAILS 32
 #define STUB_MAX_AFFINITY_WORDS 16
+#define STUB_MAX_C2C_LINKS 16
+#define STUB_MAX_GPM_METRICS 8
 
 struct stub_fail {
     char function[80];
@@ -38,6 +40,16 @@ struct stub_process {
 struct stub_field {
     unsigned int id;
     unsigned long long value;
+};
+
+struct stub_c2c_link {
+    unsigned int up;                 /* NVML_FI_DEV_C2C_LINK_GET_STATUS: 0 inactive, 1 active */
+    unsigned long long max_mbps;     /* NVML_FI_DEV_C2C_LINK_GET_MAX_BW, "in MBps" (nvml.h) */
+};
+
+struct stub_gpm_metric {
+    unsigned int id;                 /* nvmlGpmMetricId_t */
+    double value;                    /* what nvmlGpmMetricsGet answers over any two samples */
 };
 
 /* nvml.h only declares `struct nvmlDevice_st`; a handle is a pointer to one of these. */
@@ -57,6 +69,12 @@ struct nvmlDevice_st {
     unsigned int field_count;
     struct stub_process processes[STUB_MAX_PROCESSES];
     unsigned int process_count;
+    int c2c_mode;                    /* -1: nvmlDeviceGetC2cModeInfoV NOT_SUPPORTED; else isC2cEnabled */
+    struct stub_c2c_link c2c_links[STUB_MAX_C2C_LINKS];
+    unsigned int c2c_link_count;
+    unsigned int gpm_supported;      /* nvmlGpmSupport_t isSupportedDevice */
+    struct stub_gpm_metric gpm_metrics[STUB_MAX_GPM_METRICS];
+    unsigned int gpm_metric_count;
     struct stub_fail fails[STUB_MAX_FAILS];
     unsigned int fail_count;
 };
