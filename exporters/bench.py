@@ -12,14 +12,14 @@ import os
 
 from hybridmon.exporters.base import CollectorRegistration, LogOnce, MetricSpec, NoDataError, Samples
 from hybridmon.exporters.bench_report import SUMMED, ReportError
-from hybridmon.exporters.bench_runs import (StoredRun, bidirectional_capacity, latest_dir, measured_capacity,
-                                            parse_stored_run)
+from hybridmon.exporters.bench_runs import (C2C_PATH, PCIE_PATH, StoredRun, bidirectional_capacity, latest_dir,
+                                            measured_capacity, parse_stored_run)
 from hybridmon.exporters.sources import RawSource
 from hybridmon.pcie_rates import theoretical_capacity
 
 log = logging.getLogger(__name__)
 
-_RESULT_LABELS = ("gpu", "uuid", "direction", "memory", "issue", "transfer_bytes", "placement")
+_RESULT_LABELS = ("gpu", "uuid", "direction", "memory", "issue", "transfer_bytes", "placement", "path")
 _RESULT_WHERE = (
     " Labels: direction host_to_device or device_to_host (that direction alone), "
     "host_to_device_bidirectional or device_to_host_bidirectional (that direction's own bytes over "
@@ -29,7 +29,9 @@ _RESULT_WHERE = (
     "issue queued (the copies enqueued before the clock starts: the copies alone, nvbandwidth's "
     "timing) or loop (issued back to back as a server's copy loop: the per-copy issue cost "
     "included; pageable copies always), transfer_bytes per copy, placement local (host buffers on "
-    "the GPU's NUMA node), remote (on the farthest other node) or unbound (GPU node unknown).")
+    "the GPU's NUMA node), remote (on the farthest other node) or unbound (GPU node unknown), path "
+    "pcie or c2c (the link the copies crossed: c2c where the GPU's NVLink-C2C link was on, GH200 "
+    "and GB200).")
 
 BANDWIDTH = MetricSpec(
     "hybridmon_bench_bandwidth_bytes_per_second",
@@ -58,7 +60,8 @@ MEASURED_CAPACITY = MetricSpec(
     "What this host's link delivers per direction (bytes/s): the median of the largest pinned copy "
     "in one direction at a time (direction host_to_device or device_to_host) with NUMA-local host "
     "buffers in the latest benchmark run. GpuPcieStarvation divides traffic by it instead of the "
-    "theoretical rate when present. Absent for a contended run and for a MIG instance's run.",
+    "theoretical rate when present. Absent for a contended run, for a MIG instance's run and for "
+    "a run over NVLink-C2C (hybridmon_gpu_c2c_measured_capacity_bytes_per_second instead).",
     "gauge", ("gpu", "uuid", "direction"))
 MEASURED_BIDIRECTIONAL_CAPACITY = MetricSpec(
     "hybridmon_gpu_pcie_measured_bidirectional_capacity_bytes_per_second",
@@ -71,12 +74,20 @@ MEASURED_BIDIRECTIONAL_CAPACITY = MetricSpec(
     "first, and for runs stored before issue 29 (their slower direction ran its tail alone).",
     "gauge", ("gpu", "uuid", "direction"))
 
+C2C_MEASURED_CAPACITY = MetricSpec(
+    "hybridmon_gpu_c2c_measured_capacity_bytes_per_second",
+    "What this host's NVLink-C2C link delivers per direction (bytes/s): as "
+    "hybridmon_gpu_pcie_measured_capacity_bytes_per_second, for a run taken while the GPU's C2C "
+    "link was on (GH200, GB200: the copies crossed C2C, not PCIe). GpuC2cStarvation divides C2C "
+    "traffic by it instead of the up links' maximum bandwidth x the share copies achieve.",
+    "gauge", ("gpu", "uuid", "direction"))
+
 
 class BenchCollector:
     name = "bench"
     default_interval_seconds = 30.0
     metric_specs = (BANDWIDTH, EFFICIENCY, LINK_CAPACITY, TIMESTAMP,
-                    CONTENDED, MEASURED_CAPACITY, MEASURED_BIDIRECTIONAL_CAPACITY)
+                    CONTENDED, MEASURED_CAPACITY, MEASURED_BIDIRECTIONAL_CAPACITY, C2C_MEASURED_CAPACITY)
 
     def __init__(self, source: RawSource, state_dir: str | os.PathLike[str]) -> None:
         self._source = source
@@ -124,13 +135,20 @@ class BenchCollector:
             largest = max((result.transfer_bytes for result in report.results), default=0)
             for result in report.results:
                 labels = (gpu, run.uuid, result.direction, result.memory, result.issue,
-                          result.transfer_bytes, placement)
+                          result.transfer_bytes, placement, run.path)
                 samples.add(BANDWIDTH, result.median_bytes_per_second, *labels)
-                if link and result.transfer_bytes == largest:
+                # Over C2C the PCIe link's rate bounds nothing the copies did.
+                if link and result.transfer_bytes == largest and run.path == PCIE_PATH:
                     limit = link * (2 if result.direction == SUMMED else 1)
                     samples.add(EFFICIENCY, result.median_bytes_per_second / limit, *labels)
         if run.contended:
             return  # a forced run beside a busy GPU would understate the capacity starvation uses
+        if run.path == C2C_PATH:
+            # C2C's figures, never the PCIe link's capacity. No both-ways figure: none is
+            # documented for C2C to check a bench's against (pcie_rates C2C notes).
+            for direction, (value, _transfer) in sorted(measured_capacity(run).items()):
+                samples.add(C2C_MEASURED_CAPACITY, value, gpu, run.uuid, direction)
+            return
         for spec, figures in ((MEASURED_CAPACITY, measured_capacity(run)),
                               (MEASURED_BIDIRECTIONAL_CAPACITY, bidirectional_capacity(run))):
             for direction, (value, _transfer) in sorted(figures.items()):

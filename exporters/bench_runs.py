@@ -14,13 +14,16 @@ output (bench_report.py), kept whole so a later hybridmon can re-read what was m
      "link": {"generation": 4, "width": 16, "max_generation": 4, "max_width": 16} or null,
      "contended": null or "why the GPU counted as busy when the run was forced",
      "mig": null or "why this run measured one MIG instance, not the whole GPU",
+     "path": "pcie" or "c2c" (optional, issue 29; absent: "pcie"),
      "placements": [{"placement": "local", "numa_node": 0, "notes": ["..."], "report": {...}}, ...],
      "failures": [{"placement": "remote", "error": "..."}]}
 
 `notes` (optional) say where the runner could not place the buffers or the copying thread as
 asked (e.g. the GPU's node is outside the container's cpuset.mems), so a figure measured unbound
 says so. A run with `mig` set is stored in the run history only and never read as the GPU's
-capacity (agent/bench/store.py, measured_capacity below).
+capacity (agent/bench/store.py, measured_capacity below). `path` is the link the copies crossed:
+"c2c" where NVML said the GPU's NVLink-C2C link was on (GH200, GB200), whose figures are C2C's and
+never the PCIe link's capacity; runs stored before issue 29 have none and read as "pcie".
 """
 from __future__ import annotations
 
@@ -41,6 +44,8 @@ LARGEST_LINK_FIELD = 64
 LATEST_FINISHED_AT = 1e10
 """finished_at is Unix seconds: a later one (year 2286) comes from no clock and breaks gmtime."""
 PLACEMENTS = ("local", "remote", "unbound")
+PCIE_PATH, C2C_PATH = "pcie", "c2c"
+PATHS = (PCIE_PATH, C2C_PATH)
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class StoredRun:
     failures: tuple[tuple[str, str], ...]
     notes: dict[str, tuple[str, ...]] | None = None  # placement -> the runner's placement notes
     mig: str | None = None  # set: one MIG instance was measured, not the GPU's link capacity
+    path: str = PCIE_PATH   # the link the copies crossed: PCIE_PATH or C2C_PATH
 
 
 def bench_dir(state_dir: str | os.PathLike[str]) -> Path:
@@ -106,6 +112,9 @@ def parse_stored_run(text: str) -> StoredRun:
     mig = obj.get("mig")
     if mig is not None and not isinstance(mig, str):
         raise ReportError("stored run: 'mig' is neither null nor a reason")
+    path = obj.get("path", PCIE_PATH)
+    if path not in PATHS:
+        raise ReportError(f"stored run: 'path' {str(path)[:40]!r} is neither {' nor '.join(PATHS)}")
     reports, notes = {}, {}
     for entry in obj["placements"]:
         placement = entry.get("placement") if isinstance(entry, dict) else None
@@ -134,7 +143,7 @@ def parse_stored_run(text: str) -> StoredRun:
         uuid=str(gpu.get("uuid") or ""), name=str(gpu.get("name") or ""),
         pci_bus_id=str(gpu.get("pci_bus_id") or ""), gpu_numa_node=_optional_int(gpu, "numa_node"),
         link=parsed_link, contended=contended or None, reports=reports,
-        failures=failures, notes=notes, mig=mig or None)
+        failures=failures, notes=notes, mig=mig or None, path=path)
 
 
 def load_latest(state_dir: str | os.PathLike[str]) -> tuple[list[StoredRun], list[str]]:

@@ -26,7 +26,7 @@ from hybridmon.exporters.cgroup_memory import (CGROUP_MEMORY_HEADROOM, CGROUP_ME
                                                CgroupMount, memory_bound, oom_kill_files, parse_memory_mounts,
                                                parse_oom_kill, parse_process_cgroups, rebase)
 from hybridmon.exporters.host_memory import parse_vmstat
-from hybridmon.exporters.pid_namespace import MISMATCH_ADVICE, PidView, pid_view
+from hybridmon.exporters.pid_namespace import PidView, advice, pid_view
 from hybridmon.exporters.process_cmdline import ProcessIdentity, cmdline_label, identity_of
 from hybridmon.exporters.procfs import ProcessGone, ProcessStatus, parse_proc_status, read_process_file
 
@@ -577,8 +577,9 @@ class ProcessCollector:
             return []
         if pids and self._pid_view is None:
             self._pid_view = pid_view(self._source, self._procfs)
-        if pids and self._pid_view is PidView.CONTAINER:
-            self._log_once("pid-namespace", "%s", MISMATCH_ADVICE.format(procfs=self._procfs))
+        said = advice(self._pid_view, self._procfs) if pids and self._pid_view else None
+        if said:
+            self._log_once("pid-namespace", "%s", said)
             return []
         return pids
 

@@ -140,3 +140,29 @@ def effective_capacity(measured: float | None, generation: float | None,
         return None
     achievable = achievable_capacity(generation, lanes)
     return LinkCapacity(achievable, "achievable", link_name(generation, lanes)) if achievable else None
+
+
+# --- NVLink-C2C (GH200, GB200; issue 29) ---------------------------------------------------------
+# On a GPU in C2C mode host<->device copies cross NVLink-C2C, not PCIe. NVML states each C2C link's
+# maximum bandwidth (field 172); what copies reach of the up links' sum, per direction, as a
+# PromQL-ready literal and where it comes from. GH200's C2C is 450 GB/s each way (900 GB/s both
+# ways together, NVIDIA's GH200 figures quoted in nvbandwidth issues 23 and 41).
+C2C_ACHIEVABLE_SHARE_TEXT = {
+    "host_to_device": ("0.77", "nvbandwidth issue 23, GH200: host_to_device_memcpy_ce 346 GB/s of "
+                               "450: 346 / 450"),
+    "device_to_host": ("0.67", "nvbandwidth issue 23, GH200: host to device ~15 % faster than "
+                               "device to host, ~301 GB/s of 450: 301 / 450"),
+}
+C2C_ACHIEVABLE_SHARE = {direction: float(text) for direction, (text, _) in C2C_ACHIEVABLE_SHARE_TEXT.items()}
+C2C_LINK_NAME = "NVLink-C2C"
+
+
+def c2c_capacity(measured: float | None, direction: str, up_links_bytes_per_second: float | None) -> LinkCapacity | None:
+    """One direction of a GPU's NVLink-C2C link: what `hybridmon bench` measured over C2C on this
+    host where it has run, else the up links' maximum bandwidth (NVML) x C2C_ACHIEVABLE_SHARE of
+    the direction; None when neither is known. As the rules' C2C capacity recording computes it."""
+    if measured is not None and measured > 0:
+        return LinkCapacity(measured, "measured")
+    if not up_links_bytes_per_second or direction not in C2C_ACHIEVABLE_SHARE:
+        return None
+    return LinkCapacity(up_links_bytes_per_second * C2C_ACHIEVABLE_SHARE[direction], "achievable", C2C_LINK_NAME)

@@ -21,6 +21,8 @@ SERVER = ("server", "endpoint", "model")
 KV_USAGE = f"server:{BY_FIELD['kv_cache_usage_ratio'].name}:avg1m"
 PREEMPTIONS = f"server:{rate_name(BY_FIELD['preemptions'].name)}:rate1m"
 OFFLOAD_LOADS = "server:hybridmon_inference_kv_offload_load_bytes:rate1m"
+# Per GPU, the host->device capacity of the link its offloaded KV crosses.
+OFFLOAD_CAPACITY = "gpu:hybridmon_gpu_host_to_device_offload_capacity_bytes_per_second:effective"
 PROCESS_CAPACITY = "process:hybridmon_gpu_pcie_host_to_device_capacity_bytes_per_second:sum"
 INSTANCE_CAPACITY = "instance:hybridmon_gpu_pcie_host_to_device_capacity_bytes_per_second:sum"
 SERVER_CAPACITY = "server:hybridmon_gpu_pcie_host_to_device_capacity_bytes_per_second:sum"
@@ -54,12 +56,18 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
             "# generation tokens/s per running request, servers running at least min_requests_running\n"
             f"rate({TOKENS}{_range(seconds, offset)})\n"
             f"/ ({running(seconds, offset)} >= {number(d.min_requests_running)})"))
-    capacity = f'{pcie.CAPACITY}{{direction="host_to_device"}}'
+    capacity = OFFLOAD_CAPACITY
     rules += [
         Recording(KV_USAGE, f"avg_over_time({BY_FIELD['kv_cache_usage_ratio'].name}[1m])"),
         Recording(PREEMPTIONS, f"rate({BY_FIELD['preemptions'].name}[1m])"),
         Recording(OFFLOAD_LOADS,
                   f'sum without (direction) (rate({OFFLOAD_BYTES.name}{{direction="load"}}[1m]))'),
+        Recording(OFFLOAD_CAPACITY,
+                  "# NVLink-C2C's host->device capacity for a GPU in C2C mode (GH200, GB200; issue 29)...\n"
+                  f'{pcie.C2C_CAPACITY}{{direction="host_to_device"}}\nand on (job, instance, gpu, uuid)\n'
+                  f"{pcie.C2C_ON}\n# ...else its PCIe link's\nor\n"
+                  f'{pcie.CAPACITY}{{direction="host_to_device"}}\nunless on (job, instance, gpu, uuid)\n'
+                  f"{pcie.C2C_ON}"),
         Recording(PROCESS_CAPACITY,
                   "# host->device bytes/s of the GPUs each process holds memory on\n"
                   "sum by (job, instance, pid) (\n"

@@ -1,6 +1,7 @@
 """The recording rules of the PCIe and GPU-memory groups: link capacity (theoretical, measured,
 effective; one direction and both together), 1 min averages of traffic, utilization and memory,
-the replay rate and DCGM's bound, the memory slope. The alerts that read them are in
+the replay rate and DCGM's bound, the memory slope; and for GPUs in NVLink-C2C mode (issue 29)
+C2C's capacity per direction, traffic and its share, which GpuC2cStarvation reads. The alerts that read them are in
 agent/alerts/ (pcie_*, gpu_*).
 
 Gauges are compared as their 1 min average (avg_over_time), counters as 1 min rates, as in the
@@ -16,7 +17,7 @@ from hybridmon.exporters import bench as bench_metrics
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters import pcie_topology as topology
 from hybridmon.rules.model import Recording, Thresholds
-from hybridmon.pcie_rates import (LANE_ACHIEVABLE_TEXT, LANE_BIDIRECTIONAL_TEXT, LANE_BYTES_PER_SECOND_TEXT,
+from hybridmon.pcie_rates import (C2C_ACHIEVABLE_SHARE_TEXT, LANE_ACHIEVABLE_TEXT, LANE_BIDIRECTIONAL_TEXT, LANE_BYTES_PER_SECOND_TEXT,
                                   LANE_LINE_RATE_BITS_PER_SECOND_TEXT)
 from hybridmon.rules.promql import (by_generation,
                           SLOPE_NOTE, duration, rate_name, robust_slope)
@@ -46,6 +47,18 @@ TRAFFIC = "gpu:hybridmon_gpu_pcie_traffic_bytes_per_second:avg1m"
 TRAFFIC_SHARE = "gpu:hybridmon_gpu_pcie_traffic_share_of_capacity:avg1m"
 BOTH = "both"
 UTILIZATION = f"gpu:{gpu_metrics.UTILIZATION.name}:avg1m"
+# NVLink-C2C (GH200, GB200; issue 29): a GPU in C2C mode moves its host<->device copies over C2C,
+# so GpuC2cStarvation judges them there, per direction, and GpuPcieStarvation leaves the GPU's
+# near-idle PCIe link alone. The up links' maximum bandwidth NVML states, summed...
+C2C_UP_LINKS = "gpu:hybridmon_gpu_c2c_up_links_max_bytes_per_second:sum"
+# ...what `hybridmon bench` measured over C2C where it has, else that sum x the share copies achieve
+# each way (pcie_rates.C2C_ACHIEVABLE_SHARE)...
+C2C_CAPACITY = "gpu:hybridmon_gpu_c2c_capacity_bytes_per_second:effective"
+MEASURED_C2C_CAPACITY = bench_metrics.C2C_MEASURED_CAPACITY.name
+# ...the GPM C2C throughput's 1 min average, and its share of that capacity.
+C2C_TRAFFIC = f"gpu:{gpu_metrics.C2C_THROUGHPUT.name}:avg1m"
+C2C_TRAFFIC_SHARE = "gpu:hybridmon_gpu_c2c_traffic_share_of_capacity:avg1m"
+C2C_ON = f"{gpu_metrics.C2C_MODE.name} == 1"
 # The shared uplink of each GPU behind one (exporters/pcie_topology.py), named by the GPU's gpu and
 # uuid labels (the uplink series name it by its PCI address): labels gpu, uuid, uplink.
 GPU_UPLINK = f"gpu:{topology.UPLINK_INFO.name}:by_gpu"
@@ -152,6 +165,25 @@ def capacity_recordings() -> tuple[Recording, ...]:
     )
 
 
+def c2c_recordings() -> tuple[Recording, ...]:
+    measured = f'{MEASURED_C2C_CAPACITY}{{direction=~"{"|".join(DIRECTIONS)}"}}'
+    achievable = "".join(
+        f'or\nlabel_replace({C2C_UP_LINKS} * {C2C_ACHIEVABLE_SHARE_TEXT[direction][0]}, "direction", '
+        f'"{direction}", "", "")\n' for direction in DIRECTIONS).rstrip("\n")
+    return (
+        Recording(C2C_UP_LINKS,
+                  "# bytes/s NVML states for the GPU's NVLink-C2C links that are up, summed\n"
+                  f"sum without (link) (\n  {gpu_metrics.C2C_LINK_MAX_BANDWIDTH.name}\n  and\n"
+                  f"  {gpu_metrics.C2C_LINK_UP.name} == 1\n)"),
+        Recording(C2C_CAPACITY,
+                  "# bytes/s per direction: measured over C2C by `hybridmon bench`, else the up links'\n"
+                  "# maximum x the share copies achieve that way (hybridmon/pcie_rates.py)\n"
+                  f"{measured}\n{achievable}"),
+        Recording(C2C_TRAFFIC, f"avg_over_time({gpu_metrics.C2C_THROUGHPUT.name}[1m])"),
+        Recording(C2C_TRAFFIC_SHARE, f"{C2C_TRAFFIC} / {C2C_CAPACITY}"),
+    )
+
+
 def recordings(t: Thresholds) -> tuple[Recording, ...]:
     window = duration(t.pcie_errors.window_seconds)
     line_rates = by_generation(gpu_metrics.PCIE_LINK_GENERATION.name, LANE_LINE_RATE_BITS_PER_SECOND_TEXT,
@@ -165,6 +197,7 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         Recording(MAX_CAPACITY, capacity_expr(gpu_metrics.PCIE_LINK_MAX_GENERATION.name,
                                               gpu_metrics.PCIE_LINK_MAX_WIDTH.name)),
         *capacity_recordings(),
+        *c2c_recordings(),
         *uplink_recordings(),
         Recording(UTILIZATION, f"avg_over_time({gpu_metrics.UTILIZATION.name}[1m])"),
         Recording(replay_rate_record(t.pcie_errors.window_seconds), f"rate({gpu_metrics.PCIE_REPLAYS.name}[{window}])"),

@@ -5,6 +5,11 @@ host-to-device PCIe link of the server's GPUs. The agent's offload_link finding 
 share of the host->device traffic NVML counted on the same GPUs (detectors.links.LinkShare); the
 rule's text keeps the capacity side. Every server with loads has its LinkShare in the detector's
 figures, which the status page shows. Runbook: InferenceKvOffloadPressure.md.
+
+A GPU in NVLink-C2C mode (GH200, GB200; issue 29) loads offloaded KV over C2C, not PCIe: its share
+of the capacity is C2C's host->device capacity as GpuC2cStarvation sizes it (measured over C2C,
+else the up links' maximum x pcie_rates.C2C_ACHIEVABLE_SHARE), and the traffic its loads are set
+beside is the C2C throughput.
 """
 from __future__ import annotations
 
@@ -16,11 +21,12 @@ from hybridmon.agent.detectors import common, servers, windows
 from hybridmon.agent.detectors.links import HOST_TO_DEVICE, LinkShare
 from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader, add_note
 from hybridmon.agent.detectors.servers import Server
-from hybridmon.exporters.bench import MEASURED_CAPACITY
-from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES,
-                                     PCIE_THROUGHPUT, PROCESS_MEMORY_USED)
+from hybridmon.exporters.bench import C2C_MEASURED_CAPACITY, MEASURED_CAPACITY
+from hybridmon.exporters.gpu import (C2C_LINK_MAX_BANDWIDTH, C2C_LINK_UP, C2C_MODE, C2C_THROUGHPUT, PCIE_BYTES,
+                                     PCIE_LINK_GENERATION, PCIE_LINK_WIDTH, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
+                                     PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
-from hybridmon.pcie_rates import LinkCapacity, effective_capacity
+from hybridmon.pcie_rates import LinkCapacity, c2c_capacity, effective_capacity
 from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.model import Alert
@@ -31,7 +37,8 @@ from hybridmon.units import human_rate
 KV_CACHE_USAGE = BY_FIELD["kv_cache_usage_ratio"]
 PREEMPTIONS = BY_FIELD["preemptions"]
 INPUTS = (KV_CACHE_USAGE, PREEMPTIONS, OFFLOAD_BYTES, PROCESS_MEMORY_USED, PCIE_LINK_GENERATION,
-          PCIE_LINK_WIDTH, MEASURED_CAPACITY, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT)
+          PCIE_LINK_WIDTH, MEASURED_CAPACITY, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
+          C2C_MODE, C2C_LINK_UP, C2C_LINK_MAX_BANDWIDTH, C2C_THROUGHPUT, C2C_MEASURED_CAPACITY)
 
 
 class Settings(Section):
@@ -124,7 +131,27 @@ def gpu_capacities(history: HistoryReader, now: float) -> dict[tuple[str, str], 
                                       generation.get(gpu), width.get(gpu))
         if capacity is not None:
             found[gpu] = capacity
+    # In NVLink-C2C mode the loads cross C2C: its capacity, never the idle PCIe link's.
+    measured_c2c = common.gpu_directions(history, C2C_MEASURED_CAPACITY.name, now)
+    up_links = common.c2c_up_links(history, now)
+    for gpu in common.c2c_gpus(history, now):
+        found.pop(gpu, None)
+        capacity = c2c_capacity(measured_c2c.get(gpu, {}).get(HOST_TO_DEVICE), HOST_TO_DEVICE, up_links.get(gpu))
+        if capacity is not None:
+            found[gpu] = capacity
     return found
+
+
+def gpu_host_traffic(history: HistoryReader, now: float) -> dict[tuple[str, ...], dict[str, float]]:
+    """Per GPU and direction, the bytes/s its host link carried over the last minute: PCIe's
+    (common.gpu_traffic), C2C's throughput average for a GPU in NVLink-C2C mode."""
+    traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name, PCIE_THROUGHPUT.name, now)
+    over_c2c = common.gpu_directions(history, C2C_THROUGHPUT.name, now, windows.avg_over_time)
+    for gpu in common.c2c_gpus(history, now):
+        traffic.pop(gpu, None)
+        if gpu in over_c2c:
+            traffic[gpu] = over_c2c[gpu]
+    return traffic
 
 
 def gpus_of(history: HistoryReader, pid: str, now: float) -> set[tuple[str, str]]:
@@ -144,7 +171,8 @@ class Detector(DetectorBase):
     server's process holds memory on (every GPU when the server is tied to no process, or its
     process holds none); capacity per GPU as GpuPcieStarvation reads it: measured by
     `hybridmon bench`, else what copies achieve on the best link of the last minute
-    (pcie_rates.effective_capacity)."""
+    (pcie_rates.effective_capacity); for a GPU in NVLink-C2C mode as GpuC2cStarvation reads its
+    host->device direction (pcie_rates.c2c_capacity)."""
 
     name = "kv_offload_pressure"
     alertnames = ("InferenceKvOffloadPressure",)
@@ -170,8 +198,7 @@ class Detector(DetectorBase):
                 continue
             if capacities is None:
                 capacities = self.capacities(history, now)
-                traffic = common.gpu_traffic(history, PCIE_BYTES.name, PCIE_SAMPLED_BYTES.name,
-                                             PCIE_THROUGHPUT.name, now)
+                traffic = gpu_host_traffic(history, now)
             share = shares[(server.server, server.endpoint, server.model, server.pid)] = link_share(
                 history, server, loads, now, capacities, traffic or {})
             mine = gpus_of(history, server.pid, now) & set(capacities) or set(capacities)

@@ -36,6 +36,11 @@ A server spread over n GPUs (tensor parallel) puts 1/n of its tokens and KV load
 servers on one GPU share its traffic: NVML counts PCIe bytes per GPU, not per process. A server
 whose process the agent does not see on any GPU is not judged. Runbook:
 InferenceWeightsCrossingBus.md.
+
+The account is PCIe's. On a GPU in NVLink-C2C mode (GH200, GB200; issue 29) the servers' KV loads
+and stores and host-resident weights cross C2C, not PCIe: its account credits none of them to the
+PCIe bytes (which stay near zero) and says where they went in a lead, so C2C-moved KV is never
+read as PCIe traffic, attributed or not.
 """
 from __future__ import annotations
 
@@ -48,7 +53,7 @@ from hybridmon.agent.detectors.links import (DEVICE_TO_HOST, HOST_TO_DEVICE, KV_
                                              WEIGHTS, BusAccount)
 from hybridmon.agent.detectors.servers import Server
 from hybridmon.exporters.bench import TIMESTAMP as BENCH_FINISHED
-from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
+from hybridmon.exporters.gpu import (C2C_MODE, C2C_THROUGHPUT, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.exporters.process import TREE_ROOT, WEIGHTS_OFFLOAD
@@ -69,7 +74,10 @@ HOST_TIER_TOKENS = BY_FIELD["kv_offload_host_tier_tokens"]
 IN_LMCACHE = BY_FIELD["kv_offload_in_lmcache"]
 MODEL_ON_HOST = BY_FIELD["model_host_memory_bytes"]
 INPUTS = (GENERATED_TOKENS, RUNNING, OFFLOAD_BYTES, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
-          PROCESS_MEMORY_USED, TREE_ROOT, WEIGHTS_OFFLOAD)
+          PROCESS_MEMORY_USED, TREE_ROOT, WEIGHTS_OFFLOAD, C2C_MODE)
+# The lead of a GPU in NVLink-C2C mode: what its PCIe account leaves out, and where to see it.
+OVER_C2C_LEAD = ("this GPU runs in NVLink-C2C mode: its servers' KV offload and host-resident weights "
+                 f"cross C2C ({C2C_THROUGHPUT.name}), not PCIe, and this PCIe account credits none of them")
 SERVER_LABELS = ("server", "endpoint", "model")
 
 
@@ -192,7 +200,12 @@ class GpuShare:
     def unexplained(self) -> float:
         return max(0.0, self.host_to_device - self.kv_loads)
 
-    def account(self, leads: tuple[str, ...]) -> BusAccount:
+    def account(self, leads: tuple[str, ...], over_c2c: bool = False) -> BusAccount:
+        """Where the PCIe bytes went; `over_c2c`: the GPU is in NVLink-C2C mode, whose KV and
+        weights cross C2C, so none of its PCIe bytes are theirs."""
+        if over_c2c:
+            return GpuShare(self.host_to_device, 0.0, self.tokens, self.device_to_host).account(
+                (OVER_C2C_LEAD, *leads))
         kv_in = min(self.host_to_device, self.kv_loads)
         weights = min(self.host_to_device - kv_in, self.weights_read)
         kv_out = min(self.device_to_host, self.kv_stores)
@@ -363,9 +376,10 @@ class Detector(DetectorBase):
         found = trees(history, now, roots)
         shares = gpu_shares(history, now, roots, found=found)
         scraped = [server for server in servers.scraped(history, now) if server.pid in roots]
+        over_c2c = common.c2c_gpus(history, now)
         self.figures = {
             key: share.account(leads(history, now, roots, {root for root, held in found.gpus.items() if key in held},
-                                     key))
+                                     key), over_c2c=key in over_c2c)
             for key, share in shares.items()}
         findings = []
         for server in scraped:

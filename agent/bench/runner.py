@@ -28,6 +28,7 @@ from hybridmon.agent.bench.build import EXIT_DRIVER_TOO_OLD, EXIT_NO_DEVICE, EXI
 from hybridmon.agent.bench.store import save_run
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.bench_report import Progress, ReportError, parse_error, parse_progress, parse_report
+from hybridmon.exporters.bench_runs import C2C_PATH, PCIE_PATH
 from hybridmon.exporters.nvml import GpuLostError, Nvml, normalize_pci_bus_id
 from hybridmon.exporters.procfs import parse_cpu_list
 from hybridmon.exporters.sources import LiveSource
@@ -230,6 +231,15 @@ class BenchRunner:
         (without NVML nothing can be asked; the run is then stored as contended anyway)."""
         return self._nvml is not None and self._nvml.mig_enabled(gpu) is True
 
+    def measured_path(self, gpu: int) -> str:
+        """The link the copies cross: "c2c" where NVML says the GPU's NVLink-C2C link is on
+        (GH200, GB200: host memory is reached over C2C, and a figure measured there is never the
+        PCIe link's capacity), else "pcie" (also without NVML, or where it cannot say)."""
+        # Nvml.c2c_mode_enabled comes with the C2C collector (issue 29, branch nvml); until both are
+        # in, a gate without it answers as a GPU without C2C does.
+        c2c_mode_enabled = getattr(self._nvml, "c2c_mode_enabled", None)
+        return C2C_PATH if c2c_mode_enabled is not None and c2c_mode_enabled(gpu) is True else PCIE_PATH
+
     def identity(self, gpu: int) -> GpuIdentity | None:
         if self._nvml is None:
             return None
@@ -301,6 +311,7 @@ class BenchRunner:
                     "name": identity.name if identity else report["device"]["name"],
                     "pci_bus_id": bus_id, "numa_node": report["device"]["numa_node"]},
             "link": watcher.link(), "contended": busy, "mig": MIG_NOTE if mig else None,
+            "path": self.measured_path(gpu),
             "placements": placements, "failures": failures,
         }
         save_run(self.state_dir, record)

@@ -16,7 +16,7 @@ from hybridmon.agent.bench.runner import BenchError, BenchRunner, busy_reason, n
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.commands.progress import LiveLine, Ticker
 from hybridmon.exporters.bench_report import LOOP, Progress, ReportError
-from hybridmon.exporters.bench_runs import bidirectional_capacity, measured_capacity, parse_stored_run
+from hybridmon.exporters.bench_runs import C2C_PATH, bidirectional_capacity, measured_capacity, parse_stored_run
 from hybridmon.exporters.nvml import GpuLostError
 from hybridmon.pcie_rates import link_name, theoretical_capacity
 
@@ -119,10 +119,13 @@ def render(record: dict) -> str:
         lines_before = [f"  {run.mig}"]
     else:
         lines_before = []
-    capacity = theoretical_capacity(link.generation, link.width) if link else None
+    over_c2c = run.path == C2C_PATH
+    # Over NVLink-C2C the PCIe link's rate bounds nothing the copies did: no share of it.
+    capacity = theoretical_capacity(link.generation, link.width) if link and not over_c2c else None
     lines = [f"GPU {run.gpu_index} {run.name} ({run.pci_bus_id}, NUMA node "
              f"{'?' if run.gpu_numa_node is None else run.gpu_numa_node})"
-             + (f", link {link_name(link.generation, link.width)}" if link else ", link unknown")]
+             + (", copies over NVLink-C2C" if over_c2c
+                else f", link {link_name(link.generation, link.width)}" if link else ", link unknown")]
     lines += lines_before
     if run.contended:
         lines.append(f"  measured while the GPU was in use ({run.contended}): figures are low")
@@ -157,10 +160,10 @@ def render(record: dict) -> str:
     elif peak and run.contended:
         lines.append("  not used as link capacity (measured while the GPU was in use)")
     elif peak:
-        lines.append("  capacity used by GpuPcieStarvation: " + ", ".join(
+        lines.append(f"  capacity used by {'GpuC2cStarvation' if over_c2c else 'GpuPcieStarvation'}: " + ", ".join(
             f"{direction.replace('_', ' ')} {value / 1e9:.2f} GB/s"
             for direction, (value, _size_bytes) in sorted(peak.items())))
-        lines.append("  " + _both_ways(run))
+        lines.append("  both ways at once: not judged over NVLink-C2C" if over_c2c else "  " + _both_ways(run))
     return "\n".join(lines)
 
 

@@ -8,7 +8,7 @@ from hybridmon.agent.detectors.base import HistoryReader
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.loop.history import SeriesHistory
 from hybridmon.exporters.numa import NODE_CPUS, NODE_MEMORY_TOTAL
-from hybridmon.exporters.gpu import GPU_INFO
+from hybridmon.exporters.gpu import C2C_LINK_MAX_BANDWIDTH, C2C_LINK_UP, C2C_MODE, GPU_INFO
 
 GPU_LABELS = ("gpu", "uuid")
 PROCESS_LABELS = ("pid", "process_name")
@@ -83,6 +83,26 @@ def gpu_traffic(history: HistoryReader, counter: str, sampled_counter: str, gaug
     for source in (sampled_counter, counter):
         for key, directions in gpu_directions(history, source, now, windows.rate).items():
             found.setdefault(key, {}).update(directions)
+    return found
+
+
+def c2c_gpus(history: HistoryReader, now: float) -> set[tuple[str, ...]]:
+    """The GPUs in NVLink-C2C mode now (GH200, GB200; issue 29): their host<->device copies, and so
+    their offloaded KV and weights, cross C2C and not PCIe. As rules/pcie.py's C2C_ON."""
+    return {key for key, mode in gpu_latest(history, C2C_MODE.name, now).items() if mode == 1}
+
+
+def c2c_up_links(history: HistoryReader, now: float) -> dict[tuple[str, ...], float]:
+    """(gpu, uuid) -> the maximum bandwidth NVML states for the GPU's NVLink-C2C links that are up
+    now, summed (bytes/s); GPUs without an up link left out. As rules/pcie.py's C2C_UP_LINKS."""
+    up = {(series.labels["gpu"], series.labels["uuid"], series.labels["link"])
+          for series in history.series(C2C_LINK_UP.name) if windows.latest(series, now) == 1}
+    found: dict[tuple[str, ...], float] = {}
+    for series in history.series(C2C_LINK_MAX_BANDWIDTH.name):
+        key = (series.labels["gpu"], series.labels["uuid"])
+        value = windows.latest(series, now)
+        if value is not None and (*key, series.labels["link"]) in up:
+            found[key] = found.get(key, 0.0) + value
     return found
 
 

@@ -314,9 +314,10 @@ def bench_html(latest: LatestValues, now: float) -> str:
 
 
 def bench_row(labels: tuple[str, ...], figures: dict[str, dict[tuple[str, ...], float]]) -> tuple[str, ...]:
-    _gpu, _uuid, direction, memory, _issue, _size, placement = labels
+    _gpu, _uuid, direction, memory, _issue, _size, placement, path = labels
     efficiency = figures[bench.EFFICIENCY.name].get(labels)
-    return (DIRECTIONS.get(direction, direction), f"{memory}, {placement}",
+    over = ", over NVLink-C2C" if path == "c2c" else ""
+    return (DIRECTIONS.get(direction, direction), f"{memory}, {placement}{over}",
             human_rate(figures[bench.BANDWIDTH.name][labels]),
             percent(efficiency) if efficiency is not None else "n/a")
 

@@ -18,7 +18,8 @@ from hybridmon.agent.bench.runner import BenchRunner, GpuActivity, GpuBusy, busy
 from hybridmon.agent.bench.store import RUNS_KEPT_PER_GPU, save_run
 from hybridmon.exporters import bench_report
 from hybridmon.exporters.base import NoDataError
-from hybridmon.exporters.bench import MEASURED_BIDIRECTIONAL_CAPACITY, MEASURED_CAPACITY, BenchCollector
+from hybridmon.exporters.bench import (BANDWIDTH, C2C_MEASURED_CAPACITY, EFFICIENCY, MEASURED_BIDIRECTIONAL_CAPACITY,
+                                      MEASURED_CAPACITY, BenchCollector)
 from hybridmon.exporters.bench_runs import (bidirectional_capacity, load_latest, measured_capacity,
                                             parse_stored_run, stands_for_the_link)
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
@@ -332,7 +333,8 @@ def test_collector_exports_the_stored_run(tmp_path):
     samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
     labels = dict(gpu="0", uuid="GPU-0a1b2c3d-0000-4000-8000-000000000000")
     peak = dict(labels, direction="host_to_device", memory="pinned", issue="queued", transfer_bytes="268435456")
-    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="local") == pytest.approx(26.208e9)
+    assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="local",
+                         path="pcie") == pytest.approx(26.208e9)
     assert samples.value("hybridmon_bench_bandwidth_bytes_per_second", **peak, placement="remote") == pytest.approx(20.442e9)
     assert samples.value("hybridmon_bench_efficiency_ratio", **peak, placement="local") == pytest.approx(26.208e9 / GEN4_X16)
     both = dict(peak, direction="host_to_device_bidirectional")
@@ -355,6 +357,39 @@ def test_collector_exports_the_stored_run(tmp_path):
         "host_to_device", "device_to_host"}
     assert samples.value(MEASURED_BIDIRECTIONAL_CAPACITY.name, **labels, direction="host_to_device") == pytest.approx(20.932e9)
     assert samples.value(MEASURED_BIDIRECTIONAL_CAPACITY.name, **labels, direction="device_to_host") == pytest.approx(21.185e9)
+
+
+def series_paths(samples, spec) -> set[str]:
+    return {dict(zip(sample.spec.label_names, sample.label_values))["path"] for sample in samples.find(spec.name)}
+
+
+@pytest.mark.slow
+def test_a_run_over_nvlink_c2c_is_labelled_c2c_and_never_the_pcie_links_capacity(tmp_path, monkeypatch):
+    """A GPU in C2C mode (GH200, GB200) copies to and from host memory over NVLink-C2C: the run is
+    stored with path "c2c", its results exported with that label, its peak as C2C's measured
+    capacity, and nothing of it as the PCIe link's (capacity, both-ways capacity, efficiency
+    against the PCIe rate). The figures are the Gen4 fixture report's, standing in for a C2C
+    run's: what is checked is where they go, not their size."""
+    bench = runner(tmp_path)
+    # What Nvml.c2c_mode_enabled answers on a GPU whose C2C link is on (it comes with branch nvml).
+    monkeypatch.setattr(bench._nvml, "c2c_mode_enabled", lambda gpu: True, raising=False)
+    record = bench.run_gpu(0)
+    assert record["path"] == "c2c" and parse_stored_run(json.dumps(record)).path == "c2c"
+    samples = BenchCollector(LiveSource(), tmp_path / "state").collect()
+    assert series_paths(samples, BANDWIDTH) == {"c2c"}
+    for spec in (MEASURED_CAPACITY, MEASURED_BIDIRECTIONAL_CAPACITY, EFFICIENCY):
+        assert samples.find(spec.name) == [], spec.name
+    assert samples.value(C2C_MEASURED_CAPACITY.name, gpu="0", direction="host_to_device") == pytest.approx(26.208e9)
+    assert samples.value(C2C_MEASURED_CAPACITY.name, gpu="0", direction="device_to_host") == pytest.approx(26.402e9)
+
+
+def test_a_run_stored_before_the_path_reads_as_pcie_and_an_unknown_path_is_refused():
+    assert parse_stored_run(stored_run_text()).path == "pcie"
+    record = json.loads(stored_run_text())
+    assert parse_stored_run(json.dumps({**record, "path": "c2c"})).path == "c2c"
+    for wrong in ("nvlink", ["c2c"], None):
+        with pytest.raises(ReportError, match="'path'"):
+            parse_stored_run(json.dumps({**record, "path": wrong}))
 
 
 @pytest.mark.slow

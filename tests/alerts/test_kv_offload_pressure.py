@@ -16,7 +16,8 @@ from hybridmon.agent.status.trends import (
 )
 from hybridmon.exporters.bench import MEASURED_CAPACITY
 from hybridmon.exporters.inference_names import OFFLOAD_BYTES
-from hybridmon.pcie_rates import achievable_capacity, theoretical_capacity
+from hybridmon.exporters import gpu as gpu_metrics
+from hybridmon.pcie_rates import achievable_capacity, c2c_capacity, theoretical_capacity
 from hybridmon.rules import inference as recorded
 from tests.support.detector_history import (
     GIB,
@@ -28,6 +29,7 @@ from tests.support.detector_history import (
     alertnames,
     assert_says_its_rules_words,
     bench_rows,
+    c2c_rows,
     gpu_rows,
     gpus_over_time,
     inference_rows,
@@ -143,6 +145,37 @@ def test_the_kv_offload_finding_says_what_share_of_the_counted_traffic_its_loads
     assert_says_its_rules_words(finding)
 
 
+# A GH200 (issue 29; simulated): C2C on, one link up at 450 GB/s, its PCIe link at the driver's
+# 50 MB/s. Its KV loads cross C2C and are judged against C2C's host->device capacity.
+C2C_MAX = 450e9
+C2C_H2D = c2c_capacity(None, "host_to_device", C2C_MAX).bytes_per_second   # 346.5 GB/s
+
+
+def c2c_loading_trace(loads: float):
+    trace = Trace()
+    pcie = gpus_over_time({"0": 5e7}, VLLM_ON_GPU0)
+    now = trace.run(T0, T0 + 120, gpu=lambda t: pcie(t) + c2c_rows("0", "GPU-0", links={"0": (1, C2C_MAX)},
+                                                                  h2d=loads, d2h=1e9),
+                    inference=servers_over_time({"pid": "4242", "tokens": 500, "loads": loads}))
+    return trace, now
+
+
+def test_kv_loads_over_nvlink_c2c_are_judged_against_c2c_not_the_idle_pcie_link():
+    detector = KvOffloadPressureDetector(THRESHOLDS.kv_offload_pressure)
+    share = THRESHOLDS.kv_offload_pressure.offload_load_share_of_capacity
+    # 200 GB/s: eight times what Gen4 x16 carries, 58 % of what C2C carries host to device
+    trace, now = c2c_loading_trace(200e9)
+    assert alertnames(detector.evaluate(trace.history, now)) == []
+    (link_share,) = detector.figures.values()
+    assert link_share.capacity == pytest.approx(C2C_H2D) and link_share.traffic == pytest.approx(200e9)
+    trace, now = c2c_loading_trace((share + 0.05) * C2C_H2D)
+    finding = only(detector.evaluate(trace.history, now), "InferenceKvOffloadPressure", reason="offload_link")
+    assert finding.value == pytest.approx(share + 0.05, rel=0.01)
+    assert finding.details["capacity_sources"] == "GPU 0 346.5 GB/s (achievable on NVLink-C2C)"
+    assert finding.details["loads_share_of_host_to_device_traffic"] == pytest.approx(1.0, rel=0.02)
+    assert_says_its_rules_words(finding)
+
+
 def test_the_status_page_shows_the_link_share_of_kv_loads_as_the_family_judged_it():
     """The page reads the LinkShare InferenceKvOffloadPressure worked out at its last evaluation
     (its figures), for every server with KV loads, firing or not: it works nothing out itself."""
@@ -220,5 +253,34 @@ def offload_link_case(t, catalog) -> Test:
     return test
 
 
+def offload_link_over_c2c_case(t, catalog) -> Test:
+    """GPU 0 a GH200 (C2C on, one link up at 450 GB/s; simulated), its PCIe link Gen4 x16 as the
+    fixture's: vLLM's loads past the share of C2C's host->device capacity fire against it, and a
+    second vLLM on GPU 0 at 200 GB/s, eight times what the PCIe link carries and well under C2C's,
+    stays silent. GPU 1, C2C off, is still sized by its PCIe link."""
+    k = t.kv_offload_pressure
+    rule = catalog.find("InferenceKvOffloadPressure", reason="offload_link")
+    share = above(k.offload_load_share_of_capacity)
+    quiet_vllm = served(VLLM_SERVER, LLAMA["pid"], "http://127.0.0.1:8002/metrics")
+    test = Test("KV offload loads over NVLink-C2C: judged against C2C's host->device capacity, "
+                "not the idle PCIe link's", firing(k.for_seconds) + 120, catalog)
+    for gpu in (GPU0, GPU1):
+        link(test, gpu, 4, 16)
+    test.constant(gpu_metrics.C2C_MODE.name, 1, **GPU0)
+    test.constant(gpu_metrics.C2C_MODE.name, 0, **GPU1)
+    test.constant(gpu_metrics.C2C_LINK_UP.name, 1, link="0", **GPU0)
+    test.constant(gpu_metrics.C2C_LINK_MAX_BANDWIDTH.name, C2C_MAX, link="0", **GPU0)
+    on_gpu(test, GPU0, VLLM, 20e9)
+    on_gpu(test, GPU0, LLAMA, 8e9)
+    for labels, loads in ((served(VLLM_SERVER, VLLM["pid"]), share * C2C_H2D), (quiet_vllm, 200e9)):
+        test.counter(OFFLOAD_BYTES.name, 0, loads, direction="load", **labels)
+    test.expect_samples(60, recorded.OFFLOAD_CAPACITY, ({**GPU0, "direction": "host_to_device"}, C2C_H2D),
+                        ({**GPU1, "direction": "host_to_device"}, achievable(4, 16)))
+    test.expect(not_yet(k.for_seconds), rule.alert)
+    test.expect(firing(k.for_seconds), rule.alert,
+                test.alert(rule, VLLM_SERVER, value=share, loads=share * C2C_H2D, capacity=C2C_H2D))
+    return test
+
+
 def promtool_cases(t, catalog) -> list[Test]:
-    return [kv_cache_full_case(t, catalog), offload_link_case(t, catalog)]
+    return [kv_cache_full_case(t, catalog), offload_link_case(t, catalog), offload_link_over_c2c_case(t, catalog)]

@@ -19,6 +19,7 @@ from hybridmon.exporters.gpu import (
 from hybridmon.pcie_rates import (
     achievable_capacity,
     bidirectional_capacity,
+    c2c_capacity,
     theoretical_capacity,
 )
 from hybridmon.rules import pcie as recorded
@@ -31,6 +32,8 @@ from tests.support.detector_history import (
     Trace,
     assert_says_its_rules_words,
     bench_rows,
+    c2c_bench_rows,
+    c2c_rows,
     gpu_rows,
 )
 from tests.support.promtool_cases import (
@@ -40,6 +43,7 @@ from tests.support.promtool_cases import (
     GPU3,
     ONSET,
     Test,
+    above,
     firing,
     not_yet,
 )
@@ -255,6 +259,119 @@ def test_starvation_silent_when_the_series_stopped():
     assert len(starvation().evaluate(trace.history, last + 30)) == 1
 
 
+# --- NVLink-C2C (GH200, GB200; issue 29) -------------------------------------------------------
+# A GH200 as the gpu collector shows it (simulated inputs, not a measurement): C2C on, its Hopper's
+# PCIe link Gen5 x16, and one C2C link up at 450 GB/s, GH200's C2C rate per direction. How NVML
+# splits that rate over links (field 172 per link) only a GH200 can show: the judgement sums the up
+# links, so one link of 450 GB/s or several adding up to it judge alike.
+GH200_C2C = 450e9
+C2C_H2D = c2c_capacity(None, HOST_TO_DEVICE, GH200_C2C).bytes_per_second     # 346.5 GB/s
+C2C_D2H = c2c_capacity(None, DEVICE_TO_HOST, GH200_C2C).bytes_per_second     # 301.5 GB/s
+GEN5_X16 = theoretical_capacity(5, 16)
+
+
+def gh200(*, utilization: float, c2c_h2d: float | None, c2c_d2h: float | None = 2e9, pcie_h2d: float = 5e7,
+          enabled: float | None = 1, links: dict | None = None) -> list:
+    """One tick of a GH200 whose offload crosses C2C: its PCIe link near idle (50 MB/s: the driver's
+    own traffic) unless told otherwise."""
+    return (gpu_rows(utilization=utilization, h2d=pcie_h2d, d2h=5e7, generation=5, max_generation=5)
+            + c2c_rows(enabled=enabled, links={"0": (1, GH200_C2C)} if links is None else links,
+                       h2d=c2c_h2d, d2h=c2c_d2h))
+
+
+def test_c2c_starvation_fires_when_c2c_carries_kv_near_its_capacity_while_the_gpu_idles():
+    trace = Trace()
+    h2d = 0.95 * C2C_H2D    # 329 GB/s of KV loads: nvbandwidth's GH200 copies reach 346
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.2, c2c_h2d=h2d))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.alertname == "GpuC2cStarvation" and finding.severity == "warning"
+    assert finding.labels == HISTORY_GPU0
+    assert finding.value == pytest.approx(0.95) and finding.threshold == 0.9
+    assert finding.details["link"] == "c2c" and finding.details["direction"] == "host_to_device"
+    assert finding.details["capacity_bytes_per_second"] == pytest.approx(0.77 * GH200_C2C)
+    assert finding.details["capacity_source"] == "achievable"
+    assert finding.details["up_links_max_bytes_per_second"] == pytest.approx(GH200_C2C)
+    assert "starved by NVLink-C2C: link 95% full, GPU 20% busy" in finding.summary
+    assert "moved 329.2GB/s host to device and 2GB/s device to host over C2C" in finding.description
+    assert "up to 346.5GB/s host to device and 301.5GB/s device to host" in finding.description
+    assert "the 450GB/s NVML states for its up links" in finding.description
+    assert_says_its_rules_words(finding)
+
+
+def test_a_c2c_gpus_near_idle_pcie_link_is_never_judged_as_its_offload_path():
+    # the same GPU with its PCIe link near zero claims nothing of PCIe; and even PCIe traffic past
+    # what Gen5 x16 carries is not starvation of a GPU whose offload crosses C2C
+    for pcie_h2d in (5e7, 0.85 * GEN5_X16):
+        trace = Trace()
+        now = trace.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.2, c2c_h2d=0.95 * C2C_H2D, pcie_h2d=pcie_h2d))
+        assert [f.alertname for f in starvation().evaluate(trace.history, now)] == ["GpuC2cStarvation"], pcie_h2d
+    quiet = Trace()
+    now = quiet.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.2, c2c_h2d=0.5 * C2C_H2D, pcie_h2d=0.85 * GEN5_X16))
+    assert starvation().evaluate(quiet.history, now) == []
+
+
+def test_c2c_on_without_readable_traffic_says_so_once_and_judges_nothing():
+    for pcie_h2d in (5e7, 0.85 * GEN5_X16):
+        trace = Trace()
+        now = trace.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.2, c2c_h2d=None, c2c_d2h=None,
+                                                          pcie_h2d=pcie_h2d))
+        (finding,) = starvation().evaluate(trace.history, now)
+        assert finding.alertname == "GpuC2cTrafficUnreadable" and finding.severity == "info"
+        assert finding.labels == HISTORY_GPU0
+        assert finding.summary.endswith("C2C traffic unreadable, offload not judged")
+        assert "offload is not judged on this GPU" in finding.description
+        assert_says_its_rules_words(finding)
+
+
+def test_c2c_off_or_unanswered_leaves_the_gpu_to_the_pcie_judgement():
+    # C2C mode 0 (a C2C-capable GPU with the link off) or no answer at all: copies cross PCIe
+    for enabled in (0, None):
+        trace = Trace()
+        now = trace.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.2, c2c_h2d=None, c2c_d2h=None,
+                                                          pcie_h2d=0.85 * GEN5_X16, enabled=enabled))
+        (finding,) = starvation().evaluate(trace.history, now)
+        assert finding.alertname == "GpuPcieStarvation", enabled
+
+
+def test_c2c_starvation_judges_each_direction_against_its_own_share():
+    # 280 GB/s device to host: 93 % of the 301.5 copies reach that way, though only 81 % of the
+    # 346.5 host to device; 200 GB/s host to device alongside is 58 %
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.1, c2c_h2d=200e9, c2c_d2h=280e9))
+    (finding,) = starvation().evaluate(trace.history, now)
+    assert finding.details["direction"] == "device_to_host"
+    assert finding.value == pytest.approx(280e9 / C2C_D2H)
+
+
+def test_c2c_starvation_uses_what_the_bench_measured_over_c2c():
+    # 290 GB/s host to device: 84 % of the 346.5 the share gives, 97 % of the 300 this host's bench
+    # measured over C2C
+    load = lambda t: gh200(utilization=0.1, c2c_h2d=290e9)
+    trace = Trace()
+    now = trace.run(T0, T0 + 120, gpu=load)
+    assert starvation().evaluate(trace.history, now) == []
+    measured = Trace()
+    now = measured.run(T0, T0 + 120, gpu=load, bench=lambda t: c2c_bench_rows(h2d=300e9, d2h=260e9))
+    (finding,) = starvation().evaluate(measured.history, now)
+    assert finding.value == pytest.approx(290 / 300)
+    assert finding.details["capacity_source"] == "measured"
+    assert_says_its_rules_words(finding)
+
+
+def test_c2c_capacity_counts_only_the_links_that_are_up():
+    # two links of 225 GB/s, one down: 160 GB/s is 92 % of 0.77 x 225, 46 % of 0.77 x 450
+    load = 160e9
+    for links, fires in (({"0": (1, 225e9), "1": (0, 225e9)}, True), ({"0": (1, 225e9), "1": (1, 225e9)}, False)):
+        trace = Trace()
+        now = trace.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.1, c2c_h2d=load, links=links))
+        found = starvation().evaluate(trace.history, now)
+        assert [f.alertname for f in found] == (["GpuC2cStarvation"] if fires else []), links
+    # no link up: no capacity, nothing judged (and nothing claimed of PCIe)
+    none_up = Trace()
+    now = none_up.run(T0, T0 + 120, gpu=lambda t: gh200(utilization=0.1, c2c_h2d=load, links={"0": (0, 450e9)}))
+    assert starvation().evaluate(none_up.history, now) == []
+
+
 # --- its rule's promtool cases ------------------------------------------------------------------
 
 
@@ -447,8 +564,65 @@ def starved_against_measured_bidirectional_capacity(t, catalog) -> Test:
     return test
 
 
+def c2c_gpu(test: Test, gpu: dict, *, enabled: float | None, c2c_h2d: tuple | float | None,
+            pcie_h2d: tuple | float, utilization: float) -> None:
+    """A GH200's series (simulated, as in the detector tests above): C2C mode (None: absent until
+    the onset, then on), one C2C link up at 450 GB/s, C2C throughput host to device (a (before,
+    after) pair changes at the onset; None: GPM unreadable) with 2 GB/s the other way, and its PCIe
+    link Gen5 x16 with `pcie_h2d` host to device and 50 MB/s back."""
+    if enabled is None:
+        test.gauge(gpu_metrics.C2C_MODE.name, None, 1, **gpu)
+    else:
+        test.constant(gpu_metrics.C2C_MODE.name, enabled, **gpu)
+    test.constant(gpu_metrics.C2C_LINK_UP.name, 1, link="0", **gpu)
+    test.constant(gpu_metrics.C2C_LINK_MAX_BANDWIDTH.name, GH200_C2C, link="0", **gpu)
+    if c2c_h2d is not None:
+        before, after = c2c_h2d if isinstance(c2c_h2d, tuple) else (c2c_h2d, c2c_h2d)
+        test.gauge(gpu_metrics.C2C_THROUGHPUT.name, before, after, direction=HOST_TO_DEVICE, **gpu)
+        test.constant(gpu_metrics.C2C_THROUGHPUT.name, 2e9, direction=DEVICE_TO_HOST, **gpu)
+    link(test, gpu, 5, 16, max_generation=5)
+    before, after = pcie_h2d if isinstance(pcie_h2d, tuple) else (pcie_h2d, pcie_h2d)
+    test.gauge(PCIE_THROUGHPUT.name, before, after, direction=HOST_TO_DEVICE, **gpu)
+    test.constant(PCIE_THROUGHPUT.name, 5e7, direction=DEVICE_TO_HOST, **gpu)
+    test.constant(UTILIZATION.name, utilization, **gpu)
+
+
+def offload_over_c2c(t, catalog) -> Test:
+    """GH200s (issue 29). GPU 0: C2C carries KV at 0.95 of what copies reach host to device (0.77
+    x 450 GB/s) while its PCIe link idles: GpuC2cStarvation, and nothing of PCIe. GPU 1: C2C at
+    half, PCIe past what Gen5 x16 carries: silent, PCIe is not its offload path. GPU 2: C2C on from
+    the onset without GPM throughput, PCIe full: GpuC2cTrafficUnreadable, no starvation either way.
+    GPU 3: C2C mode off, PCIe full: GpuPcieStarvation judges it as any PCIe GPU."""
+    s = t.pcie_starvation
+    catalog_rules = {name: catalog.find(name) for name in pcie_starvation.Detector.alertnames}
+    idle, full = s.gpu_utilization_at_most / 2, capacity(5, 16)
+    c2c_share = min(0.95, above(s.traffic_share_of_capacity))
+    test = Test("Starvation over NVLink-C2C: C2C judged against what C2C carries, a C2C GPU's PCIe "
+                "never judged, unreadable C2C traffic said, C2C off judged on PCIe",
+                firing(s.for_seconds) + 120, catalog)
+    c2c_gpu(test, GPU0, enabled=1, c2c_h2d=(0.05 * C2C_H2D, c2c_share * C2C_H2D), pcie_h2d=5e7, utilization=idle)
+    c2c_gpu(test, GPU1, enabled=1, c2c_h2d=0.5 * C2C_H2D, pcie_h2d=(0.2 * full, 0.85 * full), utilization=idle)
+    c2c_gpu(test, GPU2, enabled=None, c2c_h2d=None, pcie_h2d=(0.2 * full, 0.85 * full), utilization=idle)
+    c2c_gpu(test, GPU3, enabled=0, c2c_h2d=None, pcie_h2d=(0.2 * full, 0.85 * full), utilization=idle)
+    test.expect_samples(firing(s.for_seconds), recorded.C2C_CAPACITY,
+                        *(({**gpu, "direction": d}, c2c_capacity(None, d, GH200_C2C).bytes_per_second)
+                          for gpu in (GPU0, GPU1, GPU2, GPU3) for d in recorded.DIRECTIONS))
+    for name in catalog_rules:
+        test.expect(not_yet(s.for_seconds), name)
+    c2c_rule = catalog_rules["GpuC2cStarvation"]
+    test.expect(firing(s.for_seconds), "GpuC2cStarvation", test.alert(
+        c2c_rule, GPU0, value=c2c_share, to_gpu=c2c_share * C2C_H2D, from_gpu=2e9, to_gpu_capacity=C2C_H2D,
+        from_gpu_capacity=C2C_D2H, links=GH200_C2C, util=idle))
+    test.expect(firing(s.for_seconds), "GpuC2cTrafficUnreadable",
+                test.alert(catalog_rules["GpuC2cTrafficUnreadable"], GPU2, value=1))
+    test.expect(firing(s.for_seconds), "GpuPcieStarvation", expected(
+        test, catalog_rules["GpuPcieStarvation"], GPU3, 0.85 * full / achievable(5, 16), 0.85 * full, 5e7,
+        achievable(5, 16), 5, idle))
+    return test
+
+
 def promtool_cases(t, catalog) -> list[Test]:
     return [copy_engine_saturation(t, catalog), bidirectional_saturation(t, catalog),
             bursty_link_at_idle_speed(t, catalog), starved_against_measured_capacity(t, catalog),
             sampled_bytes_where_scrapes_catch_gaps(t, catalog),
-            starved_against_measured_bidirectional_capacity(t, catalog)]
+            starved_against_measured_bidirectional_capacity(t, catalog), offload_over_c2c(t, catalog)]

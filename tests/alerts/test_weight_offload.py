@@ -24,6 +24,7 @@ from tests.support.detector_history import (
     alertnames,
     assert_says_its_rules_words,
     bench_rows,
+    c2c_rows,
     gpus_over_time,
     only,
     servers_over_time,
@@ -53,13 +54,15 @@ def trees(roots: dict[str, str], offload: dict[str, float]):
                          for pid, offloaded in offload.items()])
 
 
-def weights_run(h2d, processes, *specs, roots=None, offload=None, extra=None, bench=None):
+def weights_run(h2d, processes, *specs, roots=None, offload=None, extra=None, bench=None, gpu_extra=None):
     """Every pid watched, each the root of its own tree unless `roots` says otherwise; `offload`:
-    pid -> the bytes per GPU its command line keeps on the host. (detector, its findings)."""
+    pid -> the bytes per GPU its command line keeps on the host; `gpu_extra`: more gpu collector
+    rows at t. (detector, its findings)."""
     trace = Trace()
     pids = {spec["pid"] for spec in specs if spec["pid"]} | {pid for on in processes.values() for pid in on}
     servers = servers_over_time(*specs)
-    collectors = {"gpu": gpus_over_time(h2d, processes),
+    gpus = gpus_over_time(h2d, processes)
+    collectors = {"gpu": (lambda t: gpus(t) + gpu_extra(t)) if gpu_extra else gpus,
                   "inference": (lambda t: servers(t) + extra(t)) if extra else servers,
                   "process": trees({**{pid: pid for pid in pids}, **(roots or {})}, offload or {})}
     if bench is not None:
@@ -136,6 +139,26 @@ def test_kv_loads_the_server_reports_explain_their_traffic():
                              {"pid": "5151", "tokens": 120, "loads": 19.5e9, "endpoint": SECOND_ENDPOINT},
                              offload={"4242": 12 * GIB, "5151": 12 * GIB})
     assert [f.labels["endpoint"] for f in findings] == [VLLM_ENDPOINT]
+
+
+def test_kv_moved_over_nvlink_c2c_is_not_called_pcie_traffic():
+    """A GH200 (issue 29; simulated): vLLM loads 100 GB/s of KV over C2C while the PCIe link
+    carries the driver's 50 MB/s. Without C2C mode the account would credit KV with those 50 MB/s
+    of PCIe; in C2C mode it credits KV and weights with none of them, leaves them unattributed, and
+    its first lead says where the KV went."""
+    on_c2c = lambda t: c2c_rows("0", "GPU-0", links={"0": (1, 450e9)}, h2d=100e9, d2h=2e9)
+    detector, findings = weights_run({"0": 5e7}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "loads": 100e9},
+                                     offload=VLLM_OFFLOADS_12_GIB, gpu_extra=on_c2c)
+    assert alertnames(findings) == []
+    (account,) = detector.figures.values()
+    assert account.causes[HOST_TO_DEVICE][KV_OFFLOAD] == 0.0 and account.causes[HOST_TO_DEVICE][WEIGHTS_CAUSE] == 0.0
+    assert account.causes[HOST_TO_DEVICE][UNATTRIBUTED] == pytest.approx(5e7, rel=0.01)
+    assert "NVLink-C2C mode" in account.leads[0] and "credits none of them" in account.leads[0]
+    pcie = weights_run({"0": 5e7}, VLLM_ON_GPU0, {"pid": "4242", "tokens": 120, "loads": 100e9},
+                       offload=VLLM_OFFLOADS_12_GIB)[0]
+    (on_pcie,) = pcie.figures.values()
+    assert on_pcie.causes[HOST_TO_DEVICE][KV_OFFLOAD] == pytest.approx(5e7, rel=0.01)
+    assert not any("C2C" in lead for lead in on_pcie.leads)
 
 
 def test_idle_or_quiet_servers_are_silent():

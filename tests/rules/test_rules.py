@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "rules"
 RULES_FILE = RULES / "hybridmon.rules.yml"
 # Alerts on a state, whose value (0 or 1) says nothing more than the alert itself.
-STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways", "InferenceServerScrapeFailing", "HybridmonAgentDown"}
+STATE_ALERTS = {"GpuLost", "HostTransparentHugepageAlways", "InferenceServerScrapeFailing", "HybridmonAgentDown",
+                "GpuC2cTrafficUnreadable"}
 RECORD_NAME = re.compile(r"(gpu|instance|process|server|uplink):hybridmon_[a-z0-9_]+:[a-z0-9_]+")
 DURATION = re.compile(r"([0-9]+(ms|s|m|h|d))+")
 # Other values for the thresholds; sections and keys left out keep thresholds.toml's defaults.

@@ -78,6 +78,32 @@ def gpu_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, up: float | None =
     return rows
 
 
+def c2c_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, enabled: float | None = 1,
+             links: dict[str, tuple[float, float]] | None = None, h2d: float | None = None,
+             d2h: float | None = None) -> list[Row]:
+    """One GPU's NVLink-C2C series in one tick, as the gpu collector exports them (exporters/gpu.py
+    C2C_*): the mode (1 on, 0 off, None: NVML does not answer), per link (up 1/0, NVML's maximum
+    bandwidth in bytes/s), and the GPM throughput per direction (None: GPM not readable)."""
+    labels = (gpu_index, uuid)
+    links = {} if links is None else links
+    rows: list[Row] = [(gpu.C2C_MODE, enabled, *labels), (gpu.C2C_LINKS, len(links) if links else None, *labels),
+                       (gpu.C2C_THROUGHPUT, h2d, *labels, "host_to_device"),
+                       (gpu.C2C_THROUGHPUT, d2h, *labels, "device_to_host")]
+    for link, (up, max_bytes_per_second) in links.items():
+        rows += [(gpu.C2C_LINK_UP, up, *labels, link), (gpu.C2C_LINK_MAX_BANDWIDTH, max_bytes_per_second, *labels, link)]
+    return rows
+
+
+def c2c_bench_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, h2d: float, d2h: float,
+                   finished_at: float = T0 - 3600) -> list[Row]:
+    """A benchmark run taken over NVLink-C2C as exporters/bench.py exports it: C2C's measured
+    capacity per direction, nothing of PCIe's."""
+    return [(bench.TIMESTAMP, finished_at, gpu_index, uuid),
+            (bench.CONTENDED, 0, gpu_index, uuid),
+            (bench.C2C_MEASURED_CAPACITY, h2d, gpu_index, uuid, "host_to_device"),
+            (bench.C2C_MEASURED_CAPACITY, d2h, gpu_index, uuid, "device_to_host")]
+
+
 def bench_rows(gpu_index: str = "0", uuid: str = "GPU-0000", *, h2d: float = 26e9,
                d2h: float = 26e9, finished_at: float = T0 - 3600) -> list[Row]:
     """A stored benchmark run as exporters/bench.py exports it: the measured capacity per direction."""
