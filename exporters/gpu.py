@@ -322,14 +322,15 @@ class GpuCollector:
     def _process_names(self, pids: Iterable[int]) -> dict[int, str]:
         """pid -> the comm of /proc/<pid>/comm, the name every process series and alert carries;
         NVML's name (often the interpreter's path, e.g. /usr/bin/python3) where comm cannot be
-        read: a pid gone, or NVML's host pids seen from a container's pid namespace."""
+        read: a pid gone, or NVML's host pids seen from a container's pid namespace (or a nested
+        container's)."""
         names = self._nvml.process_names(pids)
         if self._procfs is None or not names:
             return names
         if self._pid_view is None:
             self._pid_view = pid_view(self._source, self._procfs)
-        if self._pid_view is PidView.CONTAINER:
-            return names
+        if self._pid_view in (PidView.CONTAINER, PidView.NESTED):
+            return names   # NVML's host pids name other processes here, or none
         known = self._names_known_elsewhere()
         for pid in names:
             comm = known.get(pid)

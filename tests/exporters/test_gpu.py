@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 import os
+import shutil
 import subprocess
 import time
 import sys
@@ -14,6 +15,7 @@ from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySourc
 from hybridmon.exporters.base import NoDataError
 from hybridmon.exporters.gpu import GpuCollector
 from tests.support import fake_nvml
+from tests.support.paths import FIXTURES
 from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, UUID1, XORG_PID, FakeClock,
                                      FakeNvml, FakeProcess, grace_hopper_gpu, mig_gpu,
                                      real_nvml_library_loads,
@@ -620,6 +622,13 @@ def test_a_gpu_process_is_named_by_its_comm_as_every_process_series_is(fake, fix
     (container / "4242").mkdir()
     (container / "4242" / "comm").write_text("unrelated\n")
     unnamed = GpuCollector(LiveSource(), fake, procfs=str(container)).collect()
+    assert gpu_process_names(unnamed)["4242"] == "/usr/bin/python3"
+    # an outer container's procfs seen from a nested one (a kind node's /proc in a pod): the same
+    nested = tmp_path / "nested"
+    shutil.copytree(FIXTURES / "pid-namespaces" / "kind-node-mounted-in-pod" / "proc", nested, symlinks=True)
+    (nested / "4242").mkdir()
+    (nested / "4242" / "comm").write_text("unrelated\n")
+    unnamed = GpuCollector(LiveSource(), fake, procfs=str(nested)).collect()
     assert gpu_process_names(unnamed)["4242"] == "/usr/bin/python3"
 
 

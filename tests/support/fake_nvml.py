@@ -31,7 +31,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 GIB = 1024**3
 MIB = 1024**2
@@ -83,6 +83,9 @@ NVML_GPM_METRIC_PCIE_TX_PER_SEC = 20
 NVML_GPM_METRIC_PCIE_RX_PER_SEC = 21
 NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC = 100
 NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC = 101
+# what the fake's GPM samples count, each the bytes moved since the GPU's first sample
+GPM_MODELLED = (NVML_GPM_METRIC_PCIE_TX_PER_SEC, NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+                NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC, NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC)
 NVML_GPM_METRIC_MAX = 477  # pynvml 13.615.71 (nvml.h 12.9.79 has 210; a version-1 struct either way)
 NVML_GPM_METRICS_GET_VERSION = 1
 NVML_GPM_SUPPORT_VERSION = 1
@@ -422,7 +425,12 @@ class FakeNvml:
         # processes, each with its gpuInstanceId, only for privileged callers.
         self.privileged = False
         self.gpm_samples: list[FakeGpmSample] = []
-        self._gpm_epoch: dict[int, float] = {}  # gpu -> the time of its first GPM sample
+        # gpu -> [time, {metric: bytes}] counted to: each sample integrates the GPU's levels since
+        # the last one, so a level that changed between samples counts from when it changed
+        self._gpm_counted: dict[int, list] = {}
+        # GPM's own time: a simulation that runs faster than real time hands its clock here (and to
+        # the agent's Nvml) without changing the 20 ms windows' real sleeps
+        self.gpm_clock: Callable[[], float] | None = None
         self.throughput_in_flight = 0
         self.max_throughput_in_flight = 0  # the most nvmlDeviceGetPcieThroughput calls at once
         self.calls: Counter[str] = Counter()
@@ -676,13 +684,22 @@ class FakeNvml:
         gpu = self._enter("nvmlGpmSampleGet", handle)
         if not gpu.gpm_supported:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
-        rx, tx, now = self._pcie_count(handle.index, gpu)
-        sample.gpu, sample.taken_at = handle.index, now
-        # Counted from the GPU's first sample: bytes since 1970 would lose precision in a double.
-        since = now - self._gpm_epoch.setdefault(handle.index, now)
-        sample.counted = {NVML_GPM_METRIC_PCIE_RX_PER_SEC: rx, NVML_GPM_METRIC_PCIE_TX_PER_SEC: tx,
-                          NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: gpu.c2c_rx_mib_per_second * MIB * since,
-                          NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: gpu.c2c_tx_mib_per_second * MIB * since}
+        now = (self.gpm_clock or self.clock)()
+        with self._lock:
+            # Counted from the GPU's first sample: bytes since 1970 would lose precision in a double.
+            since, counted = self._gpm_counted.setdefault(handle.index, [now, dict.fromkeys(GPM_MODELLED, 0.0)])
+            seconds = max(now - since, 0.0)
+            on = pcie_on_seconds(gpu, since, now) if now > since else 0.0
+            counted = {NVML_GPM_METRIC_PCIE_RX_PER_SEC: counted[NVML_GPM_METRIC_PCIE_RX_PER_SEC]
+                       + gpu.pcie_rx_kilobytes_per_second * 1024 * on,
+                       NVML_GPM_METRIC_PCIE_TX_PER_SEC: counted[NVML_GPM_METRIC_PCIE_TX_PER_SEC]
+                       + gpu.pcie_tx_kilobytes_per_second * 1024 * on,
+                       NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC: counted[NVML_GPM_METRIC_C2C_TOTAL_RX_PER_SEC]
+                       + gpu.c2c_rx_mib_per_second * MIB * seconds,
+                       NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC: counted[NVML_GPM_METRIC_C2C_TOTAL_TX_PER_SEC]
+                       + gpu.c2c_tx_mib_per_second * MIB * seconds}
+            self._gpm_counted[handle.index] = [max(now, since), counted]
+        sample.gpu, sample.taken_at, sample.counted = handle.index, now, dict(counted)
         return sample
 
     def nvmlGpmMetricsGet(self, request: c_nvmlGpmMetricsGet_t) -> c_nvmlGpmMetricsGet_t:

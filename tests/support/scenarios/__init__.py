@@ -38,6 +38,7 @@ from tests.support.scenarios import crash_library  # noqa: F401 (registers its s
 from tests.support.scenarios import swap_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import leak_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import topology_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import c2c_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 
@@ -84,8 +85,9 @@ def write_trace(name: str, path: str | Path, start: float = START_TIME) -> Trace
         try:
             with LoopbackServer(host.inference) as server:
                 _route_inference(agent, server)
-                _simulated_clock(agent)
-                records = _drive(scenario, step, host, agent, start)
+                tick = _TickClock()
+                _simulated_clock(agent, tick)
+                records = _drive(scenario, step, host, agent, start, tick)
         finally:
             agent.stop()
             fake_nvml.reset()
@@ -107,13 +109,29 @@ def _route_inference(agent: Agent, server: LoopbackServer) -> None:
             item.collector._fetch = server.route(item.collector._fetch)
 
 
-def _simulated_clock(agent: Agent) -> None:
+class _TickClock:
+    """The simulated time of the tick being run (_drive sets it before the tick's collectors)."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _simulated_clock(agent: Agent, tick: _TickClock) -> None:
     """faulting_processes turns counters into rates over its own clock (time.monotonic live),
     recorded through its source; here ticks run faster than real time, so it is given the tick's
-    simulated time: that of host_memory's last commit, which runs before it on every tick."""
+    simulated time: that of host_memory's last commit, which runs before it on every tick. GPM
+    likewise: the agent's Nvml takes a sample only 100 ms after the last (nvml.h) and the fake
+    counts the bytes between samples, both on the tick's time, which the gpu collector (first of
+    every tick) is about to commit: the sampler's last tick start."""
     for item in agent.sampler.scheduled:
         if item.collector.name == "faulting_processes":
             item.collector._clock = lambda: agent.history.latest()["host_memory"][0]
+    for item in agent.sampler.scheduled:
+        if item.collector.name == "gpu":
+            item.collector._nvml._clock = tick
+    fake_nvml.DEFAULT.gpm_clock = tick
 
 
 def _scratch_dir() -> str | None:
@@ -123,7 +141,7 @@ def _scratch_dir() -> str | None:
     return shm if os.path.isdir(shm) and os.access(shm, os.W_OK | os.X_OK) else None
 
 
-def _drive(scenario: Scenario, step, host: SyntheticHost, agent: Agent, start: float) -> int:
+def _drive(scenario: Scenario, step, host: SyntheticHost, agent: Agent, start: float, tick_clock: _TickClock) -> int:
     """Each tick: the state at t, counters advanced over the tick, files written, due collectors run.
 
     A collector runs on the ticks where it is due by its own interval (process_numa every 30 s),
@@ -136,6 +154,7 @@ def _drive(scenario: Scenario, step, host: SyntheticHost, agent: Agent, start: f
         if tick:
             host.advance(scenario.tick_seconds)
         host.write(fake_nvml.DEFAULT, threads=t + 1e-9 >= next_due.get("process_numa", 0.0))
+        tick_clock.now = start + t
         for item in agent.sampler.scheduled:  # the agent's order: gpu first, process after it
             name = item.collector.name
             if t + 1e-9 >= next_due[name]:

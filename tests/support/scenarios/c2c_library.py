@@ -1,12 +1,7 @@
 """The scenarios of issue 29: a Grace Hopper GPU whose offload crosses NVLink-C2C, not PCIe.
 
-NOT REGISTERED YET. These scenarios need what branch `nvml` adds: the gpu collector emitting the
-C2C series (exporters/gpu.py C2C_*) and the fake NVML answering for them (FakeGpu's
-gpm_supported, c2c_enabled, c2c_links, c2c_rx_mib_per_second and c2c_tx_mib_per_second, and GPM
-samples). Without those the recording agent reads no C2C series and the expected alerts cannot
-fire. Once both are merged: import this module in tests/support/scenarios/__init__.py beside the
-other libraries, add its two rows to docs/scenarios.md (the descriptions below, with the expected
-alerts) and run tests/integration/test_scenarios.py and test_rules_vs_detectors.py.
+The gpu collector reads GPM on the tick's simulated time here, and the fake counts the C2C bytes
+between samples at the levels each tick set (tests/support/scenarios/__init__.py _simulated_clock).
 
 Written like library.py's: start from the healthy host, change what the story needs from onset.
 GPU0 of the fixture host is made a GH200's Hopper: NVLink-C2C on, ten links up at 45,000 MBps
