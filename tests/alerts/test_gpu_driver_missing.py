@@ -15,7 +15,7 @@ from hybridmon.agent.daemon import Agent
 from hybridmon.agent.self_metrics import COLLECTOR_NO_DATA
 from hybridmon.exporters.pcie import DEVICE_PRESENT
 from tests.support.agent_helpers import FIXTURE_ENVIRONMENT, HYBRIDMON, REPO, run_every_collector_once, subprocess_environment
-from tests.support.detector_history import THRESHOLDS, assert_says_its_rules_words
+from tests.support.detector_history import assert_says_its_rules_words
 from tests.support.promtool_cases import ONSET, Test, firing, not_yet
 
 T0 = 1_700_000_000.0
