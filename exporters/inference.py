@@ -121,7 +121,19 @@ class InferenceCollector:
             raise NoDataError(self._nothing_found())
         samples = Samples()
         for target in targets:
-            self._add(samples, target, answers[target.url])
+            one = Samples()
+            try:
+                self._add(one, target, answers[target.url])
+            except Exception as error:  # noqa: BLE001 - a peer's body must not blind the others
+                # the parsers raise only ParseError, caught in interpret(); this is a bug's net, so
+                # that one endpoint's answer costs its own series only (issue 30)
+                self._log_once(f"bug:{target.url}:{type(error).__name__}", "inference endpoint %s: its "
+                               "answer could not be read (%s: %s); its series are left out",
+                               target.url, type(error).__name__, error, level=logging.ERROR)
+                one = Samples()
+                one.add(SCRAPE_SUCCESS, 0.0, target.url)
+                one.add(SCRAPE_ERROR, 1.0, target.url, "unreadable")
+            samples.extend(one)
         return samples
 
     def _look_around(self) -> list[Target]:

@@ -399,7 +399,8 @@ SCRAPE_ERROR = MetricSpec(
     "http_status: not HTTP 200; too_large: the body is over [inference] max_body_bytes; "
     "not_prometheus / not_json: not the expected format (an HTML page); unknown_server: no family "
     "of the expected server; missing_families: a family every version of the server publishes is "
-    "missing (its names changed).", "gauge", ("endpoint", "reason"))
+    "missing (its names changed); unreadable: the agent failed to read the answer (a bug, logged).",
+    "gauge", ("endpoint", "reason"))
 
 # What each `reason` of SCRAPE_ERROR means and what to check first: the finding's text
 # (agent/alerts/inference_scrape.py) and the status page name them in these words.
@@ -421,6 +422,8 @@ SCRAPE_REASONS = {
                        "name the server in [inference] endpoints or check the URL"),
     "missing_families": ("answered, but a family every version of the server publishes is missing: "
                          "its metric names changed", "compare `curl -s URL` with docs/inference-servers.md"),
+    "unreadable": ("answered something the agent failed to read: a bug in hybridmon, whose other "
+                   "endpoints are still read", "the agent log's ERROR line for the endpoint; please report it"),
 }
 
 METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS, OFFLOAD_DROPPED_TOKENS,

@@ -889,3 +889,36 @@ def test_a_long_model_label_is_bounded_and_two_long_ones_stay_apart():
     samples = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")], fetch=answering(body)).collect()
     models = {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")}
     assert len(models) == 2 and all(len(model) == 128 and model.startswith("xxx") for model in models)
+
+
+def test_an_answer_the_collector_fails_on_costs_only_that_endpoints_series(monkeypatch, caplog):
+    """Issue 30: one bad process or endpoint costs only its own series. A bug in reading one
+    answer (here injected into interpret) leaves the other endpoint read, and says so."""
+    import hybridmon.exporters.inference as inference
+
+    good, bad = "http://127.0.0.1:8000/metrics", "http://127.0.0.1:8001/metrics"
+    bodies = {good: vllm_with_models(1, name="good-{}"), bad: vllm_with_models(1, name="bad-{}")}
+    real = inference.interpret
+
+    def failing_on_bad(answer, server):
+        if "bad-0" in (answer.get("body") or ""):
+            raise IndexError("injected: a parser bug")
+        return real(answer, server)
+    monkeypatch.setattr(inference, "interpret", failing_on_bad)
+    fetch = lambda url, _timeout, _max: answering(bodies[url])(url, _timeout, _max)  # noqa: E731
+    samples = InferenceCollector(LiveSource(), endpoints=[(good, "vllm"), (bad, "vllm")], fetch=fetch).collect()
+    assert {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")} == {"good-0"}
+    assert values(samples, "hybridmon_inference_scrape_error") == {(bad, "unreadable"): 1.0}
+    assert samples.value("hybridmon_inference_scrape_success", endpoint=bad) == 0
+    assert "inference endpoint http://127.0.0.1:8001/metrics: its answer could not be read (IndexError" in caplog.text
+
+
+@settings(max_examples=40, deadline=None)
+@given(models=st.integers(1, 400), cap=st.integers(1, 64))
+def test_any_number_of_models_keeps_at_most_the_cap_and_counts_the_rest(models, cap):
+    url = "http://127.0.0.1:8000/metrics"
+    samples = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")], fetch=answering(vllm_with_models(models)),
+                                 max_models_per_endpoint=cap).collect()
+    kept = {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")}
+    assert kept == {f"hostile/model-{i}" for i in range(max(0, models - cap), models)}
+    assert samples.value("hybridmon_inference_models_left_out", endpoint=url) == models - len(kept)

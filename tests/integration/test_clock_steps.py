@@ -12,6 +12,8 @@ import time
 from datetime import datetime
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
@@ -152,3 +154,25 @@ def test_alerts_stay_active_in_an_alertmanager_whose_clock_differs_or_after_a_st
     finally:
         alertmanager.close()
         receiver.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(started=st.floats(-2 * HOUR, 2 * HOUR), resolved=st.one_of(st.none(), st.floats(-2 * HOUR, 2 * HOUR)),
+       offset=st.floats(-3 * HOUR, 3 * HOUR))
+def test_no_clock_makes_an_alert_end_before_it_starts(started, resolved, offset):
+    """Whatever times a finding was stamped with (a clock stepped either way since) and however far
+    Alertmanager's clock is from ours: startsAt is never after endsAt, nor after now in
+    Alertmanager's clock, and every time is moved by the offset."""
+    now = 1_700_000_000.0
+    switch = Switch()
+    switch.on = True
+    engine = Engine([switch], History(60))
+    engine.evaluate(now + started)
+    if resolved is not None:
+        switch.on = False
+        engine.evaluate(now + started + abs(resolved))
+    pusher = AlertmanagerPusher(engine, ["http://127.0.0.1:1"], "http://agent:9787/runbooks", interval_seconds=30,
+                                clock=lambda: now)
+    [alert] = pusher.alerts(now, offset)
+    starts, ends = seconds(alert["startsAt"]), seconds(alert["endsAt"])
+    assert starts <= ends and starts <= now + offset + 1e-3
