@@ -239,6 +239,11 @@ BY_FIELD = {
         "hybridmon_inference_preemptions_total", "counter",
         "Requests preempted for lack of KV cache, to be recomputed or reloaded "
         "(vllm:num_preemptions_total, sglang:num_retracted_requests_total)."),
+    "requests_finished": _spec(
+        "hybridmon_inference_requests_finished_total", "counter",
+        "Requests the server finished, whatever the reason (vllm:request_success_total summed over "
+        "finished_reason, sglang:num_requests_total); preemptions over it is the share of requests "
+        "preempted."),
     "prefix_cache_queried_tokens": _spec(
         "hybridmon_inference_prefix_cache_queried_tokens_total", "counter",
         "Prompt tokens looked up in the prefix cache (vllm:prefix_cache_queries_total, "

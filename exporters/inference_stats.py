@@ -39,6 +39,7 @@ class ServerStats:
     inter_token_latency: Histogram | None = None
     kv_cache_usage_ratio: float | None = None
     preemptions: float | None = None  # counter
+    requests_finished: float | None = None  # counter, every finish reason together (issue 31)
     prefix_cache_queried_tokens: float | None = None  # counter
     prefix_cache_hit_tokens: float | None = None  # counter
     prefix_cache_hit_ratio: float | None = None  # for servers that publish only a ratio
