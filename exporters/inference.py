@@ -45,6 +45,7 @@ DEFAULT_MAX_BODY_BYTES = 8 * 1024 * 1024
 # serves one model, or a few: vLLM's served names and adapters, Ollama's loaded models (its
 # OLLAMA_MAX_LOADED_MODELS defaults to 3 per GPU). 16 leaves room for a large multi-model server.
 DEFAULT_MAX_MODELS_PER_ENDPOINT = 16
+MODELS_READ_PER_CAP, MIN_MODELS_READ = 4, 64
 # A model label, and a dropped-tokens reason, are what a peer writes: bounded in bytes, a long one
 # keeps its start and a hash of the whole, so two long names stay apart.
 LABEL_LIMIT = 128
@@ -85,6 +86,10 @@ class InferenceCollector:
                  max_models_per_endpoint: int = DEFAULT_MAX_MODELS_PER_ENDPOINT) -> None:
         self._source = source
         self._max_models = max_models_per_endpoint
+        # Models read of a body at most, the first ones: a server within the cap is read whole and
+        # its busiest kept; one publishing past this many is a peer that should not (issue 30: the
+        # models of a 7.9 MB body, read before they were left out, held ~50 MB at each scrape).
+        self._models_read = max(MODELS_READ_PER_CAP * max_models_per_endpoint, MIN_MODELS_READ)
         self._procfs = procfs
         # llama-server's derived token counter can dip by a few tokens between scrapes (6-digit
         # printing): hold it so that rate() never sees a reset (inference_llamacpp.RisingCounter).
@@ -240,7 +245,7 @@ class InferenceCollector:
         return confirmed
 
     def _add(self, samples: Samples, target: Target, answer: dict) -> None:
-        reading = interpret(answer, target.server)
+        reading = interpret(answer, target.server, self._models_read)
         samples.add(SCRAPE_SUCCESS, 0.0 if reading.error else 1.0, target.url)
         samples.add(SCRAPE_DURATION, answer.get("seconds"), target.url)
         if reading.error:

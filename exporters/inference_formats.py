@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from prometheus_client.parser import text_string_to_metric_families
 
 from hybridmon.exporters.base import ParseError
-from hybridmon.exporters.prometheus_text import plain_sample_index
+from hybridmon.exporters.prometheus_text import Bounds, lines_of, plain_sample_index
 from hybridmon.exporters.inference_names import ALL_PREFIXES, EXPECTED, PREFIXES, RULES, Rule
 from hybridmon.exporters import inference_llamacpp
 from hybridmon.exporters.inference_stats import Histogram, SampleIndex, ServerStats
@@ -32,20 +32,24 @@ _LEADING_NAME = re.compile(r"\s*([^\s{]*)")
 MAX_SAMPLES_PER_NAME = 8192
 
 
-def parse_prometheus(text: str, max_per_name: int | None = MAX_SAMPLES_PER_NAME) -> SampleIndex:
+def parse_prometheus(text: str, max_per_name: int | None = MAX_SAMPLES_PER_NAME,
+                     max_models: int | None = None) -> SampleIndex:
     """Prometheus text format -> {sample name: [(labels, value)]}; NaN and infinite values left out;
-    at most `max_per_name` samples of a name, the first ones.
+    at most `max_per_name` samples of a name, and the samples of at most `max_models` models (their
+    MODEL_LABELS), the first ones in the body.
 
     Indexed by sample name rather than family so that a body without # TYPE lines reads the same.
     """
+    def bounds() -> Bounds:
+        return Bounds(max_per_name, MODEL_LABELS, max_models)
     # most bodies, in C; None sends the rest to prometheus_client
-    plain = plain_sample_index(text, max_per_name)
+    plain = plain_sample_index(text, bounds())
     if plain is not None:
         return plain
-    return parse_with_prometheus_client(text, max_per_name)
+    return parse_with_prometheus_client(text, bounds())
 
 
-def parse_with_prometheus_client(text: str, max_per_name: int | None = None) -> SampleIndex:
+def parse_with_prometheus_client(text: str, bounds: Bounds | None = None) -> SampleIndex:
     """parse_prometheus by prometheus_client's parser alone: every body the fast path reads must
     read the same here (tests/exporters/test_prometheus_text.py)."""
     index: SampleIndex = {}
@@ -54,9 +58,9 @@ def parse_with_prometheus_client(text: str, max_per_name: int | None = None) -> 
             for sample in family.samples:
                 value = float(sample.value)
                 if math.isfinite(value):
-                    entries = index.setdefault(sample.name, [])
-                    if max_per_name is None or len(entries) < max_per_name:
-                        entries.append((dict(sample.labels), value))
+                    labels = dict(sample.labels)
+                    if bounds is None or bounds.admits(index.get(sample.name), labels):
+                        index.setdefault(sample.name, []).append((labels, value))
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError) as error:
         raise ParseError(f"not the Prometheus text format: {str(error)[:120]}") from None
     return index
@@ -66,8 +70,22 @@ def keep_known_families(text: str) -> str:
     """Only the lines of the servers' own families (vLLM's /metrics also carries Python, process
     and HTTP families), so that a recorded trace keeps what is read; the text unchanged when it
     holds no known family at all, so that an HTML page or another exporter is told apart later."""
-    kept = [line for line in text.splitlines() if _line_metric(line).startswith(ALL_PREFIXES)]
-    return "\n".join(kept) + "\n" if kept else text
+    # A first pass, holding no line: a body of known families only (a server's own exporter, or a
+    # peer's 7.9 MB of them) is returned as it is, not copied line by line (issue 30).
+    every_line_known, some_line_known = True, False
+    for line in lines_of(text):
+        if not line.strip():
+            continue   # a blank line is no family's
+        if _line_metric(line).startswith(ALL_PREFIXES):
+            some_line_known = True
+        else:
+            every_line_known = False
+            if some_line_known:
+                break
+    if every_line_known or not some_line_known:
+        return text
+    kept = [line for line in lines_of(text) if _line_metric(line).startswith(ALL_PREFIXES)]
+    return "\n".join(kept) + "\n"
 
 
 def _line_metric(line: str) -> str:
@@ -253,10 +271,11 @@ class Interpretation:
     detail: str = ""
 
 
-def interpret(answer: dict, server: str | None) -> Interpretation:
+def interpret(answer: dict, server: str | None, max_models: int | None = None) -> Interpretation:
     """The stats in one answer of inference_scrape.fetch, or the scrape error it shows.
 
     `server`: the kind configured for the endpoint, None to detect it from the metric prefixes.
+    `max_models`: the models read of a body at most (parse_prometheus), the first ones.
     A body that holds no family of the expected server, or whose server lacks a family every
     version of it publishes, is an error (unknown_server, missing_families): the names changed.
     """
@@ -273,7 +292,7 @@ def interpret(answer: dict, server: str | None) -> Interpretation:
     if "html" in (answer.get("content_type") or "").lower():
         return Interpretation(error="not_prometheus", detail=f"the body is {answer['content_type']}")
     try:
-        index = parse_prometheus(body)
+        index = parse_prometheus(body, max_models=max_models)
     except ParseError as error:
         return Interpretation(error="not_prometheus", detail=str(error))
     found = detect_servers(index)

@@ -394,8 +394,8 @@ MODELS_LEFT_OUT = MetricSpec(
     "hybridmon_inference_models_left_out",
     "Models the endpoint's last scrape published beyond [inference] max_models_per_endpoint, whose "
     "series the agent left out (it keeps the busiest by generated tokens); 0 when none. Counted among "
-    "the models a body's first 8,192 samples of each name hold, all it reads. A peer that publishes "
-    "thousands of models would otherwise cost memory and /metrics time per series.",
+    "the models it reads of a body: the first 4 x max_models_per_endpoint (at least 64). A peer that "
+    "publishes thousands of models would otherwise cost memory and /metrics time per series.",
     "gauge", ("endpoint",))
 SCRAPE_ERROR = MetricSpec(
     "hybridmon_inference_scrape_error",

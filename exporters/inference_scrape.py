@@ -227,7 +227,7 @@ def _resolve_within(host: str, port: int, deadline: float) -> None:
         raise outcome[0]
 
 
-def _read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
+def _read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytearray:
     length = response.getheader("Content-Length") or ""
     if length.isdigit() and int(length) > max_bytes:
         raise _TooLarge(f"Content-Length {length} is over the {max_bytes} byte limit")
@@ -236,7 +236,7 @@ def _read_body(response: http.client.HTTPResponse, max_bytes: int) -> bytes:
         body += chunk
         if len(body) > max_bytes:
             raise _TooLarge(f"the body is over the {max_bytes} byte limit; stopped reading there")
-    return bytes(body)
+    return body   # decoded as it is: a bytes copy would hold another max_bytes
 
 
 def _shut(sock, cut: threading.Event) -> None:

@@ -20,6 +20,7 @@ legacy one, METRIC_NAME_RE and METRIC_LABEL_NAME_RE of validation.py, and UTF-8)
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from math import isfinite
 
 SampleIndex = dict[str, list[tuple[dict[str, str], float]]]
@@ -42,17 +43,41 @@ _TYPES = frozenset({"counter", "gauge", "summary", "histogram", "gaugehistogram"
                     "stateset", "untyped"})
 
 
-def plain_sample_index(text: str, max_per_name: int | None = None) -> SampleIndex | None:
+@dataclass
+class Bounds:
+    """What one body may add to an index (issue 30: a peer's 36,000 models in a 7.9 MB body were
+    indexed whole): at most `per_name` samples of a name, and samples of at most `entities`
+    distinct values of the first of `entity_labels` a sample carries (a server's models), the first
+    ones in the body. Holds what it has admitted: one per parse."""
+
+    per_name: int | None = None
+    entity_labels: tuple[str, ...] = ()
+    entities: int | None = None
+    _admitted: set[str] = field(default_factory=set)
+
+    def admits(self, entries: list | None, labels: dict[str, str]) -> bool:
+        if self.per_name is not None and entries is not None and len(entries) >= self.per_name:
+            return False
+        if self.entities is not None:
+            entity = next((labels[name] for name in self.entity_labels if name in labels), None)
+            if entity is not None and entity not in self._admitted:
+                if len(self._admitted) >= self.entities:
+                    return False
+                self._admitted.add(entity)
+        return True
+
+
+def plain_sample_index(text: str, bounds: Bounds | None = None) -> SampleIndex | None:
     """{sample name: [(labels, value)]} of a plain body, finite values only, in line order: what
     prometheus_client's parser gives for it. None where the body is not plain (module docstring):
-    the caller parses it with that parser instead. `max_per_name`: keep only the first that many
-    samples of each name (every line is still read, so a body is plain or not as a whole); the
-    lines are read one at a time, so a large body is never held twice."""
+    the caller parses it with that parser instead. `bounds`: what is kept of a large body (every
+    line is still read, so a body is plain or not as a whole); the lines are read one at a time,
+    so a large body is never held twice."""
     if _UNUSUAL_CHARACTER.search(text):
         return None
     index: SampleIndex = {}
     sample_line = _SAMPLE_LINE.fullmatch
-    for line in _lines(text):
+    for line in lines_of(text):
         line = line.strip()
         if not line:
             continue
@@ -67,8 +92,7 @@ def plain_sample_index(text: str, max_per_name: int | None = None) -> SampleInde
         labels = dict(_LABEL_PAIR.findall(labels_text)) if labels_text else {}
         if labels_text and len(labels) != labels_text.count('="'):
             return None  # a label name given twice: that parser refuses the line, whatever its value
-        entries = index.get(name)
-        if entries is not None and max_per_name is not None and len(entries) >= max_per_name:
+        if bounds is not None and not bounds.admits(index.get(name), labels):
             continue
         # As that parser: int() first where it takes the text ("-0" is 0, not -0.0), else float().
         value = float(int(value_text)) if value_text.lstrip("+-").isdigit() else float(value_text)
@@ -78,7 +102,7 @@ def plain_sample_index(text: str, max_per_name: int | None = None) -> SampleInde
     return index
 
 
-def _lines(text: str):
+def lines_of(text: str):
     """The lines of `text`, one at a time: str.split would hold every line of a large body at once
     (a 7.9 MB body of 108,000 lines, ~13 MB more)."""
     start = 0

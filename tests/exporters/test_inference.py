@@ -24,8 +24,9 @@ from hybridmon.agent.loop.history import History
 from hybridmon.agent.status.inference import offload_elsewhere_rows
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import NoDataError, ParseError
+from hybridmon.exporters import inference
 from hybridmon.exporters.inference import InferenceCollector, endpoint_url
-from hybridmon.exporters.inference_formats import (MAX_SAMPLES_PER_NAME, interpret, keep_known_families, normalise,
+from hybridmon.exporters.inference_formats import (interpret, keep_known_families, normalise,
                                                    parse_ollama_ps, parse_prometheus, recent_quantile)
 from hybridmon.exporters.inference_stats import Histogram, ServerStats
 from hybridmon.exporters.inference_names import METRIC_SPECS
@@ -859,14 +860,14 @@ def answering(body: str):
 
 def test_an_endpoint_with_thousands_of_models_keeps_the_busiest_up_to_the_cap(caplog):
     """20,000 models (a `nobody` process named llama-server made 579 MB and a status page that timed
-    out): only the first MAX_SAMPLES_PER_NAME samples of each name are read, and of the models
-    they hold the 16 busiest by generated tokens are kept, the rest counted and logged once."""
+    out): only the first 64 models of the body are read (4 x the cap of 16, at least 64), and of
+    them the 16 busiest by generated tokens are kept, the rest counted and logged once."""
     url = "http://127.0.0.1:8000/metrics"
     collector = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")],
                                    fetch=answering(vllm_with_models(20_000)))
     for _ in range(2):
         samples = collector.collect()
-    read = MAX_SAMPLES_PER_NAME   # one sample of each name per model
+    read = max(inference.MODELS_READ_PER_CAP * 16, inference.MIN_MODELS_READ)
     kept = {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")}
     assert kept == {f"hostile/model-{i}" for i in range(read - 16, read)}
     assert samples.value("hybridmon_inference_models_left_out", endpoint=url) == read - 16
@@ -894,16 +895,14 @@ def test_a_long_model_label_is_bounded_and_two_long_ones_stay_apart():
 def test_an_answer_the_collector_fails_on_costs_only_that_endpoints_series(monkeypatch, caplog):
     """Issue 30: one bad process or endpoint costs only its own series. A bug in reading one
     answer (here injected into interpret) leaves the other endpoint read, and says so."""
-    import hybridmon.exporters.inference as inference
-
     good, bad = "http://127.0.0.1:8000/metrics", "http://127.0.0.1:8001/metrics"
     bodies = {good: vllm_with_models(1, name="good-{}"), bad: vllm_with_models(1, name="bad-{}")}
     real = inference.interpret
 
-    def failing_on_bad(answer, server):
+    def failing_on_bad(answer, server, max_models=None):
         if "bad-0" in (answer.get("body") or ""):
             raise IndexError("injected: a parser bug")
-        return real(answer, server)
+        return real(answer, server, max_models)
     monkeypatch.setattr(inference, "interpret", failing_on_bad)
     fetch = lambda url, _timeout, _max: answering(bodies[url])(url, _timeout, _max)  # noqa: E731
     samples = InferenceCollector(LiveSource(), endpoints=[(good, "vllm"), (bad, "vllm")], fetch=fetch).collect()
@@ -919,6 +918,17 @@ def test_any_number_of_models_keeps_at_most_the_cap_and_counts_the_rest(models, 
     url = "http://127.0.0.1:8000/metrics"
     samples = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")], fetch=answering(vllm_with_models(models)),
                                  max_models_per_endpoint=cap).collect()
+    read = min(models, max(inference.MODELS_READ_PER_CAP * cap, inference.MIN_MODELS_READ))
     kept = {labels[2] for labels in values(samples, "hybridmon_inference_requests_running")}
-    assert kept == {f"hostile/model-{i}" for i in range(max(0, models - cap), models)}
-    assert samples.value("hybridmon_inference_models_left_out", endpoint=url) == models - len(kept)
+    assert kept == {f"hostile/model-{i}" for i in range(max(0, read - cap), read)}
+    assert samples.value("hybridmon_inference_models_left_out", endpoint=url) == read - len(kept)
+
+
+def test_a_body_of_known_families_only_is_kept_as_it_is_not_copied():
+    """Issue 30: a peer's 7.9 MB body of known families was split and joined again at every scrape
+    (~21 MB more held); such a body is now returned as it is. A body with other families still
+    loses them, blank lines and all."""
+    body = vllm_with_models(3)
+    assert keep_known_families(body) is body
+    mixed = "# HELP python_gc_objects_collected_total x\npython_gc_objects_collected_total 1\n\n" + body
+    assert keep_known_families(mixed) == body

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from hybridmon.exporters.base import ParseError
 from hybridmon.exporters.inference_formats import (interpret, keep_known_families, parse_prometheus,
                                                   parse_with_prometheus_client)
-from hybridmon.exporters.prometheus_text import plain_sample_index
+from hybridmon.exporters.prometheus_text import Bounds, plain_sample_index
 
 INFERENCE = Path(__file__).parents[1] / "fixtures" / "inference"
 
@@ -125,5 +125,9 @@ def test_both_paths_keep_the_first_samples_of_each_name_up_to_the_cap(unusual):
     capped = parse_prometheus(text, max_per_name=10)
     assert capped["family_a"] == [({"model": f"m{i}"}, float(i)) for i in range(10)]
     assert capped["family_b"] == [({}, 1.0)]
-    assert (plain_sample_index(text, 10) is None) is unusual
-    assert parse_with_prometheus_client(text, 10) == capped
+    assert (plain_sample_index(text, Bounds(per_name=10)) is None) is unusual
+    assert parse_with_prometheus_client(text, Bounds(per_name=10)) == capped
+    # ...and of the models (MODEL_LABELS), the first `max_models`, every sample without one kept
+    by_model = parse_prometheus(text, max_models=3)
+    assert [labels["model"] for labels, _ in by_model["family_a"]] == ["m0", "m1", "m2"]
+    assert by_model["family_b"] == [({}, 1.0)]
