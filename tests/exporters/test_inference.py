@@ -948,7 +948,8 @@ def test_fetch_names_network_failures():
 # This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
 # (which holds every parse_* of exporters/ to its one promised error).
 _BODIES = read(FIXTURES / "inference/vllm-v1-names.1.prom", FIXTURES / "inference/llamacpp.1.prom",
-               FIXTURES / "inference/tgi.1.prom")
+               FIXTURES / "inference/tgi.1.prom", FIXTURES / "inference/sglang-0.5.23-hicache.prom",
+               FIXTURES / "inference/vllm-0.33-offloading.prom", FIXTURES / "inference/lmcache-mp.prom")
 PARSER_ROWS = [
     ParserRow(parse_prometheus, _BODIES),
     # parse_prometheus's fallback for bodies its fast path does not read (and the tests' reference)
