@@ -100,8 +100,8 @@ def normalise(server: str, index: SampleIndex, notes: list[str] | None = None) -
 
 def _join_modelless(server: str, by_model: dict[str, dict[str, object]], notes: list[str]) -> None:
     """The fields read from series without a model label filed under the endpoint's model, when it
-    serves exactly one (SGLang's HiCache families: one SGLang process serves one model). With
-    several, which model a rank's cache belongs to is not in the body: they stay under ""."""
+    serves exactly one (SGLang's HiCache families, vLLM's cache_config_info: one process serves one
+    model). With several, which model they belong to is not in the body: they stay under ""."""
     if "" not in by_model:
         return
     named = sorted(model for model in by_model if model)
