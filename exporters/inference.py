@@ -34,8 +34,9 @@ from hybridmon.exporters.base import (MIN_DISCOVERY_SECONDS, MIN_HTTP_TIMEOUT_SE
 from hybridmon.exporters.inference_formats import PERCENTILES, interpret, recent_quantile
 from hybridmon.exporters.inference_stats import Histogram, ServerStats
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, METRIC_SPECS, MODELS_LEFT_OUT, OFFLOAD_BYTES,
-                                         OFFLOAD_DROPPED_TOKENS, OFFLOAD_SECONDS, SCRAPE_DURATION, SCRAPE_ERROR,
-                                         SCRAPE_SUCCESS, SERVERS, USUAL_PORTS)
+                                         OFFLOAD_DROPPED_TOKENS, OFFLOAD_SECONDARY_TIER_BYTES, OFFLOAD_SECONDS,
+                                         OFFLOAD_TOKENS, SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_SUCCESS, SERVERS,
+                                         USUAL_PORTS)
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,12 @@ MODELS_READ_PER_CAP, MIN_MODELS_READ = 4, 64
 # A model label, and a dropped-tokens reason, are what a peer writes: bounded in bytes, a long one
 # keeps its start and a hash of the whole, so two long names stay apart.
 LABEL_LIMIT = 128
-# KV-offload drop reasons per model kept (vLLM publishes two or three).
+# KV-offload drop reasons, and secondary tiers, per model kept (SGLang publishes two reasons,
+# vLLM's tiering a tier or two).
 MAX_REASONS = 8
+# The ServerStats fields that map a peer-written label value (a reason, a tier) to a count.
+_BY_LABEL_FIELDS = ("kv_offload_dropped_tokens", "kv_offload_secondary_store_bytes",
+                    "kv_offload_secondary_load_bytes")
 _MAX_PORTS_PER_PROCESS = 8  # vLLM and SGLang also listen on internal ports; the API port is one
 _MAX_PARALLEL_SCRAPES = 8
 _SERVER_ANSWERED = (None, "missing_families")  # a known server, even if some names changed
@@ -252,6 +257,8 @@ class InferenceCollector:
             samples.add(SCRAPE_ERROR, 1.0, target.url, reading.error)
             self._log_once(f"error:{target.url}:{reading.error}", "inference endpoint %s: %s (%s)",
                            target.url, reading.error, reading.detail)
+        for note in reading.notes:
+            self._log_once(f"note:{target.url}:{note}", "inference endpoint %s: %s", target.url, note)
         pid = "" if target.pid is None else str(target.pid)
         kept = self._within_caps(target.url, reading.stats)
         samples.add(MODELS_LEFT_OUT, len(reading.stats) - len(kept), target.url)
@@ -274,9 +281,10 @@ class InferenceCollector:
                                                  s.server, s.model))[:self._max_models]
         for stats in found:
             stats.model = bounded_label(stats.model)
-            if stats.kv_offload_dropped_tokens:
-                stats.kv_offload_dropped_tokens = {bounded_label(reason): tokens for reason, tokens in
-                                                   sorted(stats.kv_offload_dropped_tokens.items())[:MAX_REASONS]}
+            for field_name in _BY_LABEL_FIELDS:
+                if by_label := getattr(stats, field_name):
+                    setattr(stats, field_name, {bounded_label(label): count for label, count in
+                                                sorted(by_label.items())[:MAX_REASONS]})
         return found
 
     def _add_stats(self, samples: Samples, url: str, pid: str, stats: ServerStats) -> None:
@@ -290,6 +298,9 @@ class InferenceCollector:
         for direction in ("store", "load"):
             samples.add(OFFLOAD_BYTES, getattr(stats, f"kv_offload_{direction}_bytes"), *labels, direction)
             samples.add(OFFLOAD_SECONDS, getattr(stats, f"kv_offload_{direction}_seconds"), *labels, direction)
+            samples.add(OFFLOAD_TOKENS, getattr(stats, f"kv_offload_{direction}_tokens"), *labels, direction)
+            for tier, tier_bytes in sorted((getattr(stats, f"kv_offload_secondary_{direction}_bytes") or {}).items()):
+                samples.add(OFFLOAD_SECONDARY_TIER_BYTES, tier_bytes, *labels, tier, direction)
         for field_name, (percentile_spec, seconds_spec, count_spec) in HISTOGRAM_SPECS.items():
             histogram = getattr(stats, field_name)
             if histogram is None:

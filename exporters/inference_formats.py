@@ -18,11 +18,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from hybridmon.exporters.base import ParseError
 from hybridmon.exporters.prometheus_text import Bounds, lines_of, plain_sample_index
-from hybridmon.exporters.inference_names import ALL_PREFIXES, EXPECTED, PREFIXES, RULES, Rule
+from hybridmon.exporters.inference_names import ALL_PREFIXES, EXPECTED, MODELLESS_JOINED, PREFIXES, RULES, Rule
 from hybridmon.exporters import inference_llamacpp
 from hybridmon.exporters.inference_stats import Histogram, SampleIndex, ServerStats
 
-MODEL_LABELS = ("model_name", "model")
+# LMCache labels its series with the model path (model_name) and, since vLLM passes it, the name
+# vLLM serves it under (served_model_name, "" when not given: lmcache/observability.py:1906): the
+# served name is the one vLLM's own series carry, so it is taken first where set.
+MODEL_LABELS = ("served_model_name", "model_name", "model")
 PERCENTILES = {"p50": 0.5, "p95": 0.95}
 _LEADING_NAME = re.compile(r"\s*([^\s{]*)")
 
@@ -100,23 +103,43 @@ def detect_servers(index: SampleIndex) -> list[str]:
     return [server for server, prefixes in PREFIXES.items() if any(name.startswith(prefixes) for name in index)]
 
 
-def normalise(server: str, index: SampleIndex) -> list[ServerStats]:
-    """One ServerStats per model the server reports (model "" where it names none)."""
+def normalise(server: str, index: SampleIndex, notes: list[str] | None = None) -> list[ServerStats]:
+    """One ServerStats per model the server reports (model "" where it names none). Why model-less
+    series could not be given a model is appended to `notes`, for the caller to log."""
     by_model: dict[str, dict[str, object]] = {}
     for rule in RULES[server]:
         for model, value in _read(rule, index).items():
             by_model.setdefault(model, {}).setdefault(rule.field, value)
+    if server in MODELLESS_JOINED:
+        _join_modelless(server, by_model, notes if notes is not None else [])
     stats = [ServerStats(server, model, **values) for model, values in sorted(by_model.items())]
     return inference_llamacpp.refine(server, index, stats)  # llama.cpp's tokens during a request
 
 
+def _join_modelless(server: str, by_model: dict[str, dict[str, object]], notes: list[str]) -> None:
+    """The fields read from series without a model label filed under the endpoint's model, when it
+    serves exactly one (SGLang's HiCache families, vLLM's cache_config_info: one process serves one
+    model). With several, which model they belong to is not in the body: they stay under ""."""
+    if "" not in by_model:
+        return
+    named = sorted(model for model in by_model if model)
+    if len(named) == 1:
+        for field_name, value in by_model.pop("").items():
+            by_model[named[0]].setdefault(field_name, value)
+    elif named:
+        notes.append(f"{server}: {', '.join(sorted(by_model['']))} come from series without a model "
+                     f"label and the endpoint serves {len(named)} models ({', '.join(named)}): which "
+                     "one they belong to is not published, so they are kept under model \"\"")
+
+
 def _model(labels: dict[str, str]) -> str:
-    return next((labels[name] for name in MODEL_LABELS if name in labels), "")
+    return next((labels[name] for name in MODEL_LABELS if labels.get(name)), "")
 
 
 def _matching(index: SampleIndex, name: str, rule: Rule) -> list[tuple[dict[str, str], float]]:
     return [(labels, value) for labels, value in index.get(name, ())
             if all(labels.get(key) == wanted for key, wanted in rule.labels)
+            and not any(labels.get(key) == unwanted for key, unwanted in rule.labels_not)
             and not (rule.total_under_empty and labels.get(rule.total_under_empty, ""))]
 
 
@@ -147,7 +170,7 @@ def _from_label(index: SampleIndex, rule: Rule) -> dict[str, float]:
     found: dict[str, float] = {}
     for labels, _ in _matching(index, rule.sample, rule):
         try:
-            number = float(labels.get(rule.label, ""))
+            number = float(labels.get(rule.label, "")) * rule.scale
         except ValueError:
             continue
         if math.isfinite(number) and number >= 0:
@@ -269,6 +292,7 @@ class Interpretation:
     stats: list[ServerStats] = field(default_factory=list)
     error: str | None = None
     detail: str = ""
+    notes: list[str] = field(default_factory=list)  # what was read but could not be placed, and why
 
 
 def interpret(answer: dict, server: str | None, max_models: int | None = None) -> Interpretation:
@@ -300,10 +324,11 @@ def interpret(answer: dict, server: str | None, max_models: int | None = None) -
         wanted = "*, ".join(PREFIXES[server] if server else ALL_PREFIXES)
         return Interpretation(error="unknown_server", detail=f"no family named {wanted}*")
     primary = server or found[0]
-    stats = _join_lmcache_to_vllm([stats for kind in found for stats in normalise(kind, index)])
+    notes: list[str] = []
+    stats = _join_lmcache_to_vllm([stats for kind in found for stats in normalise(kind, index, notes)])
     known = set().union(*(s.known_fields() for s in stats if s.server == primary))
     missing = [name for name in EXPECTED[primary] if name not in known]
     if missing or not known:
         return Interpretation(stats, "missing_families",
-                              f"{primary}: nothing read for {', '.join(missing) or 'any field'}")
-    return Interpretation(stats)
+                              f"{primary}: nothing read for {', '.join(missing) or 'any field'}", notes)
+    return Interpretation(stats, notes=notes)

@@ -31,6 +31,13 @@ USUAL_PORTS = (8000, 8080, 30000, 11434)
 # Labels of SGLang's scheduler series that tell its ranks apart (observability/metrics_collector.py
 # SchedulerMetricsCollector.init_new); dp_rank is not one: data-parallel ranks serve other requests.
 SGLANG_RANK_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
+# Servers some of whose series carry no model label although the server serves one model: their
+# fields are filed under the endpoint's model when it serves exactly one (inference_formats
+# normalise). SGLang 0.5.23's HiCache families (RadixCacheMetricsCollector) are labelled
+# cache_type, tp_rank, pp_rank and dp_rank only; vLLM's cache_config_info has every CacheConfig
+# field and engine as labels, no model_name (v1/metrics/loggers.py log_metrics_info). Not LMCache:
+# its MP server's L1 pool and transfers serve every vLLM that connects, whichever its model.
+MODELLESS_JOINED = ("vllm", "sglang")
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,9 @@ class Rule:
     same logical count: the largest rank's value is taken before combining, never their sum.
     total_under_empty: a label whose empty value holds the total and whose other values break the
     same total down (SGLang's queue gauges by priority): only the total is read.
+    labels_not: (label, value) pairs a series must NOT carry (vLLM's cache_config_info with no
+    offload size configured, where its backend label means nothing).
+    scale: what a number read from a label is multiplied by (a size in GiB read as bytes).
     """
 
     field: str
@@ -57,9 +67,13 @@ class Rule:
     label: str = ""
     same_on_every_rank: tuple[str, ...] = ()
     total_under_empty: str = ""
+    labels_not: tuple[tuple[str, str], ...] = ()
+    scale: float = 1.0
 
 
 _GPU_TO_CPU, _CPU_TO_GPU = (("transfer_type", "GPU_to_CPU"),), (("transfer_type", "CPU_to_GPU"),)
+_STAGING_D2H, _STAGING_H2D = ((("phase", "staging"), ("direction", "d2h")),
+                              (("phase", "staging"), ("direction", "h2d")))
 
 
 def _sglang(field: str, sample: str, how: str = "value", **options) -> Rule:
@@ -78,6 +92,9 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("prompt_tokens", "vllm:prompt_tokens_total"),
         Rule("generated_tokens", "vllm:generation_tokens_total"),
         Rule("preemptions", "vllm:num_preemptions_total"),
+        # One series per finished_reason (stop, length, abort, error, repetition: FinishReason in
+        # vllm/v1/engine/__init__.py), each created at 0 (v1/metrics/loggers.py:808): all summed.
+        Rule("requests_finished", "vllm:request_success_total"),
         Rule("time_to_first_token", "vllm:time_to_first_token_seconds", "histogram"),
         Rule("inter_token_latency", "vllm:inter_token_latency_seconds", "histogram"),
         Rule("inter_token_latency", "vllm:time_per_output_token_seconds", "histogram"),  # older
@@ -100,6 +117,22 @@ RULES: dict[str, tuple[Rule, ...]] = {
              label="cpu_kv_cache_size_bytes"),
         Rule("kv_offload_host_tier_tokens", "vllm:kv_offload_config_info", "label",
              label="cpu_kv_cache_size_tokens"),
+        # Where no offload manager reports yet (its series appears at the first scheduler step) or
+        # LMCache runs the offload: CacheConfig's kv_offloading_size, in GiB summed over the TP
+        # ranks (config/cache.py:383), as str() of the float in vllm:cache_config_info
+        # (loggers.py:1120, every CacheConfig field a label); "None" when offloading is off.
+        Rule("kv_offload_host_tier_bytes", "vllm:cache_config_info", "label", label="kv_offloading_size",
+             scale=2**30),
+        # --kv-offloading-backend lmcache with a size: the offload runs in LMCache, which vLLM does
+        # not count (the same fact the collector reads from the command line).
+        Rule("kv_offload_in_lmcache", "vllm:cache_config_info", labels=(("kv_offloading_backend", "lmcache"),),
+             labels_not=(("kv_offloading_size", "None"),), combine="max"),
+        # 0.33's tiering manager: traffic between the host (primary) tier and each secondary tier
+        # (tier label "<n>:<type>", e.g. "1:fs": kv_offload/tiering/metrics.py tier_label).
+        Rule("kv_offload_secondary_store_bytes", "vllm:kv_offload_tiering_write_bytes_total", "by_label",
+             label="tier"),
+        Rule("kv_offload_secondary_load_bytes", "vllm:kv_offload_tiering_read_bytes_total", "by_label",
+             label="tier"),
         Rule("kv_offload_host_tier_pinned_ratio", "vllm:kv_offload_cpu_cache_usage_perc", combine="max"),
         Rule("kv_offload_host_tier_pinned_by_store_ratio", "vllm:kv_offload_cpu_cache_write_usage_perc",
              combine="max"),
@@ -126,6 +159,11 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _sglang("prompt_tokens", "sglang:prompt_tokens_total"),
         _sglang("generated_tokens", "sglang:generation_tokens_total"),
         _sglang("preemptions", "sglang:num_retracted_requests_total"),
+        _sglang("preempted_prompt_tokens", "sglang:num_retracted_input_tokens_total"),
+        _sglang("preempted_generated_tokens", "sglang:num_retracted_output_tokens_total"),
+        # The tokenizer's, once per finished request (observe_one_finished_request), by
+        # is_streaming and, with priority scheduling, each priority's share: all summed.
+        _sglang("requests_finished", "sglang:num_requests_total"),
         _sglang("time_to_first_token", "sglang:time_to_first_token_seconds", "histogram"),
         _sglang("inter_token_latency", "sglang:inter_token_latency_seconds", "histogram"),
         _sglang("inter_token_latency", "sglang:time_per_output_token_seconds", "histogram"),
@@ -135,14 +173,20 @@ RULES: dict[str, tuple[Rule, ...]] = {
         _sglang("prefix_cache_hit_tokens", "sglang:cached_tokens_total"),
         _sglang("prefix_cache_host_hit_tokens", "sglang:cached_tokens_total", labels=(("cache_source", "host"),)),
         _sglang("prefix_cache_hit_ratio", "sglang:cache_hit_rate", combine="mean"),
-        # HiCache: backup = GPU -> host (store), load back = host -> GPU (load). Bytes are each
-        # rank's own KV shard ("sum ranks for the physical total"), so they are summed.
+        # HiCache (0.5.23's RadixCacheMetricsCollector, metrics_collector.py:2417-2432): labels
+        # cache_type, tp_rank, pp_rank, dp_rank and no model_name; normalise() files them under
+        # the endpoint's one model. Backup = GPU -> host (store), load back = host -> GPU (load).
+        # Bytes are each rank's own KV shard ("sum ranks for the physical total"), so they are
+        # summed; token counts are "the same logical count" on every rank: one rank's (the
+        # largest). dp_rank is not a rank label here: data-parallel ranks cache other requests.
         Rule("kv_offload_store_bytes", "sglang:hicache_backup_bytes_total"),
         Rule("kv_offload_load_bytes", "sglang:load_back_bytes_total"),
         Rule("kv_offload_store_seconds", "sglang:hicache_backup_duration_seconds", "histogram_sum"),
         Rule("kv_offload_load_seconds", "sglang:load_back_duration_seconds", "histogram_sum"),
         _sglang("kv_offload_host_tier_used_tokens", "sglang:hicache_host_used_tokens", combine="max"),
         _sglang("kv_offload_host_tier_tokens", "sglang:hicache_host_total_tokens", combine="max"),
+        _sglang("kv_offload_store_tokens", "sglang:hicache_backup_tokens_total", labels=(("pool", "kv"),)),
+        _sglang("kv_offload_load_tokens", "sglang:load_back_tokens_total", labels=(("pool", "kv"),)),
         _sglang("kv_cache_evicted_tokens", "sglang:evicted_tokens_total"),
         _sglang("kv_offload_dropped_tokens", "sglang:hicache_dropped_tokens_total", "by_label", label="reason"),
     ),
@@ -179,12 +223,24 @@ RULES: dict[str, tuple[Rule, ...]] = {
         Rule("kv_offload_store_seconds", "lmcache:time_to_store", "histogram_sum"),
         Rule("kv_offload_load_seconds", "lmcache:time_to_retrieve", "histogram_sum"),
         Rule("kv_offload_host_cache_bytes", "lmcache:local_cache_usage"),
+        # Chunks ("keys") evicted from the local CPU backend (observability.py:1029; the
+        # evict_count beside it counts eviction passes, not what they freed).
+        Rule("kv_offload_host_tier_evicted_chunks", "lmcache:local_cpu_evict_keys_count_total"),
         # MP mode's standalone server (OTel instruments; L0 = GPU, L1 = host DRAM, L2 = storage).
         Rule("prefix_cache_queried_tokens", "lmcache_mp_lookup_requested_tokens_total"),
         Rule("prefix_cache_hit_tokens", "lmcache_mp_lookup_hit_tokens_total"),
         Rule("prefix_cache_host_hit_tokens", "lmcache_mp_lookup_hit_l1_tokens_total"),
         Rule("kv_offload_host_cache_bytes", "lmcache_mp_l1_memory_usage_bytes"),
         Rule("kv_offload_allocation_failures", "lmcache_mp_l1_allocation_failure_chunks_total"),
+        Rule("kv_offload_host_tier_evicted_chunks", "lmcache_mp_l1_evicted_chunks_total"),
+        # GPU <-> host bytes of the plan executor (subscribers/metrics/phase_timing.py:71), per
+        # phase and direction (d2h, h2d: TransferDirection). The staging phase is the DMA over the
+        # bus, the kernel phase the gather on the GPU; the HELP divides bytes by time for staging
+        # only, so staging is read. The attributes carry no model: the series sit under "".
+        Rule("kv_offload_store_bytes", "lmcache_mp_transfer_phase_bytes_total", labels=_STAGING_D2H),
+        Rule("kv_offload_load_bytes", "lmcache_mp_transfer_phase_bytes_total", labels=_STAGING_H2D),
+        Rule("kv_offload_store_seconds", "lmcache_mp_transfer_phase_elapsed_seconds_total", labels=_STAGING_D2H),
+        Rule("kv_offload_load_seconds", "lmcache_mp_transfer_phase_elapsed_seconds_total", labels=_STAGING_H2D),
     ),
 }
 # Fields every version of a server publishes: one of them missing means the names changed.
@@ -199,7 +255,9 @@ EXPECTED = {
 
 _SERVER = ("server", "endpoint", "model", "pid")
 _WHICH = (" Labels: server (vllm, sglang, llamacpp, tgi, lmcache, ollama), endpoint (the URL "
-          "scraped), model (the server's model_name label; empty where it names none) and pid (the "
+          "scraped), model (the server's model_name label, LMCache's served_model_name where set; "
+          "series without one, SGLang's HiCache families, take the endpoint's model when it serves "
+          "one, else it is empty) and pid (the "
           "watched process listening on the endpoint's port; empty when none is known).")
 
 
@@ -239,6 +297,14 @@ BY_FIELD = {
         "hybridmon_inference_preemptions_total", "counter",
         "Requests preempted for lack of KV cache, to be recomputed or reloaded "
         "(vllm:num_preemptions_total, sglang:num_retracted_requests_total)."),
+    "preempted_prompt_tokens": _spec(
+        "hybridmon_inference_preempted_prompt_tokens_total", "counter",
+        "Prompt tokens of preempted requests, whose KV is recomputed or reloaded when they resume "
+        "(sglang:num_retracted_input_tokens_total; one TP rank)."),
+    "preempted_generated_tokens": _spec(
+        "hybridmon_inference_preempted_generated_tokens_total", "counter",
+        "Tokens preempted requests had generated, whose KV is recomputed or reloaded when they "
+        "resume (sglang:num_retracted_output_tokens_total; one TP rank)."),
     "requests_finished": _spec(
         "hybridmon_inference_requests_finished_total", "counter",
         "Requests the server finished, whatever the reason (vllm:request_success_total summed over "
@@ -262,7 +328,8 @@ BY_FIELD = {
     "kv_offload_host_tier_bytes": _spec(
         "hybridmon_inference_kv_offload_host_tier_bytes", "gauge",
         "Configured size in bytes of the server's host-memory KV cache tier (vLLM 0.33: the "
-        "cpu_kv_cache_size_bytes label of vllm:kv_offload_config_info, per engine, summed). Absent "
+        "cpu_kv_cache_size_bytes label of vllm:kv_offload_config_info, per engine, summed; where "
+        "that is absent, the kv_offloading_size label (GiB) of vllm:cache_config_info). Absent "
         "where the server publishes no size in bytes: SGLang gives its HiCache host tier in tokens "
         "only (..._host_tier_tokens), LMCache only its usage (..._host_cache_bytes)."),
     "kv_offload_host_tier_tokens": _spec(
@@ -298,6 +365,11 @@ BY_FIELD = {
         "hybridmon_inference_kv_offload_store_dropped_blocks_total", "counter",
         "KV blocks vLLM's simple CPU offload did not store because the pool was full "
         "(vllm:simple_kv_offload_save_outcomes_total{outcome=\"dropped_cpu_full\"})."),
+    "kv_offload_host_tier_evicted_chunks": _spec(
+        "hybridmon_inference_kv_offload_host_tier_evicted_chunks_total", "counter",
+        "KV chunks evicted from the host-memory tier to make room (LMCache lmcache:local_cpu_evict_"
+        "keys_count_total; MP mode lmcache_mp_l1_evicted_chunks_total): what a later prompt no "
+        "longer finds in host memory."),
     "kv_cache_evicted_tokens": _spec(
         "hybridmon_inference_kv_cache_evicted_tokens_total", "counter",
         "GPU KV token slots freed by eviction, backed up to host or not (sglang:evicted_tokens_"
@@ -326,7 +398,8 @@ BY_FIELD = {
     "kv_offload_in_lmcache": _spec(
         "hybridmon_inference_kv_offload_in_lmcache", "gauge",
         "1 where vLLM hands its KV offload to LMCache's multiprocess server (its command line has "
-        "--kv-offloading-backend lmcache or LMCacheMPConnector): vLLM then publishes no offload "
+        "--kv-offloading-backend lmcache or LMCacheMPConnector, or vllm:cache_config_info says "
+        "kv_offloading_backend=\"lmcache\" with a kv_offloading_size): vLLM then publishes no offload "
         "family at all, and the traffic is on LMCache's own exporter (port 9090 unless "
         "--prometheus-port), not zero; absent otherwise."),
     "model_size_bytes": _spec(
@@ -343,7 +416,19 @@ OFFLOAD_BYTES = _spec(
     "to GPU (vllm:kv_offload_store_bytes_total / load_bytes_total, before them "
     "vllm:kv_offload_total_bytes_total{transfer_type=GPU_to_CPU|CPU_to_GPU}; SGLang HiCache "
     "sglang:hicache_backup_bytes_total / load_back_bytes_total, summed over ranks; vLLM 0.33 "
-    "HiSparse vllm:hisparse_host_to_device_bytes_total as load where no connector counts).", "direction")
+    "HiSparse vllm:hisparse_host_to_device_bytes_total as load where no connector counts; LMCache "
+    "MP lmcache_mp_transfer_phase_bytes_total{phase=\"staging\",direction=d2h|h2d}).", "direction")
+OFFLOAD_TOKENS = _spec(
+    "hybridmon_inference_kv_offload_tokens_total", "counter",
+    "Tokens whose KV the offload tier moved, by direction: store = GPU to host, load = host to GPU "
+    "(SGLang HiCache sglang:hicache_backup_tokens_total / load_back_tokens_total of pool kv; one TP "
+    "rank, every rank counts the same logical tokens).", "direction")
+OFFLOAD_SECONDARY_TIER_BYTES = _spec(
+    "hybridmon_inference_kv_offload_secondary_tier_bytes_total", "counter",
+    "KV bytes moved between the host tier and a secondary tier (disk, object store, peer), by tier "
+    "as the server names it and direction: store = host to the tier, load = the tier to host "
+    "(vLLM 0.33 vllm:kv_offload_tiering_write_bytes_total / read_bytes_total{tier=\"<n>:<type>\"}, "
+    "summed over engines).", "tier", "direction")
 OFFLOAD_DROPPED_TOKENS = _spec(
     "hybridmon_inference_kv_offload_dropped_tokens_total", "counter",
     "GPU KV tokens evicted without a host copy, by reason (sglang:hicache_dropped_tokens_total: "
@@ -353,7 +438,8 @@ OFFLOAD_SECONDS = _spec(
     "hybridmon_inference_kv_offload_seconds_total", "counter",
     "Seconds the offload connector spent moving KV cache, by direction (vllm:kv_offload_store_time_"
     "total / load_time_total or kv_offload_total_time_total; the _sum of lmcache:time_to_store and "
-    "time_to_retrieve, of sglang:hicache_backup_duration_seconds and load_back_duration_seconds). "
+    "time_to_retrieve, of sglang:hicache_backup_duration_seconds and load_back_duration_seconds; "
+    "LMCache MP lmcache_mp_transfer_phase_elapsed_seconds_total{phase=\"staging\"}). "
     "Bytes over seconds is the transfer rate the copies achieved.", "direction")
 
 
@@ -431,6 +517,7 @@ SCRAPE_REASONS = {
                    "endpoints are still read", "the agent log's ERROR line for the endpoint; please report it"),
 }
 
-METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS, OFFLOAD_DROPPED_TOKENS,
+METRIC_SPECS = (*BY_FIELD.values(), OFFLOAD_BYTES, OFFLOAD_SECONDS, OFFLOAD_TOKENS, OFFLOAD_DROPPED_TOKENS,
+                OFFLOAD_SECONDARY_TIER_BYTES,
                 *(spec for specs in HISTOGRAM_SPECS.values() for spec in specs),
                 SCRAPE_SUCCESS, SCRAPE_DURATION, SCRAPE_ERROR, MODELS_LEFT_OUT)

@@ -39,6 +39,8 @@ class ServerStats:
     inter_token_latency: Histogram | None = None
     kv_cache_usage_ratio: float | None = None
     preemptions: float | None = None  # counter
+    preempted_prompt_tokens: float | None = None  # counter, prompt tokens of preempted requests
+    preempted_generated_tokens: float | None = None  # counter, their generated tokens, recomputed
     requests_finished: float | None = None  # counter, every finish reason together (issue 31)
     prefix_cache_queried_tokens: float | None = None  # counter
     prefix_cache_hit_tokens: float | None = None  # counter
@@ -47,6 +49,11 @@ class ServerStats:
     kv_offload_load_bytes: float | None = None  # counter, host -> device
     kv_offload_store_seconds: float | None = None  # counter
     kv_offload_load_seconds: float | None = None  # counter
+    kv_offload_store_tokens: float | None = None  # counter, device -> host
+    kv_offload_load_tokens: float | None = None  # counter, host -> device
+    # counters by secondary tier (vLLM's tiering: "1:fs"...), beyond the host tier
+    kv_offload_secondary_store_bytes: dict[str, float] | None = None  # host -> tier
+    kv_offload_secondary_load_bytes: dict[str, float] | None = None  # tier -> host
     kv_offload_host_cache_bytes: float | None = None
     kv_offload_host_tier_bytes: float | None = None  # gauge, configured size of the host KV tier
     kv_offload_host_tier_tokens: float | None = None
@@ -57,6 +64,7 @@ class ServerStats:
     kv_offload_allocation_failures: float | None = None  # counter
     kv_offload_load_blocks: float | None = None  # counter
     kv_offload_store_dropped_blocks: float | None = None  # counter, host pool full
+    kv_offload_host_tier_evicted_chunks: float | None = None  # counter
     kv_offload_dropped_tokens: dict[str, float] | None = None  # counters by reason
     kv_cache_evicted_tokens: float | None = None  # counter
     prefix_cache_host_hit_tokens: float | None = None  # counter

@@ -233,7 +233,7 @@ def test_vllm_033_offloading_connector_counts_each_byte_once():
         "kv_offload_store_seconds": 0.5, "kv_offload_load_seconds": 0.25,
         "kv_offload_host_tier_bytes": 34359738368, "kv_offload_host_tier_tokens": 262144,
         "kv_offload_host_tier_pinned_ratio": 0.25, "kv_offload_host_tier_pinned_by_store_ratio": 0.15,
-        "kv_offload_allocation_failures": 3,
+        "kv_offload_allocation_failures": 3, "requests_finished": 200,
     }
 
 
@@ -260,20 +260,124 @@ def test_vllm_033_simple_cpu_offload_block_counters():
 def test_sglang_0523_priority_totals_and_tp_ranks_are_not_added_up():
     """Priority scheduling writes each queue's total under priority="" and again per priority; with
     --enable-metrics-for-all-schedulers both TP ranks report the same requests. Bytes are per-rank
-    shards and are summed, as SGLang's HELP says; the token counters are per-priority shares."""
+    shards and are summed, as SGLang's HELP says; the token counters are per-priority shares, the
+    HiCache token counts "the same logical count" on every rank (one rank's). The HiCache families
+    carry no model_name (cache_type, tp_rank, pp_rank, dp_rank) and still sit under the model."""
     stats = only("sglang-0.5.23-hicache.prom")
     assert (stats.server, stats.model) == ("sglang", QWEN_14B)
     assert scalars(stats) == {
         "requests_running": 10, "requests_waiting": 3, "kv_cache_usage_ratio": 0.8, "preemptions": 2,
+        "preempted_prompt_tokens": 7000, "preempted_generated_tokens": 900, "requests_finished": 200,
         "prompt_tokens": 50000, "generated_tokens": 15000, "prefix_cache_queried_tokens": 50000,
         "prefix_cache_hit_tokens": 22000, "prefix_cache_host_hit_tokens": 8000,
         "kv_offload_store_bytes": 6e9, "kv_offload_load_bytes": 2e9,
+        "kv_offload_store_tokens": 60000, "kv_offload_load_tokens": 20000,
         "kv_offload_store_seconds": pytest.approx(1.2), "kv_offload_load_seconds": pytest.approx(0.4),
         "kv_offload_host_tier_used_tokens": 400000, "kv_offload_host_tier_tokens": 1e6,
         "kv_cache_evicted_tokens": 50000,
     }
     assert stats.kv_offload_dropped_tokens == {"host_pressure": 1200, "write_through_unbacked_eviction": 300}
     assert stats.kv_offload_host_tier_bytes is None  # SGLang gives the host tier in tokens only
+
+
+def test_sglang_0523_hicache_families_carry_the_radix_cache_labels_not_the_schedulers():
+    """The fixture as 0.5.23 publishes it (metrics_collector.py radix_cache_metric_labels:
+    cache_type, tp_rank, pp_rank, dp_rank; the scheduler's labels elsewhere)."""
+    index = parse_prometheus(body("sglang-0.5.23-hicache.prom"))
+    for name in ("sglang:hicache_backup_bytes_total", "sglang:load_back_bytes_total", "sglang:evicted_tokens_total",
+                 "sglang:hicache_dropped_tokens_total", "sglang:hicache_backup_tokens_total"):
+        for labels, _ in index[name]:
+            assert "model_name" not in labels
+            assert {"cache_type", "tp_rank", "pp_rank", "dp_rank"} <= set(labels), name
+    assert {labels["tp_rank"] for labels, _ in index["sglang:hicache_backup_bytes_total"]} == {"0", "1"}
+
+
+HICACHE_ONLY = ('sglang:hicache_backup_bytes_total{cache_type="UnifiedRadixCache",tp_rank="0",pp_rank="0",'
+                'dp_rank="0"} 5.0\n')
+
+
+def test_sglang_hicache_series_join_the_one_model_and_stay_apart_with_several(caplog):
+    one = 'sglang:num_running_reqs{model_name="a"} 1\nsglang:generation_tokens_total{model_name="a"} 1\n'
+    (stats,) = interpret(ok("u", one + HICACHE_ONLY), "sglang").stats
+    assert (stats.model, stats.kv_offload_store_bytes) == ("a", 5)
+    two = one + one.replace('"a"', '"b"')
+    reading = interpret(ok("u", two + HICACHE_ONLY), "sglang")
+    assert {s.model: s.kv_offload_store_bytes for s in reading.stats} == {"": 5, "a": None, "b": None}
+    (note,) = reading.notes
+    assert "kv_offload_store_bytes" in note and "2 models (a, b)" in note
+    url = "http://127.0.0.1:30000/metrics"
+    collector = InferenceCollector(LiveSource(), endpoints=[(url, "sglang")],
+                                   fetch=lambda u, t, m: ok(u, two + HICACHE_ONLY))
+    with caplog.at_level(logging.INFO, logger="hybridmon.exporters.inference"):
+        collector.collect()
+        collector.collect()
+    assert sum("which one they belong to is not published" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_sglang_hicache_ranks_of_other_dp_ranks_are_added():
+    """Data-parallel ranks cache other requests: their tokens add up; TP ranks repeat one count."""
+    series = "".join(f'sglang:evicted_tokens_total{{cache_type="UnifiedRadixCache",tp_rank="{tp}",pp_rank="0",'
+                     f'dp_rank="{dp}"}} {100 * (dp + 1)}\n' for tp in (0, 1) for dp in (0, 1))
+    one = 'sglang:num_running_reqs{model_name="a"} 1\nsglang:generation_tokens_total{model_name="a"} 1\n'
+    (stats,) = interpret(ok("u", one + series), "sglang").stats
+    assert stats.kv_cache_evicted_tokens == 100 + 200
+
+
+def test_vllm_033_finished_requests_are_summed_over_reasons_and_engines():
+    text = "".join(f'vllm:request_success_total{{model_name="m",engine="{e}",finished_reason="{r}"}} {v}\n'
+                   for e in ("0", "1") for r, v in (("stop", 10), ("length", 2), ("abort", 1)))
+    (stats,) = interpret(ok("u", text + 'vllm:num_requests_running{model_name="m",engine="0"} 1\n'), None).stats
+    assert stats.requests_finished == 26
+
+
+def test_vllm_033_cache_config_info_gives_the_host_tier_size_and_lmcache_backend():
+    """vllm:cache_config_info carries every CacheConfig field as a label and no model_name
+    (loggers.py:1120): joined to the one model; kv_offloading_size is in GiB (config/cache.py:383)."""
+    text = body("vllm-0.33-offloading.prom")
+    without_offload_info = "".join(line + "\n" for line in text.splitlines() if "kv_offload_config_info" not in line)
+    stats = only_text(without_offload_info)
+    assert (stats.model, stats.kv_offload_host_tier_bytes, stats.kv_offload_in_lmcache) == (SERVED_NAME, 32 * 2**30, None)
+    lmcache = without_offload_info.replace('kv_offloading_backend="native"', 'kv_offloading_backend="lmcache"')
+    assert only_text(lmcache).kv_offload_in_lmcache == 1
+    switched_off = lmcache.replace('kv_offloading_size="32.0"', 'kv_offloading_size="None"')
+    stats = only_text(switched_off)
+    assert (stats.kv_offload_in_lmcache, stats.kv_offload_host_tier_bytes) == (None, None)
+
+
+def only_text(text: str) -> ServerStats:
+    reading = interpret(ok("u", text), None)
+    assert reading.error is None and not reading.notes, (reading.detail, reading.notes)
+    (stats,) = reading.stats
+    return stats
+
+
+def test_vllm_033_secondary_tier_traffic_by_tier_summed_over_engines():
+    url = "http://127.0.0.1:8000/metrics"
+    stats = only("vllm-0.33-tiering.prom")
+    assert (stats.kv_offload_secondary_store_bytes, stats.kv_offload_secondary_load_bytes) == (
+        {"1:fs": 10e9}, {"1:fs": 2e9})
+    samples = InferenceCollector(LiveSource(), endpoints=[(url, "vllm")],
+                                 fetch=lambda u, t, m: ok(u, body("vllm-0.33-tiering.prom"))).collect()
+    assert values(samples, "hybridmon_inference_kv_offload_secondary_tier_bytes_total") == {
+        ("vllm", url, "llama-3-70b", "", "1:fs", "store"): 10e9, ("vllm", url, "llama-3-70b", "", "1:fs", "load"): 2e9}
+
+
+def test_lmcache_056_served_model_name_and_cpu_evictions():
+    """0.5.6 labels model_name (the path), worker_id, role and served_model_name
+    (observability.py:1906): the served name joins vLLM's series even with several vLLM models."""
+    stats = only("lmcache-0.5.6.prom")
+    assert (stats.model, stats.kv_offload_host_tier_evicted_chunks) == (SERVED_NAME, 600)
+    two_vllm = body("vllm-0.33-offloading.prom") + 'vllm:num_requests_running{model_name="other",engine="0"} 1\n'
+    reading = interpret(ok("u", two_vllm + body("lmcache-0.5.6.prom")), None)
+    assert ("lmcache", SERVED_NAME) in [(s.server, s.model) for s in reading.stats]
+
+
+def test_lmcache_mp_transfer_bytes_are_the_staging_phase_by_direction():
+    by_model = {s.model: s for s in interpret(ok("u", body("lmcache-mp.prom")), None).stats}
+    pool = by_model[""]
+    assert (pool.kv_offload_store_bytes, pool.kv_offload_load_bytes) == (8e9, 3e9)  # not kernel + staging
+    assert (pool.kv_offload_store_seconds, pool.kv_offload_load_seconds) == (0.4, 0.125)
+    assert pool.kv_offload_host_tier_evicted_chunks == 450
 
 
 def test_sglang_priority_total_reads_10_not_20():
@@ -288,8 +392,11 @@ def test_lmcache_mp_exporter_is_recognised_as_lmcache():
     reading = interpret(ok("u", body("lmcache-mp.prom")), None)
     assert reading.error is None
     by_model = {(s.server, s.model): s for s in reading.stats}
-    # The L1 (host DRAM) pool carries no model: it serves every model.
-    assert scalars(by_model["lmcache", ""]) == {"kv_offload_host_cache_bytes": 2.4e10}
+    # The L1 (host DRAM) pool and the transfers carry no model: they serve every model.
+    assert scalars(by_model["lmcache", ""]) == {
+        "kv_offload_host_cache_bytes": 2.4e10, "kv_offload_host_tier_evicted_chunks": 450,
+        "kv_offload_store_bytes": 8e9, "kv_offload_load_bytes": 3e9,
+        "kv_offload_store_seconds": 0.4, "kv_offload_load_seconds": 0.125}
     assert scalars(by_model["lmcache", "/models/Meta-Llama-3-8B-Instruct"]) == {
         "prefix_cache_queried_tokens": 200000, "prefix_cache_hit_tokens": 90000,
         "prefix_cache_host_hit_tokens": 70000, "kv_offload_allocation_failures": 7}
@@ -316,6 +423,10 @@ def test_new_fields_are_exported_with_their_labels():
         ("sglang", url, QWEN_14B, "", "host_pressure"): 1200, ("sglang", url, QWEN_14B, "", "write_through_unbacked_eviction"): 300}
     assert values(samples, "hybridmon_inference_kv_offload_bytes_total", direction="store") == {
         ("sglang", url, QWEN_14B, "", "store"): 6e9}
+    assert values(samples, "hybridmon_inference_kv_offload_tokens_total") == {
+        ("sglang", url, QWEN_14B, "", "store"): 60000, ("sglang", url, QWEN_14B, "", "load"): 20000}
+    assert values(samples, "hybridmon_inference_requests_finished_total") == {("sglang", url, QWEN_14B, ""): 200}
+    assert values(samples, "hybridmon_inference_preempted_prompt_tokens_total") == {("sglang", url, QWEN_14B, ""): 7000}
 
 
 # --- recent quantiles and rates between two scrapes ------------------------------------------------
@@ -838,7 +949,8 @@ def test_fetch_names_network_failures():
 # This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
 # (which holds every parse_* of exporters/ to its one promised error).
 _BODIES = read(FIXTURES / "inference/vllm-v1-names.1.prom", FIXTURES / "inference/llamacpp.1.prom",
-               FIXTURES / "inference/tgi.1.prom")
+               FIXTURES / "inference/tgi.1.prom", FIXTURES / "inference/sglang-0.5.23-hicache.prom",
+               FIXTURES / "inference/vllm-0.33-offloading.prom", FIXTURES / "inference/lmcache-mp.prom")
 PARSER_ROWS = [
     ParserRow(parse_prometheus, _BODIES),
     # parse_prometheus's fallback for bodies its fast path does not read (and the tests' reference)
