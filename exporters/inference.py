@@ -227,14 +227,14 @@ class InferenceCollector:
     def _confirm(self, candidates: list[Target], answers: dict[str, dict]) -> list[Target]:
         """The candidates that answered as an inference server, kept from now on. Ollama answers
         on /api/ps, not /metrics, so an HTTP answer that is not metrics has that asked too."""
-        readings = {id(t): interpret(answers[t.url], None) for t in candidates}
+        readings = {id(t): interpret(answers[t.url], None, self._models_read) for t in candidates}
         ask_api_ps = [t for t in candidates if readings[id(t)].error not in _SERVER_ANSWERED
                       and answers[t.url].get("status") is not None]
         for target in ask_api_ps:
             target.url = target.base + "/api/ps"
         answers.update(self._get_all([t.url for t in ask_api_ps]))
         for target in ask_api_ps:
-            readings[id(target)] = interpret(answers[target.url], None)
+            readings[id(target)] = interpret(answers[target.url], None, self._models_read)
         confirmed = []
         for target in candidates:
             reading = readings[id(target)]
