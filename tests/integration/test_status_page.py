@@ -671,3 +671,41 @@ def test_the_trends_read_each_series_once_however_many_models_the_page_shows():
 def load_thresholds_for_page():
     from hybridmon.agent.alerts.catalogue import load_thresholds
     return load_thresholds()
+
+
+def test_the_tiered_kv_comparison_reads_h10s_table(scenarios, tmp_path):
+    """kv_tier_h10 replayed (the seeds' experiment H10 as two vLLMs on one host): the last hour's
+    comparison puts H10's three figures side by side, single-tier then tiered, and each server's
+    card plots its latencies and the tiered one's offload traffic. The preempted share needs the
+    collector to read vllm:request_success_total (branch kvread)."""
+    from tests.support.scenarios.inference import ENDPOINT
+    from tests.support.scenarios.kv_tier_library import TIERED_ENDPOINT
+
+    overrides = {"history_seconds": history_seconds_for(SCENARIOS["kv_tier_h10"]), "state_dir": str(tmp_path)}
+    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=scenarios.summary("kv_tier_h10").path)
+    try:
+        agent.replay(speed=0)
+        page = render_status_page(agent)
+    finally:
+        agent.stop()
+    section = re.search(r'<section id="inference">(.*?)</section>', page, re.S).group(1)
+    comparison = re.search(r'<table class="grid-table">(.*?)</table>', section, re.S).group(1)
+    rows = [[PageStructure(cell).text for cell in re.findall(r"<t[hd]>(.*?)</t[hd]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", comparison)]
+    header, *figures = rows
+    assert header[1].startswith("vLLM 127.0.0.1:18000") and "pid 4242" in header[1]
+    assert header[2].startswith("vLLM 127.0.0.1:18001") and "pid" not in header[2]
+    table = {row[0]: row[1:] for row in figures}
+    assert table["Requests preempted"] == ["17.5 %", "8.5 %"]
+    assert table["Prefix hits, all tiers"] == ["0.5 %", "4.5 %"]
+    assert table["Prefix hits on the GPU"] == ["0.5 %", "0.5 %"]
+    assert table["Prefix hits from host memory"] == ["none published", "4.0 %"]
+    assert table["Time to first token, mean"] == ["417 ms", "299 ms"]
+    assert table["KV loads host → GPU"][0] == "none published" and table["Host KV tier size"][1] == human_bytes(500 * 16 * 131072)
+    cards = {PageStructure(card).text.split("Last scrape")[0]: card
+             for card in re.findall(r'<div class="card ">(.*?)</div>', section)}
+    for endpoint in (ENDPOINT, TIERED_ENDPOINT):
+        titles = re.findall(r"<figcaption>(.*?)</figcaption>", cards[endpoint])
+        assert {"Time to first token, last hour", "Inter-token latency, last hour"} <= set(titles)
+        assert ("KV offload traffic, last hour" in titles) == (endpoint == TIERED_ENDPOINT)
+    assert "0.5 % on the GPU · 4.0 % from host memory · 4.5 % in all" in PageStructure(cards[TIERED_ENDPOINT]).text
