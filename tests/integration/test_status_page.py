@@ -42,8 +42,11 @@ from tests.support.agent_helpers import start_daemon, stop_daemon, wait_for
 
 NOW = 1_700_000_000.0
 # PCIe throughput, GPU memory used, resident, swap, GPU memory per process, swap in, swap out, major
-# faults, PSI, generated tokens, KV cache usage: the metrics the status page plots.
-PLOTTED_METRICS = 11
+# faults, PSI, generated tokens, KV cache usage: the metrics the status page plots (11); the
+# tiered-KV view's hour (agent/status/kv_tiers.py): TTFT and ITL percentile, sum and count (6),
+# offload bytes, preemptions, requests finished, prefix queried, hit and host-hit tokens, host
+# tier size and contents (8).
+PLOTTED_METRICS = 11 + 6 + 8
 GPU0 = ("0", "GPU-0a1b2c3d-0000-4000-8000-000000000000")
 
 
