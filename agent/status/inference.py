@@ -2,9 +2,11 @@
 its users feel (tokens/s, queue, time to first token, inter-token latency) and the KV cache
 pressure behind it (usage, preemptions, offload traffic), or why the scrape failed.
 
-Gauges come from the latest samples; the four counter rates (generated and prompt tokens,
-preemptions, offload bytes) read the last minute of their series only, like the other rates of
-the page. Endpoint URLs, model names and reasons are whatever the servers and the configuration
+Gauges come from the latest samples; the counter rates (COUNTERS_READ: tokens, preemptions over
+requests finished, prefix hits by tier, offload bytes) read the last minute of their series only,
+like the other rates of the page. Above the cards, the tiered-KV comparison of every server over
+the last hour, and in each card its latency and offload plots (agent/status/kv_tiers.py).
+Endpoint URLs, model names and reasons are whatever the servers and the configuration
 say: template.py escapes them.
 """
 from __future__ import annotations

@@ -601,3 +601,29 @@ def test_the_tier_panels_read_h10s_figures_from_the_scenario(scenarios, tmp_path
     assert results[(TIER_COMPARISON_TITLE, "C")] == pytest.approx(
         {(TIERED_ENDPOINT,): TIERED["prefix_hit_share"] - SINGLE_TIER["prefix_hit_share"]}, rel=0.01)
     assert set(results[(TIER_COMPARISON_TITLE, "G")]) == {(TIERED_ENDPOINT,)}
+
+
+def test_prefix_hits_by_tier_follow_what_each_servers_hit_counter_holds(tmp_path):
+    """Per 15 s scrape, each endpoint looks up 15,000 prompt tokens, its hit counter grows by 1,500
+    and its host hits by 450. vLLM's hits are its GPU's own (0.33: prompt_tokens_cached_by_source
+    sums to prefix_cache_hits + external hits): GPU 10 %, host 3 %, all 13 %. SGLang's
+    cached_tokens_total holds every tier: GPU 7 %, host 3 %, all 10 %. A vLLM without host hits:
+    GPU 10 %, all 10 %, no host series (absent, not 0)."""
+    vllm, sglang, single = ("http://127.0.0.1:18000/metrics", "http://127.0.0.1:30000/metrics",
+                            "http://127.0.0.1:8001/metrics")
+    scrapes = []
+    for n, scrape in enumerate(fixture_host_scrapes(9)):
+        added = dict(scrape)
+        for endpoint, server, host_hits in ((vllm, "vllm", True), (sglang, "sglang", True), (single, "vllm", False)):
+            key = tuple(sorted({"server": server, "model": "m", "endpoint": endpoint}.items()))
+            added[("hybridmon_inference_prefix_cache_queried_tokens_total", key)] = 15_000.0 * n
+            added[("hybridmon_inference_prefix_cache_hit_tokens_total", key)] = 1_500.0 * n
+            if host_hits:
+                added[("hybridmon_inference_prefix_cache_host_hit_tokens_total", key)] = 450.0 * n
+        scrapes.append(added)
+    queries = [q for q in all_panel_queries({**VARIABLES, "__rate_interval": "2m"})
+               if q.panel_title == "Prefix cache hits by tier"]
+    results = {q.ref_id: by(r, "endpoint") for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
+    assert results["A"] == pytest.approx({(vllm,): 0.10, (sglang,): 0.07, (single,): 0.10})
+    assert results["B"] == pytest.approx({(vllm,): 0.03, (sglang,): 0.03})
+    assert results["C"] == pytest.approx({(vllm,): 0.13, (sglang,): 0.10, (single,): 0.10})

@@ -712,3 +712,27 @@ def test_the_tiered_kv_comparison_reads_h10s_table(scenarios, tmp_path):
         assert {"Time to first token, last hour", "Inter-token latency, last hour"} <= set(titles)
         assert ("KV offload traffic, last hour" in titles) == (endpoint == TIERED_ENDPOINT)
     assert "0.5 % on the GPU · 4.0 % from host memory · 4.5 % in all" in PageStructure(cards[TIERED_ENDPOINT]).text
+
+
+def test_the_page_splits_prefix_hits_by_what_each_servers_hit_counter_holds():
+    """The same counts as the dashboard's test of its tier panel (tests/integration/
+    test_dashboards.py): an hour of 15,000 prompt tokens looked up, 1,500 hits and 450 host hits.
+    vLLM's hits are its GPU's own, SGLang's hold every tier."""
+    from hybridmon.agent.status.kv_tiers import tier_figures
+
+    class HourOfCounts:  # the two Trends methods tier_figures reads, over fixed increases
+        grown = {BY_FIELD["prefix_cache_queried_tokens"].name: 15_000.0,
+                 BY_FIELD["prefix_cache_hit_tokens"].name: 1_500.0,
+                 BY_FIELD["prefix_cache_host_hit_tokens"].name: 450.0}
+
+        def increase(self, spec, **labels):
+            return (self.grown[spec.name], 3600.0) if spec.name in self.grown else None
+
+        def gauge(self, spec, **labels):
+            return None
+
+    vllm = tier_figures(HourOfCounts(), ("vllm", "http://127.0.0.1:18000/metrics", "m", ""))
+    sglang = tier_figures(HourOfCounts(), ("sglang", "http://127.0.0.1:30000/metrics", "m", ""))
+    assert (vllm.device_hit_share, vllm.host_hit_share, vllm.hit_share) == pytest.approx((0.10, 0.03, 0.13))
+    assert (sglang.device_hit_share, sglang.host_hit_share, sglang.hit_share) == pytest.approx((0.07, 0.03, 0.10))
+    assert vllm.preempted_share is None and vllm.time_to_first_token_mean is None and vllm.loads_per_second is None

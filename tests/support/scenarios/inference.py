@@ -1,9 +1,10 @@
 """The synthetic host's inference server: a vLLM whose /metrics follows the scenario's state.
 
 vLLM (pid 4242 on the fixture host, listening on 0.0.0.0:18000 in its /proc/4242/net/tcp) serves
-one model. A scenario sets its load each tick (`ServerLoad`: running and waiting requests, the
-median inter-token latency and time to first token, KV-cache usage, preemptions, KV offload
-traffic, and how the endpoint answers); `InferenceServer.advance` integrates the counters and
+one model; a scenario may add more servers at other endpoints (SyntheticHost.add_inference_server,
+each an InferenceServer of its own). A scenario sets its load each tick (`ServerLoad`: running and waiting requests, the
+median inter-token latency and time to first token, KV-cache usage, preemptions, prefix hits by
+tier, KV offload traffic, and how the endpoint answers); `InferenceServer.advance` integrates the counters and
 histograms over the tick, and `published` gives the answer of the moment: the body vLLM's V1
 engine would serve (the new names: kv_cache_usage_perc, inter_token_latency_seconds,
 kv_offload_{load,store}_{bytes,time}_total), or how the endpoint fails.
@@ -12,7 +13,8 @@ While a trace is generated, loopback.LoopbackServer serves the published answer 
 
 Consistency by construction: each running request emits one token per inter-token latency, so
 generation tokens/s = running / ITL; each request generates OUTPUT_TOKENS after PROMPT_TOKENS of
-prompt, so its first token is one TTFT observation and the other tokens ITL observations; the
+prompt, so its first token is one TTFT observation and the other tokens ITL observations, and it
+finishes (vllm:request_success_total, finished_reason "length") with its last token; the
 histograms place their observations so that the quantile Prometheus's histogram_quantile (and the
 collector) reads from the bucket increases is the scenario's median; KV offload seconds are the
 bytes over the copy rate the link sustains.
