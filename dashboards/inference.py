@@ -259,12 +259,15 @@ def tier_comparison(runbooks: str):
         "F": (latency_mean("inter_token_latency", window), "ITL mean"),
         "G": (offload_rate("load", window), "KV loads host → GPU"),
         "H": (offload_rate("store", window), "KV stores GPU → host"),
+        "I": (f"{_server(_field('kv_offload_host_tier_used_tokens'))}\n/\n"
+              f"{_server(_field('kv_offload_host_tier_tokens'))}", "Host KV tier used"),
     }
     panel = value_table(
         TIER_COMPARISON_TITLE, "percentunit",
         "Per server over the dashboard's time range: the share of finished requests that were "
         "preempted, prefix-cache hits by tier (shares of prompt tokens looked up), the mean time to "
-        "first token and inter-token latency, and the KV offload traffic per direction. The seeds' "
+        "first token and inter-token latency, the KV offload traffic per direction and how full the "
+        "host tier is now (tokens held over its capacity, where the server says: SGLang HiCache). The seeds' "
         "experiment H10 read 17.5 % / 8.5 % preempted, 0.5 % / 4.5 % hits and 417 / 299 ms for a "
         "single-tier and a tiered KV cache.", columns, width=24, height=6, links=runbook_links(runbooks, PRESSURE))
     for column, unit in (("TTFT mean", "s"), ("ITL mean", "s"), ("KV loads host → GPU", "Bps"),

@@ -50,6 +50,7 @@ class TierFigures:
     stores_per_second: float | None = None   # KV bytes GPU -> host
     host_tier_bytes: float | None = None     # configured size of the host tier
     host_cache_bytes: float | None = None    # what the tier holds (LMCache)
+    host_tier_used_share: float | None = None  # tokens held over its capacity in tokens (SGLang)
 
     def any(self) -> bool:
         return any(value is not None for value in vars(self).values())
@@ -87,7 +88,8 @@ def tier_figures(trends: Trends, key: tuple[str, ...]) -> TierFigures:
         time_to_first_token_mean=ratio(grown(ttft[1]), grown(ttft[2])),
         inter_token_latency_mean=ratio(grown(itl[1]), grown(itl[2])),
         loads_per_second=rate("load"), stores_per_second=rate("store"),
-        host_tier_bytes=latest("kv_offload_host_tier_bytes"), host_cache_bytes=latest("kv_offload_host_cache_bytes"))
+        host_tier_bytes=latest("kv_offload_host_tier_bytes"), host_cache_bytes=latest("kv_offload_host_cache_bytes"),
+        host_tier_used_share=ratio(latest("kv_offload_host_tier_used_tokens"), latest("kv_offload_host_tier_tokens")))
 
 
 def server_heading(key: tuple[str, ...]) -> str:
@@ -108,6 +110,7 @@ ROWS = (
     ("KV stores GPU → host", lambda f: f.stores_per_second, human_rate),
     ("Host KV tier size", lambda f: f.host_tier_bytes, human_bytes),
     ("Host KV tier holds", lambda f: f.host_cache_bytes, human_bytes),
+    ("Host KV tier used", lambda f: f.host_tier_used_share, fine_percent),
 )
 
 

@@ -608,7 +608,10 @@ def test_prefix_hits_by_tier_follow_what_each_servers_hit_counter_holds(tmp_path
     and its host hits by 450. vLLM's hits are its GPU's own (0.33: prompt_tokens_cached_by_source
     sums to prefix_cache_hits + external hits): GPU 10 %, host 3 %, all 13 %. SGLang's
     cached_tokens_total holds every tier: GPU 7 %, host 3 %, all 10 %. A vLLM without host hits:
-    GPU 10 %, all 10 %, no host series (absent, not 0)."""
+    GPU 10 %, all 10 %, no host series (absent, not 0). SGLang's HiCache host tier holds 300 of its
+    1,000 tokens: the comparison table reads it 30 % used, and nothing for the vLLMs."""
+    from hybridmon.dashboards.inference import TIER_COMPARISON_TITLE
+
     vllm, sglang, single = ("http://127.0.0.1:18000/metrics", "http://127.0.0.1:30000/metrics",
                             "http://127.0.0.1:8001/metrics")
     scrapes = []
@@ -620,10 +623,14 @@ def test_prefix_hits_by_tier_follow_what_each_servers_hit_counter_holds(tmp_path
             added[("hybridmon_inference_prefix_cache_hit_tokens_total", key)] = 1_500.0 * n
             if host_hits:
                 added[("hybridmon_inference_prefix_cache_host_hit_tokens_total", key)] = 450.0 * n
+        key = tuple(sorted({"server": "sglang", "model": "m", "endpoint": sglang}.items()))
+        added[("hybridmon_inference_kv_offload_host_tier_used_tokens", key)] = 300.0
+        added[("hybridmon_inference_kv_offload_host_tier_tokens", key)] = 1_000.0
         scrapes.append(added)
     queries = [q for q in all_panel_queries({**VARIABLES, "__rate_interval": "2m"})
-               if q.panel_title == "Prefix cache hits by tier"]
+               if q.panel_title == "Prefix cache hits by tier" or (q.panel_title, q.ref_id) == (TIER_COMPARISON_TITLE, "I")]
     results = {q.ref_id: by(r, "endpoint") for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
+    assert results["I"] == pytest.approx({(sglang,): 0.3})
     assert results["A"] == pytest.approx({(vllm,): 0.10, (sglang,): 0.07, (single,): 0.10})
     assert results["B"] == pytest.approx({(vllm,): 0.03, (sglang,): 0.03})
     assert results["C"] == pytest.approx({(vllm,): 0.13, (sglang,): 0.10, (single,): 0.10})

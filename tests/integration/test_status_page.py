@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import html
 import json
+import math
 import re
 import shutil
 import time
@@ -45,8 +46,8 @@ NOW = 1_700_000_000.0
 # faults, PSI, generated tokens, KV cache usage: the metrics the status page plots (11); the
 # tiered-KV view's hour (agent/status/kv_tiers.py): TTFT and ITL percentile, sum and count (6),
 # offload bytes, preemptions, requests finished, prefix queried, hit and host-hit tokens, host
-# tier size and contents (8).
-PLOTTED_METRICS = 11 + 6 + 8
+# tier size, contents, tokens held and capacity in tokens (10).
+PLOTTED_METRICS = 11 + 6 + 10
 GPU0 = ("0", "GPU-0a1b2c3d-0000-4000-8000-000000000000")
 
 
@@ -728,11 +729,14 @@ def test_the_page_splits_prefix_hits_by_what_each_servers_hit_counter_holds():
         def increase(self, spec, **labels):
             return (self.grown[spec.name], 3600.0) if spec.name in self.grown else None
 
-        def gauge(self, spec, **labels):
-            return None
+        def gauge(self, spec, **labels):  # SGLang HiCache's host tier: 300 of 1,000 tokens held
+            held = {BY_FIELD["kv_offload_host_tier_used_tokens"].name: 300.0,
+                    BY_FIELD["kv_offload_host_tier_tokens"].name: 1_000.0}
+            return [math.nan, held[spec.name]] if spec.name in held and labels["server"] == "sglang" else None
 
     vllm = tier_figures(HourOfCounts(), ("vllm", "http://127.0.0.1:18000/metrics", "m", ""))
     sglang = tier_figures(HourOfCounts(), ("sglang", "http://127.0.0.1:30000/metrics", "m", ""))
     assert (vllm.device_hit_share, vllm.host_hit_share, vllm.hit_share) == pytest.approx((0.10, 0.03, 0.13))
     assert (sglang.device_hit_share, sglang.host_hit_share, sglang.hit_share) == pytest.approx((0.07, 0.03, 0.10))
     assert vllm.preempted_share is None and vllm.time_to_first_token_mean is None and vllm.loads_per_second is None
+    assert sglang.host_tier_used_share == pytest.approx(0.3) and vllm.host_tier_used_share is None
