@@ -579,8 +579,9 @@ def test_the_tier_panels_read_h10s_figures_from_the_scenario(scenarios, tmp_path
     scrapes = [{key: value for key, value in scrape.items() if key[0].startswith("hybridmon_inference_")}
                for scrape in scraper.scrapes]
     graphs = {"Share of requests preempted", "Prefix cache hits by tier", "Time to first token"}
+    # the table's "Host KV tier used" (I) needs tokens held, which vLLM does not publish
     queries = [q for q in all_panel_queries({**VARIABLES, "__rate_interval": "10m"})
-               if q.panel_title == TIER_COMPARISON_TITLE or q.panel_title in graphs]
+               if (q.panel_title == TIER_COMPARISON_TITLE and q.ref_id != "I") or q.panel_title in graphs]
     results = {(q.panel_title, q.ref_id): by(r, "endpoint")
                for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
 
