@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from hybridmon.agent.detectors.servers import DISPLAY_NAMES, human_latency
-from hybridmon.agent.status.template import paragraph, table
+from hybridmon.agent.status.template import card, paragraph, table
 from hybridmon.agent.status.trends import Trends
 from hybridmon.exporters.inference_names import BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES
 from hybridmon.units import human_bytes, human_rate
@@ -126,10 +126,11 @@ def comparison_html(trends: Trends, keys: list[tuple[str, ...]]) -> str:
         values = [pick(found) for _, found in figures]
         if any(value is not None for value in values):
             rows.append([label, *(show(v) if v is not None else "none published" for v in values)])
-    return (paragraph("Tiered KV cache, last hour: the share of finished requests that were preempted, "
-                      "of prompt tokens found in the prefix cache by tier, and the mean latencies, "
-                      "per server", "sub")
-            + table(["Last hour", *(server_heading(key) for key, _ in figures)], rows))
+    return card("Servers compared: tiered KV cache, last hour",
+                paragraph("The share of finished requests that were preempted, of prompt tokens found in "
+                          "the prefix cache by tier, the mean latencies and the host tier's traffic, per "
+                          "server", "sub")
+                + table(["Last hour", *(server_heading(key) for key, _ in figures)], rows), classes="compare")
 
 
 def tier_plots(trends: Trends, key: tuple[str, ...]) -> str:
