@@ -93,10 +93,15 @@ def tier_figures(trends: Trends, key: tuple[str, ...]) -> TierFigures:
 
 
 def server_heading(key: tuple[str, ...]) -> str:
-    server, endpoint, model, pid = key
-    where = urlsplit(endpoint).netloc or endpoint
-    return " ".join(part for part in (DISPLAY_NAMES.get(server, server), where, model,
-                                      f"pid {pid}" if pid else "") if part)
+    """The endpoint's host:port: short enough for two columns at a phone's width."""
+    endpoint = key[1]
+    return urlsplit(endpoint).netloc or endpoint
+
+
+def server_identity(key: tuple[str, ...]) -> tuple[str, str]:
+    """(server and pid, model): the rows under the heading that tell two servers of an endpoint apart."""
+    server, _endpoint, model, pid = key
+    return DISPLAY_NAMES.get(server, server) + (f" · pid {pid}" if pid else ""), model or "—"
 
 
 ROWS = (
@@ -116,16 +121,17 @@ ROWS = (
 
 def comparison_html(trends: Trends, keys: list[tuple[str, ...]]) -> str:
     """The last hour of every server side by side; empty when no server has a figure. A figure a
-    server does not publish reads "none published" in its column, not 0."""
+    server does not publish reads "not published" in its column, not 0."""
     figures = [(key, tier_figures(trends, key)) for key in keys]
     figures = [(key, found) for key, found in figures if found.any()]
     if not figures:
         return ""
-    rows = []
+    servers, models = zip(*(server_identity(key) for key, _ in figures))
+    rows = [["Server", *servers], ["Model", *models]]
     for label, pick, show in ROWS:
         values = [pick(found) for _, found in figures]
         if any(value is not None for value in values):
-            rows.append([label, *(show(v) if v is not None else "none published" for v in values)])
+            rows.append([label, *(show(v) if v is not None else "not published" for v in values)])
     return card("Servers compared: tiered KV cache, last hour",
                 paragraph("The share of finished requests that were preempted, of prompt tokens found in "
                           "the prefix cache by tier, the mean latencies and the host tier's traffic, per "

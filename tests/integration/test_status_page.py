@@ -682,7 +682,7 @@ def test_the_tiered_kv_comparison_reads_h10s_table(scenarios, tmp_path):
     comparison puts H10's three figures side by side, single-tier then tiered, and each server's
     card plots its latencies and the tiered one's offload traffic. The preempted share needs the
     collector to read vllm:request_success_total (branch kvread)."""
-    from tests.support.scenarios.inference import ENDPOINT
+    from tests.support.scenarios.inference import ENDPOINT, MODEL
     from tests.support.scenarios.kv_tier_library import TIERED_ENDPOINT
 
     overrides = {"history_seconds": history_seconds_for(SCENARIOS["kv_tier_h10"]), "state_dir": str(tmp_path)}
@@ -697,15 +697,15 @@ def test_the_tiered_kv_comparison_reads_h10s_table(scenarios, tmp_path):
     rows = [[PageStructure(cell).text for cell in re.findall(r"<t[hd]>(.*?)</t[hd]>", row)]
             for row in re.findall(r"<tr>(.*?)</tr>", comparison)]
     header, *figures = rows
-    assert header[1].startswith("vLLM 127.0.0.1:18000") and "pid 4242" in header[1]
-    assert header[2].startswith("vLLM 127.0.0.1:18001") and "pid" not in header[2]
+    assert header[1:] == ["127.0.0.1:18000", "127.0.0.1:18001"]
     table = {row[0]: row[1:] for row in figures}
+    assert table["Server"] == ["vLLM · pid 4242", "vLLM"] and table["Model"] == [MODEL, MODEL]
     assert table["Requests preempted"] == ["17.5 %", "8.5 %"]
     assert table["Prefix hits, all tiers"] == ["0.5 %", "4.5 %"]
     assert table["Prefix hits on the GPU"] == ["0.5 %", "0.5 %"]
-    assert table["Prefix hits from host memory"] == ["none published", "4.0 %"]
+    assert table["Prefix hits from host memory"] == ["not published", "4.0 %"]
     assert table["Time to first token, mean"] == ["417 ms", "299 ms"]
-    assert table["KV loads host → GPU"][0] == "none published" and table["Host KV tier size"][1] == human_bytes(500 * 16 * 131072)
+    assert table["KV loads host → GPU"][0] == "not published" and table["Host KV tier size"][1] == human_bytes(500 * 16 * 131072)
     cards = {PageStructure(card).text.split("Last scrape")[0]: card
              for card in re.findall(r'<div class="card ">(.*?)</div>', section)}
     for endpoint in (ENDPOINT, TIERED_ENDPOINT):
