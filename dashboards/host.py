@@ -151,7 +151,9 @@ def build(t: Thresholds, runbooks: str) -> model.Dashboard:
         links=[link("Runbooks", runbooks), link("GPU drill-down", GPU_DRILL_DOWN)], inference=True)
     return assemble(dashboard, [
         ("Findings", [*findings(runbooks)]),
-        (inference.ROW, [*inference.load_and_latency(runbooks), *inference.kv_cache(t, runbooks)]),
+        ("Inference servers compared: tiered KV cache", inference.tier_comparison(runbooks)),
+        (inference.ROW, [*inference.load_and_latency(runbooks), *inference.kv_cache(t, runbooks),
+                         *inference.kv_tiers(runbooks)]),
         ("Inference scrapes", inference.scrapes(runbooks)),
         ("PCIe per GPU", [gpu_panels.traffic_vs_capacity(t, runbooks, "PCIe traffic vs capacity: GPU $gpu")
                           .repeat("gpu").repeat_direction("h").max_per_row(2),

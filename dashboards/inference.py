@@ -14,6 +14,7 @@ from grafana_foundation_sdk.builders import dashboard as grafana
 
 from hybridmon.agent.alerts import offload_host_memory, weight_offload
 from hybridmon.agent.alerts.catalogue import Thresholds
+from hybridmon.agent.status.kv_tiers import HITS_COUNT_EVERY_TIER
 from hybridmon.dashboards.common import graph, override_unit, query, runbook_links, selector, value_table
 from hybridmon.dashboards.gpu_panels import DASHED, THROUGHPUT
 from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFLOAD_BYTES, SCRAPE_DURATION,
@@ -173,6 +174,106 @@ def kv_cache(t: Thresholds, runbooks: str):
               threshold=t.offload_host_memory.remaining_share_of_free_at_least, width=12,
               links=runbook_links(runbooks, HOST_TIER)),
     ]
+
+
+# --- the tiered-KV view (issue 31): H10's figures per server ------------------------------------
+# Which servers' hit counter already holds the host tier's hits: agent/status/kv_tiers.py.
+_EVERY_TIER = f'server=~"{"|".join(sorted(HITS_COUNT_EVERY_TIER))}"'
+_GPU_ONLY = f'server!~"{"|".join(sorted(HITS_COUNT_EVERY_TIER))}"'
+
+
+def _over(metric: str, window: str, *matchers: str) -> str:
+    return f"rate({_server(metric, *matchers)}[{window}])"
+
+
+def preempted_share(window: str) -> str:
+    """Preemptions over requests finished: the share of requests preempted (H10's 17.5 % / 8.5 %)."""
+    return f"{_over(_field('preemptions'), window)}\n/\n{_over(_field('requests_finished'), window)}"
+
+
+def prefix_hits(tier: str, window: str) -> str:
+    """Prompt tokens found in tier `tier` (device, host, all) over those looked up. vLLM's hit
+    counter is its GPU's own and host hits come beside it; SGLang's and LMCache's hold every tier,
+    so their GPU share is the hits less the host hits (all of them where no host hits are read)."""
+    hits, host = _field("prefix_cache_hit_tokens"), _field("prefix_cache_host_hit_tokens")
+    numerator = {
+        "device": (f"{_over(hits, window, _GPU_ONLY)}\nor\n"
+                   f"{_over(hits, window, _EVERY_TIER)} - {_over(host, window)}\nor\n"
+                   f"{_over(hits, window, _EVERY_TIER)}"),
+        "host": _over(host, window),
+        "all": (f"{_over(hits, window, _GPU_ONLY)} + {_over(host, window)}\nor\n{_over(hits, window)}"),
+    }[tier]
+    return f"(\n{numerator}\n)\n/\n{_over(_field('prefix_cache_queried_tokens'), window)}"
+
+
+def latency_mean(histogram: str, window: str) -> str:
+    _percentile, total, observations = HISTOGRAM_SPECS[histogram]
+    return f"{_over(total.name, window)}\n/\n{_over(observations.name, window)}"
+
+
+def offload_rate(direction: str, window: str) -> str:
+    return _over(OFFLOAD_BYTES.name, window, f'direction="{direction}"')
+
+
+TIER_COMPARISON_TITLE = "Tiered KV cache: servers compared over the dashboard's time range"
+
+
+def kv_tiers(runbooks: str):
+    """Inside the row repeated per endpoint: the preempted share, prefix hits by tier and the host
+    tier's size beside the TTFT, ITL and offload panels above (issue 31)."""
+    window = "$__rate_interval"
+    return [
+        graph("Share of requests preempted", "percentunit",
+              "Preemptions over requests finished (vllm:num_preemptions_total over "
+              "vllm:request_success_total, SGLang's retractions over num_requests_total): the share "
+              "of requests preempted, as the seeds' experiment H10 compared a single-tier and a "
+              "tiered KV cache (17.5 % against 8.5 %).",
+              query(preempted_share(window), "{{model}}"), width=8, links=runbook_links(runbooks, PRESSURE)).max(1),
+        graph("Prefix cache hits by tier", "percentunit",
+              "Prompt tokens found in the prefix cache over those looked up, by the tier that held "
+              "them: the GPU, host memory (the offload tier) and all tiers together. vLLM counts "
+              "host hits apart from its GPU's (0.33 prompt_tokens_cached_by_source); no server's "
+              "disk or remote tier is read yet.",
+              query(prefix_hits("device", window), "{{model}} GPU", "A"),
+              query(prefix_hits("host", window), "{{model}} host memory", "B"),
+              query(prefix_hits("all", window), "{{model}} all tiers", "C"), width=8).max(1),
+        graph("Host KV tier: size and contents", "bytes",
+              "The configured size of the host-memory KV tier (vLLM 0.33 kv_offload_config_info) "
+              "and what it holds where the server says (LMCache's local cache).",
+              query(_server(_field("kv_offload_host_tier_bytes")), "{{model}} size", "A"),
+              query(_server(_field("kv_offload_host_cache_bytes")), "{{model}} holds", "B"), width=8),
+    ]
+
+
+def tier_comparison(runbooks: str):
+    """The chosen endpoints in one table over the dashboard's range, a row per server: a
+    single-tier and a tiered server (or one server before and after a change, by the time range)
+    compare at a glance, as H10's table does."""
+    window = "$__range"
+    columns = {
+        "A": (preempted_share(window), "Requests preempted"),
+        "B": (prefix_hits("device", window), "Prefix hits on the GPU"),
+        "C": (prefix_hits("host", window), "Prefix hits from host memory"),
+        "D": (prefix_hits("all", window), "Prefix hits, all tiers"),
+        "E": (latency_mean("time_to_first_token", window), "TTFT mean"),
+        "F": (latency_mean("inter_token_latency", window), "ITL mean"),
+        "G": (offload_rate("load", window), "KV loads host → GPU"),
+        "H": (offload_rate("store", window), "KV stores GPU → host"),
+        "I": (f"{_server(_field('kv_offload_host_tier_used_tokens'))}\n/\n"
+              f"{_server(_field('kv_offload_host_tier_tokens'))}", "Host KV tier used"),
+    }
+    panel = value_table(
+        TIER_COMPARISON_TITLE, "percentunit",
+        "Per server over the dashboard's time range: the share of finished requests that were "
+        "preempted, prefix-cache hits by tier (shares of prompt tokens looked up), the mean time to "
+        "first token and inter-token latency, the KV offload traffic per direction and how full the "
+        "host tier is now (tokens held over its capacity, where the server says: SGLang HiCache). The seeds' "
+        "experiment H10 read 17.5 % / 8.5 % preempted, 0.5 % / 4.5 % hits and 417 / 299 ms for a "
+        "single-tier and a tiered KV cache.", columns, width=24, height=6, links=runbook_links(runbooks, PRESSURE))
+    for column, unit in (("TTFT mean", "s"), ("ITL mean", "s"), ("KV loads host → GPU", "Bps"),
+                         ("KV stores GPU → host", "Bps")):
+        panel = override_unit(panel, column, unit)
+    return [panel]
 
 
 def scrapes(runbooks: str):

@@ -2,15 +2,18 @@
 its users feel (tokens/s, queue, time to first token, inter-token latency) and the KV cache
 pressure behind it (usage, preemptions, offload traffic), or why the scrape failed.
 
-Gauges come from the latest samples; the four counter rates (generated and prompt tokens,
-preemptions, offload bytes) read the last minute of their series only, like the other rates of
-the page. Endpoint URLs, model names and reasons are whatever the servers and the configuration
+Gauges come from the latest samples; the counter rates (COUNTERS_READ: tokens, preemptions over
+requests finished, prefix hits by tier, offload bytes) read the last minute of their series only,
+like the other rates of the page. Above the cards, the tiered-KV comparison of every server over
+the last hour, and in each card its latency and offload plots (agent/status/kv_tiers.py).
+Endpoint URLs, model names and reasons are whatever the servers and the configuration
 say: template.py escapes them.
 """
 from __future__ import annotations
 
 from hybridmon.agent.detectors.servers import DISPLAY_NAMES, SERVER_LABELS as SERVER, human_latency
 from hybridmon.agent.loop.history import History
+from hybridmon.agent.status.kv_tiers import HITS_COUNT_EVERY_TIER, comparison_html, fine_percent, tier_plots
 from hybridmon.agent.status.signals import Decided, LatestValues, counter_rates
 from hybridmon.agent.status.template import Row, card, key_values, paragraph
 from hybridmon.agent.status.trends import Trends, server_plots
@@ -18,7 +21,9 @@ from hybridmon.exporters.inference_names import (BY_FIELD, HISTOGRAM_SPECS, OFFL
                                                  SCRAPE_DURATION, SCRAPE_ERROR, SCRAPE_REASONS, SCRAPE_SUCCESS)
 from hybridmon.units import human_bytes, human_rate, percent
 
-COUNTERS_READ = 4  # generated and prompt tokens, preemptions, offload bytes: one series read each
+# generated and prompt tokens, preemptions, requests finished, prefix queries, hits and host hits,
+# offload bytes: one series read each
+COUNTERS_READ = 8
 
 
 def inference_html(history: History, latest: LatestValues, trends: Trends, decided: Decided) -> str:
@@ -54,9 +59,11 @@ def inference_html(history: History, latest: LatestValues, trends: Trends, decid
             server, _endpoint, model, pid = key
             heading = " · ".join(part for part in (DISPLAY_NAMES.get(server, server), model,
                                                    f"pid {pid}" if pid else "") if part)
-            body += paragraph(heading, "sub") + key_values(server_rows(key, latest, rates, decided)) + server_plots(trends, key)
+            body += (paragraph(heading, "sub") + key_values(server_rows(key, latest, rates, decided))
+                     + server_plots(trends, key) + tier_plots(trends, key))
         cards.append(card(endpoint, body))
-    return f'<div class="grid">{"".join(cards)}</div>'
+    keys = sorted(key for endpoint in endpoints for key in served.get(endpoint, []))
+    return comparison_html(trends, keys) + f'<div class="grid">{"".join(cards)}</div>'
 
 
 class ServerRates:
@@ -70,6 +77,10 @@ class ServerRates:
         self.generated = rates(BY_FIELD["generated_tokens"].name)
         self.prompt = rates(BY_FIELD["prompt_tokens"].name)
         self.preemptions = rates(BY_FIELD["preemptions"].name)
+        self.finished = rates(BY_FIELD["requests_finished"].name)
+        self.queried = rates(BY_FIELD["prefix_cache_queried_tokens"].name)
+        self.hits = rates(BY_FIELD["prefix_cache_hit_tokens"].name)
+        self.host_hits = rates(BY_FIELD["prefix_cache_host_hit_tokens"].name)
         self.offload = rates(OFFLOAD_BYTES.name, "direction")
 
 
@@ -80,6 +91,19 @@ def offload_elsewhere_rows(in_lmcache: float | None) -> list[Row]:
         return []
     return [("KV offload", "by LMCache's multiprocess server: vLLM publishes no offload series, "
              "LMCache's exporter does (port 9090 unless --prometheus-port; scraped as server lmcache)", False)]
+
+
+def prefix_hit_rows(key: tuple[str, ...], rates: ServerRates) -> list[Row]:
+    """The last minute's prefix-cache hits by tier, shares of the prompt tokens looked up (which
+    tiers a server's hit counter covers: agent/status/kv_tiers.py)."""
+    queried, hits, host = rates.queried.get(key), rates.hits.get(key), rates.host_hits.get(key)
+    if not queried or hits is None:
+        return []
+    if host is None:
+        return [("Prefix cache hits", f"{fine_percent(hits / queried)} of prompt tokens", False)]
+    device = hits - host if key[0] in HITS_COUNT_EVERY_TIER else hits
+    return [("Prefix cache hits", f"{fine_percent(device / queried)} on the GPU · {fine_percent(host / queried)} from host "
+             f"memory · {fine_percent((device + host) / queried)} in all", False)]
 
 
 def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates, decided: Decided) -> list[Row]:
@@ -109,7 +133,10 @@ def server_rows(key: tuple[str, ...], latest: LatestValues, rates: ServerRates, 
         rows.append(("KV cache used", percent(usage), False))
     preemptions = rates.preemptions.get(key)
     if preemptions is not None:
-        rows.append(("Preemptions", f"{preemptions:.1f}/s", False))
+        finished = rates.finished.get(key)
+        of_requests = f" · {fine_percent(preemptions / finished)} of requests finished" if finished else ""
+        rows.append(("Preemptions", f"{preemptions:.1f}/s{of_requests}", False))
+    rows += prefix_hit_rows(key, rates)
     load, store = rates.offload.get((*key, "load")), rates.offload.get((*key, "store"))
     if load is not None or store is not None:
         rows.append(("KV offload", " · ".join(f"{what} {human_rate(rate)}" for rate, what in (

@@ -45,6 +45,8 @@ table { width: 100%; border-collapse: collapse; font-size: .9rem; }
 th, td { text-align: left; vertical-align: top; padding: .15rem .4rem .15rem 0; }
 table.kv th { font-weight: 400; color: #555; width: 42%; }
 table.grid-table th { font-weight: 600; border-bottom: 1px solid #ddd; }
+/* the figures' names keep whole words beside two servers' columns at a phone's width */
+.compare td:first-child { min-width: 7.5rem; overflow-wrap: normal; }
 .flag { color: #b71c1c; font-weight: 600; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: .85em;
        background: #eee; border-radius: 3px; padding: 0 .2rem; }

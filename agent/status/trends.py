@@ -85,6 +85,20 @@ class Trends:
         return [sum(v for v in column if v == v) if any(v == v for v in column) else math.nan
                 for column in zip(*rates)]
 
+    def increase(self, spec: MetricSpec, **labels: str) -> tuple[float, float] | None:
+        """(increase, seconds): how much the counters with `labels` grew over the hour, summed, from
+        each series' first bucketed point to its last (a reset's drop not counted), and the longest
+        span a series covered; None when no series has two points."""
+        total, span, counted = 0.0, 0.0, False
+        for series in self.series(spec, **labels):
+            points = [(at, value) for at, value in zip(series.last_times, series.last_values) if value == value]
+            if len(points) < 2:
+                continue
+            counted = True
+            total += sum(b - a for (_, a), (_, b) in zip(points, points[1:]) if b >= a)
+            span = max(span, points[-1][0] - points[0][0])
+        return (total, span) if counted else None
+
     def windows(self, alertname: str, where: Callable[[Labels], bool]) -> dict[str, list[Window]]:
         """{alertname: the spans within the plotted hour in which it fired for the entity `where`
         accepts}; empty when it did not fire."""

@@ -551,3 +551,87 @@ def test_inference_panels_compute_what_they_say(tmp_path):
     assert by(results[("Generated tokens/s per running request", "A")], "endpoint") == pytest.approx(
         {(endpoint,): 100.0 for endpoint in endpoints})
     assert by(results[("Time to first token", "B")], "endpoint") == pytest.approx({(endpoint,): 0.2 for endpoint in endpoints})
+
+
+def test_the_tier_panels_read_h10s_figures_from_the_scenario(scenarios, tmp_path):
+    """kv_tier_h10 (the seeds' experiment H10: a single-tier and a tiered vLLM on one host)
+    replayed and scraped every 15 s as Prometheus would, the tiered-KV panels' queries evaluated
+    by promtool at the end of its hour: the comparison table over the hour and the per-endpoint
+    graphs over 10 min give H10's table. The preempted share (ref A, and "Share of requests
+    preempted") needs the collector to read vllm:request_success_total (branch kvread)."""
+    from hybridmon.agent.config import load_config
+    from hybridmon.agent.daemon import Agent
+    from hybridmon.dashboards.inference import TIER_COMPARISON_TITLE
+    from tests.support.promtool_replay import Scraper
+    from tests.support.scenarios import SCENARIOS, START_TIME, history_seconds_for
+    from tests.support.scenarios.inference import ENDPOINT
+    from tests.support.scenarios.kv_tier_library import SINGLE_TIER, TIERED, TIERED_ENDPOINT
+
+    scenario = SCENARIOS["kv_tier_h10"]
+    agent = Agent(load_config(environ={}, overrides={"history_seconds": history_seconds_for(scenario)}),
+                  replay_from=scenarios.summary("kv_tier_h10").path)
+    scraper = Scraper(agent, START_TIME, 15.0)
+    try:
+        agent.replay(speed=0)
+    finally:
+        agent.stop()
+    scraper.finish(START_TIME + scenario.duration_seconds)
+    scrapes = [{key: value for key, value in scrape.items() if key[0].startswith("hybridmon_inference_")}
+               for scrape in scraper.scrapes]
+    graphs = {"Share of requests preempted", "Prefix cache hits by tier", "Time to first token"}
+    # the table's "Host KV tier used" (I) needs tokens held, which vLLM does not publish
+    queries = [q for q in all_panel_queries({**VARIABLES, "__rate_interval": "10m"})
+               if (q.panel_title == TIER_COMPARISON_TITLE and q.ref_id != "I") or q.panel_title in graphs]
+    results = {(q.panel_title, q.ref_id): by(r, "endpoint")
+               for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
+
+    def h10(figure: str) -> dict[tuple[str], float]:
+        return {(ENDPOINT,): SINGLE_TIER[figure], (TIERED_ENDPOINT,): TIERED[figure]}
+
+    for title, refs in ((TIER_COMPARISON_TITLE, {"preempted": "A", "all": "D", "ttft": "E"}),
+                        ("Share of requests preempted", {"preempted": "A"}),
+                        ("Prefix cache hits by tier", {"all": "C"}), ("Time to first token", {"ttft": "B"})):
+        for figure, ref in refs.items():
+            expected = h10({"preempted": "preempted_share", "all": "prefix_hit_share",
+                            "ttft": "time_to_first_token_mean_seconds"}[figure])
+            assert results[(title, ref)] == pytest.approx(expected, rel=0.01), (title, ref)
+    # GPU hits equal on both (H10's 0.51 %); the tiered server's gain came from host memory, and
+    # the single-tier server publishes no host hits: its row is absent, not 0.
+    assert results[(TIER_COMPARISON_TITLE, "B")] == pytest.approx(
+        {key: SINGLE_TIER["prefix_hit_share"] for key in h10("prefix_hit_share")}, rel=0.01)
+    assert results[(TIER_COMPARISON_TITLE, "C")] == pytest.approx(
+        {(TIERED_ENDPOINT,): TIERED["prefix_hit_share"] - SINGLE_TIER["prefix_hit_share"]}, rel=0.01)
+    assert set(results[(TIER_COMPARISON_TITLE, "G")]) == {(TIERED_ENDPOINT,)}
+
+
+def test_prefix_hits_by_tier_follow_what_each_servers_hit_counter_holds(tmp_path):
+    """Per 15 s scrape, each endpoint looks up 15,000 prompt tokens, its hit counter grows by 1,500
+    and its host hits by 450. vLLM's hits are its GPU's own (0.33: prompt_tokens_cached_by_source
+    sums to prefix_cache_hits + external hits): GPU 10 %, host 3 %, all 13 %. SGLang's
+    cached_tokens_total holds every tier: GPU 7 %, host 3 %, all 10 %. A vLLM without host hits:
+    GPU 10 %, all 10 %, no host series (absent, not 0). SGLang's HiCache host tier holds 300 of its
+    1,000 tokens: the comparison table reads it 30 % used, and nothing for the vLLMs."""
+    from hybridmon.dashboards.inference import TIER_COMPARISON_TITLE
+
+    vllm, sglang, single = ("http://127.0.0.1:18000/metrics", "http://127.0.0.1:30000/metrics",
+                            "http://127.0.0.1:8001/metrics")
+    scrapes = []
+    for n, scrape in enumerate(fixture_host_scrapes(9)):
+        added = dict(scrape)
+        for endpoint, server, host_hits in ((vllm, "vllm", True), (sglang, "sglang", True), (single, "vllm", False)):
+            key = tuple(sorted({"server": server, "model": "m", "endpoint": endpoint}.items()))
+            added[("hybridmon_inference_prefix_cache_queried_tokens_total", key)] = 15_000.0 * n
+            added[("hybridmon_inference_prefix_cache_hit_tokens_total", key)] = 1_500.0 * n
+            if host_hits:
+                added[("hybridmon_inference_prefix_cache_host_hit_tokens_total", key)] = 450.0 * n
+        key = tuple(sorted({"server": "sglang", "model": "m", "endpoint": sglang}.items()))
+        added[("hybridmon_inference_kv_offload_host_tier_used_tokens", key)] = 300.0
+        added[("hybridmon_inference_kv_offload_host_tier_tokens", key)] = 1_000.0
+        scrapes.append(added)
+    queries = [q for q in all_panel_queries({**VARIABLES, "__rate_interval": "2m"})
+               if q.panel_title == "Prefix cache hits by tier" or (q.panel_title, q.ref_id) == (TIER_COMPARISON_TITLE, "I")]
+    results = {q.ref_id: by(r, "endpoint") for q, r in zip(queries, evaluate(queries, scrapes, tmp_path))}
+    assert results["I"] == pytest.approx({(sglang,): 0.3})
+    assert results["A"] == pytest.approx({(vllm,): 0.10, (sglang,): 0.07, (single,): 0.10})
+    assert results["B"] == pytest.approx({(vllm,): 0.03, (sglang,): 0.03})
+    assert results["C"] == pytest.approx({(vllm,): 0.13, (sglang,): 0.10, (single,): 0.10})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import html
 import json
+import math
 import re
 import shutil
 import time
@@ -42,8 +43,11 @@ from tests.support.agent_helpers import start_daemon, stop_daemon, wait_for
 
 NOW = 1_700_000_000.0
 # PCIe throughput, GPU memory used, resident, swap, GPU memory per process, swap in, swap out, major
-# faults, PSI, generated tokens, KV cache usage: the metrics the status page plots.
-PLOTTED_METRICS = 11
+# faults, PSI, generated tokens, KV cache usage: the metrics the status page plots (11); the
+# tiered-KV view's hour (agent/status/kv_tiers.py): TTFT and ITL percentile, sum and count (6),
+# offload bytes, preemptions, requests finished, prefix queried, hit and host-hit tokens, host
+# tier size, contents, tokens held and capacity in tokens (10).
+PLOTTED_METRICS = 11 + 6 + 10
 GPU0 = ("0", "GPU-0a1b2c3d-0000-4000-8000-000000000000")
 
 
@@ -671,3 +675,68 @@ def test_the_trends_read_each_series_once_however_many_models_the_page_shows():
 def load_thresholds_for_page():
     from hybridmon.agent.alerts.catalogue import load_thresholds
     return load_thresholds()
+
+
+def test_the_tiered_kv_comparison_reads_h10s_table(scenarios, tmp_path):
+    """kv_tier_h10 replayed (the seeds' experiment H10 as two vLLMs on one host): the last hour's
+    comparison puts H10's three figures side by side, single-tier then tiered, and each server's
+    card plots its latencies and the tiered one's offload traffic. The preempted share needs the
+    collector to read vllm:request_success_total (branch kvread)."""
+    from tests.support.scenarios.inference import ENDPOINT, MODEL
+    from tests.support.scenarios.kv_tier_library import TIERED_ENDPOINT
+
+    overrides = {"history_seconds": history_seconds_for(SCENARIOS["kv_tier_h10"]), "state_dir": str(tmp_path)}
+    agent = Agent(load_config(environ={}, overrides=overrides), replay_from=scenarios.summary("kv_tier_h10").path)
+    try:
+        agent.replay(speed=0)
+        page = render_status_page(agent)
+    finally:
+        agent.stop()
+    section = re.search(r'<section id="inference">(.*?)</section>', page, re.S).group(1)
+    comparison = re.search(r'<table class="grid-table">(.*?)</table>', section, re.S).group(1)
+    rows = [[PageStructure(cell).text for cell in re.findall(r"<t[hd]>(.*?)</t[hd]>", row)]
+            for row in re.findall(r"<tr>(.*?)</tr>", comparison)]
+    header, *figures = rows
+    assert header[1:] == ["127.0.0.1:18000", "127.0.0.1:18001"]
+    table = {row[0]: row[1:] for row in figures}
+    assert table["Server"] == ["vLLM · pid 4242", "vLLM"] and table["Model"] == [MODEL, MODEL]
+    assert table["Requests preempted"] == ["17.5 %", "8.5 %"]
+    assert table["Prefix hits, all tiers"] == ["0.5 %", "4.5 %"]
+    assert table["Prefix hits on the GPU"] == ["0.5 %", "0.5 %"]
+    assert table["Prefix hits from host memory"] == ["not published", "4.0 %"]
+    assert table["Time to first token, mean"] == ["417 ms", "299 ms"]
+    assert table["KV loads host → GPU"][0] == "not published" and table["Host KV tier size"][1] == human_bytes(500 * 16 * 131072)
+    cards = {PageStructure(card).text.split("Last scrape")[0]: card
+             for card in re.findall(r'<div class="card ">(.*?)</div>', section)}
+    for endpoint in (ENDPOINT, TIERED_ENDPOINT):
+        titles = re.findall(r"<figcaption>(.*?)</figcaption>", cards[endpoint])
+        assert {"Time to first token, last hour", "Inter-token latency, last hour"} <= set(titles)
+        assert ("KV offload traffic, last hour" in titles) == (endpoint == TIERED_ENDPOINT)
+    assert "0.5 % on the GPU · 4.0 % from host memory · 4.5 % in all" in PageStructure(cards[TIERED_ENDPOINT]).text
+
+
+def test_the_page_splits_prefix_hits_by_what_each_servers_hit_counter_holds():
+    """The same counts as the dashboard's test of its tier panel (tests/integration/
+    test_dashboards.py): an hour of 15,000 prompt tokens looked up, 1,500 hits and 450 host hits.
+    vLLM's hits are its GPU's own, SGLang's hold every tier."""
+    from hybridmon.agent.status.kv_tiers import tier_figures
+
+    class HourOfCounts:  # the two Trends methods tier_figures reads, over fixed increases
+        grown = {BY_FIELD["prefix_cache_queried_tokens"].name: 15_000.0,
+                 BY_FIELD["prefix_cache_hit_tokens"].name: 1_500.0,
+                 BY_FIELD["prefix_cache_host_hit_tokens"].name: 450.0}
+
+        def increase(self, spec, **labels):
+            return (self.grown[spec.name], 3600.0) if spec.name in self.grown else None
+
+        def gauge(self, spec, **labels):  # SGLang HiCache's host tier: 300 of 1,000 tokens held
+            held = {BY_FIELD["kv_offload_host_tier_used_tokens"].name: 300.0,
+                    BY_FIELD["kv_offload_host_tier_tokens"].name: 1_000.0}
+            return [math.nan, held[spec.name]] if spec.name in held and labels["server"] == "sglang" else None
+
+    vllm = tier_figures(HourOfCounts(), ("vllm", "http://127.0.0.1:18000/metrics", "m", ""))
+    sglang = tier_figures(HourOfCounts(), ("sglang", "http://127.0.0.1:30000/metrics", "m", ""))
+    assert (vllm.device_hit_share, vllm.host_hit_share, vllm.hit_share) == pytest.approx((0.10, 0.03, 0.13))
+    assert (sglang.device_hit_share, sglang.host_hit_share, sglang.hit_share) == pytest.approx((0.07, 0.03, 0.10))
+    assert vllm.preempted_share is None and vllm.time_to_first_token_mean is None and vllm.loads_per_second is None
+    assert sglang.host_tier_used_share == pytest.approx(0.3) and vllm.host_tier_used_share is None

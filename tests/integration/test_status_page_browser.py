@@ -20,8 +20,8 @@ from tests.support.status_screenshots import (DESKTOP_WIDTH, PHONE_WIDTH, SCENAR
                                               replayed_agent, screenshot)
 
 # What the scenario's page holds: 2 GPUs x (PCIe, VRAM), 3 watched processes, 1 server x (tokens/s,
-# KV), the host's swap, major faults and PSI.
-PLOTS = 2 * 2 + 3 + 2 + 3
+# KV, time to first token, inter-token latency, KV offload traffic), the host's swap, major faults and PSI.
+PLOTS = 2 * 2 + 3 + 5 + 3
 
 
 @pytest.fixture(scope="module")

@@ -19,6 +19,7 @@ DEFAULT library. Generation holds a lock for that, so traces are written one at 
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import tempfile
@@ -39,6 +40,7 @@ from tests.support.scenarios import swap_library  # noqa: F401 (registers its sc
 from tests.support.scenarios import leak_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import topology_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios import c2c_library  # noqa: F401 (registers its scenarios)
+from tests.support.scenarios import kv_tier_library  # noqa: F401 (registers its scenarios)
 from tests.support.scenarios.loopback import LoopbackServer
 from tests.support import fake_nvml
 
@@ -83,8 +85,9 @@ def write_trace(name: str, path: str | Path, start: float = START_TIME) -> Trace
         fake_nvml.reset()
         agent = Agent(host.agent_config(scenario.tick_seconds, history_seconds_for(scenario)), record_to=path)
         try:
-            with LoopbackServer(host.inference) as server:
-                _route_inference(agent, server)
+            with contextlib.ExitStack() as servers:
+                for endpoint, inference in host.inference_servers().items():
+                    _route_inference(agent, servers.enter_context(LoopbackServer(inference, endpoint)))
                 tick = _TickClock()
                 _simulated_clock(agent, tick)
                 records = _drive(scenario, step, host, agent, start, tick)
@@ -101,7 +104,8 @@ def write_trace(name: str, path: str | Path, start: float = START_TIME) -> Trace
 
 
 def _route_inference(agent: Agent, server: LoopbackServer) -> None:
-    """The recording inference collector's HTTP goes to the loopback server (see LoopbackServer).
+    """The recording inference collector's HTTP for `server`'s endpoint goes to it (see
+    LoopbackServer); each server's route wraps the previous ones.
     Its fetch is the constructor's injection point for exactly this; it is replaced afterwards
     because the agent builds its collectors from the configuration."""
     for item in agent.sampler.scheduled:

@@ -288,7 +288,24 @@ class SyntheticHost:
         self._load()
         # vLLM (pid 4242) serves /metrics at ENDPOINT; its noise comes from a generator of its own.
         self.inference = InferenceServer(seed + 1)
+        self._inference_seed = seed + 2
         self.inference_endpoint = ENDPOINT
+        # Further servers a scenario adds (add_inference_server), by the endpoint they answer at.
+        self.other_inference: dict[str, InferenceServer] = {}
+
+    def add_inference_server(self, endpoint: str) -> InferenceServer:
+        """A second vLLM on this host answering at `endpoint` (a loopback URL); the agent is
+        configured with it as well. No watched process listens on its port in the fixture's
+        /proc, so the agent knows no pid for it (the label is empty, as for a server in a
+        container)."""
+        if endpoint == self.inference_endpoint or endpoint in self.other_inference:
+            raise ValueError(f"an inference server already answers at {endpoint}")
+        server = self.other_inference[endpoint] = InferenceServer(self._inference_seed + len(self.other_inference))
+        return server
+
+    def inference_servers(self) -> dict[str, InferenceServer]:
+        """Every inference server of the host by its endpoint, vLLM pid 4242's first."""
+        return {self.inference_endpoint: self.inference, **self.other_inference}
 
     @classmethod
     def from_fixture(cls, root: str | Path, fixture: str | Path = FIXTURE_HOST, **options) -> "SyntheticHost":
@@ -659,7 +676,8 @@ class SyntheticHost:
         for node in self.nodes.values():
             for name, rate in node.allocation_rates.items():
                 node.numastat.values[name] += rate * dt
-        self.inference.advance(dt)
+        for server in self.inference_servers().values():
+            server.advance(dt)
 
     # --- rendering -------------------------------------------------------------------------
     def _put(self, relative: str, text: str) -> None:
@@ -695,7 +713,8 @@ class SyntheticHost:
             self._render_gpu(gpu)
         for device in self.pci.values():
             self._write_pci(device)
-        self.inference.publish()
+        for server in self.inference_servers().values():
+            server.publish()
         if nvml is not None:
             nvml.configure(gpus=[gpu.nvml for gpu in self.gpus])
             nvml.lost = {gpu.index for gpu in self.gpus if gpu.lost}
@@ -893,7 +912,7 @@ class SyntheticHost:
             # and samples a thread took between two of them could predate the step's traffic.
             "gpu": {"nvml_module": "tests.support.fake_nvml", "pcie_samples_per_second": 0},
             "pcie": {"udev": False},
-            "inference": {"endpoints": [{"url": self.inference_endpoint, "server": "vllm"}]},
+            "inference": {"endpoints": [{"url": url, "server": "vllm"} for url in self.inference_servers()]},
             # vLLM is asked every 10 s (30 s on the long scenarios' 10 s ticks), not every 5 s as
             # by default: reading a body costs ~3 ms, paid at generation and again by every replay.
             "collectors": {"inference": {"interval_seconds": max(10.0, 3 * interval_seconds)}},

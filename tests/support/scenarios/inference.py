@@ -1,9 +1,10 @@
 """The synthetic host's inference server: a vLLM whose /metrics follows the scenario's state.
 
 vLLM (pid 4242 on the fixture host, listening on 0.0.0.0:18000 in its /proc/4242/net/tcp) serves
-one model. A scenario sets its load each tick (`ServerLoad`: running and waiting requests, the
-median inter-token latency and time to first token, KV-cache usage, preemptions, KV offload
-traffic, and how the endpoint answers); `InferenceServer.advance` integrates the counters and
+one model; a scenario may add more servers at other endpoints (SyntheticHost.add_inference_server,
+each an InferenceServer of its own). A scenario sets its load each tick (`ServerLoad`: running and waiting requests, the
+median inter-token latency and time to first token, KV-cache usage, preemptions, prefix hits by
+tier, KV offload traffic, and how the endpoint answers); `InferenceServer.advance` integrates the counters and
 histograms over the tick, and `published` gives the answer of the moment: the body vLLM's V1
 engine would serve (the new names: kv_cache_usage_perc, inter_token_latency_seconds,
 kv_offload_{load,store}_{bytes,time}_total), or how the endpoint fails.
@@ -12,7 +13,8 @@ While a trace is generated, loopback.LoopbackServer serves the published answer 
 
 Consistency by construction: each running request emits one token per inter-token latency, so
 generation tokens/s = running / ITL; each request generates OUTPUT_TOKENS after PROMPT_TOKENS of
-prompt, so its first token is one TTFT observation and the other tokens ITL observations; the
+prompt, so its first token is one TTFT observation and the other tokens ITL observations, and it
+finishes (vllm:request_success_total, finished_reason "length") with its last token; the
 histograms place their observations so that the quantile Prometheus's histogram_quantile (and the
 collector) reads from the bucket increases is the scenario's median; KV offload seconds are the
 bytes over the copy rate the link sustains.
@@ -69,6 +71,19 @@ class ServerLoad:
     lmcache_host_cache_bytes: float | None = None
     # V0's swap space (vllm/engine/metrics.py vllm:num_requests_swapped); None: V1, not published.
     requests_swapped: float | None = None
+    # Shares of prompt tokens found in the prefix cache: on the GPU (vllm:prefix_cache_hits, local
+    # only) and, with a KV offload connector, in its host tier (an external hit: 0.33's
+    # vllm:prompt_tokens_cached_by_source{source="host"}, which sums with source="device" to
+    # prefix_cache_hits + external_prefix_cache_hits; docs/server-metric-names/vllm-0.33.0.txt:117).
+    # None: the by-source family is not published.
+    prefix_device_hit_share: float = PREFIX_HIT_SHARE
+    prefix_host_hit_share: float | None = None
+    # Share of finished requests that were preempted on their way; None: preemptions_per_second
+    # sets them instead. A share follows the requests whatever the noise does to their rate.
+    preempted_share: float | None = None
+    # Where a source gives time to first token as a mean (H10's table): the histogram's _sum grows
+    # by it per first token, while the buckets follow the median; None: the buckets' midpoints.
+    time_to_first_token_mean_seconds: float | None = None
     answer: str = "metrics"  # metrics, html (a login page), unavailable (HTTP 503), down (refused)
 
     @property
@@ -112,11 +127,14 @@ class LatencyHistogram:
         self.cumulative = [0.0] * len(bounds)  # fractional, so that small steps add up exactly
         self.sum = 0.0
 
-    def observe(self, count: float, median: float) -> None:
+    def observe(self, count: float, median: float, mean: float | None = None) -> None:
         if count <= 0:
             return
         shares = latency_shares(self.bounds, median, self.spread)
         self.cumulative = [total + count * share for total, share in zip(self.cumulative, shares)]
+        if mean is not None:
+            self.sum += count * mean
+            return
         edges = (0.0,) + self.bounds
         self.sum += count * sum((shares[i] - (shares[i - 1] if i else 0.0)) * (edges[i] + edges[i + 1]) / 2
                                 for i in range(len(shares)))
@@ -141,6 +159,8 @@ class InferenceServer:
         self.generation_tokens = 0.0
         self.preemptions = 0.0
         self.prefix_queries = 0.0
+        self.prefix_hits = {"device": 0.0, "host": 0.0}
+        self.requests_finished = 0.0
         self.kv_offload_bytes = {"load": 0.0, "store": 0.0}
         self.kv_offload_seconds = {"load": 0.0, "store": 0.0}
         self.time_to_first_token = LatencyHistogram(TTFT_BOUNDS, TTFT_SPREAD)
@@ -170,6 +190,7 @@ class InferenceServer:
             load, running=float(round(jitter(load.running, 0.03))), waiting=float(round(jitter(load.waiting, 0.1))),
             inter_token_latency_seconds=jitter(load.inter_token_latency_seconds, 0.02),
             time_to_first_token_seconds=jitter(load.time_to_first_token_seconds, 0.05),
+            time_to_first_token_mean_seconds=jitter(load.time_to_first_token_mean_seconds, 0.05),
             kv_cache_usage=min(1.0, max(0.0, load.kv_cache_usage + noise * self.rng.uniform(-0.005, 0.005))),
             kv_offload_load_bytes_per_second=jitter(load.kv_offload_load_bytes_per_second, 0.01),
             kv_offload_store_bytes_per_second=jitter(load.kv_offload_store_bytes_per_second, 0.01))
@@ -188,8 +209,15 @@ class InferenceServer:
         self.generation_tokens += generated
         self.prompt_tokens += requests * PROMPT_TOKENS
         self.prefix_queries += requests * PROMPT_TOKENS
-        self.preemptions += load.preemptions_per_second * dt
-        self.time_to_first_token.observe(requests, load.time_to_first_token_seconds)
+        self.prefix_hits["device"] += requests * PROMPT_TOKENS * load.prefix_device_hit_share
+        self.prefix_hits["host"] += requests * PROMPT_TOKENS * (load.prefix_host_hit_share or 0.0)
+        self.requests_finished += requests
+        if load.preempted_share is not None:
+            self.preemptions += requests * load.preempted_share
+        else:
+            self.preemptions += load.preemptions_per_second * dt
+        self.time_to_first_token.observe(requests, load.time_to_first_token_seconds,
+                                         load.time_to_first_token_mean_seconds)
         self.inter_token_latency.observe(generated - requests, load.inter_token_latency_seconds)
         for direction in ("load", "store"):
             rate = getattr(load, f"kv_offload_{direction}_bytes_per_second")
@@ -230,7 +258,19 @@ class InferenceServer:
         family("vllm:prefix_cache_queries_total", "counter",
                "Prefix cache queries, in terms of number of queried tokens.", math.floor(self.prefix_queries))
         family("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
-               math.floor(self.prefix_queries * PREFIX_HIT_SHARE))
+               math.floor(self.prefix_hits["device"]))
+        if load.prefix_host_hit_share is not None:
+            name = "vllm:prompt_tokens_cached_by_source_total"
+            lines.extend((f"# HELP {name} Prefix-cache hit tokens by the cache tier that supplied them: device "
+                          "(local HBM), host (offloaded to DRAM), disk, p2p (transferred from another vLLM "
+                          "instance) or external_unspecified. Counted at admission; sums to "
+                          "vllm:prefix_cache_hits + vllm:external_prefix_cache_hits.", f"# TYPE {name} counter"))
+            lines.extend(f'{name}{{{labels},source="{source}"}} {floatToGoString(math.floor(self.prefix_hits[source]))}'
+                         for source in ("device", "host"))
+        # every request ends at its OUTPUT_TOKENS: finished_reason "length" (vllm/v1/metrics/loggers.py:808)
+        name = "vllm:request_success_total"
+        lines.extend((f"# HELP {name} Count of successfully processed requests.", f"# TYPE {name} counter",
+                      f'{name}{{{labels},finished_reason="length"}} {floatToGoString(math.floor(self.requests_finished))}'))
         family("vllm:num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
                math.floor(self.preemptions))
         family("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.",

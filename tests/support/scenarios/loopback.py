@@ -1,4 +1,4 @@
-"""The synthetic vLLM's endpoint on loopback while a trace is generated (see inference.py)."""
+"""The synthetic vLLMs' endpoints on loopback while a trace is generated (see inference.py)."""
 from __future__ import annotations
 
 import http.server
@@ -13,14 +13,16 @@ from tests.support.scenarios.inference import ENDPOINT, InferenceServer
 class LoopbackServer:
     """Serves an InferenceServer's published answer over HTTP on 127.0.0.1 while a trace is made.
 
-    It listens on a free port, not on ENDPOINT's 18000 (which another program, or another
-    generation running beside this one, may hold): `route(fetch)` takes ENDPOINT's URLs to that
-    port and gives the answer back under the URL asked for, so the trace records ENDPOINT. While the
+    It listens on a free port, not on its endpoint's (ENDPOINT's 18000, which another program, or
+    another generation running beside this one, may hold): `route(fetch)` takes the endpoint's URLs
+    to that port and gives the answer back under the URL asked for, so the trace records the
+    endpoint. While the
     answer is "down" the port is held by a socket that does not listen: connections are refused.
     """
 
-    def __init__(self, server: InferenceServer) -> None:
+    def __init__(self, server: InferenceServer, endpoint: str = ENDPOINT) -> None:
         self.server = server
+        self.endpoint = endpoint
         self._lock = threading.Lock()
         self._http: http.server.HTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -35,8 +37,8 @@ class LoopbackServer:
         self.close()
 
     def route(self, fetch: Callable[[str, float, int], dict]) -> Callable[[str, float, int], dict]:
-        """`fetch` (exporters.inference_scrape.fetch) that reaches this server for ENDPOINT's URLs."""
-        configured = urlsplit(ENDPOINT)
+        """`fetch` (exporters.inference_scrape.fetch) that reaches this server for its endpoint's URLs."""
+        configured = urlsplit(self.endpoint)
 
         def routed(url: str, timeout_seconds: float, max_bytes: int) -> dict:
             parts = urlsplit(url)
@@ -60,7 +62,7 @@ class LoopbackServer:
             self._placeholder.close()
             self._placeholder = None
         # One request at a time (the collector's), answered in the serving thread itself.
-        self._http = http.server.HTTPServer(("127.0.0.1", self.port), _handler_for(self.server))
+        self._http = http.server.HTTPServer(("127.0.0.1", self.port), _handler_for(self.server, urlsplit(self.endpoint).path))
         self.port = self._http.server_address[1]
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.05},
                                         name="scenario-inference-server", daemon=True)
@@ -87,11 +89,11 @@ class LoopbackServer:
                 self._placeholder = None
 
 
-def _handler_for(server: InferenceServer) -> type[http.server.BaseHTTPRequestHandler]:
+def _handler_for(server: InferenceServer, path: str) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (the standard library's name)
             answer, body = server.published()
-            if self.path != urlsplit(ENDPOINT).path:
+            if self.path != path:
                 status, content_type, body = 404, "text/plain; charset=utf-8", "Not Found\n"
             elif answer == "html":
                 status, content_type = 200, "text/html; charset=utf-8"
