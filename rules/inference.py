@@ -20,6 +20,9 @@ RUNNING = BY_FIELD["requests_running"].name
 SERVER = ("server", "endpoint", "model")
 KV_USAGE = f"server:{BY_FIELD['kv_cache_usage_ratio'].name}:avg1m"
 PREEMPTIONS = f"server:{rate_name(BY_FIELD['preemptions'].name)}:rate1m"
+# The share of requests preempted (issue 31: the seeds' H10, 17.5 % single-tier, 8.5 % tiered):
+# preemptions over requests finished, over 5 min so that a few requests a minute still give a share.
+PREEMPTED_SHARE = "server:hybridmon_inference_requests_preempted:ratio_rate5m"
 OFFLOAD_LOADS = "server:hybridmon_inference_kv_offload_load_bytes:rate1m"
 # Per GPU, the host->device capacity of the link its offloaded KV crosses.
 OFFLOAD_CAPACITY = "gpu:hybridmon_gpu_host_to_device_offload_capacity_bytes_per_second:effective"
@@ -60,6 +63,8 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
     rules += [
         Recording(KV_USAGE, f"avg_over_time({BY_FIELD['kv_cache_usage_ratio'].name}[1m])"),
         Recording(PREEMPTIONS, f"rate({BY_FIELD['preemptions'].name}[1m])"),
+        Recording(PREEMPTED_SHARE, f"rate({BY_FIELD['preemptions'].name}[5m])\n"
+                                   f"/ (rate({BY_FIELD['requests_finished'].name}[5m]) > 0)"),
         Recording(OFFLOAD_LOADS,
                   f'sum without (direction) (rate({OFFLOAD_BYTES.name}{{direction="load"}}[1m]))'),
         Recording(OFFLOAD_CAPACITY,

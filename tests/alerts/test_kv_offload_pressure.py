@@ -15,7 +15,7 @@ from hybridmon.agent.status.trends import (
     Trends,  # no history read: the plots are not under test here
 )
 from hybridmon.exporters.bench import MEASURED_CAPACITY
-from hybridmon.exporters.inference_names import OFFLOAD_BYTES
+from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.pcie_rates import achievable_capacity, c2c_capacity, theoretical_capacity
 from hybridmon.rules import inference as recorded
@@ -282,5 +282,21 @@ def offload_link_over_c2c_case(t, catalog) -> Test:
     return test
 
 
+def preempted_share_case(t, catalog) -> Test:
+    """The recorded share of requests preempted (issue 31): a vLLM preempting a quarter of the
+    requests it finishes, another an eighth (shares a float holds exactly: promtool compares
+    exactly; H10's 17.5 % and 8.5 % are read from the scenario through the dashboard's expressions,
+    tests/integration/test_dashboards.py); one that finishes nothing records none."""
+    test = Test("requests preempted: the share of finished requests", 600, catalog)
+    single, tiered = (served(VLLM_SERVER, VLLM["pid"]), served(VLLM_SERVER, "", "http://127.0.0.1:18001/metrics"))
+    idle = served(SGLANG_SERVER, "")
+    for labels, finished, share in ((single, 4.0, 0.25), (tiered, 4.0, 0.125), (idle, 0.0, 0.0)):
+        test.counter(BY_FIELD["requests_finished"].name, finished, finished, **labels)
+        test.counter(BY_FIELD["preemptions"].name, finished * share, finished * share, **labels)
+    test.expect_samples(600, recorded.PREEMPTED_SHARE, (single, 0.25), (tiered, 0.125))
+    return test
+
+
 def promtool_cases(t, catalog) -> list[Test]:
-    return [kv_cache_full_case(t, catalog), offload_link_case(t, catalog), offload_link_over_c2c_case(t, catalog)]
+    return [kv_cache_full_case(t, catalog), offload_link_case(t, catalog), offload_link_over_c2c_case(t, catalog),
+            preempted_share_case(t, catalog)]
