@@ -384,6 +384,25 @@ def test_onset_to_webhook_delivery_times(live):
 
 PANELS_OF_TIED_SERVERS = ("Host → device bytes per generated token, KV loads taken off",
                           "Host KV tier still to allocate, share of MemAvailable")
+# Panels of a tiered KV cache (issue 31): the stand-in vLLM publishes no finished requests, host-tier
+# hits or host tier; the healthy busy-offload agent's simulated vLLM 0.33 body does.
+PANELS_OF_TIERED_SERVERS = ("Tiered KV cache: servers compared over the dashboard's time range",
+                            "Share of requests preempted", "Prefix cache hits by tier",
+                            "Host KV tier: size and contents")
+# Panels of a host with a PCIe switch (issue 29): the fixture host has none, so Prometheus must
+# accept their queries and they show nothing; their figures over a switch are checked in
+# test_dashboards.py::test_the_shared_uplink_panel_sums_the_traffic_of_the_gpus_behind_it.
+PANELS_OF_A_SHARED_UPLINK = ("Shared PCIe uplink: traffic of the GPUs behind it vs capacity",)
+# Queries of series neither live server publishes (host-tier hits, the host tier's tokens, an LMCache
+# or SGLang host cache): Prometheus must accept them; their figures are checked in
+# test_dashboards.py (test_prefix_hits_by_tier_follow_what_each_servers_hit_counter_holds,
+# test_the_tier_panels_read_h10s_figures_from_the_scenario).
+QUERIES_OF_SERIES_NOT_LIVE = {
+    ("Tiered KV cache: servers compared over the dashboard's time range", "C"),   # host-tier hits
+    ("Tiered KV cache: servers compared over the dashboard's time range", "I"),   # host tier's tokens
+    ("Prefix cache hits by tier", "B"),                                            # host-tier hits
+    ("Host KV tier: size and contents", "B"),                                      # a host cache's bytes
+}
 
 
 def test_every_dashboard_query_is_valid_and_returns_data(live):
@@ -407,8 +426,8 @@ def test_every_dashboard_query_is_valid_and_returns_data(live):
     # whose vLLM (pid 4242) holds GPU0 and publishes its CPU tier.
     healthy = {**variables, "instance": live.healthy.instance, "endpoint": ".*"}
     tied = {(q.dashboard_uid, q.panel_title, q.ref_id): q for q in all_panel_queries(healthy)
-            if q.panel_title in PANELS_OF_TIED_SERVERS}
-    assert len(tied) == len(PANELS_OF_TIED_SERVERS)
+            if q.panel_title in PANELS_OF_TIED_SERVERS + PANELS_OF_TIERED_SERVERS}
+    assert {q.panel_title for q in tied.values()} == set(PANELS_OF_TIED_SERVERS + PANELS_OF_TIERED_SERVERS)
     queries = [tied.get((q.dashboard_uid, q.panel_title, q.ref_id), q) for q in queries]
     problems = []
     for query in queries:
@@ -421,7 +440,8 @@ def test_every_dashboard_query_is_valid_and_returns_data(live):
         except AssertionError as error:  # Prometheus refused the query
             problems.append(f"{where}\n    {error}")
             continue
-        if not result:
+        if (not result and query.panel_title not in PANELS_OF_A_SHARED_UPLINK
+                and (query.panel_title, query.ref_id) not in QUERIES_OF_SERIES_NOT_LIVE):
             problems.append(f"{where}\n    no data")
     assert problems == [], f"{len(problems)} of {len(queries)} queries:\n" + "\n".join(problems)
 
