@@ -11,18 +11,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
 from typing import TextIO
 
+from hybridmon import __version__
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.family import finding as new_finding
 from hybridmon.agent.config import AgentConfig
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.base import Finding
 from hybridmon.agent.detectors.engine import EvaluationView
-from hybridmon.agent.publish.findings import SEVERITY_ORDER
+from hybridmon.agent.publish.findings import SEVERITY_ORDER, iso_time
 from hybridmon.agent.commands.progress import LiveLine
 from hybridmon.agent.api.runbooks import runbooks_directory
 from hybridmon.exporters.base import Samples
@@ -212,7 +214,11 @@ def render_table(result: CheckResult, out: TextIO) -> None:
 
 
 def render_json(result: CheckResult, strict: bool) -> str:
+    # when, where and by which version: reports collected from many hosts are told apart (issue 32)
     return json.dumps({
+        "checked_at": iso_time(time.time()),
+        "host": socket.gethostname(),
+        "version": __version__,
         "exit_code": result.exit_code(strict),
         "duration_seconds": round(result.duration_seconds, 3),
         "findings": [
@@ -256,7 +262,8 @@ def main(config: AgentConfig, duration_seconds: float, as_json: bool, strict: bo
         reason = f"hybridmon check could not run: {error}"
         print(reason, file=sys.stderr)
         if as_json:  # a JSON reader gets a document whatever happened
-            print(json.dumps({"exit_code": EXIT_COULD_NOT_RUN, "reason": reason, "findings": [],
+            print(json.dumps({"checked_at": iso_time(time.time()), "host": socket.gethostname(),
+                              "version": __version__, "exit_code": EXIT_COULD_NOT_RUN, "reason": reason, "findings": [],
                               "skipped": [], "collector_failures": {}, "could_not_read": {}}, indent=2))
         return EXIT_COULD_NOT_RUN
     if result.could_not_read:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.core import Metric
 
@@ -98,6 +98,12 @@ class Exposition:
         # then what else registers here (the detectors' findings, Alertmanager delivery).
         self._health = AgentHealthCollector(sampler, mode)
         self.health_registry = CollectorRegistry(auto_describe=False)
+        # process_* of the agent itself (resident memory, CPU seconds, open fds, start time), as
+        # every Prometheus exporter publishes them (issue 32): prometheus_client's own collector over
+        # /proc/self, the agent's entry whatever procfs its collectors read (a host's /host/proc).
+        # Apart from health_registry, whose render is kept while its samples stay the same: these
+        # change at every scrape.
+        self._own_process = ProcessCollector(registry=None)
         # (commit generation, text): a render that races a commit is tagged with the older
         # generation, so it is never served after that commit.
         self._generation = 0
@@ -160,7 +166,8 @@ class Exposition:
         """The whole /metrics body in `exposition_format` (TEXT or OPENMETRICS)."""
         body = (self.samples_text(exposition_format)
                 + self._line_cache(exposition_format, _HEALTH).render(self._health.samples(), sort=False)
-                + self._registry_text(exposition_format))
+                + self._registry_text(exposition_format)
+                + _render(_Collected(list(self._own_process.collect())), exposition_format))
         return body + OPENMETRICS_EOF if exposition_format == OPENMETRICS else body
 
 

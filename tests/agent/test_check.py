@@ -1,11 +1,14 @@
 """`hybridmon check` on this machine and on the fixture host, as a user runs it."""
 import json
 import shutil
+import socket
 import subprocess
 import time
+from datetime import datetime
 
 import pytest
 
+from hybridmon import __version__
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.commands import check
 from hybridmon.agent.config import load_config
@@ -49,6 +52,9 @@ def test_check_on_the_fixture_host_reports_its_problems_with_runbooks():
     assert {("GpuPcieLinkDegraded", "warning"), ("InferenceProcessNumaMisplaced", "warning"),
             ("HostSwappinessHigh", "info"), ("InferenceProcessMemlockLow", "info")} <= found
     assert result.returncode == 1 == report["exit_code"]
+    # when, where and by which version (issue 32): reports from many hosts are told apart
+    assert report["host"] == socket.gethostname() and report["version"] == __version__
+    assert abs(datetime.fromisoformat(report["checked_at"].replace("Z", "+00:00")).timestamp() - time.time()) < 60
     # GPUs but no stored benchmark run: the bandwidth check says what to run instead of passing.
     skipped = {s["detector"]: s["reason"] for s in report["skipped"]}
     assert "run `hybridmon bench`" in skipped["pcie_bandwidth_low"]

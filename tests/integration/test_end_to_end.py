@@ -292,3 +292,21 @@ def test_a_commit_rerenders_only_its_collectors_part(monkeypatch):
     assert len(rendered) == 1 and rendered[0] is agent.history.latest()["gpu"][1]
     assert sorted(again.splitlines()) == sorted(first.splitlines())  # the fake NVML did not move
     assert agent.exposition.samples_text() is again and len(rendered) == 1  # cached until a commit
+
+
+def test_the_agents_own_process_metrics_are_its_own_whatever_procfs_it_reads():
+    """Issue 32: process_* as every Prometheus exporter has them, from the agent's own /proc entry,
+    though its collectors read the fixture host's procfs."""
+    import psutil
+
+    agent = Agent(fixture_config())
+    try:
+        run_every_collector_once(agent, at=1_700_000_000.0)
+        lines = dict(line.rsplit(" ", 1) for line in agent.exposition.render().decode().splitlines()
+                     if line.startswith("process_"))
+    finally:
+        agent.stop()
+    me = psutil.Process()
+    assert float(lines["process_resident_memory_bytes"]) == pytest.approx(me.memory_info().rss, rel=0.2)
+    assert float(lines["process_start_time_seconds"]) == pytest.approx(me.create_time(), abs=2)
+    assert float(lines["process_open_fds"]) > 0 and float(lines["process_cpu_seconds_total"]) > 0
