@@ -4,9 +4,14 @@ This answers the planning question of the seed handbook (chapter 4): how many by
 token costs, how much of a context fits in the VRAM left for it, and how long moving the rest back
 across PCIe takes at a given host-to-device bandwidth.
 
-KV bytes per token = 2 (K and V) × layers × KV heads × head_dim × bytes per element. Everything here
-is exact integer arithmetic on bytes except the divisions by a bandwidth (bytes per second).
-The model shape comes from a preset or from a Hugging Face `config.json`.
+KV bytes per token = 2 (K and V) × layers × KV heads × head_dim × bytes per element for standard
+(multi-head, grouped-query) attention, and layers × (kv_lora_rank + qk_rope_head_dim) × bytes per
+element for multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2), which caches one compressed
+latent per layer, shared by every head, instead of K and V. Everything here is exact integer
+arithmetic on bytes except the divisions by a bandwidth (bytes per second). The model shape comes
+from a preset or from a Hugging Face `config.json`; a config.json whose attention this arithmetic
+does not describe (hybrid linear attention, state-space layers, compressed KV) is refused with the
+reason rather than sized wrongly.
 """
 from __future__ import annotations
 
@@ -52,7 +57,13 @@ TORCH_DTYPES = {
 
 @dataclass(frozen=True)
 class ModelShape:
-    """The attention shape that sets a model's KV cache size."""
+    """The attention shape that sets a model's KV cache size.
+
+    For MLA, kv_lora_rank and qk_rope_head_dim are set, and kv_heads and head_dim are what vLLM's
+    MLAAttentionSpec uses (vllm/v1/kv_cache_interface.py; num_kv_heads=1 and head_size =
+    kv_lora_rank + qk_rope_head_dim from ModelConfig.get_head_size in vllm/config/model.py): one
+    cached vector per layer, its page size without the factor 2 of K and V.
+    """
 
     name: str
     layers: int
@@ -61,11 +72,24 @@ class ModelShape:
     dtype: str  # the model's own dtype, a key of DTYPE_BITS; the default KV cache dtype
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    kv_lora_rank: int = 0  # MLA: width of the compressed KV latent; 0 for standard attention
+    qk_rope_head_dim: int = 0  # MLA: the decoupled RoPE key cached beside the latent
+
+    @classmethod
+    def mla(cls, name: str, layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: str,
+            source: str = "", notes: tuple[str, ...] = ()) -> "ModelShape":
+        return cls(name, layers, 1, kv_lora_rank + qk_rope_head_dim, dtype, source, notes,
+                   kv_lora_rank, qk_rope_head_dim)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     def kv_bytes_per_token(self, dtype: str | None = None) -> int:
-        """Bytes of K and V one token occupies across all layers."""
+        """Bytes of KV cache one token occupies across all layers."""
         bits = DTYPE_BITS[dtype or self.dtype]
-        return 2 * self.layers * self.kv_heads * self.head_dim * bits // 8
+        vectors_per_head = 1 if self.is_mla else 2  # MLA's latent stands for K and V together
+        return vectors_per_head * self.layers * self.kv_heads * self.head_dim * bits // 8
 
 
 _MISTRAL_WINDOW_NOTE = (
@@ -90,6 +114,17 @@ PRESETS: dict[str, ModelShape] = {
         ModelShape("Qwen2.5-72B", 80, 8, 128, "bf16", "Qwen/Qwen2.5-72B/config.json"),
         # meta-llama/Llama-2-7b-hf: 32 layers, 32 heads, 32 KV heads (no GQA), hidden 4096, float16
         ModelShape("Llama-2-7B", 32, 32, 128, "fp16", "meta-llama/Llama-2-7b-hf/config.json"),
+        # MLA. deepseek-ai/DeepSeek-V2-Lite: num_hidden_layers 27, kv_lora_rank 512, qk_rope_head_dim 64,
+        # torch_dtype bfloat16 (its model card: "27 layers ... KV compression dimension is 512 ... per-head
+        # dimension of 64" for the decoupled key; kv_a_proj_with_mqa is 2048 -> 576 = 512 + 64).
+        ModelShape.mla("DeepSeek-V2-Lite", 27, 512, 64, "bf16", "deepseek-ai/DeepSeek-V2-Lite/config.json"),
+        # deepseek-ai/DeepSeek-V2: num_hidden_layers 60, kv_lora_rank 512, qk_rope_head_dim 64, bfloat16
+        ModelShape.mla("DeepSeek-V2", 60, 512, 64, "bf16", "deepseek-ai/DeepSeek-V2/config.json"),
+        # deepseek-ai/DeepSeek-V3: num_hidden_layers 61, kv_lora_rank 512, qk_rope_head_dim 64, torch_dtype
+        # bfloat16 (the weights ship in fp8; vLLM's kv_cache_dtype "auto" follows the model dtype, bf16).
+        # Its one multi-token-prediction layer (num_nextn_predict_layers 1) is left out: it holds KV only
+        # when a server runs it for speculative decoding.
+        ModelShape.mla("DeepSeek-V3", 61, 512, 64, "bf16", "deepseek-ai/DeepSeek-V3/config.json"),
     )
 }
 
@@ -103,15 +138,101 @@ def preset(name: str) -> ModelShape:
     return shape
 
 
+# model_type values whose config.json fields this arithmetic was checked against (the fields each
+# architecture's transformers configuration defines and vLLM sizes its KV cache from). Another
+# model_type is still sized, under a note saying that nobody checked it.
+STANDARD_ATTENTION_MODEL_TYPES = frozenset({
+    "llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "gemma", "gemma2", "phi3",
+})
+# vLLM's ModelConfig.is_deepseek_mla names these (with kv_lora_rank set) as MLA models.
+MLA_MODEL_TYPES = frozenset({"deepseek_v2", "deepseek_v3", "kimi_k2"})
+MLA_ONLY_FIELDS = ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+# layer_types entries (transformers >= 4.53 writes one per layer) that hold KV for every token.
+PER_TOKEN_LAYER_TYPES = frozenset({"full_attention", "sliding_attention"})
+# Fields that declare layers without a per-token KV cache, or a KV cache of another shape: the
+# formula above would size them wrongly, so such a config is refused with the field named.
+UNSIZED_ATTENTION_FIELDS = {
+    "linear_attn_config": "Kimi-Linear's linear-attention layers keep a fixed-size state, not KV per token",
+    "attn_layer_period": "Jamba-style hybrids interleave Mamba layers (a fixed-size state) with attention",
+    "hybrid_override_pattern": "Nemotron-H-style hybrids interleave Mamba layers (a fixed-size state) with attention",
+    "attn_type_list": "MiniMax-style hybrids interleave linear-attention layers (a fixed-size state) with attention",
+    "block_types": "RecurrentGemma-style models interleave recurrent blocks (a fixed-size state) with local attention",
+    "compress_ratios": "DeepSeek-V4-style compressed KV stores a layer-dependent fraction of the tokens",
+}
+
+
 def load_config_json(path: str | Path) -> ModelShape:
     """The shape of the model a Hugging Face `config.json` describes.
 
-    Reads num_hidden_layers, num_attention_heads, num_key_value_heads (default: num_attention_heads,
-    i.e. no grouped-query attention), head_dim (default: hidden_size / num_attention_heads) and
-    torch_dtype (or `dtype`; default fp16). Multimodal configs that nest the language model under
-    `text_config` are read from there.
+    Standard attention: num_hidden_layers, num_attention_heads, num_key_value_heads (default:
+    num_attention_heads, i.e. no grouped-query attention), head_dim (default: hidden_size /
+    num_attention_heads). MLA, when kv_lora_rank is set: num_hidden_layers, kv_lora_rank and
+    qk_rope_head_dim (the head counts and head_dim do not change its cache). Both: torch_dtype (or
+    `dtype`; default fp16). Multimodal configs that nest the language model under `text_config`
+    are read from there. Layers that keep a fixed-size state instead of KV per token (hybrid
+    linear attention, Mamba) or compressed KV are refused: a wrong figure would pass for a right one.
     """
     path = Path(path)
+    config = _read_config_json(path)
+    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
+        config = {**config, **config["text_config"]}
+    _refuse_unsized_attention(config, path)
+
+    layers = _positive_int(config, "num_hidden_layers", path)
+    notes: list[str] = []
+    torch_dtype = config.get("torch_dtype", config.get("dtype"))
+    if torch_dtype is None:
+        dtype = "fp16"
+        notes.append("config.json names no torch_dtype; assumed fp16 (pass --dtype to choose)")
+    else:
+        dtype = TORCH_DTYPES.get(str(torch_dtype).removeprefix("torch."), "")
+        if not dtype:
+            # Left for `compute` to reject unless --dtype overrides it.
+            dtype = f"unknown:{torch_dtype}"
+    notes += _window_notes(config, layers)
+    model_type = config.get("model_type")
+    name = str(config.get("_name_or_path") or path.parent.name or path.name)
+
+    if config.get("kv_lora_rank") is not None:
+        kv_lora_rank = _positive_int(config, "kv_lora_rank", path)
+        rope = _positive_int(config, "qk_rope_head_dim", path, why=" (MLA caches it beside the kv_lora_rank latent)")
+        if model_type not in MLA_MODEL_TYPES:
+            notes.append(f"model_type {model_type!r} is not one this calculator was checked against; sized as "
+                         "DeepSeek-style MLA because config.json sets kv_lora_rank")
+        if config.get("index_head_dim") is not None:
+            notes.append(f"DeepSeek sparse attention: each layer also caches an indexer key of index_head_dim "
+                         f"{config['index_head_dim']!r} per token, not counted here, so figures are a lower bound")
+        if isinstance(config.get("num_nextn_predict_layers"), int) and config["num_nextn_predict_layers"] > 0:
+            notes.append(f"config.json declares {config['num_nextn_predict_layers']} multi-token-prediction "
+                         "layer(s), not counted: a server that runs them for speculative decoding caches KV for them too")
+        return ModelShape.mla(name, layers, kv_lora_rank, rope, dtype, str(path), tuple(notes))
+
+    stray = [key for key in MLA_ONLY_FIELDS if config.get(key) is not None]
+    if stray:
+        # DeepSeek's fields without the latent: K (qk_nope + qk_rope) and V (v_head_dim) differ in
+        # width, which the K-and-V formula cannot express.
+        raise BudgetError(f"{path}: sets {', '.join(stray)} but kv_lora_rank is {config.get('kv_lora_rank')!r}: MLA "
+                          "needs kv_lora_rank, and without it K and V differ in width; not sized rather than "
+                          "sized wrongly")
+    heads = _positive_int(config, "num_attention_heads", path)
+    kv_heads = _positive_int(config, "num_key_value_heads", path) if config.get("num_key_value_heads") is not None else heads
+    if config.get("head_dim") is not None:
+        head_dim = _positive_int(config, "head_dim", path)
+    else:
+        hidden = _positive_int(config, "hidden_size", path, why=" (needed when head_dim is absent)")
+        if hidden % heads:
+            raise BudgetError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
+                              "the file needs an explicit head_dim")
+        head_dim = hidden // heads
+    if model_type not in STANDARD_ATTENTION_MODEL_TYPES:
+        notes.append(f"model_type {model_type!r} is not one this calculator was checked against; sized as "
+                     "standard attention (2 x layers x KV heads x head_dim): compare with the KV cache size "
+                     "your server reports")
+    return ModelShape(name, layers, kv_heads, head_dim, dtype, str(path), tuple(notes))
+
+
+def _read_config_json(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as error:
@@ -126,37 +247,39 @@ def load_config_json(path: str | Path) -> ModelShape:
         raise BudgetError(f"{path}: {error}; expected a Hugging Face config.json") from None
     if not isinstance(config, dict):
         raise BudgetError(f"{path}: expected a JSON object, found {type(config).__name__}")
-    if "num_hidden_layers" not in config and isinstance(config.get("text_config"), dict):
-        config = {**config, **config["text_config"]}
+    return config
 
-    layers = _positive_int(config, "num_hidden_layers", path)
-    heads = _positive_int(config, "num_attention_heads", path)
-    kv_heads = _positive_int(config, "num_key_value_heads", path) if config.get("num_key_value_heads") is not None else heads
-    if config.get("head_dim") is not None:
-        head_dim = _positive_int(config, "head_dim", path)
-    else:
-        hidden = _positive_int(config, "hidden_size", path, why=" (needed when head_dim is absent)")
-        if hidden % heads:
-            raise BudgetError(f"{path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads}; "
-                              "the file needs an explicit head_dim")
-        head_dim = hidden // heads
 
-    notes: list[str] = []
-    torch_dtype = config.get("torch_dtype", config.get("dtype"))
-    if torch_dtype is None:
-        dtype = "fp16"
-        notes.append("config.json names no torch_dtype; assumed fp16 (pass --dtype to choose)")
-    else:
-        dtype = TORCH_DTYPES.get(str(torch_dtype).removeprefix("torch."), "")
-        if not dtype:
-            # Left for `compute` to reject unless --dtype overrides it.
-            dtype = f"unknown:{torch_dtype}"
+def _refuse_unsized_attention(config: dict, path: Path) -> None:
+    for key, why in UNSIZED_ATTENTION_FIELDS.items():
+        if config.get(key) is not None:
+            raise BudgetError(f"{path}: sets {key}: {why}; `budget` sizes standard and MLA attention only, so it "
+                              "gives no figure rather than a wrong one")
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list):
+        other = sorted({str(kind) for kind in layer_types} - PER_TOKEN_LAYER_TYPES)
+        if other:
+            counts = ", ".join(f"{layer_types.count(kind)} {kind}" for kind in sorted(set(map(str, layer_types))))
+            raise BudgetError(f"{path}: layer_types has {counts}: layers of type {', '.join(other)} keep no KV per "
+                              "token (a fixed-size state, or a kind this calculator does not know); `budget` sizes "
+                              "standard and MLA attention only, so it gives no figure rather than a wrong one")
+
+
+def _window_notes(config: dict, layers: int) -> list[str]:
+    """Sliding-window attention keeps at most `window` tokens of KV: the figures are an upper bound."""
     window = config.get("sliding_window")
-    if isinstance(window, int) and window > 0 and config.get("use_sliding_window", True) is not False:
-        notes.append(f"config.json declares a {window:,}-token sliding window: a server that honours it keeps "
-                     f"at most {window:,} tokens of KV per sequence, so figures past that are an upper bound")
-    name = str(config.get("_name_or_path") or path.parent.name or path.name)
-    return ModelShape(name, layers, kv_heads, head_dim, dtype, str(path), tuple(notes))
+    if not (isinstance(window, int) and window > 0) or config.get("use_sliding_window", True) is False:
+        return []
+    layer_types = config.get("layer_types")
+    if isinstance(layer_types, list):
+        windowed = layer_types.count("sliding_attention")
+        if not windowed:
+            return []
+        return [f"config.json gives {windowed} of {layers} layers a {window:,}-token sliding window: a server that "
+                f"honours it keeps at most {window:,} tokens of KV per sequence in those, so figures past that "
+                "are an upper bound"]
+    return [f"config.json declares a {window:,}-token sliding window: a server that honours it keeps "
+            f"at most {window:,} tokens of KV per sequence, so figures past that are an upper bound"]
 
 
 def _positive_int(config: dict, key: str, path: Path, why: str = "") -> int:
@@ -258,6 +381,9 @@ class Budget:
             "model": {
                 "name": self.model.name, "layers": self.model.layers, "kv_heads": self.model.kv_heads,
                 "head_dim": self.model.head_dim, "source": self.model.source,
+                "attention": "mla" if self.model.is_mla else "standard",
+                "kv_lora_rank": self.model.kv_lora_rank or None,
+                "qk_rope_head_dim": self.model.qk_rope_head_dim or None,
             },
             "dtype": self.dtype,
             "bytes_per_element": DTYPE_BITS[self.dtype] / 8,
@@ -334,10 +460,14 @@ def render(budget: Budget) -> str:
     """The readable summary `hybridmon budget` prints."""
     m = budget.model
     element = DTYPE_BITS[budget.dtype] / 8
+    if m.is_mla:
+        formula = (f"{m.layers} layers x ({m.kv_lora_rank} kv_lora_rank + {m.qk_rope_head_dim} qk_rope_head_dim) "
+                   f"x {element:g} B (MLA: one latent per layer, shared by every head, instead of K and V)")
+    else:
+        formula = f"2 (K,V) x {m.layers} layers x {m.kv_heads} KV heads x {m.head_dim} head_dim x {element:g} B"
     lines = [
         f"KV cache budget for {m.name} ({budget.dtype}, {element:g} bytes per element)",
-        f"  per token        {budget.bytes_per_token:,} B ({_binary(budget.bytes_per_token)}) = 2 (K,V) x "
-        f"{m.layers} layers x {m.kv_heads} KV heads x {m.head_dim} head_dim x {element:g} B",
+        f"  per token        {budget.bytes_per_token:,} B ({_binary(budget.bytes_per_token)}) = {formula}",
         f"  context          {budget.context_tokens:,} tokens = {budget.context_bytes:,} B ({_binary(budget.context_bytes)})",
     ]
     if budget.vram_free_bytes is None:

@@ -110,7 +110,7 @@ def test_unparseable_bandwidth_is_a_clear_error(text, message):
 def test_unknown_model_lists_the_presets():
     with pytest.raises(BudgetError) as error:
         budget.preset("gpt-5")
-    for name in ("Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen2.5-7B", "Qwen2.5-72B", "Llama-2-7B"):
+    for name in ("Mistral-7B", "Llama-3-8B", "Llama-3-70B", "Qwen2.5-7B", "Qwen2.5-72B", "Llama-2-7B", "DeepSeek-V2-Lite", "DeepSeek-V3"):
         assert name in str(error.value)
 
 
@@ -132,7 +132,7 @@ def _write(tmp_path: Path, config) -> Path:
 
 
 LLAMA_3_8B_CONFIG = {
-    "_name_or_path": "meta-llama/Meta-Llama-3-8B", "hidden_size": 4096, "num_attention_heads": 32,
+    "_name_or_path": "meta-llama/Meta-Llama-3-8B", "model_type": "llama", "hidden_size": 4096, "num_attention_heads": 32,
     "num_hidden_layers": 32, "num_key_value_heads": 8, "torch_dtype": "bfloat16",
 }
 
@@ -201,6 +201,103 @@ def test_malformed_config_json_is_a_clear_error(tmp_path, content, message):
         budget.load_config_json(_write(tmp_path, content))
 
 
+# Multi-head latent attention: layers × (kv_lora_rank + qk_rope_head_dim) × bytes, one latent per layer.
+DEEPSEEK_V2_LITE = REPO / "tests" / "fixtures" / "budget" / "DeepSeek-V2-Lite" / "config.json"
+DEEPSEEK_V2_LITE_CONFIG = json.loads(DEEPSEEK_V2_LITE.read_text())
+
+
+def test_deepseek_v2_lite_config_json_is_31104_bytes_per_token():
+    shape = budget.load_config_json(DEEPSEEK_V2_LITE)
+    assert shape.is_mla and (shape.layers, shape.kv_lora_rank, shape.qk_rope_head_dim, shape.dtype) == (27, 512, 64, "bf16")
+    assert budget.compute(shape, 1).bytes_per_token == 31_104  # 27 × (512 + 64) × 2
+    assert not shape.notes  # a checked model_type, no window, nothing left out
+
+
+def test_mla_ignores_the_head_fields_that_would_give_seven_times_the_bytes(tmp_path):
+    # The transformers 5 dump of the same model: `dtype` for torch_dtype and head_dim 64 added.
+    # 2 × 27 × 16 KV heads × 128 (hidden_size / heads) × 2 = 221,184 B would be the standard formula.
+    config = {k: v for k, v in DEEPSEEK_V2_LITE_CONFIG.items() if k != "torch_dtype"} | {"dtype": "bfloat16", "head_dim": 64}
+    assert budget.compute(budget.load_config_json(_write(tmp_path, config)), 1).bytes_per_token == 31_104
+
+
+@pytest.mark.parametrize("name, expected", [("DeepSeek-V2-Lite", 31_104), ("DeepSeek-V2", 69_120), ("DeepSeek-V3", 70_272)])
+def test_mla_presets(name, expected):
+    assert budget.compute(budget.preset(name), 1).bytes_per_token == expected  # layers × 576 × 2
+
+
+def test_mla_scales_with_the_kv_cache_dtype():
+    assert budget.compute(budget.preset("deepseek-v2-lite"), 1, "fp8").bytes_per_token == 15_552
+
+
+def test_mla_summary_shows_the_latent_formula_and_json_says_mla():
+    result = budget.compute(budget.load_config_json(DEEPSEEK_V2_LITE), 12_000)
+    assert "31,104 B (30.38 KiB) = 27 layers x (512 kv_lora_rank + 64 qk_rope_head_dim) x 2 B" in budget.render(result)
+    model = result.as_dict()["model"]
+    assert (model["attention"], model["kv_lora_rank"], model["qk_rope_head_dim"], model["kv_heads"], model["head_dim"]) == ("mla", 512, 64, 1, 576)
+    assert result.context_bytes == 373_248_000
+    assert budget.compute(budget.preset("llama-3-8b"), 1).as_dict()["model"]["attention"] == "standard"
+
+
+def test_mla_under_an_unchecked_model_type_is_sized_with_a_note(tmp_path):
+    shape = budget.load_config_json(_write(tmp_path, DEEPSEEK_V2_LITE_CONFIG | {"model_type": "my_mla"}))
+    assert budget.compute(shape, 1).bytes_per_token == 31_104
+    assert any("'my_mla' is not one this calculator was checked against" in note for note in shape.notes)
+
+
+def test_deepseek_v32_indexer_and_mtp_layers_are_noted_as_left_out(tmp_path):
+    config = DEEPSEEK_V2_LITE_CONFIG | {"model_type": "deepseek_v3", "index_head_dim": 128, "index_topk": 2048, "num_nextn_predict_layers": 1}
+    notes = budget.load_config_json(_write(tmp_path, config)).notes
+    assert any("indexer key of index_head_dim 128" in note and "lower bound" in note for note in notes)
+    assert any("1 multi-token-prediction layer(s), not counted" in note for note in notes)
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"qk_rope_head_dim": None}, "missing qk_rope_head_dim"),
+        ({"kv_lora_rank": 0}, "kv_lora_rank must be a positive integer"),
+        ({"kv_lora_rank": "512"}, "kv_lora_rank must be a positive integer"),
+        ({"qk_rope_head_dim": -64}, "qk_rope_head_dim must be a positive integer"),
+        ({"kv_lora_rank": None}, "sets qk_rope_head_dim, qk_nope_head_dim, v_head_dim but kv_lora_rank is None"),
+    ],
+)
+def test_inconsistent_mla_fields_are_refused(tmp_path, change, message):
+    with pytest.raises(BudgetError, match=message):
+        budget.load_config_json(_write(tmp_path, DEEPSEEK_V2_LITE_CONFIG | change))
+
+
+QWEN3_NEXT_SHAPED = {  # Qwen3-Next: 3 of every 4 layers are linear attention (Gated DeltaNet)
+    "model_type": "qwen3_next", "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 2,
+    "head_dim": 256, "hidden_size": 2048, "torch_dtype": "bfloat16",
+    "layer_types": ["linear_attention", "linear_attention", "linear_attention", "full_attention"] * 2,
+}
+
+
+def test_hybrid_linear_attention_gives_no_figure(tmp_path):
+    with pytest.raises(BudgetError, match="layer_types has 2 full_attention, 6 linear_attention: layers of type "
+                                          "linear_attention keep no KV per token"):
+        budget.load_config_json(_write(tmp_path, QWEN3_NEXT_SHAPED))
+
+
+@pytest.mark.parametrize("key, value", [("linear_attn_config", {"kda_layers": [1, 2]}), ("attn_layer_period", 8),
+                                        ("hybrid_override_pattern", "M-M*"), ("attn_type_list", [0, 1]),
+                                        ("block_types", ["recurrent", "attention"]), ("compress_ratios", [1, 4])])
+def test_fields_of_other_cache_shapes_give_no_figure(tmp_path, key, value):
+    with pytest.raises(BudgetError, match=f"sets {key}: .*gives no figure rather than a wrong one"):
+        budget.load_config_json(_write(tmp_path, LLAMA_3_8B_CONFIG | {key: value}))
+
+
+def test_per_layer_sliding_windows_are_counted_in_the_note(tmp_path):
+    # gpt-oss: alternating 128-token sliding-window and full-attention layers.
+    config = LLAMA_3_8B_CONFIG | {"model_type": "gpt_oss", "sliding_window": 128,
+                                  "layer_types": ["sliding_attention", "full_attention"] * 16}
+    notes = budget.load_config_json(_write(tmp_path, config)).notes
+    assert any("16 of 32 layers a 128-token sliding window" in note for note in notes)
+    assert any("'gpt_oss' is not one this calculator was checked against" in note for note in notes)
+    all_full = LLAMA_3_8B_CONFIG | {"sliding_window": 4096, "layer_types": ["full_attention"] * 32}
+    assert not budget.load_config_json(_write(tmp_path, all_full)).notes
+
+
 def test_missing_config_json_is_a_clear_error(tmp_path):
     with pytest.raises(BudgetError, match="cannot read .*nope.json"):
         budget.load_config_json(tmp_path / "nope.json")
@@ -249,6 +346,20 @@ def test_cli_config_json(tmp_path):
     result = _cli("--config-json", str(_write(tmp_path, LLAMA_3_8B_CONFIG)), "--context", "12000", "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["context_bytes"] == 1_572_864_000
+
+
+@pytest.mark.slow
+def test_cli_deepseek_v2_lite_config_json():
+    result = _cli("--config-json", str(DEEPSEEK_V2_LITE), "--context", "12000")
+    assert result.returncode == 0, result.stderr
+    assert "31,104 B" in result.stdout and "MLA: one latent per layer" in result.stdout
+
+
+@pytest.mark.slow
+def test_cli_hybrid_config_json_is_refused_with_the_reason(tmp_path):
+    result = _cli("--config-json", str(_write(tmp_path, QWEN3_NEXT_SHAPED)), "--context", "12000")
+    assert result.returncode == EXIT_USAGE and result.stdout == ""
+    assert "gives no figure rather than a wrong one" in result.stderr
 
 
 @pytest.mark.slow
