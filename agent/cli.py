@@ -14,6 +14,7 @@ from hybridmon import __version__
 from hybridmon.agent.config import ConfigError, load_config, parse_listen
 from hybridmon.agent.logs import configure_logging
 from hybridmon.agent.loop.trace import TraceError
+from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES
 
 log = logging.getLogger("hybridmon")
 
@@ -55,7 +56,7 @@ class _UsageExitParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> None:  # type: ignore[override]
         self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {_name_unknown_collectors(message)}\n")
 
     def print_help(self, file=None) -> None:
         # argparse drops write errors here; a closed stdout must end like every other command's.
@@ -170,6 +171,58 @@ REPLAY_SPEED = _number_between(0.01, 1e6, "(0: as fast as possible)", zero_allow
 BENCH_MAX_SECONDS = _number_between(1, 3600, "seconds")
 
 
+# node_exporter's spelling: --collector.NAME turns a collector on, --no-collector.NAME off; the
+# names are the registry's, so a new collector gets its pair of flags without an edit here.
+COLLECTOR_FLAG_PREFIXES = ("--collector.", "--no-collector.")
+COLLECTOR_SWITCHES_HELP = (
+    "--collector.NAME turns collector NAME on, --no-collector.NAME off (the key collectors.NAME.enabled; "
+    f"a flag wins over the file and HYBRIDMON_*). NAME: {', '.join(COLLECTOR_NAMES)}")
+
+
+class _CollectorSwitch(argparse.Action):
+    """--collector.NAME (const True) or --no-collector.NAME (const False); both for one name is a
+    usage error. Not argparse's mutually exclusive groups: with hidden members they break its usage
+    line (an AssertionError in Python 3.11's HelpFormatter)."""
+
+    def __init__(self, option_strings, dest, const, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, const=const, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if getattr(namespace, self.dest, None) not in (None, self.const):
+            name = self.dest.removeprefix("collector.")
+            parser.error(f"--collector.{name} and --no-collector.{name} both given; give one")
+        setattr(namespace, self.dest, self.const)
+
+
+def _collector_switches() -> argparse.ArgumentParser:
+    """The parent parser of the commands that run collectors (run, check, record)."""
+    switches = _UsageExitParser(add_help=False)
+    group = switches.add_argument_group("collectors", COLLECTOR_SWITCHES_HELP)
+    for name in COLLECTOR_NAMES:
+        # One help paragraph lists them all instead of twenty lines.
+        for flag, on in ((f"--collector.{name}", True), (f"--no-collector.{name}", False)):
+            group.add_argument(flag, dest=f"collector.{name}", action=_CollectorSwitch, const=on, help=argparse.SUPPRESS)
+    return switches
+
+
+def _name_unknown_collectors(message: str) -> str:
+    """argparse's "unrecognized arguments: --collector.gpus" says neither that it is a collector
+    nor which ones exist."""
+    _, found, unrecognized = message.partition("unrecognized arguments: ")
+    flags = unrecognized.split() if found else []
+    unknown = [flag for flag in flags if flag.startswith(COLLECTOR_FLAG_PREFIXES)]
+    if not unknown:
+        return message
+    if all(flag.split(".", 1)[1] in COLLECTOR_NAMES for flag in unknown):
+        # Known names, given before the command or to one that runs no collectors (budget, bench).
+        return f"{' '.join(unknown)}: collector flags are options of run, check and record, given after " \
+               f"the command (hybridmon run {unknown[0]})"
+    names = ", ".join(flag.split(".", 1)[1] for flag in unknown)
+    others = [flag for flag in flags if flag not in unknown]
+    also = f"; also unrecognized: {' '.join(others)}" if others else ""
+    return f"unknown collector {names} ({' '.join(unknown)}); known: {', '.join(COLLECTOR_NAMES)}{also}"
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _UsageExitParser(prog="hybridmon", description="Observability agent for hybrid GPU/CPU inference hosts.",
                               epilog=f"{EXIT_CODES_HELP}\n\n{REFERENCES_HELP}", formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,20 +236,21 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--procfs", metavar="DIR", help="procfs root (default /proc)")
     common.add_argument("--sysfs", metavar="DIR", help="sysfs root (default /sys)")
 
-    run = commands.add_parser("run", parents=[common], help="sample the host and serve /metrics")
+    switches = _collector_switches()
+    run = commands.add_parser("run", parents=[common, switches], help="sample the host and serve /metrics")
     run.add_argument("--listen", metavar="HOST:PORT", type=_listen_address, help="default 127.0.0.1:9787")
     run.add_argument("--replay", metavar="TRACE", help="read the host from a recorded trace instead")
     run.add_argument("--speed", type=REPLAY_SPEED, default=1.0, help="replay speed factor, 0.01 to 1e6 (0: as fast as possible)")
     run.set_defaults(handler=_run)
 
-    check = commands.add_parser("check", parents=[common], help="one-shot health check with an exit code",
+    check = commands.add_parser("check", parents=[common, switches], help="one-shot health check with an exit code",
                                 epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     check.add_argument("--duration", type=CHECK_DURATION, default=10.0, metavar="SECONDS", help="sampling window, 1 to 3600 (default 10)")
     check.add_argument("--json", action="store_true", help="machine-readable output")
     check.add_argument("--strict", action="store_true", help="info findings (configuration risks) exit 1 too")
     check.set_defaults(handler=_check)
 
-    record = commands.add_parser("record", parents=[common], help="record what the collectors read into a trace")
+    record = commands.add_parser("record", parents=[common, switches], help="record what the collectors read into a trace")
     record.add_argument("--duration", type=RECORD_DURATION, required=True, metavar="SECONDS", help="1 to 604800")
     record.add_argument("--output", required=True, metavar="FILE", help="trace file (gzip JSON lines)")
     record.set_defaults(handler=_record)
@@ -238,12 +292,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _overrides(args: argparse.Namespace) -> dict:
+    switched = vars(args)  # collector.NAME: True, False, or None where no flag was given
     return {
         "log_level": args.log_level,
         "log_format": args.log_format,
         "listen": getattr(args, "listen", None),
         "paths.procfs": args.procfs,
         "paths.sysfs": args.sysfs,
+        **{f"collectors.{name}.enabled": switched.get(f"collector.{name}") for name in COLLECTOR_NAMES},
     }
 
 

@@ -45,6 +45,14 @@ USAGE_ERRORS = [
     # issue 30: a mistyped flag is a usage error, not the configuration error (78) it used to be
     (["run", "--listen", "nonsense"], "--listen: 'nonsense' is not HOST:PORT"),
     (["run", "--listen", "127.0.0.1:70000"], "--listen: port 70000 is outside 1-65535"),
+    # issue 32: node_exporter's collector switches, named from the registry
+    (["check", "--collector.gpus"], "unknown collector gpus (--collector.gpus); known: gpu, host_memory, pressure"),
+    (["run", "--no-collector.nvml", "--verbose"], "unknown collector nvml (--no-collector.nvml); known: gpu, "),
+    (["run", "--no-collector.nvml", "--verbose"], "; also unrecognized: --verbose"),
+    (["record", "--duration", "5", "--output", "x", "--collector.numa", "--no-collector.numa"],
+     "--collector.numa and --no-collector.numa both given; give one"),
+    (["--no-collector.gpu", "run"], "collector flags are options of run, check and record, given after the command"),
+    (["budget", "--model", "llama-3-8b", "--context", "1", "--no-collector.gpu"], "collector flags are options of run, check and record"),
 ]
 
 
@@ -116,6 +124,33 @@ def test_an_internal_error_with_json_logs_is_one_json_line():
     assert "Traceback" in record["exception"] and "RuntimeError: a bug in a command" in record["exception"]
 
 
+def test_collector_switches_become_enabled_overrides_and_win_over_the_environment(monkeypatch):
+    from hybridmon.agent.config import load_config
+    from hybridmon.exporters.registry import NAMES
+
+    args = cli._parser().parse_args(["check", "--no-collector.gpu", "--collector.inference", "--no-collector.process_numa"])
+    overrides = cli._overrides(args)
+    assert {key: value for key, value in overrides.items() if key.startswith("collectors.") and value is not None} == {
+        "collectors.gpu.enabled": False, "collectors.inference.enabled": True, "collectors.process_numa.enabled": False}
+    assert {key for key in overrides if key.startswith("collectors.")} == {f"collectors.{name}.enabled" for name in NAMES}
+    environment = {"HYBRIDMON_COLLECTORS__INFERENCE__ENABLED": "false", "HYBRIDMON_COLLECTORS__NUMA__ENABLED": "false"}
+    config = load_config(environ=environment, overrides=overrides)
+    assert not config.collector("gpu").enabled and not config.collector("process_numa").enabled
+    assert config.collector("inference").enabled  # the flag wins over HYBRIDMON_*
+    assert not config.collector("numa").enabled and config.collector("pcie").enabled  # no flag: unchanged
+
+
+@pytest.mark.parametrize("command", ["run", "check", "record"])
+def test_help_lists_every_collector_switch_in_one_paragraph(capsys, command):
+    from hybridmon.exporters.registry import NAMES
+
+    assert cli.main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    paragraph = out[out.index("--collector.NAME turns collector NAME on"):]
+    assert all(name in paragraph for name in NAMES)
+    assert "--no-collector.gpu" not in out  # not twenty lines of flags
+
+
 def test_help_lists_the_exit_codes(capsys):
     for argv in (["--help"], ["check", "--help"]):
         assert cli.main(argv) == 0
@@ -128,6 +163,14 @@ def test_help_lists_the_exit_codes(capsys):
 def run_hybridmon(*args: str, environment: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(HYBRIDMON + list(args), env=subprocess_environment(environment), cwd=REPO,
                           capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.slow
+def test_no_collector_flag_turns_the_collector_off_in_a_real_check():
+    result = run_hybridmon("check", "--duration", "1", "--json", "--no-collector.gpu", environment=FIXTURE_ENVIRONMENT)
+    assert result.returncode in (0, 1, 2, 3), result.stderr
+    reasons = {entry["detector"]: entry["reason"] for entry in json.loads(result.stdout)["skipped"]}
+    assert reasons["gpu_lost"] == "the gpu collector is disabled"
 
 
 @pytest.mark.slow
