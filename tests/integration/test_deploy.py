@@ -9,6 +9,7 @@ DaemonSet's pods and the rule file.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -418,8 +419,9 @@ def test_without_ptrace_the_agent_sees_every_process_but_no_numa_placement_and_s
 
 
 def dockerfile_stages() -> list[dict]:
-    """The Dockerfile's stages, in order: {"from", "name", "instructions": [(keyword, text)]},
-    continuation lines joined and comments dropped (the subset of the syntax the file uses)."""
+    """The Dockerfile's stages, in order: {"from", "digest", "name", "instructions": [(keyword, text)]}
+    ("from" without its "@sha256:..." digest), continuation lines joined and comments dropped (the
+    subset of the syntax the file uses)."""
     text = re.sub(r"\\\n\s*", " ", (DEPLOY / "container" / "Dockerfile").read_text())
     stages, arguments = [], {}
     for line in text.splitlines():
@@ -432,7 +434,8 @@ def dockerfile_stages() -> list[dict]:
         elif keyword == "FROM":
             image, _, name = rest.partition(" AS ")
             image = re.sub(r"\$\{(\w+)\}", lambda m: arguments[m.group(1)], image)
-            stages.append({"from": image, "name": name or None, "instructions": []})
+            image, _, digest = image.partition("@")
+            stages.append({"from": image, "digest": digest or None, "name": name or None, "instructions": []})
         else:
             stages[-1]["instructions"].append((keyword, rest))
     return stages
@@ -468,6 +471,23 @@ def test_container_image_ships_the_prebuilt_benchmark_and_the_daemonset_runs_it(
     assert load_config(environ=pod_env).bench.binary == binary_copy[2]
     compute = set(pod_env["NVIDIA_DRIVER_CAPABILITIES"].split(","))
     assert "compute" in compute  # libcuda.so.1 for the benchmark, mounted by the NVIDIA runtime
+
+
+def test_container_image_bases_are_pinned_by_digest_and_it_exposes_the_default_port():
+    """Issue 32: unpinned bases rebuilt the same commit on whatever the tags pointed to that day,
+    and the image declared no port. Every FROM names a tag and its sha256 digest; EXPOSE is the
+    agent's default port, the one the image's CMD listens on and the DaemonSet's containerPort."""
+    stages = dockerfile_stages()
+    for stage in stages:
+        assert re.fullmatch(r"[\w./-]+:[\w.-]+", stage["from"]), stage  # a tag, kept for readers and Renovate
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", stage["digest"] or ""), stage
+    final = stages[-1]
+    exposed = [rest for keyword, rest in final["instructions"] if keyword == "EXPOSE"]
+    _host, default_port = parse_listen(AgentConfig().listen)
+    assert exposed == [str(default_port)]
+    (command,) = [json.loads(rest) for keyword, rest in final["instructions"] if keyword == "CMD"]
+    assert parse_listen(command[command.index("--listen") + 1])[1] == default_port
+    assert default_port in {port["containerPort"] for port in agent_container()["ports"]}
 
 
 def test_service_and_servicemonitor_reach_the_agent_pods():
