@@ -14,7 +14,6 @@ editing these lists by hand.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -24,7 +23,7 @@ from hybridmon.agent.alerts.catalogue import FAMILIES, load_thresholds
 from hybridmon.agent.self_metrics import (FINDING_ACTIVE, FINDING_METRICS, FINDING_THRESHOLD, FINDING_VALUE,
                                           SELF_METRICS)
 from hybridmon.exporters.registry import COLLECTORS
-from hybridmon.generated import check_or_write
+from hybridmon.generated import generator_main
 from hybridmon.rules.groups import GROUPS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,16 +147,7 @@ def render(repo: Path = REPO) -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true",
-                        help="generate in memory and exit 1 with a diff if a file on disk differs")
-    args = parser.parse_args(argv)
-    try:
-        files = render()
-    except (OSError, ValueError) as error:
-        print(f"{COMMAND}: {error}", file=sys.stderr)
-        return 2
-    return check_or_write(REPO, files, args.check, COMMAND)
+    return generator_main(argv, COMMAND, __doc__.split("\n\n")[0], render, REPO)
 
 
 if __name__ == "__main__":

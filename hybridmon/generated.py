@@ -4,9 +4,11 @@ same way, saying one line per file on stderr so that a silent success cannot be 
 nothing done."""
 from __future__ import annotations
 
+import argparse
 import difflib
 import sys
 from pathlib import Path
+from typing import Callable
 
 
 def check(output_dir: Path, files: dict[str, str]) -> list[str]:
@@ -51,3 +53,19 @@ def check_or_write(output_dir: Path, files: dict[str, str], check_only: bool, co
     for name in files:
         print(f"wrote {output_dir / name}", file=sys.stderr)
     return 0
+
+
+def generator_main(argv: list[str] | None, command: str, description: str,
+                   render: Callable[[], dict[str, str]], output_dir: Path) -> int:
+    """The command line of a generator with no options but --check: render, then check or write.
+    A render that fails on its input (OSError, ValueError) exits 2 with the message."""
+    parser = argparse.ArgumentParser(prog=command, description=description)
+    parser.add_argument("--check", action="store_true",
+                        help="generate in memory and exit 1 with a diff if a file on disk differs")
+    args = parser.parse_args(argv)
+    try:
+        files = render()
+    except (OSError, ValueError) as error:
+        print(f"{command}: {error}", file=sys.stderr)
+        return 2
+    return check_or_write(output_dir, files, args.check, command)
