@@ -8,13 +8,19 @@ from __future__ import annotations
 import base64
 import logging
 import os
+import time
 
 import pytest
 
+from fastapi.testclient import TestClient
+
+from hybridmon.agent.api.server import create_app
 from hybridmon.agent.config import ConfigError, HttpConfig, load_config
+from hybridmon.agent.daemon import Agent
 from hybridmon.agent.publish.alertmanager import AlertmanagerCollector, AlertmanagerPusher
 from hybridmon.agent.publish.push_credentials import PushCredentials
-from tests.support.agent_helpers import free_port
+from tests.support import fake_nvml
+from tests.support.agent_helpers import fixture_config, free_port
 from tests.support.alertmanager_helpers import AcceptingAlertmanager, firing_engine
 from tests.support.tls_files import make_tls_files
 
@@ -127,6 +133,7 @@ def test_the_cli_exits_78_when_a_credentials_file_is_missing(tmp_path, capsys):
     assert "alerting.http_config.authorization.credentials_file: " in capsys.readouterr().err
 
 
+@pytest.mark.slow  # the local fake Alertmanager listens on a socket
 def test_basic_auth_and_bearer_reach_alertmanager_from_their_files(tmp_path, firing_engine, accepting):
     password = tmp_path / "password"
     password.write_text(SECRET + "\n")  # the newline a shell's echo leaves is trimmed, as in Prometheus
@@ -141,6 +148,7 @@ def test_basic_auth_and_bearer_reach_alertmanager_from_their_files(tmp_path, fir
         assert accepting.authorizations[-1] == header
 
 
+@pytest.mark.slow  # the local fake Alertmanager listens on a socket
 def test_a_rotated_secret_is_used_from_the_next_push(tmp_path, firing_engine, accepting):
     """Kubernetes updates a Secret volume by writing a new timestamped directory and swapping the
     ..data symlink to it in one rename; the file the agent names is a symlink through ..data."""
@@ -177,6 +185,7 @@ def test_an_unchanged_file_is_not_read_again(tmp_path, monkeypatch):
     assert reads == ["alerting.http_config.basic_auth.password_file"]
 
 
+@pytest.mark.slow  # the local fake Alertmanager listens on a socket
 def test_a_file_unreadable_later_fails_that_push_only_and_nothing_is_lost(tmp_path, firing_engine, accepting, caplog):
     password = tmp_path / "password"
     password.write_text(SECRET)
@@ -208,13 +217,13 @@ def test_a_changed_ca_replaces_the_delivery_client(tmp_path):
     assert credentials.ssl_context() is not first and credentials.tls_generation == generation + 1
 
 
+@pytest.mark.slow  # the local fake Alertmanager listens on a socket
 def test_no_secret_in_repr_dumps_health_metrics_or_debug_logs(tmp_path, firing_engine, caplog):
     password = tmp_path / "password"
     password.write_text(SECRET)
     http_config = basic_auth(password)
     credentials = PushCredentials(http_config)
-    refusing = AcceptingAlertmanager()
-    refusing.server.RequestHandlerClass.do_POST = _answer_401
+    refusing = AcceptingAlertmanager(status=401)
     try:
         pusher = AlertmanagerPusher(firing_engine, [refusing.url], "http://x/runbooks", credentials=credentials)
         with caplog.at_level(logging.DEBUG):
@@ -234,8 +243,32 @@ def test_no_secret_in_repr_dumps_health_metrics_or_debug_logs(tmp_path, firing_e
     assert "HTTP 401" in caplog.text
 
 
-def _answer_401(handler) -> None:
-    handler.rfile.read(int(handler.headers.get("Content-Length", 0)))
-    handler.send_response(401)
-    handler.send_header("Content-Length", "0")
-    handler.end_headers()
+
+@pytest.mark.slow  # the local fake Alertmanager listens on a socket
+def test_no_secret_on_any_page_the_agent_serves(tmp_path, caplog):
+    """The status page, /healthz, the findings (HybridmonAlertDeliveryFailing's details carry the
+    last error) and /metrics, with a push refused and a log at debug."""
+    password = tmp_path / "password"
+    password.write_text(SECRET)
+    refusing = AcceptingAlertmanager(status=401)
+    fake_nvml.reset()
+    agent = Agent(fixture_config(**{"alerting.alertmanager_urls": [refusing.url], "log_level": "debug",
+                                    "alerting.http_config.basic_auth.username": "agent",
+                                    "alerting.http_config.basic_auth.password_file": str(password)}))
+    try:
+        with caplog.at_level(logging.DEBUG):
+            assert agent.pusher.push_once() == 0
+            now = time.time()
+            agent.engine.evaluate(now)
+            agent.engine.evaluate(now + agent.thresholds.alert_delivery.for_seconds + 1)
+            client = TestClient(create_app(agent))
+            pages = {path: client.get(path).text for path in ("/", "/healthz", "/api/v1/findings", "/metrics")}
+    finally:
+        agent.stop()
+        refusing.close()
+        fake_nvml.reset()
+    assert refusing.authorizations == [expected_basic(SECRET)]  # it was sent, to Alertmanager only
+    assert "did not accept the credentials" in pages["/api/v1/findings"]
+    encoded = base64.b64encode(f"agent:{SECRET}".encode()).decode()
+    for shown in (*pages.values(), caplog.text):
+        assert SECRET not in shown and encoded not in shown

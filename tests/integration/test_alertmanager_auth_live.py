@@ -5,6 +5,7 @@ part 4). The certificates and the web config come from tests/support/tls_files.p
 from __future__ import annotations
 
 import logging
+import os
 
 import httpx
 
@@ -90,4 +91,45 @@ def test_alerts_reach_an_alertmanager_over_https_with_basic_auth_and_a_client_ce
     assert set(without_client_certificate.health()[name]["failures_by_reason"]) <= {"connect", "connection", "protocol"}
     assert wrong_name.health()[name]["failures_by_reason"] == {"connect": 1}
     assert "alertmanager.example.org" in wrong_name.health()[name]["last_error"]
+    assert [alert["labels"]["alertname"] for alert in alerts] == ["GpuPcieStarvation"]
+
+
+def test_a_running_pusher_takes_a_rotated_ca_and_insecure_skip_verify_skips_the_check(tmp_path):
+    """The CA file first holds another CA (the handshake fails), then, swapped in by rename as a
+    Secret volume is, the right one: the running delivery task replaces its client and delivers."""
+    tls = make_tls_files(tmp_path / "tls")
+    other = make_tls_files(tmp_path / "other")
+    web_config = write_web_config(tmp_path / "web.yml", tls=tls, users={USER: PASSWORD})
+    receiver = WebhookReceiver()
+    alertmanager = Alertmanager(tmp_path, receiver.url, web_config=web_config, auth=(USER, PASSWORD), tls=tls)
+    password = tmp_path / "password"
+    password.write_text(PASSWORD)
+    ca_file = tmp_path / "ca.pem"
+    ca_file.write_bytes(other.ca.read_bytes())
+    name = alertmanager.url.removeprefix("https://")
+
+    def pusher(tls_config: dict) -> AlertmanagerPusher:
+        http_config = HttpConfig.model_validate({"basic_auth": {"username": USER, "password_file": str(password)},
+                                                 "tls_config": tls_config})
+        return AlertmanagerPusher(firing_engine(), [alertmanager.url], "http://agent:9787/runbooks",
+                                  interval_seconds=1, timeout_seconds=1, credentials=PushCredentials(http_config))
+
+    rotating = pusher({"ca_file": str(ca_file)})
+    try:
+        rotating.start()
+        wait_until(lambda: rotating.health()[name]["failures_by_reason"].get("connect"), 10,
+                   "a failed handshake against the wrong CA")
+        (tmp_path / "ca.new").write_bytes(tls.ca.read_bytes())
+        os.replace(tmp_path / "ca.new", ca_file)
+        wait_until(lambda: rotating.health()[name]["last_success"], 10, "a push once the right CA is in place")
+        rotating.stop()
+        unchecked = pusher({"insecure_skip_verify": True})  # no CA at all: the system's would refuse it
+        assert unchecked.push_once() == 1
+        alerts = wait_until(alertmanager.alerts, 5, "the alert in the real Alertmanager")
+    finally:
+        rotating.stop()
+        alertmanager.close()
+        receiver.close()
+    assert "CERTIFICATE_VERIFY_FAILED" in rotating.health()[name]["last_error"]  # the last failure's
+    assert rotating.health()[name]["restarts"] == 0
     assert [alert["labels"]["alertname"] for alert in alerts] == ["GpuPcieStarvation"]

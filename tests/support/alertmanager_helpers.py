@@ -265,9 +265,10 @@ class AcceptingAlertmanager:
     """A well-behaved stand-in for Alertmanager's POST /api/v2/alerts: answers 200 with an empty
     body at once and keeps (time.monotonic() at arrival, alerts) of every push. The empty 200 is
     what Debian's prometheus-alertmanager 0.25 answers (its api/v2 postAlerts returns no payload);
-    tests/integration/test_alertmanager_live.py runs the same delivery against that real binary."""
+    tests/integration/test_alertmanager_live.py runs the same delivery against that real binary.
+    `status` 401 stands for one that does not accept the credentials (as exporter-toolkit answers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
         self.pushes: list[tuple[float, list[dict]]] = []
         self.authorizations: list[str | None] = []  # each push's Authorization header
         pushes, authorizations = self.pushes, self.authorizations
@@ -279,7 +280,7 @@ class AcceptingAlertmanager:
                 length = int(self.headers.get("Content-Length", 0))
                 pushes.append((time.monotonic(), json.loads(self.rfile.read(length))))
                 authorizations.append(self.headers.get("Authorization"))
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
