@@ -92,7 +92,7 @@ INLINE_SECRET_KEYS = {
 }
 HTTP_CONFIG_KEY = "alerting.http_config"
 # Why the agent refuses what Prometheus allows: the TOML file is world-readable on most hosts
-# (deploy/systemd installs it 0644), a HYBRIDMON_* variable is in /proc/<pid>/environ and in the
+# (deploy/README.md installs it 0644), a HYBRIDMON_* variable is in /proc/<pid>/environ and in the
 # pod spec, and a Kubernetes Secret or systemd's LoadCredential= hand a secret over as a file anyway.
 WHY_FILES_ONLY = ("secrets are read from files only: the configuration file and HYBRIDMON_* variables "
                   "are readable by more people than the secret should be")
