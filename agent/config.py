@@ -18,8 +18,10 @@ import re
 import sys
 from pathlib import Path
 from typing import Any, Mapping
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from hybridmon.exporters.base import MIN_HTTP_TIMEOUT_SECONDS, CollectorSettings
 from hybridmon.exporters.registry import COLLECTORS, NAMES as COLLECTOR_NAMES, registration
@@ -76,6 +78,110 @@ class DetectorsConfig(_Strict):
     evaluation_interval_seconds: float = Field(default=10.0, ge=MIN_EVALUATION_SECONDS, le=600)
 
 
+# The error type of a secret written into the configuration itself: its message says where to put
+# it instead, and _describe never repeats the value.
+INLINE_SECRET = "inline_secret"
+# Keys under [alerting.http_config] that Prometheus's http_config accepts with the secret inline
+# (prometheus/common config/http_config.go: BasicAuth.Password, Authorization.Credentials,
+# TLSConfig.Key, the deprecated bearer_token), and the file key the agent takes instead.
+INLINE_SECRET_KEYS = {
+    "basic_auth.password": "basic_auth.password_file",
+    "authorization.credentials": "authorization.credentials_file",
+    "bearer_token": "authorization.credentials_file",
+    "tls_config.key": "tls_config.key_file",
+}
+HTTP_CONFIG_KEY = "alerting.http_config"
+# Why the agent refuses what Prometheus allows: the TOML file is world-readable on most hosts
+# (deploy/README.md installs it 0644), a HYBRIDMON_* variable is in /proc/<pid>/environ and in the
+# pod spec, and a Kubernetes Secret or systemd's LoadCredential= hand a secret over as a file anyway.
+WHY_FILES_ONLY = ("secrets are read from files only: the configuration file and HYBRIDMON_* variables "
+                  "are readable by more people than the secret should be")
+# TLS versions as Prometheus's tls_config names them (TLSVersions in config/http_config.go).
+TLS_VERSIONS = ("TLS10", "TLS11", "TLS12", "TLS13")
+
+
+class BasicAuthConfig(_Strict):
+    """[alerting.http_config.basic_auth], as Prometheus's <basic_auth> less the inline password."""
+
+    username: str = Field(description="the basic-auth user name (not a secret: it is in the configuration)")
+    password_file: str = Field(description="file holding the password (surrounding whitespace is trimmed, "
+                               "as Prometheus does); read again when it changes")
+
+    @field_validator("username")
+    @classmethod
+    def _no_colon(cls, username: str) -> str:
+        if ":" in username:  # RFC 7617 section 2: the user-id cannot contain a colon
+            raise ValueError("a basic-auth user name cannot contain ':' (RFC 7617)")
+        return username
+
+
+class AuthorizationConfig(_Strict):
+    """[alerting.http_config.authorization], as Prometheus's <authorization> less inline credentials:
+    each push sends `Authorization: <type> <credentials>`."""
+
+    type: str = Field(default="Bearer", description="the scheme; 'Basic' is refused, use basic_auth")
+    credentials_file: str = Field(description="file holding the credentials (a token); read again when it changes")
+
+    @field_validator("type")
+    @classmethod
+    def _scheme(cls, scheme: str) -> str:
+        scheme = scheme.strip() or "Bearer"  # Prometheus trims it and defaults an empty one
+        if scheme.lower() == "basic":
+            raise ValueError('authorization type cannot be "basic", use [alerting.http_config.basic_auth]')
+        if not re.fullmatch(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", scheme):  # an RFC 9110 token
+            raise ValueError("must be one word (an HTTP auth scheme such as Bearer)")
+        return scheme
+
+
+class TlsClientConfig(_Strict):
+    """[alerting.http_config.tls_config], as Prometheus's <tls_config> with files only."""
+
+    ca_file: str | None = Field(default=None, description="CA certificate(s) that sign Alertmanager's certificate, "
+                                "instead of the system's trust store")
+    cert_file: str | None = Field(default=None, description="client certificate (needs key_file)")
+    key_file: str | None = Field(default=None, description="the client certificate's private key (needs cert_file)")
+    server_name: str | None = Field(default=None, description="the name sent (SNI) and checked in Alertmanager's "
+                                    "certificate; None: the URL's host")
+    insecure_skip_verify: bool = Field(default=False, description="do not check Alertmanager's certificate at all")
+    min_version: str | None = Field(default=None, description=f"one of {', '.join(TLS_VERSIONS)}; None: TLS12, "
+                                    "Python's and Prometheus's default")
+
+    @field_validator("min_version")
+    @classmethod
+    def _known_version(cls, version: str | None) -> str | None:
+        if version is not None and version not in TLS_VERSIONS:
+            raise ValueError(f"unknown TLS version; one of {', '.join(TLS_VERSIONS)}")
+        return version
+
+    @model_validator(mode="after")
+    def _certificate_with_key(self) -> "TlsClientConfig":
+        # Prometheus's TLSConfig.Validate: a client certificate is useless without its key and back.
+        if self.cert_file and not self.key_file:
+            raise ValueError("cert_file is set without key_file: a client certificate needs its private key")
+        if self.key_file and not self.cert_file:
+            raise ValueError("key_file is set without cert_file: a client key needs its certificate")
+        return self
+
+
+class HttpConfig(_Strict):
+    """[alerting.http_config]: how the pushes authenticate, in the shape of Prometheus's
+    alertmanager_config http_config (<basic_auth>, <authorization>, <tls_config>), secrets in files
+    only (WHY_FILES_ONLY). The files are checked when the agent starts and read again when they
+    change (agent/publish/push_credentials.py)."""
+
+    basic_auth: BasicAuthConfig | None = None
+    authorization: AuthorizationConfig | None = None
+    tls_config: TlsClientConfig = TlsClientConfig()
+
+    @model_validator(mode="after")
+    def _one_scheme(self) -> "HttpConfig":
+        # Prometheus's HTTPClientConfig.Validate: both would set the one Authorization header.
+        if self.basic_auth is not None and self.authorization is not None:
+            raise ValueError("at most one of basic_auth and authorization can be configured "
+                             "(both would set the Authorization header)")
+        return self
+
+
 class AlertingConfig(_Strict):
     alertmanager_urls: tuple[str, ...] = Field(
         default=(), description="Alertmanager base URLs to push findings to directly (no Prometheus needed)"
@@ -92,10 +198,16 @@ class AlertingConfig(_Strict):
     labels: dict[str, str] = Field(
         default={}, description="added to every pushed alert; 'host' defaults to the hostname"
     )
+    http_config: HttpConfig = HttpConfig()
 
     @field_validator("alertmanager_urls")
     @classmethod
     def _http_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        # Credentials first, and without the URL in the message: the error is printed.
+        for number, url in enumerate(urls, 1):
+            if "@" in urlsplit(url.strip()).netloc:
+                raise PydanticCustomError(INLINE_SECRET, f"URL {number} carries credentials (user:password@); "
+                                          f"{WHY_FILES_ONLY}: set [alerting.http_config.basic_auth]")
         for url in urls:
             if not re.match(r"https?://[^/\s]+", url):
                 raise ValueError(f"{url!r} is not an http(s) URL")
@@ -344,11 +456,25 @@ def _describe(error: ValidationError, origin: dict[str, str]) -> str:
         where = next(
             (origin[k] for k in _prefixes(key) if k in origin), "defaults"
         )
-        if problem["type"] == "extra_forbidden":
+        inline_secret = _inline_secret_key(key)
+        if problem["type"] == "extra_forbidden" and inline_secret:
+            lines.append(f"  {key}: refused, {WHY_FILES_ONLY}; set {inline_secret} (from {where})")
+        elif problem["type"] == "extra_forbidden":
             lines.append(f"  {key}: unknown key (from {where})")
+        elif problem["type"] == INLINE_SECRET or key.startswith(HTTP_CONFIG_KEY):
+            # never the value: it may be a secret in the wrong place (basic_auth = "user:password")
+            lines.append(f"  {key}: {problem['msg']} (from {where})")
         else:
             lines.append(f"  {key} = {_shorten(repr(problem.get('input')))}: {problem['msg']} (from {where})")
     return "\n".join(lines)
+
+
+def _inline_secret_key(dotted: str) -> str | None:
+    """The file key to use instead, where `dotted` is a secret written inline in http_config."""
+    inside = dotted.removeprefix(HTTP_CONFIG_KEY + ".")
+    if inside == dotted or inside not in INLINE_SECRET_KEYS:
+        return None
+    return f"{HTTP_CONFIG_KEY}.{INLINE_SECRET_KEYS[inside]}"
 
 
 def _prefixes(dotted: str) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from hybridmon.agent.publish.alertmanager import AlertmanagerCollector, AlertmanagerPusher
+from hybridmon.agent.publish.push_credentials import PushCredentials
 from hybridmon.agent.config import AgentConfig, parse_listen
 from hybridmon.agent.alerts.catalogue import load_thresholds
 from hybridmon.agent.detectors.engine import COARSE_STEP_SECONDS, FULL_RESOLUTION_SECONDS, Engine
@@ -58,7 +59,7 @@ class Agent:
         elif record_to:
             self.mode = "record"
             scheduled = build_collectors(config, lambda _name: RecordingSource())
-            # Alerting settings can hold credentials in URLs and are not needed to replay.
+            # Alerting settings name credential files and are not needed to replay.
             self._recorder = TraceWriter(record_to, config.model_dump(mode="json", exclude={"alerting"}))
         else:
             self.mode = "live"
@@ -89,6 +90,8 @@ class Agent:
                 interval_seconds=config.alerting.push_interval_seconds,
                 timeout_seconds=config.alerting.push_timeout_seconds,
                 extra_labels={"host": socket.gethostname(), **config.alerting.labels},
+                # the files are read here, at start: one that cannot be used is a ConfigError (exit 78)
+                credentials=PushCredentials(config.alerting.http_config),
             )
             self.exposition.health_registry.register(AlertmanagerCollector(self.pusher))
         # Detectors that judge the agent itself (its alert delivery, its collectors) read its parts,

@@ -15,6 +15,10 @@ slow, dripping or hostile one cannot delay the others:
   thread, each restart counted (hybridmon_alertmanager_push_loop_restarts_total).
 An empty alert list is pushed too: Alertmanager accepts it, and it shows a broken Alertmanager
 before the first alert needs it.
+
+Credentials and TLS come from [alerting.http_config] (agent/publish/push_credentials.py): each push
+reads again the files that changed, a TLS change replaces the delivery task's HTTP client, and a
+file that cannot be read fails that push only (reason "credentials").
 """
 from __future__ import annotations
 
@@ -23,7 +27,6 @@ import json
 import logging
 import math
 import random
-import ssl
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -35,7 +38,9 @@ import httpx
 from prometheus_client.core import Metric
 
 from hybridmon.agent.detectors.engine import Engine, FindingState
+from hybridmon.agent.config import HttpConfig
 from hybridmon.agent.publish.findings import finding_labels, iso_time, runbook_url
+from hybridmon.agent.publish.push_credentials import CredentialsUnreadable, PushCredentials
 from hybridmon.agent.self_metrics import (ALERTMANAGER_ATTEMPTS, ALERTMANAGER_CONSECUTIVE_FAILURES,
                                           ALERTMANAGER_FAILURES, ALERTMANAGER_LAST_SUCCESS,
                                           ALERTMANAGER_LOOP_RESTARTS, families)
@@ -66,6 +71,7 @@ REASONS = {
     "connection": "the connection broke mid-request (reset, closed)",
     "protocol": "the answer was not valid HTTP or was cut short (garbage, truncated body)",
     "too_large": f"the answer's body was longer than {MAX_RESPONSE_BYTES} bytes (not an Alertmanager)",
+    "credentials": "a file of alerting.http_config (password, token, certificate, key) cannot be read or used",
     "http_4xx": "Alertmanager refused the alerts (HTTP 4xx: bad payload, auth, wrong path)",
     "http_5xx": "Alertmanager failed (HTTP 5xx)",
     "http_other": "an unexpected HTTP status (1xx or 3xx redirect)",
@@ -124,7 +130,9 @@ class AlertmanagerPusher:
         timeout_seconds: float = 10.0,
         extra_labels: dict[str, str] | None = None,
         clock: Callable[[], float] | None = None,
+        credentials: PushCredentials | None = None,
     ) -> None:
+        """`credentials`: from [alerting.http_config]; None: no authentication, the system's CAs."""
         self.engine = engine
         self.urls = [url.rstrip("/") + "/api/v2/alerts" for url in urls]
         self.runbook_base_url = runbook_base_url
@@ -136,7 +144,7 @@ class AlertmanagerPusher:
         self._lock = threading.Lock()
         self._states = {self._name(url): DeliveryState() for url in self.urls}
         self._unexpected_logged: set[str] = set()
-        self._tls = ssl.create_default_context()
+        self.credentials = credentials or PushCredentials(HttpConfig())
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakes: dict[str, asyncio.Event] = {}
@@ -244,12 +252,16 @@ class AlertmanagerPusher:
 
     # -- one push ----------------------------------------------------------------------------------
 
-    @staticmethod
-    async def _exchange(client: httpx.AsyncClient, url: str, body: bytes) -> tuple[int, str | None]:
+    async def _exchange(self, client: httpx.AsyncClient, url: str, body: bytes) -> tuple[int, str | None]:
         """POST and read at most MAX_RESPONSE_BYTES of the answer; returns the HTTP status and
         the answer's Date header."""
-        async with client.stream("POST", url, content=body,
-                                 headers={"Content-Type": "application/json"}) as response:
+        headers = {"Content-Type": "application/json"}
+        authorization = self.credentials.authorization()
+        if authorization is not None:
+            headers["Authorization"] = authorization
+        # tls_config.server_name: httpcore sends it as SNI and checks the certificate against it
+        extensions = {"sni_hostname": self.credentials.server_name} if self.credentials.server_name else {}
+        async with client.stream("POST", url, content=body, headers=headers, extensions=extensions) as response:
             received = 0
             # Raw bytes: a compressed answer is not inflated, so the bound holds.
             async for chunk in response.aiter_raw():
@@ -259,9 +271,15 @@ class AlertmanagerPusher:
                                      f"than {MAX_RESPONSE_BYTES} bytes")
             return response.status_code, response.headers.get("date")
 
-    async def _post(self, client: httpx.AsyncClient, url: str, body: bytes) -> None:
-        """POST the alerts to one Alertmanager within the deadline; raises PushFailed. An answer
-        that carries a Date header tells its clock (_note_clock), accepted or not."""
+    async def _post(self, connection: _Connection, url: str, body: bytes) -> None:
+        """POST the alerts to one Alertmanager within the deadline, with the credentials as the
+        files hold them now; raises PushFailed. An answer that carries a Date header tells its
+        clock (_note_clock), accepted or not."""
+        try:
+            self.credentials.refresh()
+        except CredentialsUnreadable as error:
+            raise PushFailed("credentials", str(error)) from None
+        client = await connection.client(self.credentials.tls_generation, self._client)
         try:
             # wait_for cancels the exchange at the deadline, wherever it is: connecting, sending,
             # waiting for headers or reading a body that drips.
@@ -281,15 +299,18 @@ class AlertmanagerPusher:
         self._note_clock(self._name(url), date)
         if 200 <= status < 300:
             return
+        if status == 401:  # what an Alertmanager with --web.config.file answers a wrong password
+            raise PushFailed("http_4xx", "HTTP 401: Alertmanager did not accept the credentials "
+                             "(alerting.http_config)")
         if 400 <= status < 600:
             raise PushFailed(f"http_{status // 100}xx", f"HTTP {status}")
         raise PushFailed("http_other", f"HTTP {status}")
 
-    async def _push(self, client: httpx.AsyncClient, url: str, body: bytes) -> bool:
+    async def _push(self, connection: _Connection, url: str, body: bytes) -> bool:
         """One push to one Alertmanager, recorded; True if it accepted the alerts."""
         name = self._name(url)
         try:
-            await self._post(client, url, body)
+            await self._post(connection, url, body)
         except PushFailed as failure:
             self._record_failure(name, failure)
             return False
@@ -333,18 +354,21 @@ class AlertmanagerPusher:
     def _client(self) -> httpx.AsyncClient:
         # The deadline in _post bounds the request; these bound each phase inside it. No
         # redirects: a 3xx is reported, not followed. No proxies from the environment: the agent
-        # talks to the configured address. One TLS context for all: building one costs ~50 ms of
-        # CPU, and the system's trust store holds the operator's own CAs.
+        # talks to the configured address. One TLS context for all, rebuilt only when its files
+        # change: building one costs ~50 ms of CPU.
         return httpx.AsyncClient(timeout=httpx.Timeout(30.0), follow_redirects=False, trust_env=False,
-                                 verify=self._tls,
+                                 verify=self.credentials.ssl_context(),
                                  limits=httpx.Limits(max_connections=2, max_keepalive_connections=1))
 
     def push_once(self) -> int:
         """Send the current alerts to every URL at once; returns how many accepted them.
         For tests and one-off use; the running agent pushes from its own loop (start)."""
         async def push(url: str) -> bool:
-            async with self._client() as client:  # one client each: no shared connection pool
-                return await self._push(client, url, self._body(self._name(url)))
+            connection = _Connection()  # one client each: no shared connection pool
+            try:
+                return await self._push(connection, url, self._body(self._name(url)))
+            finally:
+                await connection.close()
 
         async def push_all() -> int:
             return sum(await asyncio.gather(*(push(url) for url in self.urls)))
@@ -361,10 +385,11 @@ class AlertmanagerPusher:
     async def _deliver_forever(self, url: str, wake: asyncio.Event) -> None:
         """Push to one Alertmanager every interval, at once on a change, sooner after a failure."""
         name = self._name(url)
-        async with self._client() as client:
+        connection = _Connection()
+        try:
             while not self._stop.is_set():
                 wake.clear()
-                accepted = await self._push(client, url, self._body(name))
+                accepted = await self._push(connection, url, self._body(name))
                 with self._lock:
                     failures = self._states[name].consecutive_failures
                 delay = self.interval_seconds if accepted else self.retry_delay(failures)
@@ -372,6 +397,8 @@ class AlertmanagerPusher:
                     await asyncio.wait_for(wake.wait(), delay)
                 except asyncio.TimeoutError:
                     pass
+        finally:
+            await connection.close()
 
     async def _supervise(self, url: str, wake: asyncio.Event) -> None:
         """Runs one Alertmanager's delivery task and restarts it whenever it raises."""
@@ -439,6 +466,26 @@ class AlertmanagerPusher:
                 pass
         if self._thread is not None:
             self._thread.join(timeout=self.timeout_seconds + 1)
+
+
+class _Connection:
+    """One Alertmanager's HTTP client, made on first use and made again when the TLS files changed:
+    its pooled connections were opened with the old certificates."""
+
+    def __init__(self) -> None:
+        self._client: httpx.AsyncClient | None = None
+        self._generation = -1
+
+    async def client(self, tls_generation: int, make: Callable[[], httpx.AsyncClient]) -> httpx.AsyncClient:
+        if self._client is None or self._generation != tls_generation:
+            await self.close()
+            self._client, self._generation = make(), tls_generation
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
 
 
 def _caused_by(error: BaseException, kind: type[BaseException]) -> bool:

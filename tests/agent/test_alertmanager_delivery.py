@@ -16,22 +16,17 @@ from hybridmon.agent.publish.alertmanager import MAX_RESPONSE_BYTES, Alertmanage
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.alerts.alert_delivery import ALERTNAME
 from hybridmon.agent.alerts.family import AGENT_INSTANCE
-from hybridmon.agent.detectors.engine import Engine
-from hybridmon.agent.loop.history import History
 from hybridmon.agent.api.server import create_app
 from tests.support.detector_history import assert_says_its_rules_words
 from tests.support import fake_nvml
 from tests.support.agent_helpers import fixture_config
-from tests.support.alertmanager_helpers import AcceptingAlertmanager, HostileAlertmanager, Switch, refused_url, wait_until
+from tests.support.alertmanager_helpers import firing_engine as firing_alerts
+from tests.support.alertmanager_helpers import AcceptingAlertmanager, HostileAlertmanager, refused_url, wait_until
 
 
 @pytest.fixture
 def firing_engine():
-    switch = Switch()
-    engine = Engine([switch], History(60))
-    switch.on = True
-    engine.evaluate(time.time())
-    return engine
+    return firing_alerts()
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -14,7 +15,10 @@ from pathlib import Path
 import httpx
 
 from hybridmon.agent.detectors.base import DetectorBase, Finding
+from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.loop.history import History
 from tests.support.agent_helpers import free_port
+from tests.support.tls_files import TlsFiles
 
 
 class Switch(DetectorBase):
@@ -36,6 +40,15 @@ class Switch(DetectorBase):
             value=29.1e9, threshold=26.8e9, summary=f"GPU {gpu} starved", description="link pinned",
             for_seconds=self.for_seconds, unit="B/s",
         ) for gpu in self.gpus]
+
+
+def firing_engine() -> Engine:
+    """An engine whose Switch fires on GPU 0, evaluated once: one alert to push."""
+    switch = Switch()
+    engine = Engine([switch], History(60))
+    switch.on = True
+    engine.evaluate(time.time())
+    return engine
 
 
 class WebhookReceiver:
@@ -70,13 +83,22 @@ class WebhookReceiver:
 
 
 class Alertmanager:
-    """Starts prometheus-alertmanager routing everything to a webhook, fast group timers."""
+    """Starts prometheus-alertmanager routing everything to a webhook, fast group timers. With
+    `web_config` (an exporter-toolkit file, tests/support/tls_files.py) it requires what that file
+    says; `auth` (user, password) and `tls` (https, the client certificate) are what this helper's
+    own requests use."""
 
-    def __init__(self, directory: Path, webhook_url: str, port: int | None = None) -> None:
+    def __init__(self, directory: Path, webhook_url: str, port: int | None = None, web_config: Path | None = None,
+                 auth: tuple[str, str] | None = None, tls: TlsFiles | None = None) -> None:
         binary = shutil.which("prometheus-alertmanager")
         assert binary, "scripts/test installs Debian's prometheus-alertmanager"
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{'https' if tls else 'http'}://127.0.0.1:{self.port}"
+        verify: ssl.SSLContext | bool = True
+        if tls is not None:  # trust the test CA, and show the client certificate should it ask
+            verify = ssl.create_default_context(cafile=str(tls.ca))
+            verify.load_cert_chain(tls.client_cert, tls.client_key)
+        self._client_options = {"auth": auth, "verify": verify}
         config = directory / "alertmanager.yml"
         config.write_text(
             "route:\n"
@@ -94,13 +116,14 @@ class Alertmanager:
         (directory / "data").mkdir(exist_ok=True)
         self.process = subprocess.Popen(
             [binary, f"--config.file={config}", f"--storage.path={directory / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
+             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address=",
+             *([f"--web.config.file={web_config}"] if web_config else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         )
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/-/ready", timeout=1).status_code == 200:
+                if httpx.get(f"{self.url}/-/ready", timeout=1, **self._client_options).status_code == 200:
                     return
             except httpx.HTTPError:
                 time.sleep(0.1)
@@ -108,7 +131,7 @@ class Alertmanager:
         raise AssertionError("Alertmanager did not become ready in 15 s")
 
     def alerts(self) -> list[dict]:
-        return httpx.get(f"{self.url}/api/v2/alerts", timeout=2).json()
+        return httpx.get(f"{self.url}/api/v2/alerts", timeout=2, **self._client_options).json()
 
     def close(self) -> None:
         self.process.terminate()
@@ -242,11 +265,13 @@ class AcceptingAlertmanager:
     """A well-behaved stand-in for Alertmanager's POST /api/v2/alerts: answers 200 with an empty
     body at once and keeps (time.monotonic() at arrival, alerts) of every push. The empty 200 is
     what Debian's prometheus-alertmanager 0.25 answers (its api/v2 postAlerts returns no payload);
-    tests/integration/test_alertmanager_live.py runs the same delivery against that real binary."""
+    tests/integration/test_alertmanager_live.py runs the same delivery against that real binary.
+    `status` 401 stands for one that does not accept the credentials (as exporter-toolkit answers)."""
 
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
         self.pushes: list[tuple[float, list[dict]]] = []
-        pushes = self.pushes
+        self.authorizations: list[str | None] = []  # each push's Authorization header
+        pushes, authorizations = self.pushes, self.authorizations
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -254,7 +279,8 @@ class AcceptingAlertmanager:
             def do_POST(self):  # noqa: N802 - the http.server API
                 length = int(self.headers.get("Content-Length", 0))
                 pushes.append((time.monotonic(), json.loads(self.rfile.read(length))))
-                self.send_response(200)
+                authorizations.append(self.headers.get("Authorization"))
+                self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
 
