@@ -33,8 +33,9 @@ def rules_text(runbook_base_url: str | None = None) -> str:
     text = path.read_text(encoding="utf-8")
     if runbook_base_url is None:
         return text
-    # Imported here: the generator's YAML layout, so the file differs from the shipped one only in
-    # its links; reading every alert family is not worth it for the plain command.
+    # Imported only here: the plain command prints the file as shipped, without PyYAML or the alert
+    # families hybridmon.rules.generate reads. dump() is the generator's own YAML layout, so the
+    # file differs from the shipped one in its links only.
     import yaml
 
     from hybridmon.rules.generate import dump

@@ -92,6 +92,7 @@ def test_hybridmon_rules_gives_the_base_on_every_alert_and_changes_nothing_else(
     assert (tmp_path / "r.yml").read_text() == text
 
 
+@pytest.mark.slow
 def test_promtool_accepts_the_rules_with_a_base(tmp_path):
     promtool = shutil.which("promtool")
     assert promtool, "promtool is missing: install Debian's `prometheus` package (scripts/test does, as root)"
