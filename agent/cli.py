@@ -15,6 +15,7 @@ from hybridmon.agent.config import ConfigError, load_config, parse_listen
 from hybridmon.agent.logs import configure_logging
 from hybridmon.agent.loop.trace import TraceError
 from hybridmon.exporters.registry import NAMES as COLLECTOR_NAMES
+from hybridmon.rules.runbook_links import runbook_base_url_argument
 
 log = logging.getLogger("hybridmon")
 
@@ -281,6 +282,10 @@ def _parser() -> argparse.ArgumentParser:
     write_into_help = "folder to write them into (created if missing; files of the same name are replaced)"
     rules = commands.add_parser("rules", help="print the Prometheus rules (or write them with --output)")
     rules.add_argument("--output", metavar="FILE", help="write the rule file here instead of printing it")
+    rules.add_argument("--runbook-url-base", metavar="URL", type=runbook_base_url_argument,
+                       help="every alert's runbook_url is URL/<AlertName>, e.g. https://runbooks.example.org/hybridmon "
+                       "(default: http://<instance>/runbooks/<AlertName>, the agent that raised it, and "
+                       "http://127.0.0.1:9787/runbooks/<AlertName> without an instance and for HybridmonAgentDown)")
     rules.set_defaults(handler=_rules, needs_config=False)
     dashboards = commands.add_parser("dashboards", help="write the Grafana dashboards (JSON) into a folder")
     dashboards.add_argument("--output", required=True, metavar="DIR", help=write_into_help)
@@ -439,7 +444,7 @@ def _without_config(args: argparse.Namespace) -> int:
 def _rules(args: argparse.Namespace) -> int:
     from hybridmon.agent.commands.shipped import rules_text
 
-    text = rules_text()
+    text = rules_text(args.runbook_url_base)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as output:
             output.write(text)

@@ -25,6 +25,7 @@ from pydantic_core import PydanticCustomError
 
 from hybridmon.exporters.base import MIN_HTTP_TIMEOUT_SECONDS, CollectorSettings
 from hybridmon.exporters.registry import COLLECTORS, NAMES as COLLECTOR_NAMES, registration
+from hybridmon.rules.runbook_links import runbook_base_url
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -212,6 +213,12 @@ class AlertingConfig(_Strict):
             if not re.match(r"https?://[^/\s]+", url):
                 raise ValueError(f"{url!r} is not an http(s) URL")
         return urls
+
+    @field_validator("runbook_base_url")
+    @classmethod
+    def _runbook_base(cls, base: str | None) -> str | None:
+        # The check `hybridmon rules --runbook-url-base` makes, so one base gives both doors one link.
+        return None if base is None else runbook_base_url(base)
 
 
 class BenchConfig(_Strict):

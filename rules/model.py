@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hybridmon.rules.promql import duration
+from hybridmon.rules.runbook_links import runbook_text
 from hybridmon.rules.templates import go_template, markers
 
 Query = tuple[str, tuple[str, ...]]  # PromQL with %q placeholders, the alert labels filling them
@@ -35,6 +36,9 @@ class Alert:
     description: str
     labels: dict[str, str] = field(default_factory=dict)   # static entity labels (reason, resource)
     queries: dict[str, Query] = field(default_factory=dict)
+    # False where the alert's instance is an agent that cannot serve its runbook (it is down), so the
+    # default runbook_url does not point there (rules/runbook_links.py).
+    runbook_served_by_its_agent: bool = True
 
     def __post_init__(self) -> None:
         used = markers(self.summary) | markers(self.description)
@@ -42,7 +46,11 @@ class Alert:
         if unknown:
             raise ValueError(f"{self.alert}: queries never used: {sorted(unknown)}")
 
-    def to_dict(self, runbook_base_url: str) -> dict:
+    def runbook(self, runbook_base_url: str | None) -> str:
+        """The runbook_url annotation as marker text: BASE/<Alert>, or the default where None."""
+        return runbook_text(self.alert, runbook_base_url, self.runbook_served_by_its_agent)
+
+    def to_dict(self, runbook_base_url: str | None) -> dict:
         return {
             "alert": self.alert,
             "expr": self.expr,
@@ -51,7 +59,7 @@ class Alert:
             "annotations": {
                 "summary": go_template(self.summary, self.queries),
                 "description": go_template(self.description, self.queries),
-                "runbook_url": f"{runbook_base_url}/{self.alert}",
+                "runbook_url": go_template(self.runbook(runbook_base_url), {}),
             },
         }
 
@@ -61,7 +69,7 @@ class Group:
     name: str
     rules: tuple[Recording | Alert, ...]
 
-    def to_dict(self, runbook_base_url: str) -> dict:
+    def to_dict(self, runbook_base_url: str | None) -> dict:
         return {
             "name": self.name,
             "rules": [

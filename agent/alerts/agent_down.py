@@ -38,6 +38,7 @@ def alerts(s: Settings) -> tuple[Alert, ...]:
         "The agent cannot report its own death: this rule is the only door. Prometheus's "
         "targets page says why the scrape fails (connection refused, timeout, HTTP error).",
         labels={"reason": "unreachable"},
+        runbook_served_by_its_agent=False,  # the agent at <instance> is the one that does not answer
     )
     no_targets = Alert(
         ALERTNAME, f"absent({selector})", s.for_seconds, "warning",
@@ -47,6 +48,7 @@ def alerts(s: Settings) -> tuple[Alert, ...]:
         "anywhere. Usually the scrape configuration or the ServiceMonitor is not loaded by this "
         "Prometheus, or the agents run on no node.",
         labels={"reason": "no_targets"},
+        runbook_served_by_its_agent=False,
     )
     return unreachable, no_targets
 

@@ -8,6 +8,7 @@ from a wheel, an editable install or a checkout alike, and write them where the 
 """
 from __future__ import annotations
 
+import itertools
 import sys
 from importlib import resources
 from pathlib import Path
@@ -22,12 +23,28 @@ class MissingPackageData(RuntimeError):
     """The installed package lacks a file it should carry: a broken build, not the operator's error."""
 
 
-def rules_text() -> str:
+def rules_text(runbook_base_url: str | None = None) -> str:
+    """The shipped rule file; with a base URL (checked by rules/runbook_links.py), every alert's
+    runbook_url is BASE/<AlertName> and nothing else changes."""
     package, name = RULES
     path = resources.files(package) / name
     if not path.is_file():
         raise MissingPackageData(f"{package} carries no {name}: reinstall hybridmon")
-    return path.read_text(encoding="utf-8")
+    text = path.read_text(encoding="utf-8")
+    if runbook_base_url is None:
+        return text
+    # Imported only here: the plain command prints the file as shipped, without PyYAML or the alert
+    # families hybridmon.rules.generate reads. dump() is the generator's own YAML layout, so the
+    # file differs from the shipped one in its links only.
+    import yaml
+
+    from hybridmon.rules.generate import dump
+    from hybridmon.rules.runbook_links import with_runbook_base
+
+    header = "".join(itertools.takewhile(lambda line: line.startswith("#"), text.splitlines(keepends=True)))
+    document = with_runbook_base(yaml.safe_load(text), runbook_base_url)
+    return (f"{header}# runbook_url: {runbook_base_url}/<AlertName> (hybridmon rules --runbook-url-base)\n"
+            + dump(document))
 
 
 def shipped_files(kind: tuple[str, str, str]) -> dict[str, str]:

@@ -10,11 +10,10 @@ from hybridmon.agent.detectors.engine import Engine, FindingState
 from hybridmon.agent.detectors.links import BusAccount
 from hybridmon.agent.self_metrics import (BUS_BYTES, DETECTOR_DURATION, DETECTOR_ERRORS, DETECTOR_EVALUATIONS,
                                           FINDING_ACTIVE, FINDING_THRESHOLD, FINDING_VALUE)
+# The rules' own: a base gives the same BASE/<AlertName> whichever door the alert comes out of.
+from hybridmon.rules.runbook_links import runbook_url
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
-
-def runbook_url(base_url: str, alertname: str) -> str:
-    return f"{base_url.rstrip('/')}/{alertname}"
 
 
 def iso_time(unix: float | None) -> str | None:

@@ -2,10 +2,15 @@
 
     python -m deploy.kubernetes.generate_prometheusrule           # rewrite prometheusrule.yaml
     python -m deploy.kubernetes.generate_prometheusrule --check   # exit 1 with a diff if it is stale
+    python -m deploy.kubernetes.generate_prometheusrule --runbook-url-base https://runbooks.example.org/hybridmon \
+        --output-dir my-overlay                                    # links Alertmanager's receivers can open
 
 The PrometheusRule's spec.groups are the rule file's groups, unchanged, so the Prometheus Operator
 loads exactly the rules that `promtool test rules rules/tests/*.yml` tests. The rule file is itself
 generated from agent/alerts/thresholds.toml (`python -m hybridmon.rules.generate`): regenerate that first.
+With --runbook-url-base only the alerts' runbook_url differs: URL/<AlertName>, as `hybridmon rules
+--runbook-url-base` gives. In a cluster the default (the alerting pod's IP) is no address a
+receiver can open (rules/runbook_links.py).
 """
 from __future__ import annotations
 
@@ -21,6 +26,7 @@ except ModuleNotFoundError as missing:  # a test extra: an agent installed with 
 
 from hybridmon.generated import check_or_write, write
 from hybridmon.rules.generate import RULES_DIR, RULES_FILE, dump
+from hybridmon.rules.runbook_links import runbook_base_url_argument, with_runbook_base
 
 KUBERNETES_DIR = Path(__file__).resolve().parent
 OUTPUT_FILE = "prometheusrule.yaml"
@@ -36,11 +42,14 @@ METADATA = {
 }
 
 
-def render(rules_file: Path = RULES_DIR / RULES_FILE) -> dict[str, str]:
-    """{file name: text} of what this generator writes, from the rule file on disk."""
+def render(rules_file: Path = RULES_DIR / RULES_FILE, runbook_base_url: str | None = None) -> dict[str, str]:
+    """{file name: text} of what this generator writes, from the rule file on disk; with a base
+    URL, every alert links to BASE/<AlertName>."""
     document = yaml.safe_load(rules_file.read_text())
     if not isinstance(document, dict) or not isinstance(document.get("groups"), list):
         raise ValueError(f"{rules_file} has no list of rule groups")
+    if runbook_base_url is not None:
+        document = with_runbook_base(document, runbook_base_url)
     resource = {
         "apiVersion": "monitoring.coreos.com/v1",
         "kind": "PrometheusRule",
@@ -55,13 +64,15 @@ def main(argv: list[str] | None = None) -> int:
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--rules-file", type=Path, default=RULES_DIR / RULES_FILE,
                         help="Prometheus rule file to wrap (default: %(default)s)")
+    parser.add_argument("--runbook-url-base", metavar="URL", type=runbook_base_url_argument,
+                        help="every alert's runbook_url is URL/<AlertName> (default: the rule file's links)")
     parser.add_argument("--output-dir", type=Path, default=KUBERNETES_DIR,
                         help=f"where {OUTPUT_FILE} goes (default: %(default)s)")
     parser.add_argument("--check", action="store_true",
                         help="generate in memory and exit 1 with a diff if the file on disk differs")
     args = parser.parse_args(argv)
     try:
-        files = render(args.rules_file)
+        files = render(args.rules_file, args.runbook_url_base)
     except (OSError, ValueError, yaml.YAMLError) as error:
         print(f"generate_prometheusrule: {error}", file=sys.stderr)
         return 2

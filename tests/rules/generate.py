@@ -20,7 +20,7 @@ from pathlib import Path
 from hybridmon import generated
 from hybridmon.agent.alerts import catalogue
 from hybridmon.rules import generate as rules_generate
-from tests.rules import recording_cases
+from tests.rules import recording_cases, runbook_link_cases
 from tests.support.promtool_cases import test_files
 
 TESTS_DIR = "tests"
@@ -36,9 +36,9 @@ def family_test_module(section: str):
     return importlib.import_module(f"tests.alerts.test_{section}")
 
 
-def render(thresholds, runbook_base_url: str = rules_generate.DEFAULT_RUNBOOK_BASE_URL) -> dict[str, str]:
+def render(thresholds, runbook_base_url: str | None = rules_generate.DEFAULT_RUNBOOK_BASE_URL) -> dict[str, str]:
     """Every generated test file, relative to the rules directory, with its text."""
-    cases = {"recordings": recording_cases.promtool_cases}
+    cases = {"recordings": recording_cases.promtool_cases, "runbook_links": runbook_link_cases.promtool_cases}
     cases.update({family.section: family_test_module(family.section).promtool_cases
                   for family in catalogue.FAMILIES})
     documents = test_files(thresholds, cases, catalogue.rule_groups(thresholds), runbook_base_url)
@@ -69,8 +69,8 @@ def write(output_dir: Path, files: dict[str, str]) -> None:
 def main(argv: list[str] | None = None) -> int:
     return rules_generate.run_generator(
         argv, "tests.rules.generate", __doc__.split("\n\n")[0], rules_generate.RULES_DIR,
-        "tests/generated_*.yml", "each expected alert's runbook_url is BASE/<AlertName>, as in the "
-        "rule file it tests", render, check, write)
+        "tests/generated_*.yml", "each expected alert's runbook_url is URL/<AlertName>, as in the "
+        "rule file it tests (default: the rule file's default, rules/runbook_links.py)", render, check, write)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from hybridmon.agent.alerts.catalogue import FAMILIES, Thresholds
 
 REPO = Path(__file__).resolve().parents[2]
 RUNBOOKS = REPO / "runbooks"
+DAEMONSET = REPO / "deploy" / "kubernetes" / "daemonset.yaml"
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")
 # The thresholds section each alert reads, from the catalogue.
@@ -111,3 +112,66 @@ def test_runbooks_state_their_facts_instead_of_citing_case_studies():
         text = path.read_text()
         found = re.search(r"case[\s-]+stud", text, flags=re.I)  # also across a line break
         assert found is None, f"{path.name}:{text.count(chr(10), 0, found.start()) + 1}: {found.group(0)!r}"
+
+
+# --- commands against the agent, and the same in Kubernetes ----------------------------------------
+
+FENCE = re.compile(r"^```[a-z]*\n(.*?)^```", re.M | re.S)
+AGENT_COMMAND = re.compile(r"^(?:sudo )?(hybridmon [a-z]+(?: [^#]*?)?)\s*(?:#.*)?$", re.M)
+
+
+def daemonset_access() -> tuple[str, dict[str, str], int]:
+    """The namespace, pod labels and port of the shipped DaemonSet, which the runbooks must name."""
+    daemonset = yaml.safe_load(DAEMONSET.read_text())
+    [container] = daemonset["spec"]["template"]["spec"]["containers"]
+    [port] = [p["containerPort"] for p in container["ports"]]
+    return daemonset["metadata"]["namespace"], daemonset["spec"]["selector"]["matchLabels"], port
+
+
+def test_every_command_against_the_agent_also_shows_the_kubernetes_way():
+    """A curl against 127.0.0.1:<port> runs on the alert's host; in Kubernetes the agent is a pod:
+    the first such block of a page (or one before it) forwards the pod's port, and every
+    `hybridmon ...` command has its `kubectl exec` twin in the same block."""
+    namespace, _labels, port = daemonset_access()
+    forward = f"# Kubernetes: kubectl -n {namespace} port-forward pod/<agent-pod> {port} & first (README.md: Reaching the agent)"
+    pages = {**runbooks(), "README": RUNBOOKS / "README.md"}
+    shown = 0
+    for name, path in pages.items():
+        forwarded = False
+        for block in FENCE.findall(path.read_text()):
+            for line in block.splitlines():
+                forwarded = forwarded or line.strip() == forward
+                if f"127.0.0.1:{port}" in line and not line.lstrip().startswith("#"):
+                    assert forwarded, f"{name}: {line.strip()!r} comes before {forward!r}"
+                    shown += 1
+            for command in AGENT_COMMAND.findall(block):
+                twin = f"# Kubernetes: kubectl -n {namespace} exec pod/<agent-pod> -- {command.strip()}"
+                assert twin in block.splitlines(), f"{name}: {command!r} without {twin!r} in its block"
+                shown += 1
+    assert shown >= 30  # the check found the commands it is about
+
+
+def test_reaching_the_agent_names_the_daemonsets_namespace_labels_and_port():
+    namespace, labels, port = daemonset_access()
+    text = sections((RUNBOOKS / "README.md").read_text())["Reaching the agent"]
+    selector = ",".join(f"{key}={value}" for key, value in labels.items())
+    for needed in (f"kubectl -n {namespace} get pods -l {selector}", "--field-selector spec.nodeName=<node>",
+                   f'kubectl -n {namespace} port-forward "$POD" {port}', f'kubectl -n {namespace} exec "$POD" -- hybridmon',
+                   f"namespace `{namespace}`", f"`{selector}`", "--runbook-url-base"):
+        assert needed in text, needed
+
+
+def test_the_served_pages_show_the_kubernetes_way_in_their_commands():
+    """What a runbook_url opens: the agent's HTML of each page (agent/api/runbooks.py), the
+    placeholders escaped inside the command block, not swallowed as HTML tags."""
+    from hybridmon.agent.api.runbooks import RunbookLibrary
+
+    namespace, _labels, port = daemonset_access()
+    library = RunbookLibrary(RUNBOOKS)
+    forwarding = [name for name, path in runbooks().items()
+                  if any(f"127.0.0.1:{port}" in block for block in FENCE.findall(path.read_text()))]
+    assert forwarding
+    for name in forwarding:
+        page = library.page_html(name)
+        assert f"kubectl -n {namespace} port-forward pod/&lt;agent-pod&gt; {port} &amp; first" in page, name
+        assert "<code" in page.split("port-forward", 1)[0].rsplit("<pre>", 1)[-1], name
