@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import resource
 import signal
@@ -285,8 +286,19 @@ class AgentServer(uvicorn.Server):
             self._captured_signals.remove(sig)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        asyncio.get_running_loop().set_exception_handler(self._loop_exception)
-        await super().startup(sockets=sockets)
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_exception)
+        if self.config.ssl is not None:
+            # A TLS connection reaches the protocol (and the guard's cap and request deadline) only
+            # once its handshake is done; asyncio gives a handshake 60 s by default, which would let
+            # silent connections hold fds past the guard. uvicorn passes no handshake timeout to
+            # create_server, so it is bound in here, for this one call, to the request deadline.
+            loop.create_server = functools.partial(  # type: ignore[method-assign]
+                type(loop).create_server, loop, ssl_handshake_timeout=self.guard.limits.request_timeout_seconds)
+        try:
+            await super().startup(sockets=sockets)
+        finally:
+            vars(loop).pop("create_server", None)
         for sock in sockets or []:
             sock.listen(LISTEN_BACKLOG)
 
@@ -352,6 +364,8 @@ def build_server(app, limits: ServerLimits, log_level: str, web_config: WebConfi
         timeout_graceful_shutdown=limits.graceful_shutdown_seconds + SHUTDOWN_BACKSTOP_SECONDS,  # type: ignore[arg-type]
         backlog=ACCEPT_BATCH,
         server_header=False,
+        # asyncio's loop, not uvloop should it be installed: AgentServer.startup bounds TLS handshakes on it.
+        loop="asyncio",
         ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
     )
     # uvicorn.Config configured its loggers just now: attach the filter after that.

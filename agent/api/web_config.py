@@ -474,12 +474,12 @@ class BasicAuth:
             return False
         user, password = credentials
         stored = users.get(user)
-        hashed = stored if stored is not None else _unknown_user_hash(max(_cost(h) for h in users.values()))
-        key = hmac.new(self._key, b"\0".join((user.encode(), hashed, password)), hashlib.sha256).digest()
+        unknown_user_cost = max(_cost(hashed) for hashed in users.values())
+        key = hmac.new(self._key, b"\0".join((user.encode(), stored or b"unknown", password)), hashlib.sha256).digest()
         verdict = self._verdicts.get(key)
         if verdict is None:
             async with self._one_at_a_time:
-                verdict = await anyio.to_thread.run_sync(_password_matches, password, hashed)
+                verdict = await anyio.to_thread.run_sync(_password_matches, password, stored, unknown_user_cost)
             self._verdicts[key] = verdict
             while len(self._verdicts) > VERDICT_CACHE_SIZE:
                 self._verdicts.popitem(last=False)
@@ -507,9 +507,11 @@ def _unknown_user_hash(cost: int) -> bytes:
     return bcrypt.hashpw(secrets.token_bytes(16), bcrypt.gensalt(cost))
 
 
-def _password_matches(password: bytes, hashed: bytes) -> bool:
+def _password_matches(password: bytes, hashed: bytes | None, unknown_user_cost: int) -> bool:
+    """bcrypt's check, in a worker thread; for a user not in the file, against a hash made (once per
+    cost) with the same cost as the file's, which takes as long."""
     try:
-        return bcrypt.checkpw(password, hashed)
+        return bcrypt.checkpw(password, hashed or _unknown_user_hash(unknown_user_cost))
     except ValueError:  # bcrypt 5 refuses passwords over 72 bytes; no stored password is one
         return False
 

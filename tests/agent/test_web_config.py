@@ -145,12 +145,12 @@ def basic(user: str, password: str) -> bytes:
 def bcrypt_calls(monkeypatch):
     """Every bcrypt check BasicAuth runs: (password, hash)."""
     calls = []
-    real = web_config._password_matches
+    real = web_config.bcrypt.checkpw
 
     def counted(password, hashed):
         calls.append((password, hashed))
         return real(password, hashed)
-    monkeypatch.setattr(web_config, "_password_matches", counted)
+    monkeypatch.setattr(web_config.bcrypt, "checkpw", counted)
     return calls
 
 

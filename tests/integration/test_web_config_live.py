@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -81,6 +82,17 @@ def test_curl_gets_in_only_with_the_password_a_client_certificate_and_tls13(agen
     assert status(tls12) is None and tls12.returncode == 35, tls12  # CURLE_SSL_CONNECT_ERROR
     plain_http = curl(base.replace("https:", "http:") + "/metrics", tls)
     assert status(plain_http) is None
+
+
+def test_a_connection_silent_in_its_tls_handshake_is_closed_at_the_request_deadline(agent):
+    """asyncio's own handshake timeout is 60 s; the server's request deadline (5 s) bounds it
+    (agent/api/httpserver.py, AgentServer.startup)."""
+    base, _tls, _config, _directory = agent
+    host, port = base.removeprefix("https://").split(":")
+    started = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=30) as silent:
+        assert silent.recv(1) == b""  # closed by the agent
+    assert 4 < time.monotonic() - started < 10
 
 
 def test_a_real_prometheus_scrapes_over_https_with_basic_auth(agent):
