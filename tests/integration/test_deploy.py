@@ -45,6 +45,7 @@ DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "hybridmon.service"
 KUBERNETES = DEPLOY / "kubernetes"
 NO_PTRACE = DEPLOY / "kubernetes-variants" / "no-ptrace"
+WEB_CONFIG = DEPLOY / "kubernetes-variants" / "web-config"
 ALERTMANAGER_CONFIG = DEPLOY / "alertmanager" / "alertmanager.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
@@ -322,9 +323,10 @@ def kustomize_build(directory: Path) -> dict[str, dict]:
     return resources
 
 
+@pytest.mark.parametrize("variant", [NO_PTRACE, WEB_CONFIG], ids=lambda path: path.name)
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_no_ptrace_variant_validates_strictly(version):
-    resources = kustomize_build(NO_PTRACE)
+def test_variants_validate_strictly(variant, version):
+    resources = kustomize_build(variant)
     assert resources.keys() == {"DaemonSet", "Service"} | CRD_KINDS
     for kind in ("DaemonSet", "Service"):
         kubernetes_validate.validate(resources[kind], version, strict=True)
@@ -341,6 +343,34 @@ def test_no_ptrace_variant_is_the_daemonset_without_root_or_any_capability():
     # Everything else is the default DaemonSet's: host PIDs (NVML reports them), /proc, /sys, probes.
     variant["spec"]["template"]["spec"]["containers"][0]["securityContext"] = agent_container()["securityContext"]
     assert variant == base
+
+
+def test_web_config_variant_mounts_what_it_names_and_is_scraped_over_https_with_basic_auth():
+    """The Secret's files reach the path the agent is told, rotated Secrets reach the files (no
+    subPath), the liveness probe reads the same mount, and the ServiceMonitor verifies against the
+    CA the agent's certificate comes with. The probe itself runs against a real agent in
+    tests/integration/test_web_config_live.py."""
+    built = kustomize_build(WEB_CONFIG)
+    (container,) = built["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    web_config = Path({e["name"]: e.get("value") for e in container["env"]}["HYBRIDMON_WEB_CONFIG_FILE"])
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "web-config"]
+    assert Path(mount["mountPath"]) == web_config.parent and mount["readOnly"] and "subPath" not in mount
+    (volume,) = [v for v in built["DaemonSet"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "web-config"]
+    files = {item["path"]: source["secret"]["name"] for source in volume["projected"]["sources"]
+             for item in source["secret"]["items"]}
+    assert files == {"web-config.yml": "hybridmon-web-config", "probe-password": "hybridmon-web-config",
+                     "tls.crt": "hybridmon-tls", "tls.key": "hybridmon-tls", "ca.crt": "hybridmon-tls"}
+    assert web_config.name in files
+    probe = container["livenessProbe"]["exec"]["command"][-1]
+    assert f'"{mount["mountPath"]}/"' in probe and "/healthz" in probe
+    assert container["readinessProbe"] == {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    (endpoint,) = built["ServiceMonitor"]["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["ca"]["secret"] == {"name": "hybridmon-tls", "key": "ca.crt"}
+    assert endpoint["basicAuth"]["password"] == {"name": "hybridmon-scrape-auth", "key": "password"}
+    # Everything else is the default DaemonSet's.
+    base = manifests()["DaemonSet"]
+    assert built["DaemonSet"]["spec"]["template"]["spec"]["hostPID"] == base["spec"]["template"]["spec"]["hostPID"]
+    assert container["securityContext"] == agent_container()["securityContext"]
 
 
 # The agent's process collectors on this host's /proc, watching the pids given, as the user the

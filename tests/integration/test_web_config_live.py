@@ -7,6 +7,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -33,11 +34,12 @@ def status(answer: subprocess.CompletedProcess) -> int | None:
 
 
 @contextlib.contextmanager
-def running_agent(directory: Path, allowed_sans: list[str] | None = None):
+def running_agent(directory: Path, allowed_sans: list[str] | None = None, users: dict[str, str] = USERS,
+                  tls_settings: dict[str, str] = MUTUAL_TLS):
     """The agent on the fixture host, HTTPS with mutual TLS and basic auth; yields (base URL, files, web config)."""
     require_binary("curl", "curl")
     tls = make_tls_files(directory / "tls")
-    web_config = write_web_config(directory / "web-config.yml", tls=tls, users=USERS, **MUTUAL_TLS)
+    web_config = write_web_config(directory / "web-config.yml", tls=tls, users=users, **tls_settings)
     if allowed_sans is not None:
         document = yaml.safe_load(web_config.read_text())
         document["tls_server_config"]["client_allowed_sans"] = allowed_sans
@@ -141,3 +143,28 @@ def test_client_allowed_sans_refuse_a_verified_certificate_that_names_none_of_th
         assert status(refused) is None and refused.returncode in (52, 56), refused
     with running_agent(tmp_path / "listed", allowed_sans=["client@hybridmon.test"]) as (base, tls, _config):
         assert status(curl(f"{base}/metrics", tls, "-u", "prometheus:scrape-password")) == 200
+
+
+def variant_liveness_probe(mount: Path, port: int) -> str:
+    """The web-config DaemonSet variant's liveness probe script, pointed at `mount` and `port`."""
+    kustomization = yaml.safe_load((REPO / "deploy/kubernetes-variants/web-config/kustomization.yaml").read_text())
+    operations = [op for patch in kustomization["patches"] for op in yaml.safe_load(patch["patch"])]
+    (probe,) = [op["value"] for op in operations if op["path"].endswith("/livenessProbe")]
+    script = probe["exec"]["command"][-1]
+    assert "/etc/hybridmon/web/" in script and "127.0.0.1:9787" in script
+    return script.replace("/etc/hybridmon/web/", f"{mount}/").replace("127.0.0.1:9787", f"127.0.0.1:{port}")
+
+
+def test_the_daemonset_variants_liveness_probe_passes_with_its_password_only(tmp_path):
+    users = {**USERS, "probe": "probe-password"}
+    with running_agent(tmp_path, users=users, tls_settings={}) as (base, tls, _config):
+        mount = tmp_path / "mount"
+        mount.mkdir()
+        (mount / "ca.crt").write_bytes(tls.ca.read_bytes())
+        script = variant_liveness_probe(mount, int(base.rsplit(":", 1)[1]))
+        (mount / "probe-password").write_text("probe-password\n")
+        probe = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+        assert probe.returncode == 0, probe.stderr
+        (mount / "probe-password").write_text("stale\n")
+        probe = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=20)
+        assert probe.returncode == 1 and "HTTP Error 401: Unauthorized" in probe.stderr
