@@ -98,6 +98,22 @@ def test_unit_passes_systemd_analyze_verify_and_security(tmp_path):
     assert security.returncode == 0, security.stdout[-1500:] + security.stderr
 
 
+def test_unit_with_https_turned_on_passes_systemd_analyze_verify(tmp_path):
+    """The commented --web-config-file lines, uncommented as deploy/README.md says."""
+    analyze = require_binary("systemd-analyze", "systemd")
+    installed = Path(sys.executable).with_name("hybridmon")
+    text, enabled = re.subn(r"^#((?:LoadCredential=(?:web-config\.yml|tls\.)|Environment=HYBRIDMON_WEB_CONFIG_FILE=).*)$",
+                            r"\1", UNIT.read_text(), flags=re.M)
+    assert enabled == 4
+    unit = tmp_path / "hybridmon.service"
+    unit.write_text(text.replace("/opt/hybridmon/bin/hybridmon", str(installed)))
+    verify = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=30)
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+    settings = unit_settings(unit)
+    credentials = {value.split(":")[0] for value in settings["LoadCredential"]}
+    assert "HYBRIDMON_WEB_CONFIG_FILE=%d/web-config.yml" in settings["Environment"] and "web-config.yml" in credentials
+
+
 def test_unit_keeps_what_the_agent_needs_and_nothing_more():
     settings = unit_settings()
     single = {key: values[-1] for key, values in settings.items()}
@@ -673,6 +689,21 @@ def test_prometheus_config_passes_promtool_with_the_rules_it_names():
     (job,) = config["scrape_configs"]
     assert (job["job_name"], job["scrape_interval"], job["metrics_path"]) == ("hybridmon", "15s", "/metrics")
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9093"]
+
+
+def test_https_scrape_example_passes_promtool_and_matches_the_plain_job():
+    """deploy/prometheus/scrape-https.yml, for agents run with --web-config-file; a real Prometheus
+    scrapes an agent with it in tests/integration/test_web_config_live.py."""
+    promtool = require_binary("promtool", "prometheus")
+    example = DEPLOY / "prometheus" / "scrape-https.yml"
+    checked = subprocess.run([promtool, "check", "config", str(example)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (https_job,) = yaml.safe_load(example.read_text())["scrape_configs"]
+    (plain_job,) = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+    assert https_job["scheme"] == "https" and https_job["basic_auth"].keys() == {"username", "password_file"}
+    assert https_job["tls_config"].keys() == {"ca_file"}  # client certificates: commented, optional
+    for same in ("job_name", "scrape_interval", "scrape_timeout", "metrics_path"):
+        assert https_job[same] == plain_job[same], same
 
 
 # --- The documents that describe these files --------------------------------------------------

@@ -98,14 +98,20 @@ def test_a_connection_silent_in_its_tls_handshake_is_closed_at_the_request_deadl
 
 
 def test_a_real_prometheus_scrapes_over_https_with_basic_auth(agent):
+    """With the job of deploy/prometheus/scrape-https.yml, its files and target swapped for the test's."""
     base, tls, _config, directory = agent
-    target = base.removeprefix("https://")
-    tls_config = {"ca_file": str(tls.ca), "cert_file": str(tls.client_cert), "key_file": str(tls.client_key)}
-    jobs = [{"job_name": "hybridmon", "scheme": "https", "static_configs": [{"targets": [target]}],
-             "basic_auth": {"username": "prometheus", "password": USERS["prometheus"]}, "tls_config": tls_config},
-            {"job_name": "wrong-password", "scheme": "https", "static_configs": [{"targets": [target]}],
-             "basic_auth": {"username": "prometheus", "password": "guess"}, "tls_config": tls_config}]
-    prometheus = Prometheus(directory, [target], alertmanager="127.0.0.1:9", scrape_configs=jobs)
+    (example,) = yaml.safe_load((REPO / "deploy/prometheus/scrape-https.yml").read_text())["scrape_configs"]
+    jobs = []
+    for job_name, password in (("hybridmon", USERS["prometheus"]), ("wrong-password", "guess")):
+        password_file = directory / f"{job_name}-password"
+        password_file.write_text(password + "\n")  # Prometheus trims the trailing newline
+        job = {**example, "job_name": job_name, "scrape_interval": "1s", "scrape_timeout": "1s",
+               "static_configs": [{"targets": [base.removeprefix("https://")]}],
+               "basic_auth": {**example["basic_auth"], "password_file": str(password_file)},
+               "tls_config": {"ca_file": str(tls.ca), "cert_file": str(tls.client_cert), "key_file": str(tls.client_key)}}
+        assert job.keys() == example.keys() and job["scheme"] == "https"
+        jobs.append(job)
+    prometheus = Prometheus(directory, [], alertmanager="127.0.0.1:9", scrape_configs=jobs)
     try:
         def up_by_job() -> dict[str, str] | None:
             up = {sample["metric"]["job"]: sample["value"][1] for sample in prometheus.query("up")}
