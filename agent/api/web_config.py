@@ -149,15 +149,17 @@ class _StrictLoader(yaml.SafeLoader):
 
 def load_web_config(path: str | os.PathLike) -> WebConfig:
     """Read and check the file and the certificates it names; ConfigError naming the file and key."""
-    path = Path(path)
+    return _load(Path(path))[0]
+
+
+def _load(path: Path) -> tuple[WebConfig, ssl.SSLContext | None]:
+    """The file's settings and, with TLS, the server context they make (loading it checks the files)."""
     try:
         text = path.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"web config file {path}: cannot read it: {error}") from None
     config = parse_web_config(text, path)
-    if config.tls is not None:
-        build_ssl_context(config.tls, path)
-    return config
+    return config, None if config.tls is None else build_ssl_context(config.tls, path)
 
 
 def parse_web_config(text: str, path: Path) -> WebConfig:
@@ -372,11 +374,10 @@ class WebConfigFile:
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self.config = load_web_config(self.path)
+        self.config, self._context = _load(self.path)
         self._signature = _signature(self.config.files())
         self._broken: ConfigError | None = None
         self.started_policy = None if self.config.tls is None else self.config.tls.policy
-        self._context = None if self.config.tls is None else build_ssl_context(self.config.tls, self.path)
         if self.config.tls is None and not self.config.users:
             log.warning("web config file %s turns on neither TLS nor basic auth", self.path)
 
@@ -396,8 +397,7 @@ class WebConfigFile:
     def _reload(self, signature: tuple) -> None:
         self._signature = signature
         try:
-            config = load_web_config(self.path)
-            context = None if config.tls is None else build_ssl_context(config.tls, self.path)
+            config, context = _load(self.path)
         except ConfigError as error:
             self._broken = error
             log.error("%s; refusing requests until it is fixed", error)

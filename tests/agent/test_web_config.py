@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import os
+import socket
 import ssl
+import threading
 from pathlib import Path
 
 import anyio
@@ -220,3 +222,35 @@ def test_client_allowed_sans_match_dns_ip_email_or_uri_exactly(tmp_path, tls):
     assert source.peer_allowed({"subjectAltName": (("IP Address", "2001:DB8:0:0:0:0:0:1"),)})
     assert not source.peer_allowed({"subjectAltName": (("DNS", "client.hybridmon.test"),)})
     assert not source.peer_allowed(None)
+
+
+def handshake(server_context: ssl.SSLContext, client_context: ssl.SSLContext) -> str | None:
+    """One TLS handshake over a socket pair: None when it succeeded, else the server's error."""
+    server_side, client_side = socket.socketpair()
+    failures = []
+
+    def serve():
+        try:
+            with server_context.wrap_socket(server_side, server_side=True) as tls_server:
+                tls_server.recv(1)
+        except (ssl.SSLError, OSError) as error:
+            failures.append(str(error))
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client_context.wrap_socket(client_side, server_hostname="127.0.0.1") as tls_client:
+            tls_client.send(b"x")
+    except (ssl.SSLError, OSError):
+        pass
+    thread.join(10)
+    return failures[0] if failures else None
+
+
+def test_curve_preferences_limit_the_key_exchange_to_that_curve(tmp_path, tls):
+    """Python 3.11 on OpenSSL 3 sets the one curve as the only group (set_ecdh_curve)."""
+    server_context = WebConfigFile(write(tmp_path / "web.yml", server(tls, curve_preferences=["X25519"]))).server_context()
+    for client_curve, fails in (("X25519", False), ("prime256v1", True)):
+        client = ssl.create_default_context(cafile=tls.ca)
+        client.set_ecdh_curve(client_curve)
+        error = handshake(server_context, client)
+        assert (error is not None) == fails, (client_curve, error)
