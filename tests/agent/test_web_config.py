@@ -11,12 +11,13 @@ import threading
 from pathlib import Path
 
 import anyio
+import httpx
 import pytest
 import yaml
 
 from hybridmon.agent import cli
 from hybridmon.agent.api import web_config
-from hybridmon.agent.api.web_config import BasicAuth, WebConfigFile, load_web_config
+from hybridmon.agent.api.web_config import BasicAuth, WebConfigFile, WebConfigMiddleware, load_web_config
 from hybridmon.agent.config import ConfigError, load_config
 from tests.support.tls_files import bcrypt_hash, make_tls_files, write_web_config
 
@@ -254,3 +255,31 @@ def test_curve_preferences_limit_the_key_exchange_to_that_curve(tmp_path, tls):
         client.set_ecdh_curve(client_curve)
         error = handshake(server_context, client)
         assert (error is not None) == fails, (client_curve, error)
+
+
+async def plain_route(scope, receive, send) -> None:
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"x-frame-options", b"DENY")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+def get(app, path: str = "/metrics", auth: tuple[str, str] | None = None) -> httpx.Response:
+    async def request() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://agent") as client:
+            return await client.get(path, auth=auth)
+    return anyio.run(request)
+
+
+def test_the_middleware_sets_the_files_headers_guards_every_path_and_fails_closed(tmp_path):
+    path = write(tmp_path / "web.yml", {
+        "http_server_config": {"headers": {"X-Frame-Options": "sameorigin", "Strict-Transport-Security": "max-age=60"}},
+        "basic_auth_users": {"prometheus": bcrypt_hash("s3cret")}})
+    app = WebConfigMiddleware(plain_route, WebConfigFile(path))
+    answer = get(app, auth=("prometheus", "s3cret"))
+    assert answer.status_code == 200 and answer.headers.get_list("x-frame-options") == ["sameorigin"]
+    assert answer.headers["strict-transport-security"] == "max-age=60"
+    for route in ("/metrics", "/healthz", "/", "/runbooks/HybridmonAgentDown"):
+        refused = get(app, route, auth=("prometheus", "guess"))
+        assert (refused.status_code, refused.text, refused.headers["www-authenticate"]) == (401, "Unauthorized\n", "Basic")
+    path.write_text("basic_auth_users: {prometheus: not-a-hash}\n")
+    broken = get(app, auth=("prometheus", "s3cret"))
+    assert (broken.status_code, broken.text) == (500, "Internal Server Error\n")  # the file's problem goes to the log only
