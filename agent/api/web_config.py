@@ -15,7 +15,7 @@ differences, each stricter and each refused at start with a ConfigError rather t
 - client_allowed_sans needs a verified client certificate (a verifying client_auth_type).
 - a tls_server_config with neither cert_file nor key_file but other keys (min_version alone) is an
   error, where exporter-toolkit silently serves plain HTTP.
-- rate_limit is refused: the server bounds connections itself (agent/api/httpserver.py).
+- rate_limit's burst must be at least 1 (Go's limiter with burst 0 refuses every request).
 - a duplicated key is an error, as in Go's yaml.UnmarshalStrict.
 http_server_config.http2 is accepted and has no effect: the server speaks HTTP/1.1 only (h11),
 which every Prometheus scrapes over.
@@ -26,7 +26,8 @@ when one changed, so rotated certificates (cert-manager, a Kubernetes Secret) an
 effect on the next connection without a restart. A file that turns bad fails closed, as in
 exporter-toolkit: requests get 500 and handshakes an alert, until it is fixed. The TLS policy (client
 auth type, versions, ciphers, curve, allowed SANs) is set on each connection from the context the
-server started with; a change to it is logged as needing a restart.
+server started with, and rate_limit's limiter is made at start (as exporter-toolkit makes it); a
+change to either is logged as needing a restart.
 """
 from __future__ import annotations
 
@@ -41,6 +42,7 @@ import os
 import re
 import secrets
 import ssl
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,6 +87,10 @@ SETTABLE_HEADERS = {"Strict-Transport-Security": None, "X-Content-Type-Options":
                     "X-Frame-Options": ("deny", "sameorigin"), "X-XSS-Protection": None,
                     "Content-Security-Policy": None}
 TOP_KEYS = ("tls_server_config", "http_server_config", "basic_auth_users", "rate_limit")
+RATE_LIMIT_KEYS = ("interval", "burst")
+# Go's time.ParseDuration, which yaml.v2 reads a time.Duration with: "1s", "250ms", "1m30s".
+GO_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 TLS_KEYS = ("cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type", "client_ca_file",
             "client_allowed_sans", "min_version", "max_version", "cipher_suites",
             "prefer_server_cipher_suites", "curve_preferences")
@@ -127,6 +133,8 @@ class WebConfig:
     tls: TlsServerConfig | None = None
     headers: tuple[tuple[bytes, bytes], ...] = ()
     users: dict[str, bytes] = field(default_factory=dict)
+    # rate_limit: (seconds between requests, burst); None: no limit (absent, or interval 0).
+    rate_limit: tuple[float, int] | None = None
 
     def files(self) -> tuple[Path, ...]:
         """The file and the files it names: a change to any of them is a new reading."""
@@ -173,13 +181,12 @@ def parse_web_config(text: str, path: Path) -> WebConfig:
         raise ConfigError(f"web config file {path}: not valid YAML: {error}") from None
     document = {} if document is None else document
     _mapping(document, "(top level)", TOP_KEYS, fail)
-    if document.get("rate_limit") is not None:
-        raise fail("rate_limit", "not supported by hybridmon, whose server bounds connections itself; remove it")
+    rate_limit = _rate_limit(_mapping(document.get("rate_limit"), "rate_limit", RATE_LIMIT_KEYS, fail), fail)
     headers = _headers(_mapping(document.get("http_server_config"), "http_server_config", HTTP_KEYS, fail), fail)
     users = _users(document.get("basic_auth_users"), fail)
     tls_section = _mapping(document.get("tls_server_config"), "tls_server_config", TLS_KEYS, fail)
     tls = _tls(tls_section, path.parent, fail) if tls_section else None
-    return WebConfig(path=path, tls=tls, headers=headers, users=users)
+    return WebConfig(path=path, tls=tls, headers=headers, users=users, rate_limit=rate_limit)
 
 
 def _mapping(value, key: str, known: tuple[str, ...], fail) -> dict:
@@ -192,6 +199,21 @@ def _mapping(value, key: str, known: tuple[str, ...], fail) -> dict:
         raise fail(f"{key}.{unknown[0]}" if key != "(top level)" else str(unknown[0]),
                    f"unknown key; known: {', '.join(known)}")
     return value
+
+
+def _rate_limit(section: dict, fail) -> tuple[float, int] | None:
+    interval = section.get("interval", 0)
+    if interval in (0, "0"):
+        return None
+    parts = GO_DURATION_PART.findall(interval) if isinstance(interval, str) else []
+    if not parts or "".join(number + unit for number, unit in parts) != interval:
+        raise fail("rate_limit.interval", f"{interval!r} is not a duration such as 1s, 250ms or 1m30s")
+    seconds = sum(float(number) * GO_DURATION_UNITS[unit] for number, unit in parts)
+    burst = section.get("burst", 0)
+    if not isinstance(burst, int) or isinstance(burst, bool) or burst < 1:
+        raise fail("rate_limit.burst", f"must be a whole number of requests, at least 1, not {burst!r} "
+                   "(with 0 every request would be refused)")
+    return (seconds, burst) if seconds > 0 else None
 
 
 def _headers(section: dict, fail) -> tuple[tuple[bytes, bytes], ...]:
@@ -378,6 +400,8 @@ class WebConfigFile:
         self._signature = _signature(self.config.files())
         self._broken: ConfigError | None = None
         self.started_policy = None if self.config.tls is None else self.config.tls.policy
+        # Made once, as exporter-toolkit's Serve makes its limiter.
+        self.limiter = None if self.config.rate_limit is None else TokenBucket(*self.config.rate_limit)
         if self.config.tls is None and not self.config.users:
             log.warning("web config file %s turns on neither TLS nor basic auth", self.path)
 
@@ -410,6 +434,8 @@ class WebConfigFile:
         if policy != self.started_policy:
             log.warning("web config file %s changed its TLS settings (tls_server_config other than the "
                         "certificate, key and client CA): restart hybridmon to apply them", self.path)
+        if config.rate_limit != (None if self.limiter is None else (self.limiter.interval, self.limiter.burst)):
+            log.warning("web config file %s changed rate_limit: restart hybridmon to apply it", self.path)
         if context is not None and self._context is not None:
             self._context = context
         log.info("web config file %s re-read", self.path)
@@ -448,6 +474,25 @@ def _san_text(kind: str, value: str) -> str:
         return str(ipaddress.ip_address(value))
     except ValueError:
         return value
+
+
+class TokenBucket:
+    """golang.org/x/time/rate's Limiter as exporter-toolkit uses it (Allow): a token every `interval`
+    seconds, at most `burst` kept, full at start; a request without a token is answered 429."""
+
+    def __init__(self, interval: float, burst: int, clock=time.monotonic) -> None:
+        self.interval, self.burst, self.clock = interval, burst, clock
+        self.tokens = float(burst)
+        self.updated = clock()
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) / self.interval)
+        self.updated = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
 
 
 class BasicAuth:
@@ -517,6 +562,7 @@ def _password_matches(password: bytes, hashed: bytes | None, unknown_user_cost: 
 
 
 UNAUTHORIZED = (401, b"Unauthorized\n", ((b"www-authenticate", b"Basic"),))
+TOO_MANY = (429, b"Too Many Requests\n", ())
 BROKEN = (500, b"Internal Server Error\n", ())
 
 
@@ -538,6 +584,10 @@ class WebConfigMiddleware:
             config = self.source.current()
         except ConfigError:
             await _answer(send, *BROKEN)
+            return
+        # exporter-toolkit's order: the limit before the headers and the password check.
+        if self.source.limiter is not None and not self.source.limiter.allow():
+            await _answer(send, *TOO_MANY)
             return
         if config.headers:
             send = _with_headers(send, config.headers)

@@ -17,7 +17,7 @@ import yaml
 
 from hybridmon.agent import cli
 from hybridmon.agent.api import web_config
-from hybridmon.agent.api.web_config import BasicAuth, WebConfigFile, WebConfigMiddleware, load_web_config
+from hybridmon.agent.api.web_config import BasicAuth, TokenBucket, WebConfigFile, WebConfigMiddleware, load_web_config
 from hybridmon.agent.config import ConfigError, load_config
 from tests.support.tls_files import bcrypt_hash, make_tls_files, write_web_config
 
@@ -70,7 +70,10 @@ def bad_files(tls) -> list[tuple[object, str, str]]:
         ({"http_server_config": {"headers": {"Server": "x"}}}, "http_server_config.headers.Server", "can not be configured"),
         ({"http_server_config": {"headers": {"X-Frame-Options": "allow"}}}, "http_server_config.headers.X-Frame-Options",
          "must be one of deny, sameorigin"),
-        ({"rate_limit": {"interval": "1s", "burst": 5}}, "rate_limit", "not supported by hybridmon"),
+        ({"rate_limit": {"interval": "1 second", "burst": 5}}, "rate_limit.interval", "is not a duration"),
+        ({"rate_limit": {"interval": 5, "burst": 5}}, "rate_limit.interval", "is not a duration"),
+        ({"rate_limit": {"interval": "1s"}}, "rate_limit.burst", "at least 1"),
+        ({"rate_limit": {"interval": "1s", "burst": 2, "per": "client"}}, "rate_limit.per", "unknown key"),
     ]
 
 
@@ -283,3 +286,32 @@ def test_the_middleware_sets_the_files_headers_guards_every_path_and_fails_close
     path.write_text("basic_auth_users: {prometheus: not-a-hash}\n")
     broken = get(app, auth=("prometheus", "s3cret"))
     assert (broken.status_code, broken.text) == (500, "Internal Server Error\n")  # the file's problem goes to the log only
+
+
+def test_rate_limit_reads_go_durations_and_interval_zero_turns_it_off(tmp_path):
+    def rate_limit(section: dict):
+        return load_web_config(write(tmp_path / "web.yml", {"rate_limit": section})).rate_limit
+    assert rate_limit({"interval": "1m30s", "burst": 3}) == (90.0, 3)
+    assert rate_limit({"interval": "250ms", "burst": 1}) == (0.25, 1)
+    assert rate_limit({"interval": "0", "burst": 0}) is None and rate_limit({}) is None
+
+
+def test_the_token_bucket_starts_full_and_refills_one_token_per_interval():
+    now = [100.0]
+    bucket = TokenBucket(interval=2.0, burst=3, clock=lambda: now[0])
+    assert [bucket.allow() for _ in range(4)] == [True, True, True, False]
+    now[0] += 1.0
+    assert not bucket.allow()
+    now[0] += 1.0
+    assert [bucket.allow(), bucket.allow()] == [True, False]
+    now[0] += 60.0  # no more than the burst is saved up
+    assert [bucket.allow() for _ in range(4)] == [True, True, True, False]
+
+
+def test_a_request_past_the_rate_limit_is_429_before_any_password_is_checked(tmp_path, bcrypt_calls):
+    path = write(tmp_path / "web.yml", {"rate_limit": {"interval": "1h", "burst": 2},
+                                        "basic_auth_users": {"prometheus": bcrypt_hash("s3cret")}})
+    app = WebConfigMiddleware(plain_route, WebConfigFile(path))
+    assert [get(app, auth=("prometheus", "s3cret")).status_code for _ in range(2)] == [200, 200]
+    limited = get(app, auth=("prometheus", "guess"))
+    assert (limited.status_code, limited.text) == (429, "Too Many Requests\n") and len(bcrypt_calls) == 1
