@@ -17,8 +17,10 @@ differences, each stricter and each refused at start with a ConfigError rather t
   error, where exporter-toolkit silently serves plain HTTP.
 - rate_limit's burst must be at least 1 (Go's limiter with burst 0 refuses every request).
 - a duplicated key is an error, as in Go's yaml.UnmarshalStrict.
-http_server_config.http2 is accepted and has no effect: the server speaks HTTP/1.1 only (h11),
-which every Prometheus scrapes over.
+Accepted, with less effect: http_server_config.http2 (the server speaks HTTP/1.1 only, h11, which
+every Prometheus scrapes over), and min_version TLS10 or TLS11 (OpenSSL 3 at Python's security level
+2 has no cipher for TLS 1.0/1.1, a TLS 1.0 client ends in NO_SHARED_CIPHER: TLS 1.2 is the real
+minimum).
 
 What changes while running, as exporter-toolkit re-reads the file per request and per handshake:
 the file and every file it names are looked at (stat) on each request and TLS handshake and re-read
