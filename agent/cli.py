@@ -240,6 +240,8 @@ def _parser() -> argparse.ArgumentParser:
     switches = _collector_switches()
     run = commands.add_parser("run", parents=[common, switches], help="sample the host and serve /metrics")
     run.add_argument("--listen", metavar="HOST:PORT", type=_listen_address, help="default 127.0.0.1:9787")
+    run.add_argument("--web-config-file", metavar="FILE", help="TLS and basic auth: prometheus/exporter-toolkit's "
+                     "web configuration, the file node_exporter's --web.config.file reads")
     run.add_argument("--replay", metavar="TRACE", help="read the host from a recorded trace instead")
     run.add_argument("--speed", type=REPLAY_SPEED, default=1.0, help="replay speed factor, 0.01 to 1e6 (0: as fast as possible)")
     run.set_defaults(handler=_run)
@@ -302,6 +304,7 @@ def _overrides(args: argparse.Namespace) -> dict:
         "log_level": args.log_level,
         "log_format": args.log_format,
         "listen": getattr(args, "listen", None),
+        "web_config_file": getattr(args, "web_config_file", None),
         "paths.procfs": args.procfs,
         "paths.sysfs": args.sysfs,
         **{f"collectors.{name}.enabled": switched.get(f"collector.{name}") for name in COLLECTOR_NAMES},
@@ -337,21 +340,25 @@ def _run(args: argparse.Namespace, config) -> int:
     from hybridmon.agent.allocator import cap_malloc_arenas
     from hybridmon.agent.daemon import Agent
     from hybridmon.agent.api.server import bind_socket, listen_url, serve
+    from hybridmon.agent.api.web_config import WebConfigFile
     from hybridmon.agent.thread_names import name_threads_in_kernel
 
     if args.speed != 1.0 and not args.replay:
         raise ValueError("--speed applies to --replay only")
     host, port = parse_listen(config.listen)
+    # Read and checked before anything starts: a bad file is a ConfigError (exit 78) naming its key.
+    web_config = WebConfigFile(config.web_config_file) if config.web_config_file else None
     cap_malloc_arenas()  # before the first thread starts: agent/allocator.py says why
     name_threads_in_kernel()  # so that `top -H` tells the samplers and collectors apart
     stop = _StopSignals()
     agent = Agent(config, replay_from=args.replay)
     sock = bind_socket(host, port)
     agent.start(replay_speed=args.speed)
-    log.info("hybridmon %s (%s) serving %s", __version__, agent.mode, listen_url(host, port))
+    scheme = "https" if web_config is not None and web_config.tls else "http"
+    log.info("hybridmon %s (%s) serving %s", __version__, agent.mode, listen_url(host, port, scheme=scheme))
     try:
         if not stop.event.is_set():
-            serve(agent, sock, config.log_level)
+            serve(agent, sock, config.log_level, web_config=web_config)
     finally:
         # after the server's graceful 3 s and its 2 s backstop: SIGTERM ends the agent within 10 s
         # whatever a collector is doing (issue 30), under systemd's and Kubernetes' grace periods

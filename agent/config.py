@@ -256,6 +256,10 @@ class _AgentSettings(_Strict):
         "/var/lib/hybridmon as root, else $XDG_STATE_HOME/hybridmon or ~/.local/state/hybridmon",
     )
     paths: PathsConfig = PathsConfig()
+    web_config_file: str | None = Field(
+        default=None, description="prometheus/exporter-toolkit's web configuration (TLS, basic auth), the "
+        "file node_exporter's --web.config.file reads; None: plain HTTP, no auth (agent/api/web_config.py)",
+    )
     # [collectors.<name>] turns a collector on or off and sets its interval; a collector's own
     # settings are in the table named like it ([gpu], [process], ...), added below from the
     # registry (exporters/registry.py), each modelled beside its collector.

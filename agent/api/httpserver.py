@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import resource
 import signal
@@ -31,11 +32,13 @@ import socket
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Callable
 
 import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from hybridmon.agent.api.web_config import WebConfigFile
 from hybridmon.agent.logs import RepeatedMessageFilter, aggregate_repeats, remove_filter
 
 log = logging.getLogger(__name__)
@@ -91,8 +94,10 @@ def connection_cap(soft_nofile_limit: int) -> int:
 class ConnectionGuard:
     """The open connections, oldest first, and what the server did to keep within its limits."""
 
-    def __init__(self, limits: ServerLimits) -> None:
+    def __init__(self, limits: ServerLimits, peer_allowed: Callable[[dict | None], bool] | None = None) -> None:
         self.limits = limits
+        # A check of the TLS client's verified certificate (client_allowed_sans, agent/api/web_config.py).
+        self.peer_allowed = peer_allowed
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         self.max_connections = limits.max_connections or connection_cap(soft)
         self.open: OrderedDict[GuardedProtocol, None] = OrderedDict()
@@ -149,7 +154,7 @@ class GuardedProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if not self.guard.admit(self):
+        if not self.guard.admit(self) or not self._peer_allowed(transport):
             self.close_now()
             return
         self._arm_request_deadline()
@@ -197,6 +202,10 @@ class GuardedProtocol(H11Protocol):
                 self.transport.close()
                 return
         super().send_400_response(msg)
+
+    def _peer_allowed(self, transport: asyncio.Transport) -> bool:
+        # asyncio hands a TLS connection over only once its handshake is done, with the certificate.
+        return self.guard.peer_allowed is None or self.guard.peer_allowed(transport.get_extra_info("peercert"))
 
     def waiting_for_request(self) -> bool:
         """The next request has not fully arrived yet (h11 leaves IDLE at its request line and
@@ -277,8 +286,19 @@ class AgentServer(uvicorn.Server):
             self._captured_signals.remove(sig)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        asyncio.get_running_loop().set_exception_handler(self._loop_exception)
-        await super().startup(sockets=sockets)
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_exception)
+        if self.config.ssl is not None:
+            # A TLS connection reaches the protocol (and the guard's cap and request deadline) only
+            # once its handshake is done; asyncio gives a handshake 60 s by default, which would let
+            # silent connections hold fds past the guard. uvicorn passes no handshake timeout to
+            # create_server, so it is bound in here, for this one call, to the request deadline.
+            loop.create_server = functools.partial(  # type: ignore[method-assign]
+                type(loop).create_server, loop, ssl_handshake_timeout=self.guard.limits.request_timeout_seconds)
+        try:
+            await super().startup(sockets=sockets)
+        finally:
+            vars(loop).pop("create_server", None)
         for sock in sockets or []:
             sock.listen(LISTEN_BACKLOG)
 
@@ -324,9 +344,11 @@ class AgentServer(uvicorn.Server):
         loop.default_exception_handler(context)
 
 
-def build_server(app, limits: ServerLimits, log_level: str) -> AgentServer:
-    """The server for `app`; run it with .run(sockets=[sock]) from the main thread."""
-    guard = ConnectionGuard(limits)
+def build_server(app, limits: ServerLimits, log_level: str, web_config: WebConfigFile | None = None) -> AgentServer:
+    """The server for `app`; run it with .run(sockets=[sock]) from the main thread. With a web config
+    file, HTTPS on the context it builds (agent/api/web_config.py) instead of HTTP."""
+    guard = ConnectionGuard(limits, peer_allowed=web_config.peer_allowed if web_config else None)
+    ssl_context = web_config.server_context() if web_config else None
     config = uvicorn.Config(
         app,
         http=protocol_for(guard),
@@ -342,6 +364,9 @@ def build_server(app, limits: ServerLimits, log_level: str) -> AgentServer:
         timeout_graceful_shutdown=limits.graceful_shutdown_seconds + SHUTDOWN_BACKSTOP_SECONDS,  # type: ignore[arg-type]
         backlog=ACCEPT_BATCH,
         server_header=False,
+        # asyncio's loop, not uvloop should it be installed: AgentServer.startup bounds TLS handshakes on it.
+        loop="asyncio",
+        ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
     )
     # uvicorn.Config configured its loggers just now: attach the filter after that.
     repeats = aggregate_repeats(CHATTY_LOGGERS, limits.log_window_seconds)

@@ -27,6 +27,7 @@ from hybridmon.agent.publish.findings import findings_json, iso_time
 from hybridmon.agent.loop import liveness
 from hybridmon.agent.api.httpserver import LISTEN_BACKLOG, ServerLimits, build_server, stop_aggregating
 from hybridmon.agent.api.runbooks import RunbookLibrary
+from hybridmon.agent.api.web_config import WebConfigFile, WebConfigMiddleware
 from hybridmon.agent.warmup import warming_up
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,12 @@ class ProtectiveHeaders:
         await self.app(scope, receive, with_headers)
 
 
-def create_app(agent: Agent) -> FastAPI:
+def create_app(agent: Agent, web_config: WebConfigFile | None = None) -> FastAPI:
     app = FastAPI(title="hybridmon", version=__version__, docs_url=None, redoc_url=None, openapi_url=None)
+    if web_config is not None:
+        # Every route, /healthz included, as exporter-toolkit protects every path; added first, so
+        # that it runs inside ProtectiveHeaders and a 401 gets the protective headers too.
+        app.add_middleware(WebConfigMiddleware, source=web_config)
     app.add_middleware(ProtectiveHeaders)
 
     # async: rendered on the event loop's thread. A sync route runs in a worker thread, and each
@@ -184,9 +189,9 @@ def _alertmanager_health(agent: Agent) -> dict:
     return health() if health is not None else {}
 
 
-def listen_url(host: str, port: int, path: str = "/metrics") -> str:
+def listen_url(host: str, port: int, path: str = "/metrics", scheme: str = "http") -> str:
     """http://127.0.0.1:9787/metrics; an IPv6 host in brackets, as a URL needs it: http://[::1]:9787/metrics."""
-    return f"http://{_url_host(host)}:{port}{path}"
+    return f"{scheme}://{_url_host(host)}:{port}{path}"
 
 
 def _url_host(host: str) -> str:
@@ -211,14 +216,15 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(agent: Agent, sock: socket.socket, log_level: str, limits: ServerLimits = ServerLimits()) -> None:
+def serve(agent: Agent, sock: socket.socket, log_level: str, limits: ServerLimits = ServerLimits(),
+          web_config: WebConfigFile | None = None) -> None:
     """Serve until SIGTERM/SIGINT (uvicorn handles them and returns within
     limits.graceful_shutdown_seconds and a little more, whatever the clients do)."""
     # A scrape's thread waits for the GIL whenever a collector or the detectors hold it, up to the
     # switch interval (5 ms by default) at each hand-over; 1 ms keeps a scrape that lands on a tick
     # or an evaluation near its own cost. Only CPU-bound threads running together switch more often.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
-    server = build_server(create_app(agent), limits, log_level)
+    server = build_server(create_app(agent, web_config), limits, log_level, web_config)
     try:
         server.run(sockets=[sock])
     finally:

@@ -46,6 +46,7 @@ DEPLOY = REPO / "deploy"
 UNIT = DEPLOY / "systemd" / "hybridmon.service"
 KUBERNETES = DEPLOY / "kubernetes"
 NO_PTRACE = DEPLOY / "kubernetes-variants" / "no-ptrace"
+WEB_CONFIG = DEPLOY / "kubernetes-variants" / "web-config"
 ALERTMANAGER_CONFIG = DEPLOY / "alertmanager" / "alertmanager.yml"
 PROMETHEUS_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 RULES_FILE = REPO / "rules" / "hybridmon.rules.yml"
@@ -96,6 +97,22 @@ def test_unit_passes_systemd_analyze_verify_and_security(tmp_path):
     security = subprocess.run([analyze, "security", "--offline=true", "--threshold=25", str(unit)],
                               capture_output=True, text=True, timeout=30)
     assert security.returncode == 0, security.stdout[-1500:] + security.stderr
+
+
+def test_unit_with_https_turned_on_passes_systemd_analyze_verify(tmp_path):
+    """The commented --web-config-file lines, uncommented as deploy/README.md says."""
+    analyze = require_binary("systemd-analyze", "systemd")
+    installed = Path(sys.executable).with_name("hybridmon")
+    text, enabled = re.subn(r"^#((?:LoadCredential=(?:web-config\.yml|tls\.)|Environment=HYBRIDMON_WEB_CONFIG_FILE=).*)$",
+                            r"\1", UNIT.read_text(), flags=re.M)
+    assert enabled == 4
+    unit = tmp_path / "hybridmon.service"
+    unit.write_text(text.replace("/opt/hybridmon/bin/hybridmon", str(installed)))
+    verify = subprocess.run([analyze, "verify", "--man=no", str(unit)], capture_output=True, text=True, timeout=30)
+    assert (verify.returncode, verify.stdout + verify.stderr) == (0, "")
+    settings = unit_settings(unit)
+    credentials = {value.split(":")[0] for value in settings["LoadCredential"]}
+    assert "HYBRIDMON_WEB_CONFIG_FILE=%d/web-config.yml" in settings["Environment"] and "web-config.yml" in credentials
 
 
 def test_unit_keeps_what_the_agent_needs_and_nothing_more():
@@ -323,9 +340,10 @@ def kustomize_build(directory: Path) -> dict[str, dict]:
     return resources
 
 
+@pytest.mark.parametrize("variant", [NO_PTRACE, WEB_CONFIG], ids=lambda path: path.name)
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
-def test_no_ptrace_variant_validates_strictly(version):
-    resources = kustomize_build(NO_PTRACE)
+def test_variants_validate_strictly(variant, version):
+    resources = kustomize_build(variant)
     assert resources.keys() == {"DaemonSet", "Service"} | CRD_KINDS
     for kind in ("DaemonSet", "Service"):
         kubernetes_validate.validate(resources[kind], version, strict=True)
@@ -342,6 +360,34 @@ def test_no_ptrace_variant_is_the_daemonset_without_root_or_any_capability():
     # Everything else is the default DaemonSet's: host PIDs (NVML reports them), /proc, /sys, probes.
     variant["spec"]["template"]["spec"]["containers"][0]["securityContext"] = agent_container()["securityContext"]
     assert variant == base
+
+
+def test_web_config_variant_mounts_what_it_names_and_is_scraped_over_https_with_basic_auth():
+    """The Secret's files reach the path the agent is told, rotated Secrets reach the files (no
+    subPath), the liveness probe reads the same mount, and the ServiceMonitor verifies against the
+    CA the agent's certificate comes with. The probe itself runs against a real agent in
+    tests/integration/test_web_config_live.py."""
+    built = kustomize_build(WEB_CONFIG)
+    (container,) = built["DaemonSet"]["spec"]["template"]["spec"]["containers"]
+    web_config = Path({e["name"]: e.get("value") for e in container["env"]}["HYBRIDMON_WEB_CONFIG_FILE"])
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "web-config"]
+    assert Path(mount["mountPath"]) == web_config.parent and mount["readOnly"] and "subPath" not in mount
+    (volume,) = [v for v in built["DaemonSet"]["spec"]["template"]["spec"]["volumes"] if v["name"] == "web-config"]
+    files = {item["path"]: source["secret"]["name"] for source in volume["projected"]["sources"]
+             for item in source["secret"]["items"]}
+    assert files == {"web-config.yml": "hybridmon-web-config", "probe-password": "hybridmon-web-config",
+                     "tls.crt": "hybridmon-tls", "tls.key": "hybridmon-tls", "ca.crt": "hybridmon-tls"}
+    assert web_config.name in files
+    probe = container["livenessProbe"]["exec"]["command"][-1]
+    assert f'"{mount["mountPath"]}/"' in probe and "/healthz" in probe
+    assert container["readinessProbe"] == {"tcpSocket": {"port": "metrics"}, "periodSeconds": 10, "timeoutSeconds": 5}
+    (endpoint,) = built["ServiceMonitor"]["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["tlsConfig"]["ca"]["secret"] == {"name": "hybridmon-tls", "key": "ca.crt"}
+    assert endpoint["basicAuth"]["password"] == {"name": "hybridmon-scrape-auth", "key": "password"}
+    # Everything else is the default DaemonSet's.
+    base = manifests()["DaemonSet"]
+    assert built["DaemonSet"]["spec"]["template"]["spec"]["hostPID"] == base["spec"]["template"]["spec"]["hostPID"]
+    assert container["securityContext"] == agent_container()["securityContext"]
 
 
 # The agent's process collectors on this host's /proc, watching the pids given, as the user the
@@ -663,6 +709,21 @@ def test_prometheus_config_passes_promtool_with_the_rules_it_names():
     (job,) = config["scrape_configs"]
     assert (job["job_name"], job["scrape_interval"], job["metrics_path"]) == ("hybridmon", "15s", "/metrics")
     assert config["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["127.0.0.1:9093"]
+
+
+def test_https_scrape_example_passes_promtool_and_matches_the_plain_job():
+    """deploy/prometheus/scrape-https.yml, for agents run with --web-config-file; a real Prometheus
+    scrapes an agent with it in tests/integration/test_web_config_live.py."""
+    promtool = require_binary("promtool", "prometheus")
+    example = DEPLOY / "prometheus" / "scrape-https.yml"
+    checked = subprocess.run([promtool, "check", "config", str(example)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    (https_job,) = yaml.safe_load(example.read_text())["scrape_configs"]
+    (plain_job,) = yaml.safe_load(PROMETHEUS_CONFIG.read_text())["scrape_configs"]
+    assert https_job["scheme"] == "https" and https_job["basic_auth"].keys() == {"username", "password_file"}
+    assert https_job["tls_config"].keys() == {"ca_file"}  # client certificates: commented, optional
+    for same in ("job_name", "scrape_interval", "scrape_timeout", "metrics_path"):
+        assert https_job[same] == plain_job[same], same
 
 
 # --- The documents that describe these files --------------------------------------------------

@@ -73,10 +73,11 @@ def stop(process: subprocess.Popen) -> None:
 
 class Prometheus:
     """Scrapes `targets` and evaluates `rule_file` every `interval` seconds, alerting to
-    `alertmanager` (host:port). The targets need not be up yet."""
+    `alertmanager` (host:port). The targets need not be up yet. `scrape_configs`, when given,
+    replaces the one plain-HTTP job (HTTPS, basic auth: tests/integration/test_web_config_live.py)."""
 
     def __init__(self, directory: Path, targets: list[str], alertmanager: str,
-                 rule_file: Path = RULES_FILE, interval: str = "1s") -> None:
+                 rule_file: Path = RULES_FILE, interval: str = "1s", scrape_configs: list[dict] | None = None) -> None:
         binary = require_binary("prometheus", "prometheus")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -85,7 +86,7 @@ class Prometheus:
             "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
             "rule_files": [str(rule_file)],
             "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
-            "scrape_configs": [{"job_name": JOB, "static_configs": [{"targets": targets}]}],
+            "scrape_configs": scrape_configs or [{"job_name": JOB, "static_configs": [{"targets": targets}]}],
         }))
         self.log = directory / "prometheus.log"
         with self.log.open("w") as log:
