@@ -351,10 +351,10 @@ def _run(args: argparse.Namespace, config) -> int:
     cap_malloc_arenas()  # before the first thread starts: agent/allocator.py says why
     name_threads_in_kernel()  # so that `top -H` tells the samplers and collectors apart
     stop = _StopSignals()
-    agent = Agent(config, replay_from=args.replay)
+    scheme = "https" if web_config is not None and web_config.tls else "http"
+    agent = Agent(config, replay_from=args.replay, serves_https=scheme == "https")
     sock = bind_socket(host, port)
     agent.start(replay_speed=args.speed)
-    scheme = "https" if web_config is not None and web_config.tls else "http"
     log.info("hybridmon %s (%s) serving %s", __version__, agent.mode, listen_url(host, port, scheme=scheme))
     try:
         if not stop.event.is_set():

@@ -41,10 +41,12 @@ class Agent:
         record_to: str | Path | None = None,
         replay_from: str | Path | None = None,
         every_tick_history: bool = False,
+        serves_https: bool = False,
     ) -> None:
         """`every_tick_history`: keep every tick for the whole of history_seconds instead of the
         two tiers the detectors need (agent/loop/history.py), for a replay read as a record of what was
-        sampled (the scenario tests); 2 h at 1 s of an 8-GPU host then takes ~6x the memory."""
+        sampled (the scenario tests); 2 h at 1 s of an 8-GPU host then takes ~6x the memory.
+        `serves_https`: the web config file turns TLS on, so the agent's own runbook links say https."""
         if record_to and replay_from:
             raise ValueError("record and replay cannot be combined")
         self.config = config
@@ -77,7 +79,8 @@ class Agent:
         self.engine = Engine(all_detectors(self.thresholds), self.history,
                              lookback_seconds=lookback_seconds(self.thresholds))
         self.exposition.health_registry.register(FindingsCollector(self.engine))
-        self.runbook_base_url = config.alerting.runbook_base_url or default_runbook_base_url(config.listen)
+        self.runbook_base_url = config.alerting.runbook_base_url or default_runbook_base_url(
+            config.listen, "https" if serves_https else "http")
         self._last_evaluation: float | None = None
         self._evaluation_lock = threading.Lock()
         if config.detectors.enabled:
@@ -199,7 +202,7 @@ class Agent:
         return self._recorder.error if self._recorder is not None else None
 
 
-def default_runbook_base_url(listen: str) -> str:
+def default_runbook_base_url(listen: str, scheme: str = "http") -> str:
     """This agent's own /runbooks. A wildcard listen address (0.0.0.0, ::) is no place a reader
     of an alert can open, so the host's name stands in for it."""
     host, port = parse_listen(listen)
@@ -207,7 +210,7 @@ def default_runbook_base_url(listen: str) -> str:
         host = socket.getfqdn() or socket.gethostname()
     elif ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}/runbooks"
+    return f"{scheme}://{host}:{port}/runbooks"
 
 
 def _config_from_trace(reader: TraceReader, current: AgentConfig) -> AgentConfig:

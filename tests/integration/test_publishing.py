@@ -148,3 +148,13 @@ def test_default_runbook_links_name_a_host_a_reader_can_open():
         url = default_runbook_base_url(wildcard)
         assert url == f"http://{socket.getfqdn() or socket.gethostname()}:9787/runbooks"
         assert "0.0.0.0" not in url and "[::]" not in url
+
+
+def test_an_agent_serving_https_links_its_runbooks_over_https():
+    """With a web config that turns TLS on, http:// on the same port answers nothing useful."""
+    from hybridmon.agent.config import load_config
+    from hybridmon.agent.daemon import Agent
+
+    config = load_config(environ={}, overrides={"paths.procfs": "/nonexistent-proc", "paths.sysfs": "/nonexistent-sys"})
+    assert Agent(config, serves_https=True).runbook_base_url == "https://127.0.0.1:9787/runbooks"
+    assert Agent(config).runbook_base_url == "http://127.0.0.1:9787/runbooks"
