@@ -10,7 +10,7 @@ numa_maps included) and wall time of each run. The NUMA nodes are the fixture ho
 reads nothing per process on a host with one node, which most test machines are. Every child is killed when done, on error, and
 exits on its own after --child-timeout seconds whatever happens.
 
-    .venv/bin/python benchmarks/process_numa_cost.py [--processes 248] [--threaded 8] [--threads 32]
+    .venv/bin/python benchmarks/process_numa_cost.py [--processes 248] [--threaded 8] [--threads 128]
 """
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=248, help="single-thread children (sleep)")
     parser.add_argument("--threaded", type=int, default=8, help="Python children with --threads threads")
-    parser.add_argument("--threads", type=int, default=32, help="threads of each threaded child")
+    parser.add_argument("--threads", type=int, default=128, help="threads of each threaded child")
     parser.add_argument("--runs", type=int, default=10, help="collector runs, one interval apart")
     parser.add_argument("--sysfs", default=str(FIXTURE_SYSFS), help="where the NUMA nodes are read")
     add_child_timeout(parser)

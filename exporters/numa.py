@@ -47,11 +47,13 @@ PROCESS_ALLOWED_CPUS_ON_NODE = MetricSpec("hybridmon_process_allowed_cpus_on_nod
                                           "CPUs of the NUMA node the process may run on "
                                           "(Cpus_allowed_list of /proc/<pid>/status within "
                                           "/sys/devices/system/node/node<N>/cpulist); 0 on a node it "
-                                          "may not run on.", "gauge", _PROCESS_ON_NODE)
+                                          "may not run on. Only with [process] detail_series = true.",
+                                          "gauge", _PROCESS_ON_NODE)
 PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
                                    "Bytes of the process's mapped pages that sit on the NUMA node "
                                    "(N<node>= page counts of /proc/<pid>/numa_maps times each mapping's "
-                                   "kernelpagesize_kB).", "gauge", _PROCESS_ON_NODE)
+                                   "kernelpagesize_kB), as last read: each process's numa_maps at most "
+                                   "once a minute.", "gauge", _PROCESS_ON_NODE)
 PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
     "hybridmon_process_cpu_seconds_on_node_total",
     "CPU seconds the process's threads ran on the NUMA node, counted from when the agent first saw "
@@ -62,7 +64,8 @@ PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
 PROCESS_NUMA_MAPS_READ = MetricSpec("hybridmon_process_numa_maps_read_seconds",
                                     "Seconds the last collection spent reading and parsing "
                                     "/proc/<pid>/numa_maps: the kernel walks the process's page tables, "
-                                    "so this grows with its mapped memory.", "gauge", ("pid", "process_name"))
+                                    "so this grows with its mapped memory. Only with [process] "
+                                    "detail_series = true.", "gauge", ("pid", "process_name"))
 
 # numastat field -> outcome label; the kernel's names carry a redundant numa_ prefix on some.
 NUMASTAT_OUTCOMES = {
@@ -237,18 +240,21 @@ class NumaCollector:
 # for a 2-8 GiB server, see ProcessNumaCollector) and placement moves slowly (first touch fixes a
 # page's node; only NUMA balancing or a migration moves it), so each process's is read at most once
 # a minute, and at most 8 a run: at the 30 s interval, the 16 processes of a typical host each
-# minute, and 256 processes every 16 minutes. With both bounds, 256 watched processes (8 of 32
-# threads) cost 10.3-10.4 ms of CPU a run, against 66.6-72.1 ms reading everything
-# (benchmarks/process_numa_cost.py, 2-vCPU VM at load 4.3-4.5; small processes: a big server's
-# numa_maps adds its page-table walk, at most 8 of them a run).
+# minute, and 256 processes every 16 minutes. With both bounds, 256 watched processes (1,272
+# threads) cost 11.4 ms of CPU a run (median; at most 19.3), against 83.5-109.3 ms reading
+# everything (benchmarks/process_numa_cost.py, 2-vCPU VM at load 11-12; small processes: a big
+# server's numa_maps adds its page-table walk, at most 8 of them a run).
 NUMA_MAPS_MIN_AGE_SECONDS = 60.0
 NUMA_MAPS_READS_PER_RUN = 8
 # Thread stats read per run, over all processes together (34 us each, see ProcessNumaCollector:
-# about 9 ms), at most 32 of them from one process so that a server of hundreds of threads does not
-# starve the others; the processes and each one's threads are taken in turn, where the last run
-# stopped. An unread thread's CPU time is not lost: it is counted at its next reading.
-THREAD_READS_PER_RUN = 256
-THREAD_READS_PER_PROCESS = 32
+# about 17 ms), at most 128 of them from one process so that a server of hundreds of threads does
+# not starve the others; the processes are taken in turn from where the last run stopped, and in
+# each the threads that ran since their last reading first (they carry its CPU time: vLLM's busy
+# threads are a few among pools of idle ones), then the others in turn. An unread thread's CPU time
+# is not lost: it is counted at its next reading. 16 servers of 100 threads: each busy thread is
+# read every run, each idle one at least every 4 (2 minutes, InferenceProcessNumaMisplaced's window).
+THREAD_READS_PER_RUN = 512
+THREAD_READS_PER_PROCESS = 128
 
 
 class _Placement:
@@ -259,7 +265,8 @@ class _Placement:
         # tid -> CPU ticks at its last reading; None for a thread listed when the process was first
         # seen and not read since, whose first reading is only its baseline.
         self.thread_ticks: dict[int, int | None] = {}
-        self.next_thread = 0                      # where the next run starts among its threads
+        self.busy: set[int] = set()               # threads that ran between their last two readings
+        self.next_tid = 0                         # the idle threads from this tid on are read next
         self.cpu_seconds = {node: 0.0 for node in nodes}
         self.listed = False                       # its threads listed once: the baseline is set
         self.resident: dict[int, int] | None = None   # node -> bytes at the last numa_maps read
@@ -357,22 +364,24 @@ class ProcessNumaCollector:
     def _read_threads(self, pids: list[int], node_cpus: Mapping[int, frozenset[int] | None]) -> None:
         """Reads up to THREAD_READS_PER_RUN threads, the processes taken in turn from where the
         last run stopped."""
+        node_of = {cpu: node for node, cpus in node_cpus.items() for cpu in (cpus or ())}
         budget = THREAD_READS_PER_RUN
         first = bisect.bisect_left(pids, self._next_pid)
         for pid in pids[first:] + pids[:first]:
-            budget -= self._read_some_threads(pid, self._placements[pid], budget, node_cpus)
+            budget -= self._read_some_threads(pid, self._placements[pid], budget, node_of)
             if budget <= 0:
                 self._next_pid = pid + 1
                 return
 
-    def _read_some_threads(self, pid: int, placement: _Placement, budget: int,
-                           node_cpus: Mapping[int, frozenset[int] | None]) -> int:
-        """Reads the process's next threads in turn (at most THREAD_READS_PER_PROCESS and
-        `budget`) and counts their CPU time; how many it read. Each thread's ticks since its last
-        reading go to the node of the CPU it is on now: over many readings the shares converge on
-        where the time was spent. The threads listed at the process's first reading only set
-        their baseline at their first read; one born later counts all its ticks; one that exited
-        loses the ticks since its last reading."""
+    def _read_some_threads(self, pid: int, placement: _Placement, budget: int, node_of: Mapping[int, int]) -> int:
+        """Reads some of the process's threads (at most THREAD_READS_PER_PROCESS and `budget`) and
+        counts their CPU time; how many it read. The threads that ran since their previous reading
+        first, as they carry the CPU time (a server's few busy threads among its pools of idle
+        ones), then the others in turn. Each thread's ticks since its last reading go to the node
+        of the CPU it is on now: over many readings the shares converge on where the time was
+        spent. The threads listed at the process's first reading only set their baseline at their
+        first read; one born later counts all its ticks; one that exited loses the ticks since its
+        last reading."""
         tids = self._list_threads(pid)
         if tids is None:
             return 0
@@ -380,11 +389,14 @@ class ProcessNumaCollector:
             placement.thread_ticks = dict.fromkeys(tids)
             placement.listed = True
         placement.thread_ticks = {tid: placement.thread_ticks.get(tid, 0) for tid in tids}
+        placement.busy &= placement.thread_ticks.keys()
         take = min(len(tids), THREAD_READS_PER_PROCESS, budget)
-        start = placement.next_thread % len(tids) if tids else 0
-        chosen = (tids[start:] + tids[:start])[:take]
-        placement.next_thread = start + take
-        node_of = {cpu: node for node, cpus in node_cpus.items() for cpu in (cpus or ())}
+        start = bisect.bisect_left(tids, placement.next_tid)
+        in_turn = [tid for tid in tids[start:] + tids[:start] if tid not in placement.busy]
+        chosen = (sorted(placement.busy) + in_turn)[:take]
+        turned = chosen[len(placement.busy):]
+        if turned:
+            placement.next_tid = turned[-1] + 1
         ticks_per_second = self._clock_ticks()
         for tid in chosen:
             read = self._read_thread(pid, tid)
@@ -393,8 +405,12 @@ class ProcessNumaCollector:
             ticks, cpu = read
             before = placement.thread_ticks[tid]
             placement.thread_ticks[tid] = ticks
+            if before is None or ticks <= before:
+                placement.busy.discard(tid)
+                continue
+            placement.busy.add(tid)
             node = node_of.get(cpu)
-            if before is not None and ticks > before and node is not None:
+            if node is not None:
                 placement.cpu_seconds[node] = placement.cpu_seconds.get(node, 0.0) + (ticks - before) / ticks_per_second
         return len(chosen)
 

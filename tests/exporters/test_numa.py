@@ -578,8 +578,27 @@ def test_process_numa_reads_a_bounded_number_of_threads_in_turn(host_copy, monke
     # each thread now gains 1 s on its node; after each is read once more, all of it is counted
     write_threads(host_copy, 4242, {tid: (200, 9) for tid in range(7000, 7012)})
     write_threads(host_copy, 5151, {tid: (200, 2) for tid in range(8000, 8012)})
-    for _ in range(6):   # 5151's 12 threads, 2 a run
+    for _ in range(12):   # 5151's 12 threads, 2 a run, each read again the run after it ran
         samples = collector.collect()
     assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="1") == pytest.approx(12.0)
     assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="5151", node="0") == pytest.approx(12.0)
     assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == 0
+
+
+def test_process_numa_reads_the_threads_that_ran_on_every_run(host_copy, monkeypatch):
+    # 12 threads, 4 read a run: the busy one is read on every run once it is seen running, so the
+    # process's CPU time is counted as it goes, not in lumps every 3 runs
+    monkeypatch.setattr(numa, "THREAD_READS_PER_PROCESS", 4)
+    threads = {tid: (100, 2) for tid in range(7000, 7012)}
+    write_threads(host_copy, 4242, threads)
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: {4242: "python3"}, clock_ticks_per_second=100)
+    counted = []
+    for run in range(10):
+        threads[7005] = (100 + 50 * run, 9)   # half a second of CPU on node 1 between runs
+        write_threads(host_copy, 4242, threads)
+        counted.append(collector.collect().value("hybridmon_process_cpu_seconds_on_node_total",
+                                                 pid="4242", node="1"))
+    # 7005 is first read at run 1 (its baseline), then at run 4 (in turn), then on every run
+    assert counted[:4] == [0, 0, 0, 0]
+    assert counted[4:] == pytest.approx([1.5, 2.0, 2.5, 3.0, 3.5, 4.0])
