@@ -650,10 +650,10 @@ class ProcessSettings(CollectorSettings):
     )
     detail_series: bool = Field(
         default=False, description="also the per-process series that no alert, dashboard or "
-        "status page reads: hybridmon_process_threads, hybridmon_process_cgroup_memory_limit_bytes, "
-        "and from the process_numa collector hybridmon_process_allowed_cpus_on_node (one per NUMA "
-        "node) and hybridmon_process_numa_maps_read_seconds; off: at most 12 series a watched "
-        "process, plus 2 a NUMA node on hosts with two or more (docs/performance.md)"
+        "status page reads: the thread count and the cgroup memory limit, and from the "
+        "process_numa collector the allowed CPUs per NUMA node and the numa_maps read time; off: "
+        "at most 12 series a watched process, plus 2 a NUMA node on hosts with two or more "
+        "(docs/performance.md)"
     )
 
     @field_validator("cmdline_patterns")
