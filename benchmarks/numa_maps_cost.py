@@ -61,16 +61,27 @@ def measure(pid: int, repeat: int) -> tuple[list[float], list[float], int, dict[
     return read_times, parse_times, len(text.splitlines()), per_node
 
 
+def add_child_timeout(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--child-timeout", type=float, default=300.0,
+                        help="seconds after which every child exits on its own, whatever happens")
+
+
+def kernel_has_numa_maps() -> bool:
+    """Whether /proc/<pid>/numa_maps exists; says why there is nothing to measure when not."""
+    if os.path.exists("/proc/self/numa_maps"):
+        return True
+    print("this kernel has no /proc/<pid>/numa_maps (no CONFIG_NUMA); nothing to measure")
+    return False
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mib", type=int, default=2048, help="anonymous memory to touch, MiB")
     parser.add_argument("--mappings", type=int, default=5000, help="extra one-page mappings")
     parser.add_argument("--repeat", type=int, default=10, help="timed reads")
-    parser.add_argument("--child-timeout", type=float, default=300.0,
-                        help="seconds after which the child exits on its own")
+    add_child_timeout(parser)
     args = parser.parse_args()
-    if not os.path.exists("/proc/self/numa_maps"):
-        print("this kernel has no /proc/<pid>/numa_maps (no CONFIG_NUMA); nothing to measure")
+    if not kernel_has_numa_maps():
         return 1
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(args.mib), str(args.mappings), str(args.child_timeout)],

@@ -105,14 +105,17 @@ def numa_placement(t: Thresholds, runbooks: str):
         {ref: (selector(record), f"{what} off the GPU's node") for ref, (record, what) in shares.items()},
         labels={"node": "GPU's NUMA node"}, width=12, height=8,
         links=runbook_links(runbooks, "InferenceProcessNumaMisplaced"))
+    # Where each process runs (its threads' CPU time), not where it may (its allowed CPUs, a
+    # [process] detail_series series): what InferenceProcessNumaMisplaced judges.
     by_node = value_table(
         "Watched processes by NUMA node", "bytes",
-        "Resident memory (numa_maps) and allowed CPUs of each watched process on each NUMA node.",
+        "Resident memory (numa_maps) of each watched process on each NUMA node, and the CPU cores "
+        "its threads used there.",
         {"A": (_host(numa.PROCESS_NUMA_RESIDENT.name), "resident memory"),
-         "B": (_host(numa.PROCESS_ALLOWED_CPUS_ON_NODE.name), "allowed CPUs")}, width=12, height=8)
+         "B": (_rate(numa.PROCESS_CPU_SECONDS_ON_NODE.name), "CPU cores used")}, width=12, height=8)
     return [
         placement,
-        override_unit(by_node, "allowed CPUs", "short"),
+        override_unit(by_node, "CPU cores used", "short"),
         graph("Watched processes: share off their GPU's NUMA node", "percentunit",
               "Share of each watched process's CPU time (last 2 min) and resident memory on other "
               "NUMA nodes than the GPU it uses (recording rules). The line is share_off_gpu_node of "

@@ -40,7 +40,8 @@ CGROUP_MEMORY_LIMIT = MetricSpec(
     "hybridmon_process_cgroup_memory_limit_bytes",
     "Memory limit in bytes of the process's cgroup or of the ancestor cgroup that leaves it the "
     "least room (v2 memory.max, v1 memory.limit_in_bytes); absent when no cgroup on its path has a "
-    "limit. Re-read every [process] discovery_interval_seconds.", "gauge", _PROCESS)
+    "limit. Re-read every [process] discovery_interval_seconds. Only with [process] detail_series = "
+    "true: the alerts read the headroom.", "gauge", _PROCESS)
 CGROUP_MEMORY_HEADROOM = MetricSpec(
     "hybridmon_process_cgroup_memory_headroom_bytes",
     "Bytes the process's cgroup can still take before its memory limit: the limit less the working "

@@ -2,14 +2,17 @@
 
 An inference server whose threads run on one node while its offloaded weights or KV blocks sit on
 another pays a remote access on every touch. NumaCollector reports each node (/sys/devices/system/
-node); ProcessNumaCollector reports, per process watched by process.py, how many of its allowed CPUs,
-how much of its CPU time (its threads' /proc/<pid>/task/<tid>/stat) and how many of its pages
-(/proc/<pid>/numa_maps) are on each node.
+node); ProcessNumaCollector reports, per process watched by process.py, how much of its CPU time
+(its threads' /proc/<pid>/task/<tid>/stat) and how many of its pages (/proc/<pid>/numa_maps) are on
+each node, and with [process] detail_series how many of its allowed CPUs, reading a bounded share
+of those files each run.
 """
 from __future__ import annotations
 
+import bisect
 import errno
 import logging
+import math
 import os
 import re
 import time
@@ -44,11 +47,13 @@ PROCESS_ALLOWED_CPUS_ON_NODE = MetricSpec("hybridmon_process_allowed_cpus_on_nod
                                           "CPUs of the NUMA node the process may run on "
                                           "(Cpus_allowed_list of /proc/<pid>/status within "
                                           "/sys/devices/system/node/node<N>/cpulist); 0 on a node it "
-                                          "may not run on.", "gauge", _PROCESS_ON_NODE)
+                                          "may not run on. Only with [process] detail_series = true.",
+                                          "gauge", _PROCESS_ON_NODE)
 PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
                                    "Bytes of the process's mapped pages that sit on the NUMA node "
                                    "(N<node>= page counts of /proc/<pid>/numa_maps times each mapping's "
-                                   "kernelpagesize_kB).", "gauge", _PROCESS_ON_NODE)
+                                   "kernelpagesize_kB), as last read: each process's numa_maps at most "
+                                   "once a minute.", "gauge", _PROCESS_ON_NODE)
 PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
     "hybridmon_process_cpu_seconds_on_node_total",
     "CPU seconds the process's threads ran on the NUMA node, counted from when the agent first saw "
@@ -59,7 +64,8 @@ PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
 PROCESS_NUMA_MAPS_READ = MetricSpec("hybridmon_process_numa_maps_read_seconds",
                                     "Seconds the last collection spent reading and parsing "
                                     "/proc/<pid>/numa_maps: the kernel walks the process's page tables, "
-                                    "so this grows with its mapped memory.", "gauge", ("pid", "process_name"))
+                                    "so this grows with its mapped memory. Only with [process] "
+                                    "detail_series = true.", "gauge", ("pid", "process_name"))
 
 # numastat field -> outcome label; the kernel's names carry a redundant numa_ prefix on some.
 NUMASTAT_OUTCOMES = {
@@ -228,72 +234,189 @@ class NumaCollector:
         pass
 
 
+# What one run of ProcessNumaCollector may read, so that its cost stays flat however many processes
+# are watched (issue 33: reading every thread's stat and every numa_maps took 257-653 ms of wall
+# time a run at 256 processes). numa_maps makes the kernel walk the process's page tables (26-105 ms
+# for a 2-8 GiB server, see ProcessNumaCollector) and placement moves slowly (first touch fixes a
+# page's node; only NUMA balancing or a migration moves it), so each process's is read at most once
+# a minute, and at most 8 a run: at the 30 s interval, the 16 processes of a typical host each
+# minute, and 256 processes every 16 minutes. With both bounds, 256 watched processes (1,272
+# threads) cost 11.4 ms of CPU a run (median; at most 19.3), against 83.5-109.3 ms reading
+# everything (benchmarks/process_numa_cost.py, 2-vCPU VM at load 11-12; small processes: a big
+# server's numa_maps adds its page-table walk, at most 8 of them a run).
+NUMA_MAPS_MIN_AGE_SECONDS = 60.0
+NUMA_MAPS_READS_PER_RUN = 8
+# Thread stats read per run, over all processes together (34 us each, see ProcessNumaCollector:
+# about 17 ms), at most 128 of them from one process so that a server of hundreds of threads does
+# not starve the others; the processes are taken in turn from where the last run stopped, and in
+# each the threads that ran since their last reading first (they carry its CPU time: vLLM's busy
+# threads are a few among pools of idle ones), then the others in turn. An unread thread's CPU time
+# is not lost: it is counted at its next reading. 16 servers of 100 threads: each busy thread is
+# read every run, each idle one at least every 4 (2 minutes, InferenceProcessNumaMisplaced's window).
+THREAD_READS_PER_RUN = 512
+THREAD_READS_PER_PROCESS = 128
+
+
+class _Placement:
+    """What ProcessNumaCollector knows of one watched process between runs."""
+
+    def __init__(self, process_name: str, nodes: list[int]) -> None:
+        self.process_name = process_name
+        # tid -> CPU ticks at its last reading; None for a thread listed when the process was first
+        # seen and not read since, whose first reading is only its baseline.
+        self.thread_ticks: dict[int, int | None] = {}
+        self.busy: set[int] = set()               # threads that ran between their last two readings
+        self.next_tid = 0                         # the idle threads from this tid on are read next
+        self.cpu_seconds = {node: 0.0 for node in nodes}
+        self.listed = False                       # its threads listed once: the baseline is set
+        self.resident: dict[int, int] | None = None   # node -> bytes at the last numa_maps read
+        self.numa_maps_read_at: float | None = None   # collector clock
+        self.numa_maps_seconds = 0.0
+
+
 class ProcessNumaCollector:
-    """Per watched process: on which NUMA nodes its CPUs and its pages are."""
+    """Per watched process: on which NUMA nodes its CPUs and its pages are.
+
+    Bounded per run whatever the number of processes (THREAD_READS_PER_RUN, NUMA_MAPS_READS_PER_RUN):
+    each run reads some threads and some numa_maps, in turn, and exports every process's figures
+    as last read. On a host with one NUMA node everything is on node 0 and nothing is read.
+    detail_series ([process] detail_series): also the allowed CPUs per node and the numa_maps read
+    time, which no alert, dashboard or status page reads.
+    """
 
     name = "process_numa"
     # Reading numa_maps makes the kernel walk the process's page tables: 26-36 ms for 2 GiB touched
     # in 4 KiB pages over 5,000 mappings, 105 ms for 8 GiB over 20,000 (benchmarks/numa_maps_cost.py,
     # 2-vCPU Xeon VM), so a few hundred ms of a core for a 30 GB server: not every second.
     default_interval_seconds = 30.0
-    # Each thread's stat is read at every collection too: 34 us a thread, 6.8 ms for 200 threads
-    # (this 2-vCPU VM, loaded; a Python process's own threads), far less than numa_maps.
+    # A thread's stat costs 34 us to read: 6.8 ms for 200 threads (this 2-vCPU VM, loaded; a Python
+    # process's own threads), far less than numa_maps.
     metric_specs = (PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT,
                     PROCESS_NUMA_MAPS_READ)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys",
                  watched: Callable[[], Mapping[int, str]] = lambda: {},
                  timer: Callable[[], float] = time.perf_counter,
-                 clock_ticks_per_second: int | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 clock_ticks_per_second: int | None = None, detail_series: bool = False) -> None:
         self._source = source
         self._procfs = procfs
         self._sysfs = sysfs
         self._watched = watched
         self._timer = timer
+        self._clock = clock
+        self._detail_series = detail_series
         self._nodes: list[int] | None = None
         self._log_once = LogOnce(logger)
         self._ticks_per_second = clock_ticks_per_second
-        # pid -> (process_name, {tid: CPU ticks at the last reading}, {node: CPU seconds counted})
-        self._threads: dict[int, tuple[str, dict[int, int], dict[int, float]]] = {}
+        self._placements: dict[int, _Placement] = {}
+        self._next_pid = 0  # the threads of this pid and those above it are read first next run
 
     def collect(self) -> Samples:
         if self._nodes is None:
             self._nodes = read_online_nodes(self._source, self._sysfs)
+        samples = Samples()
+        if len(self._nodes) < 2:
+            return samples  # one node: every CPU and page is on it, there is no placement to tell
         node_cpus = {node: read_node_cpus(self._source, self._sysfs, node, self._log_once)
                      for node in self._nodes}
-        samples = Samples()
+        # The clock goes through the source so that a replay reads numa_maps on the recorded runs.
+        now = self._source.call("process_numa.clock", self._clock)
         watched = self._watched()
-        self._threads = {pid: state for pid, state in self._threads.items() if pid in watched}
+        self._placements = {pid: known for pid, known in self._placements.items()
+                            if pid in watched and known.process_name == watched[pid]}
+        for pid, process_name in watched.items():
+            self._placements.setdefault(pid, _Placement(process_name, self._nodes))
+        self._read_threads(sorted(watched), node_cpus)
+        gone = self._read_numa_maps_due(now)
         for pid, process_name in sorted(watched.items()):
-            try:  # the timer goes through the source so that a replay reports the recorded cost
-                status_text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
-                tasks = self._read_tasks(pid)
-                started = self._source.call("process_numa.timer", self._timer)
-                maps_text = self._read_numa_maps(pid)
-                per_node = parse_logged(parse_numa_maps, maps_text, self._path(pid, "numa_maps"),
-                                        self._log_once)
-                elapsed = self._source.call("process_numa.timer", self._timer) - started
-            except ProcessGone:
-                continue
-            status = parse_logged(parse_proc_status, status_text, self._path(pid, "status"), self._log_once)
-            allowed = None if status is None else status.allowed_cpus
-            for node, cpus in node_cpus.items():
-                on_node = None if allowed is None or cpus is None else len(allowed & cpus)
-                samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, process_name, node)
-            if tasks is not None:
-                for node, seconds in sorted(self._count_cpu_time(pid, process_name, tasks, node_cpus).items()):
-                    samples.add(PROCESS_CPU_SECONDS_ON_NODE, seconds, pid, process_name, node)
-            if per_node is not None:
-                for node in sorted(set(self._nodes) | set(per_node)):
-                    samples.add(PROCESS_NUMA_RESIDENT, per_node.get(node, 0), pid, process_name, node)
-                samples.add(PROCESS_NUMA_MAPS_READ, elapsed, pid, process_name)
+            if pid in gone:
+                self._placements.pop(pid, None)
+            else:
+                self._add(samples, pid, self._placements[pid], node_cpus)
         return samples
 
-    def _read_tasks(self, pid: int) -> dict[int, tuple[int, int]] | None:
-        """tid -> (CPU ticks used, CPU last run on) of each thread of the process; None when the
-        task directory cannot be read (logged once). A process that exits meanwhile is caught by
-        the numa_maps read that follows (ProcessGone); a thread that exits between the listing and
-        its read is left out."""
+    def _add(self, samples: Samples, pid: int, placement: _Placement,
+             node_cpus: Mapping[int, frozenset[int] | None]) -> None:
+        name = placement.process_name
+        if self._detail_series:
+            allowed = self._allowed_cpus(pid)
+            for node, cpus in node_cpus.items():
+                on_node = None if allowed is None or cpus is None else len(allowed & cpus)
+                samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, name, node)
+        if placement.listed:
+            for node, seconds in sorted(placement.cpu_seconds.items()):
+                samples.add(PROCESS_CPU_SECONDS_ON_NODE, seconds, pid, name, node)
+        if placement.resident is not None:
+            for node in sorted(set(self._nodes or ()) | set(placement.resident)):
+                samples.add(PROCESS_NUMA_RESIDENT, placement.resident.get(node, 0), pid, name, node)
+            if self._detail_series:
+                samples.add(PROCESS_NUMA_MAPS_READ, placement.numa_maps_seconds, pid, name)
+
+    def _allowed_cpus(self, pid: int) -> frozenset[int] | None:
+        try:
+            text = read_process_file(self._source, self._procfs, pid, "status", self._log_once)
+        except ProcessGone:
+            return None
+        status = parse_logged(parse_proc_status, text, self._path(pid, "status"), self._log_once)
+        return None if status is None else status.allowed_cpus
+
+    def _read_threads(self, pids: list[int], node_cpus: Mapping[int, frozenset[int] | None]) -> None:
+        """Reads up to THREAD_READS_PER_RUN threads, the processes taken in turn from where the
+        last run stopped."""
+        node_of = {cpu: node for node, cpus in node_cpus.items() for cpu in (cpus or ())}
+        budget = THREAD_READS_PER_RUN
+        first = bisect.bisect_left(pids, self._next_pid)
+        for pid in pids[first:] + pids[:first]:
+            budget -= self._read_some_threads(pid, self._placements[pid], budget, node_of)
+            if budget <= 0:
+                self._next_pid = pid + 1
+                return
+
+    def _read_some_threads(self, pid: int, placement: _Placement, budget: int, node_of: Mapping[int, int]) -> int:
+        """Reads some of the process's threads (at most THREAD_READS_PER_PROCESS and `budget`) and
+        counts their CPU time; how many it read. The threads that ran since their previous reading
+        first, as they carry the CPU time (a server's few busy threads among its pools of idle
+        ones), then the others in turn. Each thread's ticks since its last reading go to the node
+        of the CPU it is on now: over many readings the shares converge on where the time was
+        spent. The threads listed at the process's first reading only set their baseline at their
+        first read; one born later counts all its ticks; one that exited loses the ticks since its
+        last reading."""
+        tids = self._list_threads(pid)
+        if tids is None:
+            return 0
+        if not placement.listed:
+            placement.thread_ticks = dict.fromkeys(tids)
+            placement.listed = True
+        placement.thread_ticks = {tid: placement.thread_ticks.get(tid, 0) for tid in tids}
+        placement.busy &= placement.thread_ticks.keys()
+        take = min(len(tids), THREAD_READS_PER_PROCESS, budget)
+        start = bisect.bisect_left(tids, placement.next_tid)
+        in_turn = [tid for tid in tids[start:] + tids[:start] if tid not in placement.busy]
+        chosen = (sorted(placement.busy) + in_turn)[:take]
+        turned = chosen[len(placement.busy):]
+        if turned:
+            placement.next_tid = turned[-1] + 1
+        ticks_per_second = self._clock_ticks()
+        for tid in chosen:
+            read = self._read_thread(pid, tid)
+            if read is None:
+                continue
+            ticks, cpu = read
+            before = placement.thread_ticks[tid]
+            placement.thread_ticks[tid] = ticks
+            if before is None or ticks <= before:
+                placement.busy.discard(tid)
+                continue
+            placement.busy.add(tid)
+            node = node_of.get(cpu)
+            if node is not None:
+                placement.cpu_seconds[node] = placement.cpu_seconds.get(node, 0.0) + (ticks - before) / ticks_per_second
+        return len(chosen)
+
+    def _list_threads(self, pid: int) -> list[int] | None:
+        """The process's thread ids, sorted; None when its task directory cannot be read (logged
+        once). A process that exited leaves the watch list at the process collector's next run."""
         directory = self._path(pid, "task")
         try:
             entries = self._source.list_dir(directory)
@@ -301,45 +424,42 @@ class ProcessNumaCollector:
             self._log_once(f"error:{directory}", "cannot list %s: %s; where its threads run is left "
                            "out", directory, error)
             return None
-        tasks = {}
-        for entry in entries:
-            if not entry.isdigit():
-                continue
-            path = os.path.join(directory, entry, "stat")
-            try:
-                text = self._source.read_text(path)
-            except OSError as error:
-                if error.errno not in (errno.ENOENT, errno.ESRCH):
-                    self._log_once(f"error:{path}", "cannot read %s: %s", path, error)
-                continue
-            parsed = parse_logged(parse_task_stat, text, path, self._log_once)
-            if parsed is not None:
-                tasks[int(entry)] = parsed
-        return tasks
+        return sorted(int(entry) for entry in entries if entry.isdigit())
 
-    def _count_cpu_time(self, pid: int, process_name: str, tasks: dict[int, tuple[int, int]],
-                        node_cpus: Mapping[int, frozenset[int] | None]) -> dict[int, float]:
-        """The process's CPU seconds per node so far: each thread's ticks since the previous
-        reading go to the node of the CPU it is on now. The first reading of a process (or of a
-        pid that now names another process) only sets the baseline: every node starts at 0. A
-        thread born since the previous reading counts all its ticks; one that exited since loses
-        its last interval's. A thread that migrated meanwhile is counted on its new node: over
-        many readings the shares converge on where the time was spent."""
-        ticks_per_second = self._clock_ticks()
-        node_of = {cpu: node for node, cpus in node_cpus.items() for cpu in (cpus or ())}
-        known = self._threads.get(pid)
-        if known is None or known[0] != process_name:
-            counted = {node: 0.0 for node in node_cpus}
-            self._threads[pid] = (process_name, {tid: ticks for tid, (ticks, _) in tasks.items()}, counted)
-            return counted
-        _, previous, counted = known
-        for tid, (ticks, cpu) in tasks.items():
-            gained = ticks - previous.get(tid, 0)
-            node = node_of.get(cpu)
-            if gained > 0 and node is not None:
-                counted[node] = counted.get(node, 0.0) + gained / ticks_per_second
-        self._threads[pid] = (process_name, {tid: ticks for tid, (ticks, _) in tasks.items()}, counted)
-        return counted
+    def _read_thread(self, pid: int, tid: int) -> tuple[int, int] | None:
+        """(CPU ticks used, CPU last run on) of one thread; None when it exited since the listing
+        or its stat is unreadable (logged once)."""
+        path = os.path.join(self._path(pid, "task"), str(tid), "stat")
+        try:
+            text = self._source.read_text(path)
+        except OSError as error:
+            if error.errno not in (errno.ENOENT, errno.ESRCH):
+                self._log_once(f"error:{path}", "cannot read %s: %s", path, error)
+            return None
+        return parse_logged(parse_task_stat, text, path, self._log_once)
+
+    def _read_numa_maps_due(self, now: float) -> set[int]:
+        """Reads the numa_maps of up to NUMA_MAPS_READS_PER_RUN processes not read for
+        NUMA_MAPS_MIN_AGE_SECONDS, those never read first, then the longest unread; the pids
+        found gone."""
+        due = sorted((placement.numa_maps_read_at if placement.numa_maps_read_at is not None else -math.inf, pid)
+                     for pid, placement in self._placements.items()
+                     if placement.numa_maps_read_at is None or now - placement.numa_maps_read_at >= NUMA_MAPS_MIN_AGE_SECONDS)
+        gone = set()
+        for _, pid in due[:NUMA_MAPS_READS_PER_RUN]:
+            placement = self._placements[pid]
+            try:  # the timer goes through the source so that a replay reports the recorded cost
+                started = self._source.call("process_numa.timer", self._timer)
+                text = self._read_numa_maps(pid)
+                per_node = parse_logged(parse_numa_maps, text, self._path(pid, "numa_maps"), self._log_once)
+                elapsed = self._source.call("process_numa.timer", self._timer) - started
+            except ProcessGone:
+                gone.add(pid)
+                continue
+            placement.numa_maps_read_at = now  # unreadable too: tried again in a minute, not every run
+            placement.resident = per_node
+            placement.numa_maps_seconds = elapsed
+        return gone
 
     def _clock_ticks(self) -> int:
         if self._ticks_per_second is None:
@@ -380,8 +500,10 @@ class ProcessNumaCollector:
 
 
 def _process_numa_collector(context: CollectorContext) -> ProcessNumaCollector:
+    # Its optional series are turned on with the process collector's, by [process] detail_series.
+    detail_series = bool(getattr(context.earlier.get("process"), "detail_series", False))
     return ProcessNumaCollector(context.source, procfs=context.procfs, sysfs=context.sysfs,
-                                watched=context.watched_processes())
+                                watched=context.watched_processes(), detail_series=detail_series)
 
 
 # Essential: /sys/devices/system/node is on every server (the kernels have CONFIG_NUMA; a one-socket

@@ -49,7 +49,8 @@ PINNED = MetricSpec("hybridmon_process_pinned_bytes",
                     "cudaHostRegister) is generally counted in neither VmPin nor VmLck.",
                     "gauge", _PROCESS)
 THREADS = MetricSpec("hybridmon_process_threads",
-                     "Threads of the process (Threads of /proc/<pid>/status).", "gauge", _PROCESS)
+                     "Threads of the process (Threads of /proc/<pid>/status); only with [process] "
+                     "detail_series = true.", "gauge", _PROCESS)
 ALLOWED_CPUS = MetricSpec("hybridmon_process_allowed_cpus",
                           "CPUs the process may run on (count of Cpus_allowed_list of "
                           "/proc/<pid>/status).", "gauge", _PROCESS)
@@ -232,10 +233,18 @@ class _SlowFiles:
     identity: ProcessIdentity | None
 
 
+# Per-process series that no alert (detector or rule), shipped dashboard or status page reads: only
+# with [process] detail_series, so that a fleet pays for each watched process only the series its
+# alerts need (issue 33: 23 series a process at fleet scale was the agent's largest cardinality).
+DETAIL_SPECS = (THREADS, CGROUP_MEMORY_LIMIT)
+
+
 class ProcessCollector:
     """Memory, page faults, CPU time and identity of the watched processes.
 
     export_cmdline: also export each one's redacted command line (hybridmon_process_cmdline_info).
+    detail_series: also the series of DETAIL_SPECS (and process_numa's optional ones, which read
+    this attribute).
     """
 
     name = "process"
@@ -248,8 +257,10 @@ class ProcessCollector:
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
                  gpu_processes: Callable[[], Mapping[int, str]] = lambda: {},
                  discovery_interval_seconds: float = 10.0, clock: Callable[[], float] = time.monotonic,
-                 clock_ticks_per_second: int | None = None, export_cmdline: bool = False) -> None:
+                 clock_ticks_per_second: int | None = None, export_cmdline: bool = False,
+                 detail_series: bool = False) -> None:
         self._source = source
+        self.detail_series = detail_series
         self._procfs = procfs
         self._sysfs = sysfs
         self._pids = tuple(int(pid) for pid in pids)
@@ -333,7 +344,8 @@ class ProcessCollector:
             samples.add(MEMLOCK_LIMIT, slow.memlock_limit, pid, stat.comm)
             bound = self._cgroup_bound(pid, now)
             if bound is not None:
-                samples.add(CGROUP_MEMORY_LIMIT, bound.limit_bytes, pid, stat.comm)
+                if self.detail_series:
+                    samples.add(CGROUP_MEMORY_LIMIT, bound.limit_bytes, pid, stat.comm)
                 samples.add(CGROUP_MEMORY_HEADROOM, bound.headroom_bytes, pid, stat.comm)
             if cmdline_text is not None and slow.identity is not None:
                 identity = slow.identity
@@ -528,7 +540,7 @@ class ProcessCollector:
             (SWAP, status.swap_bytes),
             (LOCKED, status.locked_bytes),
             (PINNED, status.pinned_bytes),
-            (THREADS, status.threads),
+            (THREADS, status.threads if self.detail_series else None),
             (ALLOWED_CPUS, None if status.allowed_cpus is None else len(status.allowed_cpus)),
             (MINOR_FAULTS, stat.minor_faults),
             (MAJOR_FAULTS, stat.major_faults),
@@ -636,6 +648,13 @@ class ProcessSettings(CollectorSettings):
         "redacted, on /metrics and the status page (both unauthenticated); off: executable, server "
         "family and model only"
     )
+    detail_series: bool = Field(
+        default=False, description="also the per-process series that no alert, dashboard or "
+        "status page reads: the thread count and the cgroup memory limit, and from the "
+        "process_numa collector the allowed CPUs per NUMA node and the numa_maps read time; off: "
+        "at most 12 series a watched process, plus 2 a NUMA node on hosts with two or more "
+        "(docs/performance.md)"
+    )
 
     @field_validator("cmdline_patterns")
     @classmethod
@@ -660,6 +679,7 @@ def _process_collector(context: CollectorContext) -> ProcessCollector:
         gpu_processes=context.gpu_processes() if settings.auto_detect_gpu_processes else dict,
         discovery_interval_seconds=settings.discovery_interval_seconds,
         export_cmdline=settings.export_cmdline,
+        detail_series=settings.detail_series,
     )
     # The GPU collector labels its per-process series with each pid's comm: the one read here
     # from /proc/<pid>/stat every tick serves it too, instead of a /proc/<pid>/comm read.

@@ -99,7 +99,8 @@ def test_unreadable_cgroup_files_leave_the_series_out_and_the_rest(tmp_path):
     (tmp_path / "cg" / "system.slice" / "vllm.service").mkdir(parents=True)
     (tmp_path / "cg" / "system.slice" / "vllm.service" / "memory.max").write_text("1073741824\n")
     # memory.current is missing: a read error, logged; the process's other series stay.
-    collector = ProcessCollector(LiveSource(), procfs=str(procfs), pids=[77], clock_ticks_per_second=100)
+    collector = ProcessCollector(LiveSource(), procfs=str(procfs), pids=[77], clock_ticks_per_second=100,
+                                 detail_series=True)
     samples = collector.collect()
     names = {sample.spec.name for sample in samples}
     assert CGROUP_MEMORY_LIMIT.name not in names
@@ -136,7 +137,7 @@ def test_a_real_memory_cgroup_is_read_through_the_collector():
             f.write(str(limit))
         with open(os.path.join(directory, "cgroup.procs"), "w") as f:
             f.write(str(child.pid))
-        collector = ProcessCollector(LiveSource(), pids=[child.pid])
+        collector = ProcessCollector(LiveSource(), pids=[child.pid], detail_series=True)
         by_name = {sample.spec.name: sample.value for sample in collector.collect()}
         assert by_name[CGROUP_MEMORY_LIMIT.name] == limit
         assert 0 < by_name[CGROUP_MEMORY_HEADROOM.name] <= limit

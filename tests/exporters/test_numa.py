@@ -1,5 +1,6 @@
 import itertools
 import logging
+import math
 import os
 import shutil
 import subprocess
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridmon.exporters import numa
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.numa import (
@@ -244,7 +246,7 @@ def test_numa_collector_record_then_replay_gives_identical_samples(fixture_sysfs
 
 def test_process_numa_on_fixture_host(live_source, fixture_procfs, fixture_sysfs):
     collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                     watched=lambda: FIXTURE_WATCHED, timer=fake_timer())
+                                     watched=lambda: FIXTURE_WATCHED, timer=fake_timer(), detail_series=True)
     samples = collector.collect()
     # the first reading of each thread's CPU time is the counters' baseline: 0 on the thread's node
     on_node = [t for t in as_tuples(samples) if t[0] == "hybridmon_process_cpu_seconds_on_node_total"]
@@ -264,6 +266,18 @@ def test_process_numa_on_fixture_host(live_source, fixture_procfs, fixture_sysfs
         ("hybridmon_process_numa_maps_read_seconds", ("5151", "llama-server"), 0.25),
     ]
     assert {s.spec for s in samples} <= set(ProcessNumaCollector.metric_specs)
+
+
+def test_process_numa_by_default_leaves_out_what_nothing_reads(live_source, fixture_procfs, fixture_sysfs):
+    # [process] detail_series off: per process, 2 series per node (CPU time and resident memory),
+    # what InferenceProcessNumaMisplaced, the host dashboard and the status page read
+    collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
+                                     watched=lambda: FIXTURE_WATCHED)
+    samples = collector.collect()
+    assert sorted({s.spec.name for s in samples}) == ["hybridmon_process_cpu_seconds_on_node_total",
+                                                      "hybridmon_process_numa_resident_bytes"]
+    assert len(samples.find("hybridmon_process_numa_resident_bytes", pid="4242")) == 2
+    assert len(samples.find("hybridmon_process_cpu_seconds_on_node_total", pid="4242")) == 2
 
 
 def test_process_numa_follows_the_process_collectors_watch_list(live_source, fixture_procfs, fixture_sysfs):
@@ -305,7 +319,7 @@ def test_process_numa_without_permission_for_numa_maps(fixture_procfs, fixture_s
         collector.collect()
     assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
     assert samples.find("hybridmon_process_numa_maps_read_seconds", pid="4242") == []
-    assert samples.value("hybridmon_process_allowed_cpus_on_node", pid="4242", node="0") == 8
+    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == 0
     assert samples.value("hybridmon_process_numa_resident_bytes", pid="5151", node="1") == LLAMA_NODE1_BYTES
     denied = [r.getMessage() for r in caplog.records if "CAP_SYS_PTRACE" in r.getMessage()]
     assert len(denied) == 1 and "4242/numa_maps" in denied[0]
@@ -318,7 +332,7 @@ def test_process_numa_with_garbled_numa_maps_keeps_the_cpu_series(host_copy, cap
     with caplog.at_level(logging.WARNING):
         samples = collector.collect()
     assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
-    assert samples.value("hybridmon_process_allowed_cpus_on_node", pid="4242", node="0") == 8
+    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == 0
     assert any("4242/numa_maps" in r.getMessage() for r in caplog.records)
 
 
@@ -330,29 +344,44 @@ def test_process_numa_without_node_directory_has_no_data(host_copy):
         collector.collect()
 
 
-def test_process_numa_on_this_host():
+def test_process_numa_on_this_host(fixture_sysfs):
+    # This host's /proc with the fixture's two NUMA nodes (CPUs 0-7 and 8-15): the per-process
+    # series exist only where there are two nodes or more, and a CI machine may have one.
     me = os.getpid()
-    collector = ProcessNumaCollector(LiveSource(), watched=lambda: {me: "pytest"})
+    collector = ProcessNumaCollector(LiveSource(), sysfs=fixture_sysfs, watched=lambda: {me: "pytest"},
+                                     detail_series=True)
     if not os.path.exists("/proc/self/numa_maps"):
         with pytest.raises(NoDataError):
-            collector.collect()
+            ProcessNumaCollector(LiveSource(), watched=lambda: {me: "pytest"}).collect()
         return
     samples = collector.collect()
     resident = sum(s.value for s in samples.find("hybridmon_process_numa_resident_bytes", pid=str(me)))
     assert resident > 1 << 20  # a Python interpreter running pytest maps well over 1 MiB
     allowed = sum(s.value for s in samples.find("hybridmon_process_allowed_cpus_on_node", pid=str(me)))
-    assert allowed == len(os.sched_getaffinity(0))
+    assert allowed == len(os.sched_getaffinity(0) & set(range(16)))
     assert 0 < samples.value("hybridmon_process_numa_maps_read_seconds", pid=str(me)) < 5
+
+
+def test_process_numa_on_one_node_reads_nothing(host_copy):
+    # one node holds every CPU and page: there is no placement to tell, so no process file is read
+    nodes = host_copy / "sys/devices/system/node"
+    (nodes / "online").write_text("0\n")
+    shutil.rmtree(nodes / "node1")
+    source = RecordingSource(LiveSource())
+    collector = ProcessNumaCollector(source, procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: FIXTURE_WATCHED)
+    assert len(collector.collect()) == 0
+    assert not [r for r in source.take_readings() if "/proc/" in str(r[1])]
 
 
 def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs, fixture_sysfs):
     # The real timer: the replay must report the recorded cost, not time its own reads.
     recording = RecordingSource(LiveSource())
     recorder = ProcessNumaCollector(recording, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                    watched=lambda: FIXTURE_WATCHED)
+                                    watched=lambda: FIXTURE_WATCHED, detail_series=True)
     replay = ReplaySource()
     replayer = ProcessNumaCollector(replay, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                    watched=lambda: FIXTURE_WATCHED)
+                                    watched=lambda: FIXTURE_WATCHED, detail_series=True)
     for _ in range(2):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
@@ -448,14 +477,10 @@ def test_process_numa_without_a_task_directory_keeps_the_other_series(host_copy,
     assert any("4242/task" in r.getMessage() for r in caplog.records)
 
 
-def test_process_numa_counts_this_processs_own_cpu_time():
+def test_process_numa_counts_this_processs_own_cpu_time(fixture_sysfs):
+    # this host's /proc, the fixture's two nodes: the CPUs this one has are among theirs (0-15)
     me = os.getpid()
-    if not os.path.exists("/sys/devices/system/node/online"):
-        # every Linux built with NUMA support (Debian's kernels, CI's) has it: there it is no skip
-        if os.environ.get("CI") == "true":
-            pytest.fail("/sys/devices/system/node/online is missing on the CI machine")
-        pytest.skip("no NUMA sysfs here")
-    collector = ProcessNumaCollector(LiveSource(), watched=lambda: {me: "pytest"})
+    collector = ProcessNumaCollector(LiveSource(), sysfs=fixture_sysfs, watched=lambda: {me: "pytest"})
     collector.collect()
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:   # burn 0.3 s of CPU on whatever node we are on
@@ -488,3 +513,92 @@ PARSER_ROWS = [
     # a thread's stat has the process stat's layout (proc(5)): the fixture's stat is a real sample
     ParserRow(parse_task_stat, read(FIXTURE_HOST / "proc/4242/stat", FIXTURE_HOST / "proc/5151/stat")),
 ]
+
+
+# --- what one run may read (issue 33) ------------------------------------------------------------
+
+class SteppedClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def copies_of_vllm(host: Path, count: int) -> dict[int, str]:
+    """`count` watched processes: vLLM's /proc/4242 copied to pids 6000, 6001, ..."""
+    for pid in range(6000, 6000 + count):
+        shutil.copytree(host / "proc/4242", host / "proc" / str(pid), symlinks=True)
+    return {pid: "python3" for pid in range(6000, 6000 + count)}
+
+
+def reads_of(source: RecordingSource, name: str) -> list[int]:
+    """The pids whose /proc/<pid>/.../<name> the collector read since the last call."""
+    return [int(str(r[1]).split("/proc/")[1].split("/")[0]) for r in source.take_readings()
+            if str(r[1]).endswith("/" + name) and "/proc/" in str(r[1])]
+
+
+def test_process_numa_reads_each_numa_maps_at_most_once_a_minute_and_a_few_a_run(host_copy):
+    watched = copies_of_vllm(host_copy, 12)
+    source, clock = RecordingSource(LiveSource()), SteppedClock()
+    collector = ProcessNumaCollector(source, procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: watched, clock=clock)
+    per_run, last_read = [], {}
+    for run in range(6):   # the collector's 30 s apart
+        samples = collector.collect()
+        read = reads_of(source, "numa_maps")
+        per_run.append(len(read))
+        for pid in read:
+            assert clock.now - last_read.get(pid, -math.inf) >= numa.NUMA_MAPS_MIN_AGE_SECONDS
+            last_read[pid] = clock.now
+        # every process read so far keeps its series between its reads
+        assert {int(s.label_values[0]) for s in samples.find("hybridmon_process_numa_resident_bytes")} == set(last_read)
+        clock.now += ProcessNumaCollector.default_interval_seconds
+    # 8 a run: the first 8, the other 4, then (a minute after the first read) the first 8 again...
+    assert per_run == [8, 4, 8, 4, 8, 4]
+    assert set(last_read) == set(watched)
+
+
+def test_process_numa_reads_a_bounded_number_of_threads_in_turn(host_copy, monkeypatch):
+    monkeypatch.setattr(numa, "THREAD_READS_PER_RUN", 6)
+    monkeypatch.setattr(numa, "THREAD_READS_PER_PROCESS", 4)
+    watched = {4242: "python3", 5151: "llama-server"}
+    write_threads(host_copy, 4242, {tid: (100, 9) for tid in range(7000, 7012)})   # 12 threads, node 1
+    write_threads(host_copy, 5151, {tid: (100, 2) for tid in range(8000, 8012)})   # 12 threads, node 0
+    source = RecordingSource(LiveSource())
+    collector = ProcessNumaCollector(source, procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: watched, clock_ticks_per_second=100)
+    read_per_run = []
+    for _ in range(8):   # 6 reads a run: 4 of 4242's threads, then 2 of 5151's, each in turn
+        collector.collect()
+        read_per_run.append(reads_of(source, "stat"))
+    assert all(len(read) == 6 for read in read_per_run)
+    assert all(read.count(4242) <= 4 and read.count(5151) <= 4 for read in read_per_run)
+    assert {pid for read in read_per_run for pid in read} == {4242, 5151}
+    # each thread now gains 1 s on its node; after each is read once more, all of it is counted
+    write_threads(host_copy, 4242, {tid: (200, 9) for tid in range(7000, 7012)})
+    write_threads(host_copy, 5151, {tid: (200, 2) for tid in range(8000, 8012)})
+    for _ in range(12):   # 5151's 12 threads, 2 a run, each read again the run after it ran
+        samples = collector.collect()
+    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="1") == pytest.approx(12.0)
+    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="5151", node="0") == pytest.approx(12.0)
+    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == 0
+
+
+def test_process_numa_reads_the_threads_that_ran_on_every_run(host_copy, monkeypatch):
+    # 12 threads, 4 read a run: the busy one is read on every run once it is seen running, so the
+    # process's CPU time is counted as it goes, not in lumps every 3 runs
+    monkeypatch.setattr(numa, "THREAD_READS_PER_PROCESS", 4)
+    threads = {tid: (100, 2) for tid in range(7000, 7012)}
+    write_threads(host_copy, 4242, threads)
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: {4242: "python3"}, clock_ticks_per_second=100)
+    counted = []
+    for run in range(10):
+        threads[7005] = (100 + 50 * run, 9)   # half a second of CPU on node 1 between runs
+        write_threads(host_copy, 4242, threads)
+        counted.append(collector.collect().value("hybridmon_process_cpu_seconds_on_node_total",
+                                                 pid="4242", node="1"))
+    # 7005 is first read at run 1 (its baseline), then at run 4 (in turn), then on every run
+    assert counted[:4] == [0, 0, 0, 0]
+    assert counted[4:] == pytest.approx([1.5, 2.0, 2.5, 3.0, 3.5, 4.0])

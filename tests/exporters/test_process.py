@@ -68,7 +68,7 @@ def as_tuples(samples):
     return [(s.spec.name, s.label_values, s.value) for s in per_pid(samples)]
 
 
-def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, threads, allowed,
+def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, allowed,
                    minflt, majflt, cpu_ticks, identity, reason, memlock):
     labels = (str(pid), name)
     return [
@@ -76,7 +76,6 @@ def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, th
         ("hybridmon_process_swap_bytes", labels, swap_kib * KIB),
         ("hybridmon_process_locked_bytes", labels, locked_kib * KIB),
         ("hybridmon_process_pinned_bytes", labels, pinned_kib * KIB),
-        ("hybridmon_process_threads", labels, threads),
         ("hybridmon_process_allowed_cpus", labels, allowed),
         ("hybridmon_process_minor_faults_total", labels, minflt),
         ("hybridmon_process_major_faults_total", labels, majflt),
@@ -86,9 +85,9 @@ def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, th
     ]
 
 
-VLLM_SERIES = process_series(4242, "python3", 29360128, 1572864, 0, 4194304, 64, 8, 15234567, 8912,
+VLLM_SERIES = process_series(4242, "python3", 29360128, 1572864, 0, 4194304, 8, 15234567, 8912,
                              4567890 + 123456, VLLM_IDENTITY, "config", 8388608)
-LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 17, 8, 2345678, 1201,
+LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 8, 2345678, 1201,
                               987654 + 45678, LLAMA_IDENTITY, "config", float("inf"))
 
 
@@ -503,7 +502,7 @@ def test_configured_pid_and_gpu_holders_are_watched_with_their_reason(live_sourc
     samples = collector.collect()
     info = {s.label_values[0]: s.label_values[2:] for s in samples.find("hybridmon_process_info")}
     assert info == {"1": ("init", "", "", "config"), "5151": (*LLAMA_IDENTITY, "gpu")}
-    assert samples.value("hybridmon_process_threads", pid="1") == 1
+    assert samples.value("hybridmon_process_resident_bytes", pid="1") == 12800 * KIB
     assert collector.watched() == {1: "systemd", 5151: "llama-server"}
 
 
@@ -682,7 +681,7 @@ def test_garbled_stat_skips_only_that_process(procfs_copy, caplog):
 
 def test_collector_on_this_host_reads_this_process():
     me = os.getpid()
-    collector = ProcessCollector(LiveSource(), pids=[me])
+    collector = ProcessCollector(LiveSource(), pids=[me], detail_series=True)
     samples = collector.collect()
     comm = Path("/proc/self/comm").read_text().strip()
     assert collector.watched() == {me: comm}
@@ -726,7 +725,7 @@ def test_record_then_replay_gives_identical_samples(procfs_copy):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 26   # 13 series each, the tree root included
+        assert len(recorded) == 24   # 12 series each, the tree root included
     assert replayer.watched() == recorder.watched() == {4242: "python3", 5151: "llama-server"}
 
 

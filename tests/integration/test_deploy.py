@@ -405,7 +405,8 @@ handler.emit = lambda record: log.append(record.getMessage())
 logging.getLogger().addHandler(handler)
 pids = [int(pid) for pid in sys.argv[1:]]
 processes = ProcessCollector(LiveSource(), pids=pids)
-placement = ProcessNumaCollector(LiveSource(), watched=processes.watched)
+# the fixture's two NUMA nodes: on a one-node host the collector reads no process file at all
+placement = ProcessNumaCollector(LiveSource(), sysfs="tests/fixtures/host-2node/sys", watched=processes.watched)
 series = set()
 for _ in range(2):
     for collector in (processes, placement):
@@ -455,7 +456,7 @@ def test_without_ptrace_the_agent_sees_every_process_but_no_numa_placement_and_s
     assert unprivileged["uid"] == security["runAsUser"] and privileged["uid"] == 0
     for pid in map(str, pids):
         for metric in ("hybridmon_process_resident_bytes", "hybridmon_process_major_faults_total",
-                       "hybridmon_process_info", "hybridmon_process_allowed_cpus_on_node"):
+                       "hybridmon_process_info", "hybridmon_process_cpu_seconds_on_node_total"):
             assert [metric, pid] in unprivileged["series"], metric
         assert ["hybridmon_process_numa_resident_bytes", pid] in privileged["series"]
     assert not [s for s in unprivileged["series"] if s[0].startswith("hybridmon_process_numa_")]

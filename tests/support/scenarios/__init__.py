@@ -128,10 +128,13 @@ def _simulated_clock(agent: Agent, tick: _TickClock) -> None:
     simulated time: that of host_memory's last commit, which runs before it on every tick. GPM
     likewise: the agent's Nvml takes a sample only 100 ms after the last (nvml.h) and the fake
     counts the bytes between samples, both on the tick's time, which the gpu collector (first of
-    every tick) is about to commit: the sampler's last tick start."""
+    every tick) is about to commit: the sampler's last tick start. process_numa reads each
+    process's numa_maps at most once a minute of its clock: the tick's time too."""
     for item in agent.sampler.scheduled:
         if item.collector.name == "faulting_processes":
             item.collector._clock = lambda: agent.history.latest()["host_memory"][0]
+        if item.collector.name == "process_numa":
+            item.collector._clock = tick
     for item in agent.sampler.scheduled:
         if item.collector.name == "gpu":
             item.collector._nvml._clock = tick
