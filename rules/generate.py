@@ -18,12 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-try:
-    import yaml
-except ModuleNotFoundError as missing:  # a test extra: an agent installed with `pip install .` lacks it
-    raise SystemExit(f"python -m hybridmon.rules.generate needs PyYAML ({missing}): "
-                     ".venv/bin/pip install -e '.[test]' (what ./scripts/test does). "
-                     "The generated rules ship with the agent: `hybridmon rules > hybridmon.rules.yml`") from None
+import yaml  # a dependency of the agent itself since --web-config-file (issue 32)
 
 from hybridmon.agent.alerts import catalogue
 from hybridmon.agent.alerts.catalogue import ThresholdsError, load_thresholds
