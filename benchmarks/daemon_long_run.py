@@ -59,7 +59,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.agent_bench import (DAEMON_COMMAND, MIB, _die_with_parent, cpu_model,  # noqa: E402
+from benchmarks.agent_bench import (MIB, _die_with_parent, cpu_model,  # noqa: E402
                                     free_port, managed_process, process_cpu_seconds, rss_bytes,
                                     stop_process, wait_for_metrics)
 from benchmarks.agent_bench_curve import build_sized_host  # noqa: E402
@@ -133,13 +133,14 @@ def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, w
             url = f"http://127.0.0.1:{port}/metrics"
             log_path = workdir / "hybridmon.log"
             host.pids = tuple(real_pids)
-            command = WITH_HISTORY + ["--history-seconds", str(history_minutes * 60)] + DAEMON_COMMAND[3:]
+            # agent_bench.DAEMON_COMMAND's `hybridmon run`, through the wrapper that fills the history first
+            command = WITH_HISTORY + ["--history-seconds", str(history_minutes * 60), "run"]
             with managed_process(command + ["--listen", f"127.0.0.1:{port}"], log_path, env) as daemon, \
                     httpx.Client(timeout=10.0, headers={"Accept-Encoding": "gzip"}) as client:
                 # Filling 2 h of history takes minutes on two busy cores before /metrics answers.
-                filled_at = time.monotonic()
+                waiting_since = time.monotonic()
                 wait_for_metrics(client, url, exposition_needles(host), daemon, 60.0 + 6 * history_minutes, log_path)
-                filling_seconds = time.monotonic() - filled_at
+                filling_seconds = time.monotonic() - waiting_since
                 warm_up(client, url, daemon, warmup_seconds, scrape_seconds, log_path)
                 return sample_minutes(client, url, daemon, minutes, scrape_seconds, log_path) | {
                     "gpus": gpus, "watched_processes": processes, "scrape_seconds": scrape_seconds,
