@@ -28,9 +28,10 @@ average with standard error at most
 
 and stratified sampling does no worse. Assumptions: the traffic's phase is not locked to the
 sampling (the random place in each slot makes this so); samples that overlap the same burst are
-the stratified case, not a violation. At the default 10 samples/s, the agent's 1 min window holds
-n = 600: sigma <= 2.0 % of B at d = 0.5 (2 sigma 4.1 %), 1.2 % at d = 0.9; a Prometheus rate()
-over the sampled byte estimate uses the same 600 samples whatever its scrape interval. The
+the stratified case, not a violation. At the default 5 samples/s, the agent's 1 min window holds
+n = 300: sigma <= 2.9 % of B at d = 0.5 (2 sigma 5.8 %), 1.7 % at d = 0.9 (2 sigma 3.5 %, inside
+the starvation alert's 4 % margin: DEFAULT_SAMPLES_PER_SECOND); a Prometheus rate() over the
+sampled byte estimate uses the same 300 samples whatever its scrape interval. The
 simulation in tests/exporters/test_pcie_traffic.py measures it; docs/nvml-cost.md has the figures.
 """
 from __future__ import annotations
@@ -44,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from hybridmon.exporters.base import LogOnce
-from hybridmon.exporters.nvml import GpuLostError, Nvml, PcieByteCount
+from hybridmon.exporters.nvml import GpuLostError, Nvml, PcieByteCount, PcieThroughputReader
 from hybridmon.exporters.nvml_answers import (NVML_GPM_METRIC_PCIE_RX_PER_SEC,
                                               NVML_GPM_METRIC_PCIE_TX_PER_SEC)
 
@@ -54,9 +55,17 @@ SAMPLE_WINDOW_SECONDS = 0.020
 """nvmlDeviceGetPcieThroughput's window (nvml.h: "querying a byte counter over a 20ms interval")."""
 PAIR_SECONDS = 2 * SAMPLE_WINDOW_SECONDS
 """One sample of both directions: two calls, each blocking for its window."""
-DEFAULT_SAMPLES_PER_SECOND = 10.0
-"""Sample pairs per second per GPU without counters: n = 600 a minute (module docstring), the
-sampler thread blocked in NVML 40 % of the time. 25 is the most (back-to-back windows)."""
+DEFAULT_SAMPLES_PER_SECOND = 5.0
+"""Sample pairs per second per GPU without counters: n = 300 a minute (module docstring), the
+sampler thread blocked in NVML 20 % of the time. 25 is the most (back-to-back windows).
+
+The bound kept: the starvation alert's margin is 4 % of capacity (it fires at 90 %, traffic
+clearly under it sits at 86 %: docs/nvml-cost.md), and with bursts at capacity near it (d = 0.9)
+n = 300 give a 2-sigma bound of 2 sqrt(0.09 / 300) = 3.5 % of the burst rate, inside the margin
+(n >= 225, 3.75 a second, is the least that is). 10 a second (2.4 %) cost twice the CPU for a
+margin already kept: each sample wakes its thread three times (its random moment, then each 20 ms
+window's return), and on the bench host those wake-ups, not NVML's Python, were most of the
+daemon's CPU (issue 33)."""
 MAX_SAMPLES_PER_SECOND = 1 / PAIR_SECONDS
 WRAP_MARGIN_BYTES = 2**44
 """A counter that drops from within this of 2**width_bits wrapped; from lower it restarted (a
@@ -299,11 +308,11 @@ class PcieTraffic:
         with self._lock:
             sampler = self._samplers.get(gpu)
             if sampler is None:
-                nvml = self._sampler_nvml
+                reader = PcieThroughputReader(self._sampler_nvml, gpu)  # lean: no retry layers
 
                 def read_pair() -> tuple[int | None, int | None]:
                     try:
-                        return nvml.pcie_throughput_bytes_per_second(gpu)
+                        return reader.read_pair()
                     except GpuLostError:
                         return None, None  # the collector's own calls report the loss
 

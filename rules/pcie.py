@@ -39,7 +39,7 @@ BIDIRECTIONAL_CAPACITY = "gpu:hybridmon_gpu_pcie_bidirectional_capacity_bytes_pe
 MEASURED_BIDIRECTIONAL_CAPACITY = bench_metrics.MEASURED_BIDIRECTIONAL_CAPACITY.name
 DIRECTIONS = ("host_to_device", "device_to_host")
 # PCIe bytes/s per direction over the last minute: the cumulative counter's rate where NVML has it
-# (exact), else the rate of the agent's sampled-bytes estimate (all ~10 samples/s of the minute),
+# (exact), else the rate of the agent's sampled-bytes estimate (all its samples: 5/s by default),
 # else the average of the throughput gauge (only the values Prometheus scraped: 4 a minute at 15 s).
 TRAFFIC = "gpu:hybridmon_gpu_pcie_traffic_bytes_per_second:avg1m"
 # Traffic over capacity per direction, and (direction="both") the sum of both directions over

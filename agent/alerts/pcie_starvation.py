@@ -7,8 +7,8 @@ link carries both ways at once: the sum of what the bench measured each way whil
 copied too, else the bidirectional share (pcie_rates.BIDIRECTIONAL_SHARE); under bidirectional load
 neither direction gets near its own capacity. Traffic is the 1 min rate of NVML's cumulative PCIe
 byte counters where the GPU has them, else the 1 min rate of the agent's sampled-bytes estimate
-(all of its ~10 samples a second), else the 1 min average of the throughput gauge (with a 15 s
-scrape, 4 values: far noisier, docs/nvml-cost.md); the link is sized by the best generation and
+(all of its samples, 5 a second by default), else the 1 min average of the throughput gauge (with
+a 15 s scrape, 4 values: far noisier, docs/nvml-cost.md); the link is sized by the best generation and
 width it ran at over that same minute, because it drops to Gen1 within moments of going idle.
 Runbook: GpuPcieStarvation.md.
 

@@ -12,8 +12,8 @@ import pytest
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PCIE_TRAFFIC_METHOD, GpuCollector)
 from hybridmon.exporters.nvml import Nvml
-from hybridmon.exporters.pcie_traffic import (ThroughputSampler, counter_increase,
-                                              share_standard_error)
+from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, ThroughputSampler,
+                                              counter_increase, share_standard_error)
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from tests.support.fake_nvml import (NVML_VALUE_TYPE_UNSIGNED_INT, FakeNvml, default_gpus,
                                      grace_hopper_gpu, pcie_on_seconds)
@@ -203,8 +203,8 @@ def test_one_window_per_tick_misses_by_about_13_percent_at_half_duty():
 @pytest.mark.slow  # real time sampled: seconds per case
 @pytest.mark.parametrize("duty", [0.5, 0.9])
 def test_sampling_stays_within_the_documented_bound(duty):
-    samples_per_second = 10  # the agent's default: n = 600 in the 1 min window
-    bound = share_standard_error(duty, 600)
+    samples_per_second = DEFAULT_SAMPLES_PER_SECOND  # 5 since issue 33: n = 300 in the 1 min window
+    bound = share_standard_error(duty, round(60 * samples_per_second))
     errors = [sampled_error(duty, 1000 + seed, samples_per_second) for seed in range(80)]
     assert rms(errors) <= bound
     assert sum(abs(e) <= 2 * bound for e in errors) >= 0.95 * len(errors)

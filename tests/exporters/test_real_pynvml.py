@@ -233,6 +233,10 @@ def test_pcie_link_replays_and_throughput(probes, version):
         kilobyte = host_to_device / layout_gpu["pcie_rx_kbps"]
         assert kilobyte in (1000, 1024)
         assert device_to_host == layout_gpu["pcie_tx_kbps"] * kilobyte
+        # The sampler's lean path calls the binding's function itself: the same answer, and lean.
+        first, second, lean = reading(report, gpu, "pcie_throughput_lean")
+        assert first == second == [host_to_device, device_to_host]
+        assert lean is True
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ def loaded_nvml_library() -> str | None:
 
 
 def read_wrapper() -> dict[str, Any]:
-    from hybridmon.exporters.nvml import Nvml
+    from hybridmon.exporters.nvml import Nvml, PcieThroughputReader
     from hybridmon.exporters.sources import LiveSource
 
     nvml = Nvml(LiveSource(), "pynvml")
@@ -105,6 +105,9 @@ def read_wrapper() -> dict[str, Any]:
             method = getattr(nvml, reading, None)
             readings[reading] = ({"missing": f"Nvml has no {reading}()"} if method is None
                                  else attempt(lambda: method(gpu)))
+        # The PCIe sampler's lean path: its first pair through the full path, the second lean.
+        reader = PcieThroughputReader(nvml, gpu)
+        readings["pcie_throughput_lean"] = attempt(lambda: [reader.read_pair(), reader.read_pair(), reader.lean])
         result["gpus"].append(readings)
     # GPM over two samples 0.15 s apart (nvml.h: "greater than 100ms"), and the PCIe byte counters
     # read until a GPU whose field values fail whole has them given up.
