@@ -55,7 +55,21 @@ def metrics() -> str:
               for spec in FINDING_METRICS]
     lines += ["", "## The agent itself", "", *table]
     lines += [_row(spec, ", ".join(spec.label_names)) for spec in SELF_METRICS]
+    lines += ["", _own_process_paragraph()]
     return "\n".join(lines) + "\n"
+
+
+def _own_process_paragraph() -> str:
+    """The process_* series prometheus_client's ProcessCollector gives every exporter, named from
+    the collector itself so that this page follows the installed version."""
+    from prometheus_client import ProcessCollector
+
+    names = sorted(family.name + ("_total" if family.type == "counter" else "")
+                   for family in ProcessCollector(registry=None).collect())
+    listed = ", ".join(f"`{name}`" for name in names)
+    return (f"Besides, as every Prometheus exporter: {listed}, from prometheus_client's ProcessCollector, "
+            "always of the agent's own process (/proc/self, even when `paths.procfs` is /host/proc), "
+            "without the hybridmon_ prefix.")
 
 
 def _row(spec, labels: str) -> str:
