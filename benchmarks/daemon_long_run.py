@@ -28,6 +28,7 @@ failure, Ctrl-C and SIGTERM; the children also get SIGTERM if this script is kil
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -76,7 +77,12 @@ def layout_with_real_pids(layout_path: Path, synthetic_pids: tuple[int, ...], re
     layout_path.write_text(json.dumps(layout, indent=2))
 
 
-def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, workdir: Path) -> dict:
+@contextlib.contextmanager
+def daemon_on_scaled_host(workdir: Path, gpus: int, processes: int):
+    """`hybridmon run` on the scaled host with `processes` real watched children and the fake vLLM
+    server, on a free loopback port; yields (daemon, its /metrics URL, its log path) once /metrics
+    serves the whole host. Everything is stopped on exit (benchmarks/scrape_under_load.py runs it
+    too)."""
     import httpx
     from tests.support.fake_inference_server import FakeInferenceServer
 
@@ -101,14 +107,22 @@ def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, w
             url = f"http://127.0.0.1:{port}/metrics"
             log_path = workdir / "hybridmon.log"
             host.pids = tuple(real_pids)
-            with managed_process(DAEMON_COMMAND + ["--listen", f"127.0.0.1:{port}"], log_path, env) as daemon, \
-                    httpx.Client(timeout=10.0, headers={"Accept-Encoding": "gzip"}) as client:
-                wait_for_metrics(client, url, exposition_needles(host), daemon, 60.0, log_path)
-                return sample_minutes(client, url, daemon, minutes, scrape_seconds, log_path) | {
-                    "gpus": gpus, "watched_processes": processes, "scrape_seconds": scrape_seconds}
+            with managed_process(DAEMON_COMMAND + ["--listen", f"127.0.0.1:{port}"], log_path, env) as daemon:
+                with httpx.Client(timeout=10.0) as client:
+                    wait_for_metrics(client, url, exposition_needles(host), daemon, 60.0, log_path)
+                yield daemon, url, log_path
     finally:
         for child in children:
             stop_process(child)
+
+
+def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, workdir: Path) -> dict:
+    import httpx
+
+    with daemon_on_scaled_host(workdir, gpus, processes) as (daemon, url, log_path), \
+            httpx.Client(timeout=10.0, headers={"Accept-Encoding": "gzip"}) as client:
+        return sample_minutes(client, url, daemon, minutes, scrape_seconds, log_path) | {
+            "gpus": gpus, "watched_processes": processes, "scrape_seconds": scrape_seconds}
 
 
 def cpu_by_thread_group(pid: int) -> dict[str, float]:
