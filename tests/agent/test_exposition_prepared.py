@@ -36,8 +36,17 @@ class Numbers:
         pass
 
 
-def agent_parts(*collectors: Numbers) -> tuple[Sampler, Exposition]:
-    sampler = Sampler([Scheduled(c, 1.0, None) for c in collectors], History(60), 1.0)
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def agent_parts(*collectors: Numbers, clock: Clock | None = None) -> tuple[Sampler, Exposition]:
+    sampler = Sampler([Scheduled(c, 1.0, None) for c in collectors], History(60), 1.0,
+                      monotonic=clock or Clock())
     return sampler, Exposition(sampler.history, sampler, "live")
 
 
@@ -71,15 +80,18 @@ def test_gzipped_is_one_member_holding_the_identity_body_commit_after_commit(exp
         assert len(gzipped) < len(plain) / 5
 
 
-def test_a_commit_renders_and_compresses_in_its_own_thread_what_scrapers_asked_for():
+def test_a_commit_renders_and_compresses_in_its_own_thread_what_is_scraped_every_second():
+    clock = Clock()
     collector = Numbers("gpu", {"a": 1.0})
-    sampler, exposition = agent_parts(collector)
+    sampler, exposition = agent_parts(collector, clock=clock)
     sampler.run_collector(sampler.scheduled[0], at=1.0)
     assert exposition._parts == {}  # nothing is rendered before a scrape asks
-    exposition.render(OPENMETRICS, gzipped=True)
+    for _ in range(2):  # Prometheus at 1 s
+        clock.now += 1.0
+        exposition.render(OPENMETRICS, gzipped=True)
 
     collector.values["a"] = 2.0
-    committed = threading.Thread(target=sampler.run_collector, args=(sampler.scheduled[0], 2.0), name="commit")
+    committed = threading.Thread(target=sampler.run_collector, args=(sampler.scheduled[0], 2.0))
     committed.start()
     committed.join()
     prepared = exposition._parts[(OPENMETRICS, "gpu")]
@@ -89,20 +101,40 @@ def test_a_commit_renders_and_compresses_in_its_own_thread_what_scrapers_asked_f
     assert b'hybridmon_test_value{series="a"} 2.0' in gzip.decompress(exposition.render(OPENMETRICS, gzipped=True))
 
 
+def test_a_format_scraped_every_15_s_is_rendered_at_the_scrape_not_at_each_commit():
+    clock = Clock()
+    collector = Numbers("gpu", {"a": 1.0})
+    sampler, exposition = agent_parts(collector, clock=clock)
+    for second in range(31):
+        collector.values["a"] = float(second)
+        sampler.run_collector(sampler.scheduled[0], at=float(second))
+        if second % 15 == 0:
+            exposition.render(TEXT)
+        clock.now += 1.0
+    # The last scrape was at second 30: the commit of second 30 came before it, none after.
+    collector.values["a"] = 31.0
+    sampler.run_collector(sampler.scheduled[0], at=31.0)
+    assert exposition._parts[(TEXT, "gpu")].samples is not sampler.history.latest()["gpu"][1]
+    assert b'hybridmon_test_value{series="a"} 31.0' in exposition.render(TEXT)
+
+
 def test_a_failing_render_at_the_commit_leaves_the_commit_and_its_other_hooks_alone(monkeypatch):
     collector = Numbers("gpu", {"a": 1.0})
     sampler, exposition = agent_parts(collector)
     sampler.run_collector(sampler.scheduled[0], at=1.0)
     exposition.render(TEXT)
-    after = []
+    exposition.render(TEXT)  # scraped often: commits prepare it
+    after, failed = [], []
     sampler.on_commit.append(after.append)
 
-    def broken(*_args, **_kwargs):
-        raise AssertionError("unexpected rendering")
-    monkeypatch.setattr(exposition, "_line_cache", lambda *_args: type("Broken", (), {"render": broken})())
+    class Broken:
+        def render(self, *_args, **_kwargs):
+            failed.append(True)
+            raise AssertionError("unexpected rendering")
+    monkeypatch.setattr(exposition, "_line_cache", lambda *_args: Broken())
     collector.values["a"] = 2.0
     sampler.run_collector(sampler.scheduled[0], at=2.0)
-    assert after == [2.0] and sampler.history.latest()["gpu"][0] == 2.0
+    assert failed and after == [2.0] and sampler.history.latest()["gpu"][0] == 2.0
     with pytest.raises(AssertionError, match="unexpected rendering"):  # the scrape answers for it (HTTP 500)
         exposition.render(TEXT)
 
