@@ -5,8 +5,10 @@ commits again; that render formats only the values, each series' text before its
 cached too (agent/publish/exposition_lines.py). The render happens at the commit, in the
 committing collector's thread, for the formats scrapers have asked for (prepare): a scrape then
 joins cached parts and renders only what changes at every scrape, the agent's own health metrics
-(a custom collector on the agent's own registry) and process_* (issue 33: under CPU contention
-every millisecond of Python a scrape runs is stretched by GIL hand-offs and the scheduler).
+(a custom collector on the agent's own registry), with process_* read by the commits too, at most
+one sampling interval before the scrape (issue 33: under CPU contention every millisecond of
+Python a scrape runs, and every syscall that lets go of the GIL, is stretched by GIL hand-offs
+and the scheduler).
 
 Two formats, from the same families: the Prometheus text format (the default) and OpenMetrics 1.0
 (prometheus_client.openmetrics.exposition), served when the scraper's Accept header negotiates it
@@ -67,6 +69,12 @@ _GZIP_TRAILER = struct.Struct("<II")
 # that comes every 15 s would render and compress 15 times for one scrape; Prometheus at 1 s (the
 # issue-33 case) or 2 s is prepared for.
 PREPARE_WHILE_SCRAPED_EVERY_SECONDS = 2.5
+# process_* is read from /proc/self by a commit when its last reading is this old, and by a scrape
+# only when it is older than PROCESS_MAX_AGE_SECONDS (one sampling interval): each of its ~9
+# syscalls lets go of the GIL, and a scrape that must take it back from a busy thread (the
+# detectors' evaluation, 129 ms of CPU every 10 s) waits a switch interval each time.
+PROCESS_REFRESH_SECONDS = 0.5
+PROCESS_MAX_AGE_SECONDS = 1.0
 
 
 class AgentHealthCollector:
@@ -140,8 +148,9 @@ class Exposition:
         # every Prometheus exporter publishes them (issue 32): prometheus_client's own collector over
         # /proc/self, the agent's entry whatever procfs its collectors read (a host's /host/proc).
         # Apart from health_registry, whose render is kept while its samples stay the same: these
-        # change at every scrape.
+        # change all the time (read at most PROCESS_MAX_AGE_SECONDS before a scrape).
         self._own_process = ProcessCollector(registry=None)
+        self._own_process_text: dict[str, tuple[float, bytes]] = {}  # format -> (read at, text)
         # The commit generation: a join that races a commit is tagged with the older generation,
         # so it is never served after that commit.
         self._generation = 0
@@ -154,8 +163,10 @@ class Exposition:
         # (format, collector) -> its families' HELP/TYPE lines and its series' text before the value.
         self._lines: dict[tuple[str, str], LineCache] = {}
         # Collector threads render at their commits and scrapes on the event loop: one renders a
-        # part (and its line cache) at a time.
+        # part (and its line cache) at a time. The health part has a lock of its own: a scrape
+        # never waits for a commit's render.
         self._render_lock = threading.Lock()
+        self._health_lock = threading.Lock()
         # (format, gzipped) -> (the gap between its last two scrapes, the last one), monotonic seconds
         self._scraped: dict[tuple[str, bool], tuple[float, float]] = {}
         sampler.on_commit.append(self.invalidate)
@@ -176,6 +187,16 @@ class Exposition:
         for (exposition_format, gzipped), (gap, last) in list(self._scraped.items()):
             if max(gap, now - last) <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS:
                 self._current_parts(exposition_format, withheld, deflated=gzipped)
+                self._process_text(exposition_format, PROCESS_REFRESH_SECONDS)
+
+    def _process_text(self, exposition_format: str, max_age_seconds: float) -> bytes:
+        """process_* rendered, read again if the last reading is older than `max_age_seconds`."""
+        now = self._sampler.monotonic()
+        known = self._own_process_text.get(exposition_format)
+        if known is None or now - known[0] > max_age_seconds:
+            known = (now, _render(_Collected(list(self._own_process.collect())), exposition_format))
+            self._own_process_text[exposition_format] = known
+        return known[1]
 
     def _current_parts(self, exposition_format: str, withheld: frozenset[str], deflated: bool) -> list[_Part]:
         """Each collector's latest part in `exposition_format`, by collector name, withheld ones left out."""
@@ -247,11 +268,12 @@ class Exposition:
         return lines
 
     def _per_scrape_text(self, exposition_format: str) -> bytes:
-        """What follows the samples, rendered at every scrape: health, findings, process_*."""
-        with self._render_lock:
+        """What follows the samples, rendered at every scrape: health, findings, and process_*
+        (read at most PROCESS_MAX_AGE_SECONDS before)."""
+        with self._health_lock:
             health = self._line_cache(exposition_format, _HEALTH).render(self._health.samples(), sort=False)
         body = (health + self._registry_text(exposition_format)
-                + _render(_Collected(list(self._own_process.collect())), exposition_format))
+                + self._process_text(exposition_format, PROCESS_MAX_AGE_SECONDS))
         return body + OPENMETRICS_EOF if exposition_format == OPENMETRICS else body
 
     def render(self, exposition_format: str = TEXT, gzipped: bool = False) -> bytes:

@@ -152,3 +152,22 @@ def test_a_withheld_collector_is_left_out_of_both_bodies():
     assert b'series="a"' not in gzipped and b'series="b"' in gzipped
     sampler.scheduled[0].state.running_since = None
     assert b'series="a"' in gzip.decompress(exposition.render(TEXT, gzipped=True))
+
+
+def test_process_metrics_are_read_by_the_commits_and_never_served_older_than_one_interval(monkeypatch):
+    clock = Clock()
+    collector = Numbers("gpu", {"a": 1.0})
+    sampler, exposition = agent_parts(collector, clock=clock)
+    reads = []
+    collect = exposition._own_process.collect
+    monkeypatch.setattr(exposition._own_process, "collect", lambda: reads.append(clock.now) or collect())
+    sampler.run_collector(sampler.scheduled[0], at=1.0)
+    for second in range(5):  # scraped every second, a commit every second half-way between scrapes
+        assert b"process_cpu_seconds_total" in exposition.render(TEXT)
+        clock.now += 0.5
+        sampler.run_collector(sampler.scheduled[0], at=2.0 + second)
+        clock.now += 0.5
+    assert reads[0] == 1000.0 and reads[1:] == [1000.5 + second for second in range(1, 5)]  # by the commits
+    clock.now += 1.01  # no commit for longer than an interval: the scrape reads it itself
+    exposition.render(TEXT)
+    assert reads[-1] == clock.now
