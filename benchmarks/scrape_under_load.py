@@ -42,7 +42,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.agent_bench import (NODE_EXPORTER, _die_with_parent, cpu_model, free_port,  # noqa: E402
-                                    managed_process, percentile, stop_process, tail, wait_for_metrics)
+                                    managed_process, percentile, process_cpu_seconds, stop_process, tail,
+                                    wait_for_metrics)
 from benchmarks.daemon_long_run import daemon_on_scaled_host  # noqa: E402
 
 PROMETHEUS = "prometheus"
@@ -67,7 +68,7 @@ def read_loadavg() -> tuple[float, float, float]:
 
 @contextlib.contextmanager
 def node_exporter(workdir: Path):
-    """node_exporter with its default collectors on a free loopback port; yields its host:port."""
+    """node_exporter with its default collectors on a free loopback port; yields (its process, host:port)."""
     import httpx
 
     binary = shutil.which(NODE_EXPORTER)
@@ -79,7 +80,7 @@ def node_exporter(workdir: Path):
             httpx.Client(timeout=10.0) as client:
         wait_for_metrics(client, f"http://{address}/metrics", ("node_cpu_seconds_total",), exporter, 30.0,
                          log_path)
-        yield address
+        yield exporter, address
 
 
 @contextlib.contextmanager
@@ -163,7 +164,7 @@ def wait_until_up(url: str, jobs: tuple[str, ...], timeout: float) -> None:
 
 
 def measure(minutes: float, load: str, hogs: int, gpus: int, processes: int, workdir: Path) -> dict:
-    with node_exporter(workdir) as node_address, \
+    with node_exporter(workdir) as (exporter, node_address), \
             daemon_on_scaled_host(workdir, gpus, processes) as (daemon, daemon_url, log_path), \
             prometheus(workdir, {"hybridmon": daemon_url.split("/")[2], "node_exporter": node_address}) as url, \
             cpu_hogs(hogs if load == "busy" else 0):
@@ -172,15 +173,21 @@ def measure(minutes: float, load: str, hogs: int, gpus: int, processes: int, wor
         start = time.time()
         end = start + minutes * 60
         loads = []
+        pids = {"hybridmon": daemon.pid, "node_exporter": exporter.pid}
+        cpu_before = {job: process_cpu_seconds(pid) for job, pid in pids.items()}
         while time.time() < end:
             if daemon.poll() is not None:
                 raise RuntimeError(f"the daemon exited with {daemon.returncode}:\n{tail(log_path)}")
             loads.append(read_loadavg()[0])
             time.sleep(min(LOAD_SAMPLE_SECONDS, max(0.0, end - time.time())))
+        # Each exporter's own CPU over the window, whatever its threads did (ms per second).
+        cpu = {job: round((process_cpu_seconds(pid) - cpu_before[job]) / (time.time() - start) * 1000, 2)
+               for job, pid in pids.items()}
         time.sleep(1.5)  # the last scrape of the window is stored
         jobs = {job: summarize(raw_samples(url, "scrape_duration_seconds", job, start, end),
                                raw_samples(url, "up", job, start, end)) for job in JOBS}
         for job in JOBS:
+            jobs[job]["cpu_ms_per_second"] = cpu[job]
             # scrape_duration_seconds includes Prometheus parsing and storing every sample (its
             # scrape loop reports the duration after the append): the count is part of the figure.
             jobs[job]["samples_scraped"] = int(max(raw_samples(url, "scrape_samples_scraped", job, start, end),
@@ -214,10 +221,10 @@ def print_table(result: dict) -> None:
     print(f"\nscrape_duration_seconds from Prometheus, every {result['scrape_interval']}, {result['minutes']:g} min, "
           f"load {result['load']} ({result['hogs']} hogs); 1-min load average {load['min']}-{load['max']} "
           f"(mean {load['mean']}) on {result['machine']['cpus']} CPUs")
-    print(f"{'job':<15}{'scrapes':>8}{'failed':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'samples':>9}")
+    print(f"{'job':<15}{'scrapes':>8}{'failed':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'samples':>9}{'CPU ms/s':>10}")
     for job, row in result["jobs"].items():
         figures = "".join(f"{row.get(key, float('nan')):>9.2f}" for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
-        print(f"{job:<15}{row['scrapes']:>8}{row['failed']:>8}{figures}{row['samples_scraped']:>9}")
+        print(f"{job:<15}{row['scrapes']:>8}{row['failed']:>8}{figures}{row['samples_scraped']:>9}{row['cpu_ms_per_second']:>10.2f}")
     target = result["verdict"]
     print(f"target: {target['target']}: {'met' if target['met'] else 'NOT met'} (ratio {target.get('ratio')})")
 
