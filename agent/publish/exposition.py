@@ -70,11 +70,10 @@ _GZIP_TRAILER = struct.Struct("<II")
 # issue-33 case) or 2 s is prepared for.
 PREPARE_WHILE_SCRAPED_EVERY_SECONDS = 2.5
 # process_* is read from /proc/self by a commit when its last reading is this old, and by a scrape
-# only when it is older than PROCESS_MAX_AGE_SECONDS (one sampling interval): each of its ~9
-# syscalls lets go of the GIL, and a scrape that must take it back from a busy thread (the
-# detectors' evaluation, 129 ms of CPU every 10 s) waits a switch interval each time.
+# only when it is older than one sampling interval: each of its ~9 syscalls lets go of the GIL,
+# and a scrape that must take it back from a busy thread (the detectors' evaluation, 129 ms of
+# CPU every 10 s) waits a switch interval each time.
 PROCESS_REFRESH_SECONDS = 0.5
-PROCESS_MAX_AGE_SECONDS = 1.0
 
 
 class AgentHealthCollector:
@@ -148,7 +147,7 @@ class Exposition:
         # every Prometheus exporter publishes them (issue 32): prometheus_client's own collector over
         # /proc/self, the agent's entry whatever procfs its collectors read (a host's /host/proc).
         # Apart from health_registry, whose render is kept while its samples stay the same: these
-        # change all the time (read at most PROCESS_MAX_AGE_SECONDS before a scrape).
+        # change all the time (read at most one sampling interval before a scrape).
         self._own_process = ProcessCollector(registry=None)
         self._own_process_text: dict[str, tuple[float, bytes]] = {}  # format -> (read at, text)
         # The commit generation: a join that races a commit is tagged with the older generation,
@@ -269,11 +268,11 @@ class Exposition:
 
     def _per_scrape_text(self, exposition_format: str) -> bytes:
         """What follows the samples, rendered at every scrape: health, findings, and process_*
-        (read at most PROCESS_MAX_AGE_SECONDS before)."""
+        (read at most one sampling interval before)."""
         with self._health_lock:
             health = self._line_cache(exposition_format, _HEALTH).render(self._health.samples(), sort=False)
         body = (health + self._registry_text(exposition_format)
-                + self._process_text(exposition_format, PROCESS_MAX_AGE_SECONDS))
+                + self._process_text(exposition_format, self._sampler.interval_seconds))
         return body + OPENMETRICS_EOF if exposition_format == OPENMETRICS else body
 
     def render(self, exposition_format: str = TEXT, gzipped: bool = False) -> bytes:
