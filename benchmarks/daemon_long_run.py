@@ -45,6 +45,7 @@ failure, Ctrl-C and SIGTERM; the children also get SIGTERM if this script is kil
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -106,8 +107,14 @@ def set_pcie_path(layout_path: Path, pcie_path: str) -> None:
     layout_path.write_text(json.dumps(layout, indent=2))
 
 
-def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, workdir: Path,
-             pcie_path: str = "samplers", warmup_seconds: float = 0.0, history_minutes: float = 0.0) -> dict:
+@contextlib.contextmanager
+def daemon_on_scaled_host(workdir: Path, gpus: int, processes: int, pcie_path: str = "samplers",
+                          history_minutes: float = 0.0):
+    """`hybridmon run` on the scaled host with `processes` real watched children and the fake vLLM
+    server, on a free loopback port, its fake NVML on `pcie_path` and its history filled with
+    `history_minutes` first (benchmarks/daemon_with_history.py); yields (daemon, its /metrics URL,
+    its log path) once /metrics serves the whole host. Everything is stopped on exit
+    (benchmarks/scrape_under_load.py runs it too)."""
     import httpx
     from tests.support.fake_inference_server import FakeInferenceServer
 
@@ -135,22 +142,32 @@ def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, w
             host.pids = tuple(real_pids)
             # agent_bench.DAEMON_COMMAND's `hybridmon run`, through the wrapper that fills the history first
             command = WITH_HISTORY + ["--history-seconds", str(history_minutes * 60), "run"]
-            with managed_process(command + ["--listen", f"127.0.0.1:{port}"], log_path, env) as daemon, \
-                    httpx.Client(timeout=10.0, headers={"Accept-Encoding": "gzip"}) as client:
-                # Filling 2 h of history takes minutes on two busy cores before /metrics answers.
-                waiting_since = time.monotonic()
-                wait_for_metrics(client, url, exposition_needles(host), daemon, 60.0 + 6 * history_minutes, log_path)
-                filling_seconds = time.monotonic() - waiting_since
-                warm_up(client, url, daemon, warmup_seconds, scrape_seconds, log_path)
-                return sample_minutes(client, url, daemon, minutes, scrape_seconds, log_path) | {
-                    "gpus": gpus, "watched_processes": processes, "scrape_seconds": scrape_seconds,
-                    "pcie_path": pcie_path, "warmup_seconds": warmup_seconds,
-                    "history_minutes_filled": history_minutes,
-                    "seconds_to_first_metrics_with_filling": round(filling_seconds, 1),
-                    "pcie_sampler_threads": sum(1 for name in thread_names(daemon.pid) if name.startswith("pcie-"))}
+            with managed_process(command + ["--listen", f"127.0.0.1:{port}"], log_path, env) as daemon:
+                with httpx.Client(timeout=10.0) as client:
+                    # Filling 2 h of history takes minutes on two busy cores before /metrics answers.
+                    wait_for_metrics(client, url, exposition_needles(host), daemon, 60.0 + 6 * history_minutes,
+                                     log_path)
+                yield daemon, url, log_path
     finally:
         for child in children:
             stop_process(child)
+
+
+def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, workdir: Path,
+             pcie_path: str = "samplers", warmup_seconds: float = 0.0, history_minutes: float = 0.0) -> dict:
+    import httpx
+
+    waiting_since = time.monotonic()  # the host's setup (a second or two) and the history's filling
+    with daemon_on_scaled_host(workdir, gpus, processes, pcie_path, history_minutes) as (daemon, url, log_path), \
+            httpx.Client(timeout=10.0, headers={"Accept-Encoding": "gzip"}) as client:
+        filling_seconds = time.monotonic() - waiting_since
+        warm_up(client, url, daemon, warmup_seconds, scrape_seconds, log_path)
+        return sample_minutes(client, url, daemon, minutes, scrape_seconds, log_path) | {
+            "gpus": gpus, "watched_processes": processes, "scrape_seconds": scrape_seconds,
+            "pcie_path": pcie_path, "warmup_seconds": warmup_seconds,
+            "history_minutes_filled": history_minutes,
+            "seconds_to_first_metrics_with_filling": round(filling_seconds, 1),
+            "pcie_sampler_threads": sum(1 for name in thread_names(daemon.pid) if name.startswith("pcie-"))}
 
 
 def warm_up(client, url: str, daemon: subprocess.Popen, seconds: float, scrape_seconds: float,

@@ -10,7 +10,6 @@ agent/api/httpserver.py.
 """
 from __future__ import annotations
 
-import gzip
 import logging
 import socket
 import sys
@@ -32,7 +31,6 @@ from hybridmon.agent.warmup import warming_up
 
 log = logging.getLogger(__name__)
 
-GZIP_LEVEL = 6
 SWITCH_INTERVAL_SECONDS = 0.001  # sys.setswitchinterval while serving; see serve()
 
 
@@ -85,20 +83,19 @@ def create_app(agent: Agent, web_config: WebConfigFile | None = None) -> FastAPI
         app.add_middleware(WebConfigMiddleware, source=web_config)
     app.add_middleware(ProtectiveHeaders)
 
-    # async: rendered on the event loop's thread. A sync route runs in a worker thread, and each
-    # hand-over between threads waits for the GIL, up to the 5 ms switch interval while a tick's
-    # collectors or the detectors hold it: paced scrapes paid those waits. The render itself is
-    # ~1-2 ms after a commit on the 8-GPU host (agent/publish/exposition_lines.py), cached otherwise.
+    # async: answered on the event loop's thread. A sync route runs in a worker thread, and each
+    # hand-over between threads waits for the GIL, up to the switch interval while a tick's
+    # collectors or the detectors hold it: paced scrapes paid those waits. The samples are rendered
+    # and compressed at each collector's commit (agent/publish/exposition.py); a scrape joins them
+    # and renders what changes at every scrape (~0.5 ms on the 8-GPU host).
     @app.get("/metrics")
     async def metrics(request: Request) -> Response:
         exposition_format = choose_format(request.headers.get("accept"))
-        body = agent.exposition.render(exposition_format)
+        gzipped = accepts_gzip(request.headers.get("accept-encoding"))
+        body = agent.exposition.render(exposition_format, gzipped=gzipped)
         # The answer depends on both headers: a cache in between must key on them.
         headers = {"Vary": "Accept, Accept-Encoding"}
-        if accepts_gzip(request.headers.get("accept-encoding")):
-            # Level 6 (GZIP_LEVEL): the fixture host's 34 KB become 7.9 KB in under 1 ms on the
-            # 2-core test machine; level 9 saves only 0.5 % more.
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
+        if gzipped:
             headers["Content-Encoding"] = "gzip"
         return Response(body, media_type=CONTENT_TYPES[exposition_format], headers=headers)
 
@@ -223,6 +220,8 @@ def serve(agent: Agent, sock: socket.socket, log_level: str, limits: ServerLimit
     # A scrape's thread waits for the GIL whenever a collector or the detectors hold it, up to the
     # switch interval (5 ms by default) at each hand-over; 1 ms keeps a scrape that lands on a tick
     # or an evaluation near its own cost. Only CPU-bound threads running together switch more often.
+    # With both cores busy (issue 33, benchmarks/scrape_under_load.py, two daemons side by side
+    # under one Prometheus) 1 ms kept p99 at 34 ms where 5 ms let it reach 96 ms.
     sys.setswitchinterval(SWITCH_INTERVAL_SECONDS)
     server = build_server(create_app(agent, web_config), limits, log_level, web_config)
     try:
