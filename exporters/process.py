@@ -655,8 +655,9 @@ class ProcessSettings(CollectorSettings):
         default=False, description="also the per-process series that no alert, dashboard or "
         "status page reads: the thread count and the cgroup memory limit, and from the "
         "process_numa collector the allowed CPUs per NUMA node and the numa_maps read time; off: "
-        "at most 12 series a watched process, plus 2 a NUMA node on hosts with two or more "
-        "(docs/performance.md)"
+        "11 series a watched process (1 more under a cgroup memory limit, 1 more with weights "
+        "offloaded by its command line); one that holds GPU memory adds 2 a NUMA node on hosts "
+        "with two or more (its placement) and 1 a GPU it is on (docs/performance.md)"
     )
 
     @field_validator("cmdline_patterns")
