@@ -182,7 +182,9 @@ def test_process_memory_adds_up(name, scenarios):
     for pid in (VLLM, LLAMA):
         resident = one(history, "hybridmon_process_resident_bytes", pid=str(pid))
         on_nodes = history.series("hybridmon_process_numa_resident_bytes", pid=str(pid))
-        for index, t in enumerate(on_nodes[0].times):
+        # placed only when on a GPU (numa.on_gpus): vLLM V1's API server holds no GPU memory
+        assert bool(on_nodes) == bool(history.series("hybridmon_gpu_process_memory_used_bytes", pid=str(pid))), pid
+        for index, t in enumerate(on_nodes[0].times if on_nodes else ()):
             total = sum(series.values[index] for series in on_nodes)
             assert total == value_at(resident, t - START_TIME), (pid, t - START_TIME)
     page = os.sysconf("SC_PAGE_SIZE")
