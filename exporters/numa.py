@@ -514,11 +514,18 @@ def on_gpus(watched: Callable[[], Mapping[int, str]],
     collector names them. Placement is judged against the GPU's node (InferenceProcessNumaMisplaced
     reads nothing else), so a process on no GPU, such as vLLM's API server, is neither read nor
     exported: 2 series a NUMA node saved on each (issue 33's budget of 12 a process). No process
-    while the gpu collector is disabled: without NVML's per-process memory none can be judged."""
-    def placed() -> dict[int, str]:
-        holders = gpu_processes()
-        return {pid: name for pid, name in watched().items() if pid in holders}
-    return placed
+    while the gpu collector is disabled: without NVML's per-process memory none can be judged.
+    Once listed, a process stays while it is watched under the same name: a GPU that drops off
+    the bus for a moment takes its processes off NVML's list, and dropping them would restart
+    their CPU time counters (and lose the time they ran meanwhile)."""
+    placed: set[tuple[int, str]] = set()
+
+    def placed_now() -> dict[int, str]:
+        holders, now = gpu_processes(), watched()
+        placed.intersection_update(now.items())
+        placed.update((pid, name) for pid, name in now.items() if pid in holders)
+        return dict(sorted(placed))
+    return placed_now
 
 
 # Essential: /sys/devices/system/node is on every server (the kernels have CONFIG_NUMA; a one-socket

@@ -467,8 +467,12 @@ def test_healthy_hosts_are_configured_as_recommended(name, scenarios):
     # Each server lives on its GPU's node: 4242 with GPU0 on node 0, 5151 with GPU1 on node 1; it
     # runs there too, pinned, but for the unpinned default layout (which may run anywhere).
     allowed = {8} if name != "healthy_unpinned_local_memory" else {16}   # its node's 8 CPUs, or both nodes'
+    # vLLM V1's API server (4242) holds no GPU memory and is not placed (numa.on_gpus): its engine
+    # core (4343, a child with the same CPUs) holds GPU0's memory and is judged instead
+    engine = "4343" if history.series("hybridmon_process_allowed_cpus", pid="4343") else str(VLLM)
     for pid, node, other in ((VLLM, "0", "1"), (LLAMA, "1", "0")):
         assert set(one(history, "hybridmon_process_allowed_cpus", pid=str(pid)).values) == allowed
+        pid = engine if pid == VLLM else pid
         local = one(history, "hybridmon_process_numa_resident_bytes", pid=str(pid), node=node).values
         remote = one(history, "hybridmon_process_numa_resident_bytes", pid=str(pid), node=other).values
         assert all(r / (l + r) < 0.05 for l, r in zip(local, remote))
