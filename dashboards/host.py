@@ -109,8 +109,9 @@ def numa_placement(t: Thresholds, runbooks: str):
     # [process] detail_series series): what InferenceProcessNumaMisplaced judges.
     by_node = value_table(
         "Watched processes by NUMA node", "bytes",
-        "Resident memory (numa_maps) of each watched process on each NUMA node, and the CPU cores "
-        "its threads used there.",
+        "Resident memory (numa_maps) of each watched process that holds GPU memory on each NUMA "
+        "node, and the CPU cores its threads used there (a process on no GPU has no placement to "
+        "judge, and none is read).",
         {"A": (_host(numa.PROCESS_NUMA_RESIDENT.name), "resident memory"),
          "B": (_rate(numa.PROCESS_CPU_SECONDS_ON_NODE.name), "CPU cores used")}, width=12, height=8)
     return [

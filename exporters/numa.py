@@ -2,10 +2,10 @@
 
 An inference server whose threads run on one node while its offloaded weights or KV blocks sit on
 another pays a remote access on every touch. NumaCollector reports each node (/sys/devices/system/
-node); ProcessNumaCollector reports, per process watched by process.py, how much of its CPU time
-(its threads' /proc/<pid>/task/<tid>/stat) and how many of its pages (/proc/<pid>/numa_maps) are on
-each node, and with [process] detail_series how many of its allowed CPUs, reading a bounded share
-of those files each run.
+node); ProcessNumaCollector reports, per process watched by process.py that holds memory on a GPU,
+how much of its CPU time (its threads' /proc/<pid>/task/<tid>/stat) and how many of its pages
+(/proc/<pid>/numa_maps) are on each node, and with [process] detail_series how many of its allowed
+CPUs, reading a bounded share of those files each run.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
 PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
     "hybridmon_process_cpu_seconds_on_node_total",
     "CPU seconds the process's threads ran on the NUMA node, counted from when the agent first saw "
-    "the process: at each reading, each thread's utime + stime (fields 14-15 of "
+    "the process hold GPU memory: at each reading, each thread's utime + stime (fields 14-15 of "
     "/proc/<pid>/task/<tid>/stat, over SC_CLK_TCK) gained since the previous reading is counted on "
     "the node of the CPU it last ran on (field 39, processor). Where the process actually runs, "
     "not where it may.", "counter", _PROCESS_ON_NODE)
@@ -275,7 +275,8 @@ class _Placement:
 
 
 class ProcessNumaCollector:
-    """Per watched process: on which NUMA nodes its CPUs and its pages are.
+    """Per process of `watched`: on which NUMA nodes its CPUs and its pages are. The agent hands
+    it the watched processes that hold GPU memory (on_gpus).
 
     Bounded per run whatever the number of processes (THREAD_READS_PER_RUN, NUMA_MAPS_READS_PER_RUN):
     each run reads some threads and some numa_maps, in turn, and exports every process's figures
@@ -503,7 +504,28 @@ def _process_numa_collector(context: CollectorContext) -> ProcessNumaCollector:
     # Its optional series are turned on with the process collector's, by [process] detail_series.
     detail_series = bool(getattr(context.earlier.get("process"), "detail_series", False))
     return ProcessNumaCollector(context.source, procfs=context.procfs, sysfs=context.sysfs,
-                                watched=context.watched_processes(), detail_series=detail_series)
+                                watched=on_gpus(context.watched_processes(), context.gpu_processes()),
+                                detail_series=detail_series)
+
+
+def on_gpus(watched: Callable[[], Mapping[int, str]],
+            gpu_processes: Callable[[], Mapping[int, str]]) -> Callable[[], dict[int, str]]:
+    """The watched processes that hold memory on a GPU (NVML lists them), named as the process
+    collector names them. Placement is judged against the GPU's node (InferenceProcessNumaMisplaced
+    reads nothing else), so a process on no GPU, such as vLLM's API server, is neither read nor
+    exported: 2 series a NUMA node saved on each (issue 33's budget of 12 a process). No process
+    while the gpu collector is disabled: without NVML's per-process memory none can be judged.
+    Once listed, a process stays while it is watched under the same name: a GPU that drops off
+    the bus for a moment takes its processes off NVML's list, and dropping them would restart
+    their CPU time counters (and lose the time they ran meanwhile)."""
+    placed: set[tuple[int, str]] = set()
+
+    def placed_now() -> dict[int, str]:
+        holders, now = gpu_processes(), watched()
+        placed.intersection_update(now.items())
+        placed.update((pid, name) for pid, name in now.items() if pid in holders)
+        return dict(sorted(placed))
+    return placed_now
 
 
 # Essential: /sys/devices/system/node is on every server (the kernels have CONFIG_NUMA; a one-socket

@@ -76,9 +76,17 @@ INFO = MetricSpec("hybridmon_process_info",
                   "never the line itself: executable (basename of argv[0]), server (inference "
                   "server family: vllm, sglang, llamacpp, tgi, ollama; empty when unknown), model "
                   "(the served model name, else the weights: a path by its last component, a URL "
-                  "without user-info or query), and why the process is watched: config (pids, "
-                  "names, cmdline_patterns) or gpu (holds GPU memory).",
-                  "gauge", ("pid", "process_name", "executable", "server", "model", "watch_reason"))
+                  "without user-info or query), all three empty when the command line cannot be "
+                  "read; why the process is watched: config (pids, names, cmdline_patterns) or gpu "
+                  "(holds GPU memory); and root_pid, the watched process at the root of this one's "
+                  "tree of watched processes, found by following the parent pid (field 4 of "
+                  "/proc/<pid>/stat) while the parent is watched too, the process itself when its "
+                  "parent is not watched. The processes of one inference server share root_pid "
+                  "(vLLM's engine core and workers under its API server, SGLang's scheduler under "
+                  "launch_server, TGI's router and shards under its launcher, Ollama's runner under "
+                  "ollama serve), so each is judged with the load of the server that listens in its "
+                  "tree.",
+                  "gauge", ("pid", "process_name", "executable", "server", "model", "watch_reason", "root_pid"))
 CMDLINE_INFO = MetricSpec("hybridmon_process_cmdline_info",
                           "Always 1, only with process.export_cmdline = true: the command line "
                           "(/proc/<pid>/cmdline) with secrets replaced by <redacted> (values of "
@@ -92,16 +100,6 @@ WEIGHTS_OFFLOAD = MetricSpec(
     "the GPU reads over the bus in every forward pass: vLLM's and SGLang's --cpu-offload-gb N "
     "(GiB per GPU). Absent without the option or at 0. The evidence InferenceWeightsCrossingBus "
     "needs before it names weights as the cause of host-to-device traffic.", "gauge", _PROCESS)
-TREE_ROOT = MetricSpec("hybridmon_process_tree_root_info",
-                       "Always 1: root_pid is the watched process at the root of this one's tree of "
-                       "watched processes, found by following the parent pid (field 4 of "
-                       "/proc/<pid>/stat) while the parent is watched too; the process itself when "
-                       "its parent is not watched. The processes of one inference server share it "
-                       "(vLLM's engine core and workers under its API server, SGLang's scheduler "
-                       "under launch_server, TGI's router and shards under its launcher, Ollama's "
-                       "runner under ollama serve), so each is judged with the load of the server "
-                       "that listens in its tree.",
-                       "gauge", ("pid", "process_name", "root_pid"))
 # What stays of a process once it is gone, so that its exit can be counted: the identity a
 # restarted server keeps (comm, and the server family and model of its command line, as in INFO).
 _IDENTITY = ("process_name", "server", "model")
@@ -251,7 +249,7 @@ class ProcessCollector:
     default_interval_seconds = 1.0
     metric_specs = (RESIDENT, SWAP, LOCKED, PINNED, THREADS, ALLOWED_CPUS, MINOR_FAULTS, MAJOR_FAULTS,
                     CPU_SECONDS, START_TIME, MEMLOCK_LIMIT, CGROUP_MEMORY_LIMIT, CGROUP_MEMORY_HEADROOM,
-                    INFO, CMDLINE_INFO, WEIGHTS_OFFLOAD, TREE_ROOT, EXITS, OOM_KILLED)
+                    INFO, CMDLINE_INFO, WEIGHTS_OFFLOAD, EXITS, OOM_KILLED)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys", pids: Iterable[int] = (),
                  names: Iterable[str] = (), cmdline_patterns: Iterable[str] = (),
@@ -312,6 +310,7 @@ class ProcessCollector:
         ticks = self._clock_ticks()
         boot_time = self._read_boot_time()
         samples, current, parents = Samples(), {}, {}
+        described: dict[int, tuple[str, tuple[str, str, str]]] = {}  # pid -> watch reason, identity
         seen: dict[int, _Seen] = {}
         gone: set[int] = set()
         for pid, reason in sorted(watch.items()):
@@ -347,15 +346,19 @@ class ProcessCollector:
                 if self.detail_series:
                     samples.add(CGROUP_MEMORY_LIMIT, bound.limit_bytes, pid, stat.comm)
                 samples.add(CGROUP_MEMORY_HEADROOM, bound.headroom_bytes, pid, stat.comm)
+            described[pid] = reason, ("", "", "")
             if cmdline_text is not None and slow.identity is not None:
                 identity = slow.identity
-                samples.add(INFO, 1, pid, stat.comm, identity.executable, identity.server, identity.model,
-                            reason)
+                described[pid] = reason, (identity.executable, identity.server, identity.model)
                 samples.add(WEIGHTS_OFFLOAD, identity.weights_offload_bytes, pid, stat.comm)
                 if self._export_cmdline:
                     samples.add(CMDLINE_INFO, 1, pid, stat.comm, cmdline_label(cmdline_text))
+        # root_pid is a label of INFO, not a series of its own (issue 33's budget): a process's
+        # root changes only when a watched parent exits or its parent starts or stops being
+        # watched, rare events that would replace a series of either kind.
         for pid, root in sorted(tree_roots(parents).items()):
-            samples.add(TREE_ROOT, 1, pid, current[pid], root)
+            reason, (executable, server, model) = described[pid]
+            samples.add(INFO, 1, pid, current[pid], executable, server, model, reason, root)
         self._count_exits(seen, gone, now)
         for identity, counted in sorted(self._exits.items()):
             samples.add(EXITS, counted.exits, *identity)
@@ -652,8 +655,9 @@ class ProcessSettings(CollectorSettings):
         default=False, description="also the per-process series that no alert, dashboard or "
         "status page reads: the thread count and the cgroup memory limit, and from the "
         "process_numa collector the allowed CPUs per NUMA node and the numa_maps read time; off: "
-        "at most 12 series a watched process, plus 2 a NUMA node on hosts with two or more "
-        "(docs/performance.md)"
+        "11 series a watched process (1 more under a cgroup memory limit, 1 more with weights "
+        "offloaded by its command line); one that holds GPU memory adds 2 a NUMA node on hosts "
+        "with two or more (its placement) and 1 a GPU it is on (docs/performance.md)"
     )
 
     @field_validator("cmdline_patterns")

@@ -47,10 +47,11 @@ PROCESS_ON_GPU_NODE = (
 )
 
 
-# A process's tree (hybridmon_process_tree_root_info): the pid of its root, the process itself when
-# its parent is not watched. A server's listening pid and the processes holding its GPU memory (vLLM
-# V1's engine core, tensor-parallel workers) meet at their root.
-TREE = f"max without (process_name) ({process_metrics.TREE_ROOT.name})"
+# A process's tree (root_pid of hybridmon_process_info): the pid of its root, the process itself
+# when its parent is not watched. A server's listening pid and the processes holding its GPU memory
+# (vLLM V1's engine core, tensor-parallel workers) meet at their root.
+TREE = ("max without (process_name, executable, server, model, watch_reason) "
+        f"({process_metrics.INFO.name})")
 
 
 def by_root(per_pid: str) -> str:
@@ -138,7 +139,7 @@ def load_rise(window: str, confident: bool = False) -> str:
 
 def tied_to_tree(per_listening_pid: str) -> str:
     """A server figure summed by the pid that listens (labels job, instance, pid), handed to every
-    watched process of the same tree (hybridmon_process_tree_root_info: vLLM's engine core gets its
+    watched process of the same tree (root_pid of hybridmon_process_info: vLLM's engine core gets its
     API server's load); a listening pid without a tree keeps it alone, as before trees were read."""
     return (
         "sum by (job, instance, pid) (\n"

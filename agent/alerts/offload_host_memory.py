@@ -37,7 +37,7 @@ from hybridmon.agent.detectors.servers import Server
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.inference_names import BY_FIELD
-from hybridmon.exporters.process import RESIDENT, TREE_ROOT
+from hybridmon.exporters.process import INFO, RESIDENT
 from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules.model import Alert
@@ -46,7 +46,7 @@ from hybridmon.rules.promql import number, query
 from hybridmon.rules.templates import humanize_percentage
 
 HOST_TIER = BY_FIELD["kv_offload_host_tier_bytes"]
-INPUTS = (HOST_TIER, MEMORY_AVAILABLE, RESIDENT, TREE_ROOT, CGROUP_MEMORY_HEADROOM)
+INPUTS = (HOST_TIER, MEMORY_AVAILABLE, RESIDENT, INFO, CGROUP_MEMORY_HEADROOM)
 SERVER_LABELS = ("server", "endpoint", "model")
 REASONS = ("memory_available", "cgroup")
 

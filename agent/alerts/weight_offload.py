@@ -13,7 +13,7 @@ request, so weights explain at most
     weights per token = offloaded bytes per GPU x its GPUs / running requests
 
 Per server, over the GPUs its process tree holds memory on (NVML per-process memory and
-hybridmon_process_tree_root_info, so vLLM's engine core and TP workers count for the API server
+root_pid of hybridmon_process_info, so vLLM's engine core and TP workers count for the API server
 that listens):
 
     unexplained = sum over its GPUs of max(0, host->device bytes/s - KV loads/s on that GPU)
@@ -56,7 +56,7 @@ from hybridmon.exporters.bench import TIMESTAMP as BENCH_FINISHED
 from hybridmon.exporters.gpu import (C2C_MODE, C2C_THROUGHPUT, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PROCESS_MEMORY_USED)
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
-from hybridmon.exporters.process import TREE_ROOT, WEIGHTS_OFFLOAD
+from hybridmon.exporters.process import INFO, WEIGHTS_OFFLOAD
 from hybridmon.rules import groups
 from hybridmon.rules import inference as recorded
 from hybridmon.rules import pcie
@@ -74,7 +74,7 @@ HOST_TIER_TOKENS = BY_FIELD["kv_offload_host_tier_tokens"]
 IN_LMCACHE = BY_FIELD["kv_offload_in_lmcache"]
 MODEL_ON_HOST = BY_FIELD["model_host_memory_bytes"]
 INPUTS = (GENERATED_TOKENS, RUNNING, OFFLOAD_BYTES, PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
-          PROCESS_MEMORY_USED, TREE_ROOT, WEIGHTS_OFFLOAD, C2C_MODE)
+          PROCESS_MEMORY_USED, INFO, WEIGHTS_OFFLOAD, C2C_MODE)
 # The lead of a GPU in NVLink-C2C mode: what its PCIe account leaves out, and where to see it.
 OVER_C2C_LEAD = ("this GPU runs in NVLink-C2C mode: its servers' KV offload and host-resident weights "
                  f"cross C2C ({C2C_THROUGHPUT.name}), not PCIe, and this PCIe account credits none of them")

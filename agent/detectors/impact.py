@@ -26,7 +26,6 @@ from hybridmon.agent.detectors import servers, windows
 from hybridmon.agent.detectors.base import Finding, HistoryReader, add_note
 from hybridmon.agent.detectors.servers import Server
 from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
-from hybridmon.exporters.process import TREE_ROOT
 from hybridmon.units import human_duration, human_rate
 
 CORRELATED = frozenset({"GpuPcieStarvation", "GpuPcieLinkDegraded", "HostSwapThrash",
@@ -78,12 +77,9 @@ def servers_by_gpu(history: HistoryReader, scraped: list[Server], now: float
                    ) -> dict[tuple[str, str], set[Server]]:
     """(gpu, uuid) -> the scraped servers using it: a server uses a GPU when the process it is tied
     to (its pid label), or a process in that process's tree (same root_pid of
-    hybridmon_process_tree_root_info), holds memory on it now (NVML's per-process memory). vLLM's
+    hybridmon_process_info: servers.tree_roots), holds memory on it now (NVML's per-process memory). vLLM's
     API server, which listens, holds no GPU memory; its engine core child does."""
-    roots = {}
-    for series in history.series(TREE_ROOT.name):
-        if windows.latest(series, now) is not None:
-            roots[series.labels["pid"]] = series.labels["root_pid"]
+    roots = servers.tree_roots(history, now)
     by_pid: dict[str, list[Server]] = {}
     for server in scraped:
         if server.pid:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from hybridmon.agent.detectors.base import HistoryReader
 from hybridmon.agent.detectors import windows
 from hybridmon.agent.loop.history import SeriesHistory
-from hybridmon.exporters.process import TREE_ROOT
+from hybridmon.exporters.process import INFO
 from hybridmon.exporters.inference_names import BY_FIELD, HISTOGRAM_SPECS
 from hybridmon.exporters.inference_names import OFFLOAD_BYTES as OFFLOAD_BYTES_SPEC
 from hybridmon.exporters.inference_names import SCRAPE_ERROR as SCRAPE_ERROR_SPEC
@@ -74,10 +74,10 @@ def scraped(history: HistoryReader, now: float) -> list[Server]:
 
 
 def tree_roots(history: HistoryReader, now: float) -> dict[str, str]:
-    """pid -> the root of its tree of watched processes (hybridmon_process_tree_root_info), as
+    """pid -> the root of its tree of watched processes (root_pid of hybridmon_process_info), as
     the process collector saw it last."""
     roots = {}
-    for series in history.series(TREE_ROOT.name):
+    for series in history.series(INFO.name):
         if windows.latest(series, now) is not None:
             roots[series.labels["pid"]] = series.labels["root_pid"]
     return roots

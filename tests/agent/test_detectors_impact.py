@@ -7,9 +7,8 @@ from hybridmon.agent.detectors import impact
 from hybridmon.agent.detectors.base import DetectorBase, Finding
 from hybridmon.agent.detectors.engine import Engine
 from hybridmon.pcie_rates import theoretical_capacity
-from hybridmon.exporters.process import TREE_ROOT
 from tests.support.detector_history import (GIB, T0, THRESHOLDS, VLLM_ENDPOINT, Trace, gpu_rows,
-                                          inference_rows)
+                                          inference_rows, tree_info)
 
 ONSET = T0 + 900
 STEP = 5.0
@@ -119,7 +118,7 @@ def gpus_in_use(trace: Trace, now: float, holders: dict[str, tuple[str, str]],
         rows += [row for row in gpu_rows(index, uuid, processes={pid: ("python3", 8 * GIB)})
                  if row[0].name.startswith("hybridmon_gpu_process")]
     trace.commit("gpu", now, rows)
-    trace.commit("process", now, [(TREE_ROOT, 1, pid, "python3", root) for pid, root in (roots or {}).items()])
+    trace.commit("process", now, [tree_info(pid, "python3", root) for pid, root in (roots or {}).items()])
 
 
 def test_a_gpu_finding_reads_only_the_servers_using_that_gpu():

@@ -18,10 +18,9 @@ from hybridmon.exporters.process import (
     MAJOR_FAULTS,
     MINOR_FAULTS,
     RESIDENT,
-    TREE_ROOT,
 )
 from tests.support.promtool_cases import GIB, GPU0, Catalog, Test
-from tests.support.promtool_inputs import LLAMA, SGLANG, VLLM, on_gpu
+from tests.support.promtool_inputs import LLAMA, SGLANG, VLLM, in_tree, on_gpu
 
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
 REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
@@ -208,7 +207,7 @@ def _real_deployments(t, catalog: Catalog) -> Test:
     cgroup_headroom = _headroom([leak], 1.5 * GIB)
     test.constant(CGROUP_MEMORY_HEADROOM.name, cgroup_headroom, **LLAMA)
     for proc, root in ((VLLM, VLLM), (ENGINE, VLLM), (SGLANG, SGLANG), (LLAMA, LLAMA)):
-        test.constant(TREE_ROOT.name, 1, **proc, root_pid=root["pid"])
+        in_tree(test, proc, root)
         test.values(CPU_SECONDS.name, [1.0 * 60 * m for m in minutes], **proc)   # busy loops
         test.values(MINOR_FAULTS.name, [100.0 * 60 * m for m in minutes], **proc)
         test.constant(MAJOR_FAULTS.name, 0, **proc)

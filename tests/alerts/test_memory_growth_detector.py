@@ -14,7 +14,7 @@ from hybridmon.agent.alerts.memory_growth import load
 from hybridmon.agent.alerts.memory_growth import trend as memory_growth_trend
 from hybridmon.agent.detectors import servers
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
-from hybridmon.exporters.process import RESIDENT, TREE_ROOT
+from hybridmon.exporters.process import RESIDENT
 from tests.support.detector_history import (
     GIB,
     MIB,
@@ -26,6 +26,7 @@ from tests.support.detector_history import (
     host_memory_rows,
     inference_rows,
     process_rows,
+    tree_info,
 )
 
 HOUR = 3600.0
@@ -58,8 +59,8 @@ def with_server(tokens_per_second, running=lambda t: 8.0, pid="4242"):
 
 
 def tree(pid, name, root):
-    """hybridmon_process_tree_root_info of one process, as exporters/process.py exports it."""
-    return [(TREE_ROOT, 1, pid, name, root)]
+    """root_pid of one process (hybridmon_process_info), as exporters/process.py exports it."""
+    return [tree_info(pid, name, root)]
 
 
 def vllm_v1(tokens_growth_per_hour, *, with_tree=True, engine_faults_per_token=0.0):

@@ -8,10 +8,9 @@ import pytest
 
 from hybridmon.agent.alerts.offload_host_memory import HOST_TIER
 from hybridmon.agent.alerts.offload_host_memory import Detector as HostMemoryDetector
-from hybridmon.exporters import process
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
-from hybridmon.exporters.process import RESIDENT, TREE_ROOT
+from hybridmon.exporters.process import RESIDENT
 from tests.support.detector_history import (
     T0,
     THRESHOLDS,
@@ -23,6 +22,7 @@ from tests.support.detector_history import (
     inference_rows,
     only,
     process_rows,
+    tree_info,
 )
 from tests.support.promtool_cases import GIB, HOST, Test, firing, not_yet
 from tests.support.promtool_inputs import (
@@ -31,12 +31,13 @@ from tests.support.promtool_inputs import (
     SGLANG_SERVER,
     VLLM,
     VLLM_SERVER,
+    in_tree,
     served,
 )
 
 
 def trees(roots: dict[str, str]):
-    return lambda t: [(process.TREE_ROOT, 1, pid, "python3", root) for pid, root in roots.items()]
+    return lambda t: [tree_info(pid, "python3", root) for pid, root in roots.items()]
 
 
 def host_trace(*, tier=100 * GIB, resident=40 * GIB, available=150 * GIB, headroom=None, pid="4242"):
@@ -107,7 +108,7 @@ def tier_case(t, catalog) -> Test:
         server = VLLM_SERVER if labels is VLLM else SGLANG_SERVER
         test.constant(HOST_TIER.name, tier, instance, **served(server, labels["pid"]))
         test.constant(RESIDENT.name, resident, instance, **labels)
-        test.constant(TREE_ROOT.name, 1, instance, **labels, root_pid=labels["pid"])
+        in_tree(test, labels, labels, instance)
         if headroom:
             test.gauge(CGROUP_MEMORY_HEADROOM.name, *headroom, instance, **labels)
     available_rule = catalog.find("InferenceOffloadHostMemoryShort", reason="memory_available")

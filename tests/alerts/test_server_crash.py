@@ -27,7 +27,7 @@ def crash_rows(t: float, *, exits_at=(), oom_at=(), host_oom_at=(), pid_of=lambd
     killed = sum(1 for at in oom_at if t >= at)
     pid = pid_of(t)
     rows = [(process.EXITS, exits, *VLLM), (process.OOM_KILLED, killed, *VLLM),
-            (process.INFO, 1, pid, VLLM[0], "python3", VLLM[1], VLLM[2], "config")]
+            (process.INFO, 1, pid, VLLM[0], "python3", VLLM[1], VLLM[2], "config", pid)]
     rows += host_memory_rows(memory_available=available)
     rows.append((host_memory.OOM_KILLS, 3 + sum(1 for at in host_oom_at if t >= at)))
     rows += gpu_rows(h2d=h2d, d2h=1e9, utilization=utilization, used=used,
@@ -138,7 +138,7 @@ def promtool_cases(t, catalog) -> list[Test]:
     killed.gauge(host_memory.MEMORY_AVAILABLE.name, 20 * GIB, 0.5 * GIB)
     # its pid held 20 GiB of GPU 0 until the kill; gpu:..traffic_share comes from the recordings
     killed.gauge(process.INFO.name, 1, None, pid="4242", process_name="python3", executable="python3",
-                 server="vllm", model="mistral-7b", watch_reason="config")
+                 server="vllm", model="mistral-7b", watch_reason="config", root_pid="4242")
     killed.gauge(gpu.PROCESS_MEMORY_USED.name, 20 * GIB, None, **GPU0, pid="4242", process_name="python3")
     killed.constant(gpu.MEMORY_USED.name, 21 * GIB, **GPU0)
     killed.constant(gpu.MEMORY_TOTAL.name, 24 * GIB, **GPU0)

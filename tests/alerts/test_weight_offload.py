@@ -13,7 +13,7 @@ from hybridmon.agent.alerts.weight_offload import Detector as WeightOffloadDetec
 from hybridmon.exporters import process as process_metrics
 from hybridmon.exporters.gpu import PCIE_BYTES
 from hybridmon.exporters.inference_names import BY_FIELD, OFFLOAD_BYTES
-from hybridmon.exporters.process import TREE_ROOT, WEIGHTS_OFFLOAD
+from hybridmon.exporters.process import WEIGHTS_OFFLOAD
 from tests.support.detector_history import (
     GIB,
     T0,
@@ -28,6 +28,7 @@ from tests.support.detector_history import (
     gpus_over_time,
     only,
     servers_over_time,
+    tree_info,
 )
 from tests.support.promtool_cases import GPU0, GPU1, GPU2, GPU3, Test, firing, not_yet
 from tests.support.promtool_inputs import (
@@ -37,6 +38,7 @@ from tests.support.promtool_inputs import (
     SGLANG_SERVER,
     VLLM,
     VLLM_SERVER,
+    in_tree,
     on_gpu,
     served,
 )
@@ -49,7 +51,7 @@ SECOND_ENDPOINT = "http://127.0.0.1:8001/metrics"
 
 def trees(roots: dict[str, str], offload: dict[str, float]):
     """The process collector's rows: tree roots, and --cpu-offload-gb's bytes per GPU by pid."""
-    return lambda t: ([(process_metrics.TREE_ROOT, 1, pid, "python3", root) for pid, root in roots.items()]
+    return lambda t: ([tree_info(pid, "python3", root) for pid, root in roots.items()]
                       + [(process_metrics.WEIGHTS_OFFLOAD, offloaded, pid, "python3")
                          for pid, offloaded in offload.items()])
 
@@ -286,9 +288,9 @@ def weights_cross_case(t, catalog, *, evidence: bool = True) -> Test:
     for pid, gpu in (("7001", GPU2), ("7002", GPU3)):
         on_gpu(test, gpu, {"pid": pid, "process_name": "VLLM::Worker"}, 30e9)
     for pid in ("7000", "7001", "7002"):
-        test.constant(TREE_ROOT.name, 1, pid=pid, process_name="python3", root_pid="7000")
+        in_tree(test, {"pid": pid, "process_name": "python3"}, {"pid": "7000"})
     for process in (VLLM, SGLANG, LLAMA):   # each the root of its own tree
-        test.constant(TREE_ROOT.name, 1, **process, root_pid=process["pid"])
+        in_tree(test, process, process)
     for labels, tokens in ((served(VLLM_SERVER, VLLM["pid"]), 120), (served(SGLANG_SERVER, SGLANG["pid"]), 200),
                            (served(LLAMA_SERVER, LLAMA["pid"]), 0.5), (tp_server, 100)):
         test.counter(GENERATED_TOKENS.name, tokens, tokens, **labels)

@@ -12,7 +12,7 @@ import pytest
 
 from hybridmon.exporters import numa
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
-from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
+from hybridmon.exporters.base import CollectorContext, CollectorError, NoDataError, ParseError
 from hybridmon.exporters.numa import (
     NumaCollector,
     ProcessNumaCollector,
@@ -290,6 +290,41 @@ def test_process_numa_follows_the_process_collectors_watch_list(live_source, fix
     samples = placement.collect()
     assert {s.label_values[0] for s in samples} == {"4242"}
     assert samples.value("hybridmon_process_numa_resident_bytes", pid="4242", node="1") == VLLM_NODE1_BYTES
+
+
+class Listing:
+    """A collector as the agent hands it to the collectors after it: the process collector's
+    watch list (watched) or the pids NVML lists on the GPUs (gpu_processes)."""
+
+    def __init__(self, pids: dict[int, str]) -> None:
+        self.pids = pids
+
+    def watched(self) -> dict[int, str]:
+        return dict(self.pids)
+
+    gpu_processes = watched
+
+
+def test_the_agent_places_only_the_watched_processes_on_gpus(live_source, fixture_procfs, fixture_sysfs):
+    """InferenceProcessNumaMisplaced judges a process against the node of a GPU it holds memory on:
+    a watched process on no GPU (vLLM's API server) costs no placement series (issue 33's budget)."""
+    processes = Listing({4242: "python3", 5151: "llama-server"})
+    gpu = Listing({5151: "llama-server", 7777: "not watched"})
+    paths = {"procfs": fixture_procfs, "sysfs": fixture_sysfs}
+    placement = numa.PROCESS_NUMA_REGISTRATION.factory(CollectorContext(
+        live_source, None, **paths, earlier={"process": processes, "gpu": gpu}))
+    without_gpus = numa.PROCESS_NUMA_REGISTRATION.factory(CollectorContext(
+        live_source, None, **paths, earlier={"process": processes}))
+    samples = placement.collect()
+    assert {s.label_values[:2] for s in samples} == {("5151", "llama-server")}
+    assert len(samples) == 2 * 2  # CPU time and resident memory on each of the fixture's 2 nodes
+    gpu.pids = {4242: "python3"}  # vLLM took GPU memory; llama-server's GPU fell off the bus
+    samples = placement.collect()
+    assert {s.label_values[0] for s in samples} == {"4242", "5151"}  # placed while it is watched
+    assert samples.value(numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="1") == VLLM_NODE1_BYTES
+    processes.pids = {4242: "python3"}  # llama-server exited
+    assert {s.label_values[0] for s in placement.collect()} == {"4242"}
+    assert len(without_gpus.collect()) == 0  # gpu collector disabled: no process can be judged
 
 
 def test_process_numa_skips_a_process_that_is_gone(live_source, fixture_procfs, fixture_sysfs):

@@ -21,7 +21,6 @@ from hybridmon.exporters.process import (
     format_cmdline,
     parse_boot_time,
     parse_proc_stat,
-    TREE_ROOT,
     tree_roots,
 )
 from hybridmon.exporters.process_cmdline import (ProcessIdentity, arguments_of, cmdline_label, identify, identity_of,
@@ -69,7 +68,7 @@ def as_tuples(samples):
 
 
 def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, allowed,
-                   minflt, majflt, cpu_ticks, identity, reason, memlock):
+                   minflt, majflt, cpu_ticks, memlock):
     labels = (str(pid), name)
     return [
         ("hybridmon_process_resident_bytes", labels, resident_kib * KIB),
@@ -81,19 +80,19 @@ def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, al
         ("hybridmon_process_major_faults_total", labels, majflt),
         ("hybridmon_process_cpu_seconds_total", labels, cpu_ticks / 100),
         ("hybridmon_process_memlock_limit_bytes", labels, memlock),
-        ("hybridmon_process_info", (*labels, *identity, reason), 1),
     ]
 
 
 VLLM_SERIES = process_series(4242, "python3", 29360128, 1572864, 0, 4194304, 8, 15234567, 8912,
-                             4567890 + 123456, VLLM_IDENTITY, "config", 8388608)
+                             4567890 + 123456, 8388608)
 LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 8, 2345678, 1201,
-                              987654 + 45678, LLAMA_IDENTITY, "config", float("inf"))
+                              987654 + 45678, float("inf"))
 
 
-# Neither fixture process's parent (4200, 1) is watched: each is the root of its own tree.
-VLLM_TREE = [(TREE_ROOT.name, ("4242", "python3", "4242"), 1)]
-LLAMA_TREE = [(TREE_ROOT.name, ("5151", "llama-server", "5151"), 1)]
+# After every process's series, its identity: why it is watched and the root of its tree. Neither
+# fixture process's parent (4200, 1) is watched: each is the root of its own tree.
+VLLM_INFO = [(INFO.name, ("4242", "python3", *VLLM_IDENTITY, "config", "4242"), 1)]
+LLAMA_INFO = [(INFO.name, ("5151", "llama-server", *LLAMA_IDENTITY, "config", "5151"), 1)]
 
 
 def without_start_time(samples):
@@ -461,7 +460,8 @@ def test_a_process_whose_command_line_defeats_a_parser_costs_only_its_own_identi
         return identity_of(raw)
     monkeypatch.setattr(process_module, "identity_of", broken)
     samples = fixture_collector(LiveSource(), procfs_copy).collect()
-    assert samples.find("hybridmon_process_info", pid="5151") == []
+    [info] = samples.find("hybridmon_process_info", pid="5151")   # watched still, in its tree
+    assert info.label_values[2:] == ("", "", "", "config", "5151")
     assert samples.value("hybridmon_process_resident_bytes", pid="5151") > 0   # its other series stay
     assert samples.find("hybridmon_process_info", pid="4242")                 # and the others' identity
     assert "cannot read the command line of pid 5151 (ValueError: Invalid IPv6 URL)" in caplog.text
@@ -474,7 +474,7 @@ def test_collector_on_fixture_host_finds_servers_by_name_and_command_line(live_s
     samples = collector.collect()
     # Start times need btime from /proc/stat, which the shared fixture tree may or may not hold;
     # test_start_time_from_btime checks them.
-    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES + VLLM_TREE + LLAMA_TREE
+    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES + VLLM_INFO + LLAMA_INFO
     assert collector.watched() == {4242: "python3", 5151: "llama-server"}
     assert {s.spec for s in samples} <= set(ProcessCollector.metric_specs)
 
@@ -492,7 +492,7 @@ def test_without_proc_stat_start_times_are_absent(procfs_copy, caplog):
         samples = collector.collect()
         collector.collect()
     assert samples.find(START_TIME) == []
-    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES + VLLM_TREE + LLAMA_TREE
+    assert without_start_time(samples) == VLLM_SERIES + LLAMA_SERIES + VLLM_INFO + LLAMA_INFO
     assert [r.getMessage().split(":")[0] for r in caplog.records] == [f"cannot get btime from {procfs_copy}/stat"]
 
 
@@ -500,7 +500,7 @@ def test_configured_pid_and_gpu_holders_are_watched_with_their_reason(live_sourc
     collector = ProcessCollector(live_source, procfs=fixture_procfs, pids=[1], clock_ticks_per_second=100,
                                  gpu_processes=lambda: {5151: "llama-server", 1: "systemd"})
     samples = collector.collect()
-    info = {s.label_values[0]: s.label_values[2:] for s in samples.find("hybridmon_process_info")}
+    info = {s.label_values[0]: s.label_values[2:-1] for s in samples.find("hybridmon_process_info")}
     assert info == {"1": ("init", "", "", "config"), "5151": (*LLAMA_IDENTITY, "gpu")}
     assert samples.value("hybridmon_process_resident_bytes", pid="1") == 12800 * KIB
     assert collector.watched() == {1: "systemd", 5151: "llama-server"}
@@ -514,7 +514,7 @@ def test_failing_gpu_process_list_leaves_the_rest(live_source, fixture_procfs, c
                                  clock_ticks_per_second=100)
     with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
         samples = collector.collect()
-    assert without_start_time(samples) == VLLM_SERIES + VLLM_TREE
+    assert without_start_time(samples) == VLLM_SERIES + VLLM_INFO
     assert any("NVML went away" in r.getMessage() for r in caplog.records)
 
 
@@ -725,7 +725,7 @@ def test_record_then_replay_gives_identical_samples(procfs_copy):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 24   # 12 series each, the tree root included
+        assert len(recorded) == 22   # 11 series each, the tree root a label of the info series
     assert replayer.watched() == recorder.watched() == {4242: "python3", 5151: "llama-server"}
 
 
@@ -794,7 +794,7 @@ def test_a_child_of_a_watched_server_is_tied_to_it(procfs_copy):
     state, _parent, tail = rest.split(" ", 2)
     stat.write_text(f"{pid}) {state} 4242 {tail}")
     samples = fixture_collector(LiveSource(), procfs_copy).collect()
-    roots = {s.label_values[0]: s.label_values[2] for s in samples.find(TREE_ROOT.name)}
+    roots = {s.label_values[0]: s.label_values[-1] for s in samples.find(INFO.name)}
     assert roots == {"4242": "4242", "5151": "4242"}
 
 

@@ -309,7 +309,7 @@ def test_no_secret_of_a_command_line_reaches_metrics_or_the_page(tmp_path, expor
         assert secret not in metrics and secret not in page, secret
     info = [line for line in metrics.splitlines() if line.startswith('hybridmon_process_info{') and 'pid="7777"' in line]
     assert info == ['hybridmon_process_info{executable="vllm",model="org/served-model",pid="7777",'
-                    'process_name="llama-server",server="vllm",watch_reason="config"} 1.0']
+                    'process_name="llama-server",root_pid="7777",server="vllm",watch_reason="config"} 1.0']
     processes = section_text(page, "processes")
     assert "llama-server · pid 7777" in processes and "vllm · org/served-model · runs vllm" in processes
     shown = "--api-key <redacted> HF_TOKEN=<redacted>"
@@ -322,7 +322,7 @@ def test_hostile_names_and_command_lines_are_shown_as_text_not_markup(fixture_ag
     hostile_cmdline = '"><img src=x onerror=alert(5)> --x=\'<iframe>\''
     samples = Samples()
     hostile_executable = "<b>exe</b>"
-    samples.add(process.INFO, 1.0, "666", hostile_name, hostile_executable, "vllm", "<i>m</i>", "gpu")
+    samples.add(process.INFO, 1.0, "666", hostile_name, hostile_executable, "vllm", "<i>m</i>", "gpu", "666")
     samples.add(process.CMDLINE_INFO, 1.0, "666", hostile_name, hostile_cmdline)
     samples.add(process.RESIDENT, 2**30, "666", hostile_name)
     fixture_agent.history.commit("process", NOW + 1, samples)

@@ -159,8 +159,14 @@ def process_rows(pid: str, name: str, *, start_time: float = T0 - 86400, residen
         (process.MAJOR_FAULTS, major_faults, *labels),
         (process.START_TIME, start_time, *labels),
         (process.MEMLOCK_LIMIT, memlock_limit, *labels),
-        (process.INFO, 1, *labels, name, "", "", "gpu"),
+        (process.INFO, 1, *labels, name, "", "", "gpu", pid),
     ]
+
+
+def tree_info(pid: str, name: str, root: str) -> Row:
+    """hybridmon_process_info of a process whose command line was not read, in `root`'s tree: the
+    root_pid the process collector gives it."""
+    return (process.INFO, 1, pid, name, "", "", "", "gpu", root)
 
 
 def numa_rows(nodes: int = 2, cpus_per_node: float = 16) -> list[Row]:

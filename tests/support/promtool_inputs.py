@@ -8,6 +8,7 @@ from hybridmon.exporters.gpu import (PCIE_LINK_GENERATION, PCIE_LINK_MAX_GENERAT
 from hybridmon.exporters.host_memory import (MAJOR_PAGE_FAULTS, SWAP_IN_BYTES, SWAP_OUT_BYTES, SWAP_TOTAL,
                                              SYSCTL_VALUE)
 from hybridmon.exporters.pressure import STALLED_SECONDS
+from hybridmon.exporters.process import INFO
 from hybridmon.pcie_rates import LANE_BYTES_PER_SECOND, achievable_capacity, bidirectional_capacity
 from tests.support.promtool_cases import GIB, HOST, Test
 
@@ -86,6 +87,12 @@ def on_gpu(test: Test, gpu: dict, proc: dict, used: float | list[float], instanc
         test.values(PROCESS_MEMORY_USED.name, used, instance, **labels)
     else:
         test.constant(PROCESS_MEMORY_USED.name, used, instance, **labels)
+
+
+def in_tree(test: Test, proc: dict, root: dict, instance: str = HOST) -> None:
+    """The process's hybridmon_process_info, its command line unread: root_pid says the tree it is in."""
+    test.constant(INFO.name, 1, instance, **proc, executable="", server="", model="", watch_reason="gpu",
+                  root_pid=root["pid"])
 
 
 def served(server: dict, pid: str, endpoint: str | None = None) -> dict:

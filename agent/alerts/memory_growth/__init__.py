@@ -4,7 +4,7 @@ resource: gpu_memory, resident, locked). Runbook: InferenceProcessMemoryGrowth.m
 
 The load is that of the inference server tied to the process, else its own CPU time. A server is
 tied to every watched process of the tree its listening process is in
-(hybridmon_process_tree_root_info, from the parent pids): vLLM V1's engine core, which holds the
+(root_pid of hybridmon_process_info, from the parent pids): vLLM V1's engine core, which holds the
 GPU memory, is a child of the API server that serves /metrics, and its own CPU time says nothing
 of the traffic (its busy loop keeps a core at 100 %).
 
@@ -53,8 +53,8 @@ from hybridmon.exporters.gpu import PROCESS_MEMORY_USED
 from hybridmon.exporters.host_memory import MEMORY_AVAILABLE
 from hybridmon.exporters.cgroup_memory import CGROUP_MEMORY_HEADROOM
 from hybridmon.exporters.inference_names import BY_FIELD as SERVER_SERIES
-from hybridmon.exporters.process import (CPU_SECONDS, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED, RESIDENT,
-                                         TREE_ROOT)
+from hybridmon.exporters.process import (CPU_SECONDS, INFO, LOCKED, MAJOR_FAULTS, MINOR_FAULTS, PINNED,
+                                         RESIDENT)
 from hybridmon.rules import groups
 from hybridmon.rules import process as recorded
 from hybridmon.rules.model import Alert
@@ -64,7 +64,7 @@ from hybridmon.rules.templates import humanize1024, humanize_percentage
 GENERATED_TOKENS = SERVER_SERIES["generated_tokens"]
 REQUESTS_RUNNING = SERVER_SERIES["requests_running"]
 INPUTS = (PROCESS_MEMORY_USED, RESIDENT, LOCKED, PINNED, CPU_SECONDS, MINOR_FAULTS, MAJOR_FAULTS,
-          TREE_ROOT, GENERATED_TOKENS, REQUESTS_RUNNING, GPU_MEMORY_TOTAL, GPU_MEMORY_USED,
+          INFO, GENERATED_TOKENS, REQUESTS_RUNNING, GPU_MEMORY_TOTAL, GPU_MEMORY_USED,
           GPU_MEMORY_RESERVED, MEMORY_AVAILABLE, CGROUP_MEMORY_HEADROOM)
 
 
