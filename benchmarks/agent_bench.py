@@ -178,6 +178,12 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def machine() -> dict:
+    """The machine a benchmark ran on, as every benchmark's JSON records it."""
+    return {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "python": platform.python_version(),
+            "kernel": f"{platform.system()} {platform.release()}"}
+
+
 # --------------------------------------------------------------------------------------------
 # 2. tick CPU time, render cost, process_numa; 5. series counts
 # --------------------------------------------------------------------------------------------
@@ -658,12 +664,7 @@ def main() -> int:
     results: dict = {
         "quick": args.quick,
         "options": options,
-        "machine": {
-            "cpus": os.cpu_count(),
-            "cpu_model": cpu_model(),
-            "python": platform.python_version(),
-            "kernel": f"{platform.system()} {platform.release()}",
-        },
+        "machine": machine(),
         "targets": TARGETS,
     }
     from tests.support.fake_inference_server import FakeInferenceServer

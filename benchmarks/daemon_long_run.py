@@ -60,7 +60,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.agent_bench import (MIB, _die_with_parent, cpu_model,  # noqa: E402
+from benchmarks.agent_bench import (MIB, _die_with_parent, machine,  # noqa: E402
                                     free_port, managed_process, process_cpu_seconds, rss_bytes,
                                     stop_process, wait_for_metrics)
 from benchmarks.agent_bench_curve import build_sized_host  # noqa: E402
@@ -321,8 +321,7 @@ def main(argv: list[str] | None = None) -> int:
         result = long_run(args.minutes, args.gpus, args.processes, args.scrape_seconds, Path(tmp),
                           args.pcie_path, args.warmup_seconds, args.history_minutes)
     result["command"] = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(argv)
-    result["machine"] = {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "python": sys.version.split()[0],
-                         "kernel": os.uname().release}
+    result["machine"] = machine()
     print_table(result)
     if args.json_out:
         Path(args.json_out).write_text(json.dumps(result, indent=2) + "\n")

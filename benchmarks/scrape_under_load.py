@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.agent_bench import (NODE_EXPORTER, _die_with_parent, cpu_model, free_port,  # noqa: E402
+from benchmarks.agent_bench import (NODE_EXPORTER, _die_with_parent, free_port, machine,  # noqa: E402
                                     managed_process, percentile, process_cpu_seconds, stop_process, tail,
                                     wait_for_metrics)
 from benchmarks.daemon_long_run import daemon_on_scaled_host  # noqa: E402
@@ -251,7 +251,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hybridmon-scrape-load-") as tmp:
         result = measure(args.minutes, args.load, args.hogs, args.gpus, args.processes, Path(tmp))
     signal.alarm(0)
-    result["machine"] = {"cpus": os.cpu_count(), "cpu_model": cpu_model(), "python": sys.version.split()[0]}
+    result["machine"] = machine()
     result["verdict"] = verdict(result)
     print_table(result)
     if args.json_out:
