@@ -36,12 +36,28 @@ from tests.support.fake_inference_server import FakeInferenceServer  # noqa: E40
 from tests.support.scaled_host import load_fake_nvml  # noqa: E402
 
 SERIES_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)[{ ]", re.MULTILINE)
+PID_SERIES_LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)\{(?:[^}]*,)?pid="([0-9]+)"', re.MULTILINE)
 VLLM_METRICS = REPO / "tests/fixtures/inference/vllm-v1-names.1.prom"
 
 
 def series_by_metric(root: Path, gpus: int, processes: int, detail_series: bool = False,
                      inference_urls: tuple[str, ...] = ()) -> tuple[Counter, Counter]:
     """(samples exposition, health) series by metric name on the sized host."""
+    samples, health = expositions(root, gpus, processes, detail_series, inference_urls)
+    return Counter(SERIES_LINE.findall(samples)), Counter(SERIES_LINE.findall(health))
+
+
+def series_by_pid(samples: str) -> dict[str, Counter]:
+    """pid -> its series by metric name, in a samples exposition (series with a pid label)."""
+    found: dict[str, Counter] = {}
+    for metric, pid in PID_SERIES_LINE.findall(samples):
+        found.setdefault(pid, Counter())[metric] += 1
+    return found
+
+
+def expositions(root: Path, gpus: int, processes: int, detail_series: bool = False,
+                inference_urls: tuple[str, ...] = ()) -> tuple[str, str]:
+    """(samples exposition, health) text of the sized host."""
     host = build_sized_host(root, gpus, processes)
     load_fake_nvml(host, 0.0)
     environment = {**host.environment(), "HYBRIDMON_PROCESS__DETAIL_SERIES": json.dumps(detail_series),
@@ -54,7 +70,7 @@ def series_by_metric(root: Path, gpus: int, processes: int, detail_series: bool 
                 agent.sampler.run_collector(item, at=1_800_000_000.0 + 30 * run)
         samples = agent.exposition.samples_text()
         health = agent.exposition.render()[len(samples):]
-        return (Counter(SERIES_LINE.findall(samples.decode())), Counter(SERIES_LINE.findall(health.decode())))
+        return samples.decode(), health.decode()
     finally:
         agent.stop()
         fake_nvml.reset()

@@ -103,20 +103,22 @@ def numa_placement(t: Thresholds, runbooks: str):
         "the share of the CPU time its threads ran (last 2 min) and of its resident memory on other "
         "nodes.",
         {ref: (selector(record), f"{what} off the GPU's node") for ref, (record, what) in shares.items()},
-        labels={"node": "GPU's NUMA node"}, width=12, height=8,
+        labels={"gpu_node": "GPU's NUMA node"}, width=12, height=8,
         links=runbook_links(runbooks, "InferenceProcessNumaMisplaced"))
-    # Where each process runs (its threads' CPU time), not where it may (its allowed CPUs, a
-    # [process] detail_series series): what InferenceProcessNumaMisplaced judges.
+    # Where each process runs (its CPU time), not where it may (its allowed CPUs, a [process]
+    # detail_series series), against the nodes of its GPUs: what InferenceProcessNumaMisplaced
+    # judges, in bytes and cores (its per-node figures are [process] detail_series series too).
     by_node = value_table(
-        "Watched processes by NUMA node", "bytes",
-        "Resident memory (numa_maps) of each watched process that holds GPU memory on each NUMA "
-        "node, and the CPU cores its threads used there (a process on no GPU has no placement to "
-        "judge, and none is read).",
-        {"A": (_host(numa.PROCESS_NUMA_RESIDENT.name), "resident memory"),
-         "B": (_rate(numa.PROCESS_CPU_SECONDS_ON_NODE.name), "CPU cores used")}, width=12, height=8)
+        "Watched processes off their GPUs' NUMA nodes", "bytes",
+        "For each watched process that holds GPU memory and each NUMA node of its GPUs (gpu_node): "
+        "its resident memory on other nodes (numa_maps) and the CPU cores it used on other nodes' "
+        "CPUs (a process on no GPU has no placement to judge, and none is read).",
+        {"A": (_host(numa.PROCESS_RESIDENT_OFF_GPU_NODE.name), "resident memory off the node"),
+         "B": (_rate(numa.PROCESS_CPU_SECONDS_OFF_GPU_NODE.name), "CPU cores used off the node")},
+        labels={"gpu_node": "GPU's NUMA node"}, width=12, height=8)
     return [
         placement,
-        override_unit(by_node, "CPU cores used", "short"),
+        override_unit(by_node, "CPU cores used off the node", "short"),
         graph("Watched processes: share off their GPU's NUMA node", "percentunit",
               "Share of each watched process's CPU time (last 2 min) and resident memory on other "
               "NUMA nodes than the GPU it uses (recording rules). The line is share_off_gpu_node of "

@@ -193,6 +193,20 @@ class CollectorContext:
             return dict
         return lambda: self._recorded_processes("agent.gpu_processes", gpu.gpu_processes)
 
+    def gpu_buses_of_processes(self) -> Callable[[], dict[int, tuple[str, ...]]]:
+        """pid -> the PCI bus ids of the GPUs it held memory on at the gpu collector's last run,
+        read through this collector's source; always empty while the gpu collector is disabled."""
+        gpu = self.earlier.get("gpu")
+        if gpu is None:
+            return dict
+
+        def recorded() -> dict[int, tuple[str, ...]]:
+            # JSON keys are strings and its arrays lists: a replay gives back what was recorded
+            found = self.source.call("agent.gpu_buses_of_processes",
+                                     lambda: {str(pid): list(buses) for pid, buses in gpu.gpu_buses_of_processes().items()})
+            return {int(pid): tuple(buses) for pid, buses in found.items()}
+        return recorded
+
     def watched_processes(self) -> Callable[[], dict[int, str]]:
         """pid -> name of the processes the process collector read on its last run, read through
         this collector's source; empty while the process collector is disabled."""

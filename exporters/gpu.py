@@ -262,6 +262,7 @@ class GpuCollector:
         self._pool_lock = threading.Lock()
         self._log_once = LogOnce(log)
         self._processes: dict[int, str] = {}
+        self._process_buses: dict[int, tuple[str, ...]] = {}
         self._names_read_elsewhere: Callable[[], Mapping[int, str]] | None = None
         # The GPUs whose next PCIe traffic read takes byte counters, GPM or a sampler's samples,
         # not a 20 ms window: none of them waits, so they are read one after the other in one task
@@ -284,6 +285,12 @@ class GpuCollector:
         last successful collect()."""
         return dict(self._processes)
 
+    def gpu_buses_of_processes(self) -> dict[int, tuple[str, ...]]:
+        """pid -> the PCI bus ids (sysfs form, as on gpu_info) of the GPUs NVML listed it on at the
+        last successful collect(): where its GPUs sit, for process_numa's placement against each
+        GPU's NUMA node. GPUs late or without a bus id that tick are left out."""
+        return dict(self._process_buses)
+
     def collect(self) -> Samples:
         nvml = self._nvml
         count = nvml.device_count()  # initialises NVML; NoDataError without a driver
@@ -298,6 +305,7 @@ class GpuCollector:
         # Names resolved here rather than per GPU thread: a pid on two GPUs is looked up once.
         names = self._process_names(p.pid for r in readings for p in r.processes)
         self._processes = names
+        self._process_buses = _buses_by_process(readings)
         samples = Samples()
         for reading in readings:
             if reading.late:
@@ -655,6 +663,16 @@ class GpuSettings(CollectorSettings):
         description="PCIe throughput samples a second per GPU without PCIe byte counters (each "
                     "blocks a sampler thread 40 ms); 0: one 20 ms window per tick. Sets the error "
                     "bound of the traffic reading (docs/nvml-cost.md)")
+
+
+def _buses_by_process(readings: Iterable[GpuReading]) -> dict[int, tuple[str, ...]]:
+    buses: dict[int, set[str]] = {}
+    for reading in readings:
+        bus_id = reading.info.get("pci_bus_id")
+        if bus_id and not reading.late:
+            for process in reading.processes:
+                buses.setdefault(process.pid, set()).add(bus_id)
+    return {pid: tuple(sorted(found)) for pid, found in sorted(buses.items())}
 
 
 def _gpu_collector(context: CollectorContext) -> GpuCollector:

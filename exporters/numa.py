@@ -2,10 +2,12 @@
 
 An inference server whose threads run on one node while its offloaded weights or KV blocks sit on
 another pays a remote access on every touch. NumaCollector reports each node (/sys/devices/system/
-node); ProcessNumaCollector reports, per process watched by process.py that holds memory on a GPU,
-how much of its CPU time (its threads' /proc/<pid>/task/<tid>/stat) and how many of its pages
-(/proc/<pid>/numa_maps) are on each node, and with [process] detail_series how many of its allowed
-CPUs, reading a bounded share of those files each run.
+node); ProcessNumaCollector reports, per process watched by process.py that holds memory on a GPU and
+per NUMA node of those GPUs, how much of its CPU time (its threads' /proc/<pid>/task/<tid>/stat)
+and how many of its resident bytes (/proc/<pid>/numa_maps) are OFF that node: 2 series a process
+and GPU node whatever the host's node count, reading a bounded share of those files each run. With
+[process] detail_series, also each process's CPU time, resident bytes and allowed CPUs on every
+node.
 """
 from __future__ import annotations
 
@@ -16,17 +18,19 @@ import math
 import os
 import re
 import time
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from hybridmon.exporters.sources import RawSource
 from hybridmon.exporters.base import (CollectorContext, CollectorError, CollectorRegistration, LogOnce, MetricSpec,
                                       NoDataError, ParseError, Samples, parse_logged, read_parsed)
+from hybridmon.exporters.pcie import parse_numa_node
 from hybridmon.exporters.procfs import ProcessGone, parse_cpu_list, parse_proc_status, read_process_file
 
 logger = logging.getLogger(__name__)
 
 _NODE = ("node",)
 _PROCESS_ON_NODE = ("pid", "process_name", "node")
+_PROCESS_OFF_GPU_NODE = ("pid", "process_name", "gpu_node")
 NODE_MEMORY_TOTAL = MetricSpec("hybridmon_numa_node_memory_total_bytes",
                                "Memory of the NUMA node in bytes (MemTotal of "
                                "/sys/devices/system/node/node<N>/meminfo).", "gauge", _NODE)
@@ -53,14 +57,33 @@ PROCESS_NUMA_RESIDENT = MetricSpec("hybridmon_process_numa_resident_bytes",
                                    "Bytes of the process's mapped pages that sit on the NUMA node "
                                    "(N<node>= page counts of /proc/<pid>/numa_maps times each mapping's "
                                    "kernelpagesize_kB), as last read: each process's numa_maps at most "
-                                   "once a minute.", "gauge", _PROCESS_ON_NODE)
+                                   "once a minute. Only with [process] detail_series = true.", "gauge",
+                                   _PROCESS_ON_NODE)
 PROCESS_CPU_SECONDS_ON_NODE = MetricSpec(
     "hybridmon_process_cpu_seconds_on_node_total",
     "CPU seconds the process's threads ran on the NUMA node, counted from when the agent first saw "
     "the process hold GPU memory: at each reading, each thread's utime + stime (fields 14-15 of "
     "/proc/<pid>/task/<tid>/stat, over SC_CLK_TCK) gained since the previous reading is counted on "
     "the node of the CPU it last ran on (field 39, processor). Where the process actually runs, "
-    "not where it may.", "counter", _PROCESS_ON_NODE)
+    "not where it may. Only with [process] detail_series = true.", "counter", _PROCESS_ON_NODE)
+PROCESS_CPU_SECONDS_OFF_GPU_NODE = MetricSpec(
+    "hybridmon_process_cpu_seconds_off_gpu_node_total",
+    "CPU seconds the process ran on CPUs outside gpu_node, the NUMA node of a GPU it holds memory "
+    "on (that GPU's PCI device's sysfs numa_node), counted from when the agent first saw the "
+    "process hold GPU memory: at each reading (every 30 s), the process's utime + stime gained "
+    "since the previous one (fields 14-15 of /proc/<pid>/stat, over SC_CLK_TCK) times the share "
+    "of its threads' newly counted CPU time that ran off the node (/proc/<pid>/task/<tid>/stat, "
+    "the node of the CPU each last ran on; the last share known when none of its threads was "
+    "read). Its rate over that of hybridmon_process_cpu_seconds_total is the share of its CPU time "
+    "off the node.", "counter", _PROCESS_OFF_GPU_NODE)
+PROCESS_RESIDENT_OFF_GPU_NODE = MetricSpec(
+    "hybridmon_process_resident_off_gpu_node_bytes",
+    "Bytes of the process's mapped pages that sit outside gpu_node, the NUMA node of a GPU it holds "
+    "memory on (that GPU's PCI device's sysfs numa_node): the N<node>= page counts of "
+    "/proc/<pid>/numa_maps of the other nodes times each mapping's kernelpagesize_kB, as last "
+    "read (each process's numa_maps at most once a minute). Over hybridmon_process_resident_bytes "
+    "(VmRSS, the same pages counted by the kernel) it is the share of its memory off the node.",
+    "gauge", _PROCESS_OFF_GPU_NODE)
 PROCESS_NUMA_MAPS_READ = MetricSpec("hybridmon_process_numa_maps_read_seconds",
                                     "Seconds the last collection spent reading and parsing "
                                     "/proc/<pid>/numa_maps: the kernel walks the process's page tables, "
@@ -268,7 +291,13 @@ class _Placement:
         self.busy: set[int] = set()               # threads that ran between their last two readings
         self.next_tid = 0                         # the idle threads from this tid on are read next
         self.cpu_seconds = {node: 0.0 for node in nodes}
+        self.counted_now: dict[int, float] = {}   # node -> thread CPU seconds counted this run
         self.listed = False                       # its threads listed once: the baseline is set
+        self.gpu_nodes: set[int] = set()          # the NUMA nodes of the GPUs it holds memory on
+        self.process_ticks: int | None = None     # its utime + stime at the previous reading
+        # node -> share of its threads' CPU time there, from the last run that counted any
+        self.node_shares: dict[int, float] | None = None
+        self.cpu_seconds_off: dict[int, float] = {}   # gpu node -> CPU seconds counted off it
         self.resident: dict[int, int] | None = None   # node -> bytes at the last numa_maps read
         self.numa_maps_read_at: float | None = None   # collector clock
         self.numa_maps_seconds = 0.0
@@ -278,11 +307,19 @@ class ProcessNumaCollector:
     """Per process of `watched`: on which NUMA nodes its CPUs and its pages are. The agent hands
     it the watched processes that hold GPU memory (on_gpus).
 
+    Exported against the nodes of the GPUs each process holds memory on (`gpu_buses`: pid -> the
+    PCI bus ids of its GPUs, the gpu collector's; each bus's node is its sysfs numa_node, as the
+    pcie collector reads it): per such node, its CPU seconds and resident bytes off it, which is
+    all InferenceProcessNumaMisplaced judges. The CPU seconds are the process's own utime + stime
+    (/proc/<pid>/stat, read for every process every run) split by where its threads' newly
+    counted time ran: the threads are sampled, the total is not, so the rate of the pair's counter
+    follows hybridmon_process_cpu_seconds_total's without the jumps of threads read every few runs.
+
     Bounded per run whatever the number of processes (THREAD_READS_PER_RUN, NUMA_MAPS_READS_PER_RUN):
     each run reads some threads and some numa_maps, in turn, and exports every process's figures
     as last read. On a host with one NUMA node everything is on node 0 and nothing is read.
-    detail_series ([process] detail_series): also the allowed CPUs per node and the numa_maps read
-    time, which no alert, dashboard or status page reads.
+    detail_series ([process] detail_series): also the CPU time, resident bytes and allowed CPUs
+    on every node and the numa_maps read time, which no alert, dashboard or status page reads.
     """
 
     name = "process_numa"
@@ -292,11 +329,13 @@ class ProcessNumaCollector:
     default_interval_seconds = 30.0
     # A thread's stat costs 34 us to read: 6.8 ms for 200 threads (this 2-vCPU VM, loaded; a Python
     # process's own threads), far less than numa_maps.
-    metric_specs = (PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT,
+    metric_specs = (PROCESS_CPU_SECONDS_OFF_GPU_NODE, PROCESS_RESIDENT_OFF_GPU_NODE,
+                    PROCESS_ALLOWED_CPUS_ON_NODE, PROCESS_CPU_SECONDS_ON_NODE, PROCESS_NUMA_RESIDENT,
                     PROCESS_NUMA_MAPS_READ)
 
     def __init__(self, source: RawSource, procfs: str = "/proc", sysfs: str = "/sys",
                  watched: Callable[[], Mapping[int, str]] = lambda: {},
+                 gpu_buses: Callable[[], Mapping[int, Sequence[str]]] = lambda: {},
                  timer: Callable[[], float] = time.perf_counter,
                  clock: Callable[[], float] = time.monotonic,
                  clock_ticks_per_second: int | None = None, detail_series: bool = False) -> None:
@@ -304,6 +343,7 @@ class ProcessNumaCollector:
         self._procfs = procfs
         self._sysfs = sysfs
         self._watched = watched
+        self._gpu_buses = gpu_buses
         self._timer = timer
         self._clock = clock
         self._detail_series = detail_series
@@ -328,31 +368,85 @@ class ProcessNumaCollector:
                             if pid in watched and known.process_name == watched[pid]}
         for pid, process_name in watched.items():
             self._placements.setdefault(pid, _Placement(process_name, self._nodes))
+        self._find_gpu_nodes()
+        for placement in self._placements.values():
+            placement.counted_now = {}
         self._read_threads(sorted(watched), node_cpus)
         gone = self._read_numa_maps_due(now)
         for pid, process_name in sorted(watched.items()):
-            if pid in gone:
+            if pid in gone or not self._count_off_gpu_nodes(pid, self._placements[pid]):
                 self._placements.pop(pid, None)
             else:
                 self._add(samples, pid, self._placements[pid], node_cpus)
         return samples
 
+    def _find_gpu_nodes(self) -> None:
+        """Each watched process's GPU nodes, from the PCI bus ids of its GPUs. A process the gpu
+        collector did not list this time (a GPU late or gone for a moment) keeps the nodes it had,
+        as it stays watched (on_gpus). A GPU whose device has no node (-1) or whose numa_node
+        cannot be read gives none: its processes are not judged against it."""
+        buses = self._gpu_buses()
+        node_of_bus: dict[str, int | None] = {}
+        for pid, placement in self._placements.items():
+            if not buses.get(pid):
+                continue
+            for bus_id in buses[pid]:
+                if bus_id not in node_of_bus:
+                    path = os.path.join(self._sysfs, "bus", "pci", "devices", bus_id, "numa_node")
+                    node_of_bus[bus_id] = read_parsed(self._source, path, parse_numa_node, self._log_once)
+            placement.gpu_nodes = {node for bus_id in buses[pid] if (node := node_of_bus[bus_id]) is not None}
+
+    def _count_off_gpu_nodes(self, pid: int, placement: _Placement) -> bool:
+        """Adds the process's CPU time since its previous reading (/proc/<pid>/stat) to its CPU
+        seconds off each GPU node, split as its threads' time counted this run was (else as the
+        last split known; before any is known, its CPU time is not counted); False when it has
+        exited."""
+        try:
+            text = read_process_file(self._source, self._procfs, pid, "stat", self._log_once)
+        except ProcessGone:
+            return False
+        read = None if text is None else parse_logged(parse_task_stat, text, self._path(pid, "stat"), self._log_once)
+        if read is None:
+            return True
+        ticks, before = read[0], placement.process_ticks
+        placement.process_ticks = ticks
+        counted = sum(placement.counted_now.values())
+        if counted > 0:
+            placement.node_shares = {node: seconds / counted for node, seconds in placement.counted_now.items()}
+        for node in placement.gpu_nodes:
+            placement.cpu_seconds_off.setdefault(node, 0.0)
+        if before is None or ticks <= before or placement.node_shares is None:
+            return True
+        gained = (ticks - before) / self._clock_ticks()
+        for node in placement.cpu_seconds_off:
+            placement.cpu_seconds_off[node] += gained * (1 - placement.node_shares.get(node, 0.0))
+        return True
+
     def _add(self, samples: Samples, pid: int, placement: _Placement,
              node_cpus: Mapping[int, frozenset[int] | None]) -> None:
         name = placement.process_name
-        if self._detail_series:
-            allowed = self._allowed_cpus(pid)
-            for node, cpus in node_cpus.items():
-                on_node = None if allowed is None or cpus is None else len(allowed & cpus)
-                samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, name, node)
+        # Absent, not 0, while its threads cannot be listed: where it runs is then unknown. What it
+        # ran before a run first counted its threads' time is not counted (the baseline).
+        if placement.listed and placement.process_ticks is not None:
+            for node in sorted(placement.gpu_nodes):
+                samples.add(PROCESS_CPU_SECONDS_OFF_GPU_NODE, placement.cpu_seconds_off[node], pid, name, node)
+        if placement.resident is not None:
+            for node in sorted(placement.gpu_nodes):
+                off = sum(size for other, size in placement.resident.items() if other != node)
+                samples.add(PROCESS_RESIDENT_OFF_GPU_NODE, off, pid, name, node)
+        if not self._detail_series:
+            return
+        allowed = self._allowed_cpus(pid)
+        for node, cpus in node_cpus.items():
+            on_node = None if allowed is None or cpus is None else len(allowed & cpus)
+            samples.add(PROCESS_ALLOWED_CPUS_ON_NODE, on_node, pid, name, node)
         if placement.listed:
             for node, seconds in sorted(placement.cpu_seconds.items()):
                 samples.add(PROCESS_CPU_SECONDS_ON_NODE, seconds, pid, name, node)
         if placement.resident is not None:
             for node in sorted(set(self._nodes or ()) | set(placement.resident)):
                 samples.add(PROCESS_NUMA_RESIDENT, placement.resident.get(node, 0), pid, name, node)
-            if self._detail_series:
-                samples.add(PROCESS_NUMA_MAPS_READ, placement.numa_maps_seconds, pid, name)
+            samples.add(PROCESS_NUMA_MAPS_READ, placement.numa_maps_seconds, pid, name)
 
     def _allowed_cpus(self, pid: int) -> frozenset[int] | None:
         try:
@@ -412,7 +506,9 @@ class ProcessNumaCollector:
             placement.busy.add(tid)
             node = node_of.get(cpu)
             if node is not None:
-                placement.cpu_seconds[node] = placement.cpu_seconds.get(node, 0.0) + (ticks - before) / ticks_per_second
+                seconds = (ticks - before) / ticks_per_second
+                placement.cpu_seconds[node] = placement.cpu_seconds.get(node, 0.0) + seconds
+                placement.counted_now[node] = placement.counted_now.get(node, 0.0) + seconds
         return len(chosen)
 
     def _list_threads(self, pid: int) -> list[int] | None:
@@ -505,7 +601,7 @@ def _process_numa_collector(context: CollectorContext) -> ProcessNumaCollector:
     detail_series = bool(getattr(context.earlier.get("process"), "detail_series", False))
     return ProcessNumaCollector(context.source, procfs=context.procfs, sysfs=context.sysfs,
                                 watched=on_gpus(context.watched_processes(), context.gpu_processes()),
-                                detail_series=detail_series)
+                                gpu_buses=context.gpu_buses_of_processes(), detail_series=detail_series)
 
 
 def on_gpus(watched: Callable[[], Mapping[int, str]],

@@ -53,7 +53,8 @@ THREADS = MetricSpec("hybridmon_process_threads",
                      "detail_series = true.", "gauge", _PROCESS)
 ALLOWED_CPUS = MetricSpec("hybridmon_process_allowed_cpus",
                           "CPUs the process may run on (count of Cpus_allowed_list of "
-                          "/proc/<pid>/status).", "gauge", _PROCESS)
+                          "/proc/<pid>/status); only with [process] detail_series = true.", "gauge",
+                          _PROCESS)
 MINOR_FAULTS = MetricSpec("hybridmon_process_minor_faults_total",
                           "Page faults served without I/O (minflt, field 10 of /proc/<pid>/stat).",
                           "counter", _PROCESS)
@@ -234,7 +235,9 @@ class _SlowFiles:
 # Per-process series that no alert (detector or rule), shipped dashboard or status page reads: only
 # with [process] detail_series, so that a fleet pays for each watched process only the series its
 # alerts need (issue 33: 23 series a process at fleet scale was the agent's largest cardinality).
-DETAIL_SPECS = (THREADS, CGROUP_MEMORY_LIMIT)
+# The allowed CPUs are context only: InferenceProcessNumaMisplaced judges where a process runs, not
+# where it may, and names them in its text when they are there.
+DETAIL_SPECS = (THREADS, ALLOWED_CPUS, CGROUP_MEMORY_LIMIT)
 
 
 class ProcessCollector:
@@ -544,7 +547,8 @@ class ProcessCollector:
             (LOCKED, status.locked_bytes),
             (PINNED, status.pinned_bytes),
             (THREADS, status.threads if self.detail_series else None),
-            (ALLOWED_CPUS, None if status.allowed_cpus is None else len(status.allowed_cpus)),
+            (ALLOWED_CPUS, None if status.allowed_cpus is None or not self.detail_series
+             else len(status.allowed_cpus)),
             (MINOR_FAULTS, stat.minor_faults),
             (MAJOR_FAULTS, stat.major_faults),
             (CPU_SECONDS, (stat.user_ticks + stat.system_ticks) / ticks),
@@ -653,11 +657,13 @@ class ProcessSettings(CollectorSettings):
     )
     detail_series: bool = Field(
         default=False, description="also the per-process series that no alert, dashboard or "
-        "status page reads: the thread count and the cgroup memory limit, and from the "
-        "process_numa collector the allowed CPUs per NUMA node and the numa_maps read time; off: "
-        "11 series a watched process (1 more under a cgroup memory limit, 1 more with weights "
-        "offloaded by its command line); one that holds GPU memory adds 2 a NUMA node on hosts "
-        "with two or more (its placement) and 1 a GPU it is on (docs/performance.md)"
+        "status page reads: the thread count, the allowed CPUs and the cgroup memory limit, and "
+        "from the process_numa collector the CPU time, resident memory and allowed CPUs on each "
+        "NUMA node and the numa_maps read time; off: 10 series a watched process (1 more under a "
+        "cgroup memory limit, 1 more with weights offloaded by its command line); one that holds "
+        "GPU memory on a host with two or more NUMA nodes adds 2 per NUMA node of its GPUs (its "
+        "CPU time and resident memory off that node), and the gpu collector exports 1 per GPU it "
+        "is on (docs/performance.md)"
     )
 
     @field_validator("cmdline_patterns")

@@ -34,15 +34,16 @@ GPU_NODE = "gpu:hybridmon_gpu_nearest_numa_node:sysfs"
 # CPU_TIME_WINDOW. process_numa reads every 30 s, so the window holds four readings and a rate
 # survives a missed one.
 CPU_TIME_WINDOW_SECONDS = 120.0
-CPUS_OFF_NODE = (f"process:{rate_name(numa.PROCESS_CPU_SECONDS_ON_NODE.name).replace('_on_node', '_off_gpu_node')}"
+CPUS_OFF_NODE = (f"process:{rate_name(process_metrics.CPU_SECONDS.name)}_off_gpu_node"
                  f":ratio_rate{duration(CPU_TIME_WINDOW_SECONDS)}")
 # The host's NUMA nodes that have CPUs: an unpinned process's threads spread over these.
 CPU_NODES = f"count without (node) ({numa.NODE_CPUS.name} > 0)"
-MEMORY_OFF_NODE = f"process:{numa.PROCESS_NUMA_RESIDENT.name}_off_gpu_node:ratio"
+MEMORY_OFF_NODE = f"process:{process_metrics.RESIDENT.name.replace('_bytes', '')}_off_gpu_node:ratio"
 PROCESS_ON_GPU_NODE = (
-    # value 1 per (process, GPU it holds memory on), labelled with the GPU's NUMA node
-    f'    count_values without () ("node", {GPU_NODE})\n'
-    "  * on (job, instance, gpu, uuid) group_right (node)\n"
+    # value 1 per (process, GPU it holds memory on), labelled with the GPU's NUMA node (gpu_node,
+    # as process_numa labels a process's figures off that node)
+    f'    count_values without () ("gpu_node", {GPU_NODE})\n'
+    "  * on (job, instance, gpu, uuid) group_right (gpu_node)\n"
     f"    max without (process_name) ({gpu_metrics.PROCESS_MEMORY_USED.name} * 0 + 1)"
 )
 
@@ -348,28 +349,27 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
                   f"    {pcie.DEVICE_NUMA_NODE.name}\n"
                   ")"),
         Recording(CPUS_OFF_NODE, _off_node_share(
-            f"rate({numa.PROCESS_CPU_SECONDS_ON_NODE.name}[{duration(CPU_TIME_WINDOW_SECONDS)}])",
-            f"sum without (node) (rate({numa.PROCESS_CPU_SECONDS_ON_NODE.name}"
-            f"[{duration(CPU_TIME_WINDOW_SECONDS)}]))")),
+            f"rate({numa.PROCESS_CPU_SECONDS_OFF_GPU_NODE.name}[{duration(CPU_TIME_WINDOW_SECONDS)}])",
+            f"rate({process_metrics.CPU_SECONDS.name}[{duration(CPU_TIME_WINDOW_SECONDS)}])")),
         Recording(MEMORY_OFF_NODE, _off_node_share(
-            f"avg_over_time({numa.PROCESS_NUMA_RESIDENT.name}[1m])",
-            f"sum without (node) (avg_over_time({numa.PROCESS_NUMA_RESIDENT.name}[1m]))")),
+            f"avg_over_time({numa.PROCESS_RESIDENT_OFF_GPU_NODE.name}[1m])",
+            f"avg_over_time({process_metrics.RESIDENT.name}[1m])")),
     ]
     return tuple(rules)
 
 
-def _off_node_share(on_node: str, total: str) -> str:
+def _off_node_share(off_gpu_node: str, total: str) -> str:
+    """The process's figure off a GPU's node (process_numa's, labelled gpu_node) over its whole
+    figure (the process collector's), per GPU it holds memory on; absent while the whole is 0."""
     return (
         "# per process and GPU it uses: the share that is NOT on the GPU's NUMA node\n"
-        "1 - (\n"
-        f"    {on_node}\n"
-        "  * on (job, instance, pid, node) group_right (process_name)\n"
+        f"    {off_gpu_node}\n"
+        "  / on (job, instance, pid, process_name) group_left ()\n"
+        f"    ({total} > 0)\n"
+        "  * on (job, instance, pid, gpu_node) group_right (process_name)\n"
         "    (\n"
         f"{indent(PROCESS_ON_GPU_NODE, 4)}\n"
-        "    )\n"
-        "  / on (job, instance, pid) group_left ()\n"
-        f"    {total}\n"
-        ")"
+        "    )"
     )
 
 

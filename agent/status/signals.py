@@ -17,7 +17,7 @@ from hybridmon.agent.detectors.links import BUS_CAUSES, HOST_TO_DEVICE, BusAccou
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.status.template import Row, card, clock_and_age, key_values, paragraph, table
 from hybridmon.agent.status.trends import Trends, gpu_plots, host_plots, process_plots
-from hybridmon.exporters import bench, host_memory, numa, pcie, pcie_topology, pressure, process
+from hybridmon.exporters import bench, host_memory, numa, pcie_topology, pressure, process
 from hybridmon.exporters import gpu as gpu_metrics
 from hybridmon.exporters.base import MetricSpec
 from hybridmon.pcie_rates import link_name
@@ -218,19 +218,16 @@ def processes_html(history: History, latest: LatestValues, trends: Trends) -> st
     resident = latest.keyed(process.RESIDENT.name, *PROCESS_LABELS)
     swap = latest.keyed(process.SWAP.name, *PROCESS_LABELS)
     faults = counter_rates(history, latest, process.MAJOR_FAULTS.name, PROCESS_LABELS)
-    # The node nearest each GPU is its PCI device's (sysfs); NVML's NumaNodeId is GPU memory's.
-    device_nodes = latest.keyed(pcie.DEVICE_NUMA_NODE.name, "pci_bus_id")
-    gpu_nodes = {(labels["gpu"],): device_nodes[(labels["pci_bus_id"],)]
-                 for labels, _ in latest.all(gpu_metrics.GPU_INFO.name)
-                 if (labels.get("pci_bus_id"),) in device_nodes}
     on_gpus: dict[str, list[tuple[str, float]]] = {}
     for labels, used in latest.all(gpu_metrics.PROCESS_MEMORY_USED.name):
         on_gpus.setdefault(labels["pid"], []).append((labels["gpu"], used))
     cmdlines = {(labels["pid"], labels["process_name"]): labels["cmdline"]
                 for labels, _ in latest.all(process.CMDLINE_INFO.name)}
-    by_node: dict[tuple[str, str], list[tuple[str, float]]] = {}
-    for labels, placed in latest.all(numa.PROCESS_NUMA_RESIDENT.name):
-        by_node.setdefault((labels["pid"], labels["process_name"]), []).append((labels["node"], placed))
+    # process_numa's resident bytes off each GPU node of the process (the node nearest the GPU:
+    # its PCI device's, never NVML's NumaNodeId), over its VmRSS: what InferenceProcessNumaMisplaced judges
+    off_gpu_nodes: dict[tuple[str, str], list[tuple[str, float]]] = {}
+    for labels, off in latest.all(numa.PROCESS_RESIDENT_OFF_GPU_NODE.name):
+        off_gpu_nodes.setdefault((labels["pid"], labels["process_name"]), []).append((labels["gpu_node"], off))
     cards = []
     for key in sorted(watched, key=numeric_first):
         pid, process_name = key
@@ -243,13 +240,10 @@ def processes_html(history: History, latest: LatestValues, trends: Trends) -> st
         rows.append(("GPU memory", ", ".join(f"{human_bytes(used)} on GPU {gpu}" for gpu, used in gpus) or "none", False))
         rate = faults.get(key)
         rows.append(("Major faults", f"{rate:.1f}/s" if rate is not None else "no rate yet (needs two samples in a minute)", False))
-        placed = sorted(by_node.get(key, []), key=numeric_first)
-        placed_total = sum(size for _, size in placed)
-        if placed_total > 0:
-            shares = ", ".join(f"node {node}: {percent(size / placed_total)}" for node, size in placed)
-            gpu_nodes_used = sorted({f"{gpu_nodes[(gpu,)]:.0f}" for gpu, _ in gpus if (gpu,) in gpu_nodes})
-            where = f" (its GPUs: node {', '.join(gpu_nodes_used)})" if gpu_nodes_used else ""
-            rows.append(("Memory by NUMA node", shares + where, False))
+        off = sorted(off_gpu_nodes.get(key, []), key=numeric_first)
+        if off and resident.get(key):
+            shares = ", ".join(f"{percent(size / resident[key])} off node {node}" for node, size in off)
+            rows.append(("Memory vs its GPUs' NUMA nodes", shares, False))
         if key in cmdlines:  # only with process.export_cmdline = true, and redacted
             rows.append(("Command line", cmdlines[key], False))
         info = watched[key]

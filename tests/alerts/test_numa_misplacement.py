@@ -13,12 +13,11 @@ from hybridmon.exporters.gpu import GPU_INFO, NUMA_NODE
 from hybridmon.exporters.numa import (
     NODE_CPUS,
     NODE_MEMORY_TOTAL,
-    PROCESS_ALLOWED_CPUS_ON_NODE,
-    PROCESS_CPU_SECONDS_ON_NODE,
-    PROCESS_NUMA_RESIDENT,
+    PROCESS_CPU_SECONDS_OFF_GPU_NODE,
+    PROCESS_RESIDENT_OFF_GPU_NODE,
 )
 from hybridmon.exporters.pcie import DEVICE_NUMA_NODE
-from hybridmon.exporters.process import ALLOWED_CPUS
+from hybridmon.exporters.process import ALLOWED_CPUS, CPU_SECONDS, RESIDENT
 from hybridmon.rules import process as recorded
 from tests.support.detector_history import (
     T0,
@@ -29,6 +28,7 @@ from tests.support.detector_history import (
     only,
     pcie_rows,
     process_numa_rows,
+    process_rows,
 )
 from tests.support.promtool_cases import (
     BUS0,
@@ -49,24 +49,37 @@ def detector():
     return numa_misplacement.Detector(THRESHOLDS.numa_misplacement)
 
 
-def run(nodes=2, sysfs_node=0, nvml_node=None, cpus=None, resident=None, uses_gpu=True, cores=None):
-    """vllm (pid 4242) on GPU 0; its per-node placement is sampled every 30 s, as by default.
+def run(nodes=2, sysfs_node=0, nvml_node=None, cpus=None, resident=None, uses_gpu=True, cores=None,
+        detail_series=True):
+    """vllm (pid 4242) on GPU 0; its placement off the GPU's node is sampled every 30 s, as by
+    default, its CPU time and VmRSS (the process collector's) with it.
 
-    sysfs_node: the GPU's PCI device's numa_node (None: -1 or absent); nvml_node:
-    nvmlDeviceGetNumaNodeId (None: NOT_SUPPORTED, as on every x86 host); cpus: allowed CPUs per
-    node; cores: CPU seconds per second its threads run on each node (default: where it may run,
-    one core per 8 allowed CPUs); resident: bytes per node."""
+    sysfs_node: the GPU's PCI device's numa_node (None: -1 or absent, and process_numa exports
+    nothing against it); nvml_node: nvmlDeviceGetNumaNodeId (None: NOT_SUPPORTED, as on every x86
+    host); cpus: allowed CPUs per node (hybridmon_process_allowed_cpus, the total, only with
+    detail_series); cores: CPU seconds per second its threads run on each node (default: where it
+    may run, one core per 8 allowed CPUs); resident: bytes per node."""
     trace = Trace()
     processes = {"4242": ("vllm", 10 * GIB)} if uses_gpu else {}
     now = trace.run(T0, T0 + 300, gpu=lambda t: gpu_rows(numa_node=nvml_node, processes=processes),
                     numa=lambda t: numa_rows(nodes), pcie=lambda t: pcie_rows(numa_node=sysfs_node))
     cpus = cpus or {"0": 16, "1": 0}
     cores = cores if cores is not None else {node: count / 8 for node, count in cpus.items()}
+    resident = resident or {"0": 20 * GIB}
+    # process_numa places only processes on a GPU, against the GPU's sysfs node
+    gpu_nodes = [str(sysfs_node)] if uses_gpu and sysfs_node is not None else []
     t, counted = T0, {node: 0.0 for node in cores}
     while t <= now:
-        rows = process_numa_rows("4242", "vllm", cpus=cpus, resident=resident or {"0": 20 * GIB})
-        rows += [(numa.PROCESS_CPU_SECONDS_ON_NODE, seconds, "4242", "vllm", node)
-                 for node, seconds in counted.items()]
+        total = sum(counted.values())
+        trace.commit("process", t, process_rows(
+            "4242", "vllm", cpu_seconds=total, resident=sum(resident.values()),
+            allowed_cpus=sum(cpus.values()) if detail_series else None))
+        rows = [(PROCESS_CPU_SECONDS_OFF_GPU_NODE, total - counted.get(node, 0.0), "4242", "vllm", node)
+                for node in gpu_nodes]
+        rows += [(PROCESS_RESIDENT_OFF_GPU_NODE, sum(size for other, size in resident.items() if other != node),
+                  "4242", "vllm", node) for node in gpu_nodes]
+        if detail_series:
+            rows += process_numa_rows("4242", "vllm", cpus=cpus, resident=resident)
         trace.commit("process_numa", t, rows)
         counted = {node: seconds + cores[node] * 30 for node, seconds in counted.items()}
         t += 30
@@ -80,12 +93,24 @@ def test_cpus_and_memory_on_the_other_node_than_the_gpu():
     cpus = only(findings, "InferenceProcessNumaMisplaced", reason="cpus")
     assert cpus.labels == {"pid": "4242", "process_name": "vllm", "gpu": "0", "reason": "cpus"}
     assert cpus.value == 1.0 and cpus.threshold == 0.75 and cpus.for_seconds == 300
-    assert cpus.details["node1_cpu_cores"] == pytest.approx(2.0)
+    assert cpus.details["cpu_cores_off_gpu_node"] == pytest.approx(2.0)
     assert "(2 cores) ran on CPUs outside NUMA node 0" in cpus.description
+    assert "it may run on 16 CPUs" in cpus.description
     memory = only(findings, "InferenceProcessNumaMisplaced", reason="memory")
     assert memory.value == pytest.approx(20 / 24) and memory.threshold == 0.5
     assert memory.details["gpu_numa_node"] == "0"
+    assert "of the 24GiB of resident memory" in memory.description
     assert "numactl --cpunodebind=0 --membind=0" in memory.description
+
+
+def test_without_detail_series_the_text_leaves_out_the_allowed_cpus_and_judges_the_same():
+    # hybridmon_process_allowed_cpus is a [process] detail_series series: context, not evidence
+    trace, now = run(cpus={"0": 0, "1": 16}, resident={"0": 4 * GIB, "1": 20 * GIB}, detail_series=False)
+    findings = detector().evaluate(trace.history, now)
+    cpus = only(findings, "InferenceProcessNumaMisplaced", reason="cpus")
+    assert cpus.value == 1.0 and len(findings) == 2
+    assert "may run on" not in cpus.description and "unknown" not in cpus.description
+    assert "grep Cpus_allowed_list /proc/4242/status" in cpus.description
 
 
 def test_a_process_pinned_to_its_gpus_node_is_silent():
@@ -202,40 +227,42 @@ def _misplaced_cpus_and_memory(t, catalog: Catalog) -> Test:
         on_gpu(test, GPU0, VLLM, 20 * GIB, instance)
         on_gpu(test, GPU1, LLAMA, 8 * GIB, instance)
         on_gpu(test, GPU0, SGLANG, 10 * GIB, instance)
-        # python3: 8 CPUs, node 0's until the onset, node 1's after; its CPU time follows;
-        # its memory stays put
+        # process_numa exports each process's CPU time and resident memory off its GPU's node
+        # (gpu_node) on the 2-node host only; the process collector its CPU time and VmRSS
+        off_node = {"gpu_node": "0"} if instance == HOST else None
+        llama_off_node = {"gpu_node": "1"} if instance == HOST else None
+        # python3 on GPU 0 (node 0): 8 CPUs (a [process] detail_series series here, context for
+        # the text), node 0's until the onset, node 1's after; its CPU time follows; its memory
+        # stays put
         test.constant(ALLOWED_CPUS.name, 8, instance, **VLLM)
-        test.gauge(PROCESS_ALLOWED_CPUS_ON_NODE.name, 8, 0, instance, **VLLM, node="0")
-        test.gauge(PROCESS_ALLOWED_CPUS_ON_NODE.name, 0, 8, instance, **VLLM, node="1")
-        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, cores, 0, instance, **VLLM, node="0")
-        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 0, cores, instance, **VLLM, node="1")
-        test.constant(PROCESS_NUMA_RESIDENT.name, 0.97 * mapped, instance, **VLLM, node="0")
-        test.constant(PROCESS_NUMA_RESIDENT.name, 0.03 * mapped, instance, **VLLM, node="1")
-        # llama-server: CPUs and CPU time on node 1 throughout; memory moves to node 0 at the onset
-        test.constant(ALLOWED_CPUS.name, 8, instance, **LLAMA)
-        test.constant(PROCESS_ALLOWED_CPUS_ON_NODE.name, 0, instance, **LLAMA, node="0")
-        test.constant(PROCESS_ALLOWED_CPUS_ON_NODE.name, 8, instance, **LLAMA, node="1")
-        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 0, 0, instance, **LLAMA, node="0")
-        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 6, 6, instance, **LLAMA, node="1")
-        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.02 * mapped, 0.8 * mapped, instance, **LLAMA, node="0")
-        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.98 * mapped, 0.2 * mapped, instance, **LLAMA, node="1")
-        # sglang, unpinned: all 16 CPUs allowed (half remote: the old rule fired on that); CPU
-        # time 50/50, then 70 % remote (under the 2-node limit of 75 %); memory 97 % local, then
-        # exactly half remote (not "mostly")
+        test.counter(CPU_SECONDS.name, cores, cores, instance, **VLLM)
+        test.constant(RESIDENT.name, mapped, instance, **VLLM)
+        # llama-server on GPU 1 (node 1): CPU time on node 1 throughout; memory moves to node 0
+        # at the onset; its allowed CPUs not exported ([process] detail_series off)
+        test.counter(CPU_SECONDS.name, 6, 6, instance, **LLAMA)
+        test.constant(RESIDENT.name, mapped, instance, **LLAMA)
+        # sglang on GPU 0, unpinned: all 16 CPUs allowed (half remote: the old rule fired on
+        # that); CPU time 50/50, then 70 % remote (under the 2-node limit of 75 %); memory 97 %
+        # local, then exactly half remote (not "mostly")
         test.constant(ALLOWED_CPUS.name, 16, instance, **SGLANG)
-        for node in ("0", "1"):
-            test.constant(PROCESS_ALLOWED_CPUS_ON_NODE.name, 8, instance, **SGLANG, node=node)
-        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 1.0, 0.6, instance, **SGLANG, node="0")
-        test.counter(PROCESS_CPU_SECONDS_ON_NODE.name, 1.0, 1.4, instance, **SGLANG, node="1")
-        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.97 * mapped, 0.5 * mapped, instance, **SGLANG, node="0")
-        test.gauge(PROCESS_NUMA_RESIDENT.name, 0.03 * mapped, 0.5 * mapped, instance, **SGLANG, node="1")
+        test.counter(CPU_SECONDS.name, 2.0, 2.0, instance, **SGLANG)
+        test.constant(RESIDENT.name, mapped, instance, **SGLANG)
+        if off_node:
+            test.counter(PROCESS_CPU_SECONDS_OFF_GPU_NODE.name, 0, cores, instance, **VLLM, **off_node)
+            test.constant(PROCESS_RESIDENT_OFF_GPU_NODE.name, 0.03 * mapped, instance, **VLLM, **off_node)
+            test.counter(PROCESS_CPU_SECONDS_OFF_GPU_NODE.name, 0, 0, instance, **LLAMA, **llama_off_node)
+            test.gauge(PROCESS_RESIDENT_OFF_GPU_NODE.name, 0.02 * mapped, 0.8 * mapped, instance, **LLAMA,
+                       **llama_off_node)
+            test.counter(PROCESS_CPU_SECONDS_OFF_GPU_NODE.name, 1.0, 1.4, instance, **SGLANG, **off_node)
+            test.gauge(PROCESS_RESIDENT_OFF_GPU_NODE.name, 0.03 * mapped, 0.5 * mapped, instance, **SGLANG,
+                       **off_node)
     test.expect_samples(60, recorded.GPU_NODE, (GPU0, 0), (GPU1, 1),
                         ({**GPU0, "instance": HOST2}, 0), ({**GPU1, "instance": HOST2}, 1))
     test.expect(not_yet(n.for_seconds), "InferenceProcessNumaMisplaced")
     test.expect(at, "InferenceProcessNumaMisplaced",
                 test.alert(cpus_rule, {**VLLM, "gpu": "0"}, value=1, cpus=8, cores=cores, node=0,
                            limit=limit),
-                test.alert(memory_rule, {**LLAMA, "gpu": "1"}, value=0.8, mapped=mapped, node=1))
+                test.alert(memory_rule, {**LLAMA, "gpu": "1"}, value=0.8, resident=mapped, node=1))
     return test
 
 

@@ -40,6 +40,11 @@ VLLM_NODE0_BYTES = (143 + 651 + 121 + 10 + 131072 + 65536 + 34) * 4 * KIB
 VLLM_NODE1_BYTES = (131072 + 5963732 + 1047661) * 4 * KIB
 LLAMA_NODE1_BYTES = (300 + 1500 + 200 + 8 + 131072 + 1146880 + 65536 + 33) * 4 * KIB
 FIXTURE_WATCHED = {4242: "python3", 5151: "llama-server"}
+# The fixture's GPUs (tests/support/fake_nvml.py): vLLM on GPU 0 (0000:17:00.0, sysfs numa_node 0),
+# llama-server on GPU 1 (0000:ca:00.0, node 1).
+FIXTURE_GPU_BUSES = {4242: ("0000:17:00.0",), 5151: ("0000:ca:00.0",)}
+CPU_OFF = numa.PROCESS_CPU_SECONDS_OFF_GPU_NODE.name
+RESIDENT_OFF = numa.PROCESS_RESIDENT_OFF_GPU_NODE.name
 
 
 def as_tuples(samples):
@@ -246,19 +251,26 @@ def test_numa_collector_record_then_replay_gives_identical_samples(fixture_sysfs
 
 def test_process_numa_on_fixture_host(live_source, fixture_procfs, fixture_sysfs):
     collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                     watched=lambda: FIXTURE_WATCHED, timer=fake_timer(), detail_series=True)
+                                     watched=lambda: FIXTURE_WATCHED, gpu_buses=lambda: FIXTURE_GPU_BUSES,
+                                     timer=fake_timer(), detail_series=True)
     samples = collector.collect()
     # the first reading of each thread's CPU time is the counters' baseline: 0 on the thread's node
-    on_node = [t for t in as_tuples(samples) if t[0] == "hybridmon_process_cpu_seconds_on_node_total"]
+    # and off its GPU's node
+    assert [(s.label_values, s.value) for s in samples.find(CPU_OFF)] == [
+        (("4242", "python3", "0"), 0.0), (("5151", "llama-server", "1"), 0.0)]
+    on_node = [t for t in as_tuples(samples) if t[0] in ("hybridmon_process_cpu_seconds_on_node_total", CPU_OFF)]
     assert [(labels, value) for _, labels, value in on_node] == [
-        (("4242", "python3", "0"), 0.0), (("4242", "python3", "1"), 0.0),
+        (("4242", "python3", "0"), 0.0), (("4242", "python3", "0"), 0.0), (("4242", "python3", "1"), 0.0),
+        (("5151", "llama-server", "1"), 0.0),
         (("5151", "llama-server", "0"), 0.0), (("5151", "llama-server", "1"), 0.0)]
     assert [t for t in as_tuples(samples) if t not in on_node] == [
+        (RESIDENT_OFF, ("4242", "python3", "0"), VLLM_NODE1_BYTES),   # its GPU is on node 0
         ("hybridmon_process_allowed_cpus_on_node", ("4242", "python3", "0"), 8),
         ("hybridmon_process_allowed_cpus_on_node", ("4242", "python3", "1"), 0),
         ("hybridmon_process_numa_resident_bytes", ("4242", "python3", "0"), VLLM_NODE0_BYTES),
         ("hybridmon_process_numa_resident_bytes", ("4242", "python3", "1"), VLLM_NODE1_BYTES),
         ("hybridmon_process_numa_maps_read_seconds", ("4242", "python3"), 0.25),
+        (RESIDENT_OFF, ("5151", "llama-server", "1"), 0),               # its GPU and memory on node 1
         ("hybridmon_process_allowed_cpus_on_node", ("5151", "llama-server", "0"), 0),
         ("hybridmon_process_allowed_cpus_on_node", ("5151", "llama-server", "1"), 8),
         ("hybridmon_process_numa_resident_bytes", ("5151", "llama-server", "0"), 0),
@@ -269,32 +281,34 @@ def test_process_numa_on_fixture_host(live_source, fixture_procfs, fixture_sysfs
 
 
 def test_process_numa_by_default_leaves_out_what_nothing_reads(live_source, fixture_procfs, fixture_sysfs):
-    # [process] detail_series off: per process, 2 series per node (CPU time and resident memory),
-    # what InferenceProcessNumaMisplaced, the host dashboard and the status page read
+    # [process] detail_series off: per process and GPU node, its CPU time and resident memory off
+    # that node, what InferenceProcessNumaMisplaced, the dashboards and the status page read
     collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                     watched=lambda: FIXTURE_WATCHED)
+                                     watched=lambda: FIXTURE_WATCHED, gpu_buses=lambda: FIXTURE_GPU_BUSES)
     samples = collector.collect()
-    assert sorted({s.spec.name for s in samples}) == ["hybridmon_process_cpu_seconds_on_node_total",
-                                                      "hybridmon_process_numa_resident_bytes"]
-    assert len(samples.find("hybridmon_process_numa_resident_bytes", pid="4242")) == 2
-    assert len(samples.find("hybridmon_process_cpu_seconds_on_node_total", pid="4242")) == 2
+    assert sorted({s.spec.name for s in samples}) == [CPU_OFF, RESIDENT_OFF]
+    for pid, gpu_node in (("4242", "0"), ("5151", "1")):
+        assert [s.label_values for s in samples.find(CPU_OFF, pid=pid)] == [(pid, FIXTURE_WATCHED[int(pid)], gpu_node)]
+        assert len(samples.find(RESIDENT_OFF, pid=pid)) == 1
 
 
 def test_process_numa_follows_the_process_collectors_watch_list(live_source, fixture_procfs, fixture_sysfs):
     processes = ProcessCollector(live_source, procfs=fixture_procfs, cmdline_patterns=[r"vllm\.entrypoints"],
                                  clock_ticks_per_second=100)
     placement = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                     watched=processes.watched, timer=fake_timer())
+                                     watched=processes.watched, gpu_buses=lambda: FIXTURE_GPU_BUSES,
+                                     timer=fake_timer())
     assert len(placement.collect()) == 0  # nothing watched before the first process collection
     processes.collect()
     samples = placement.collect()
     assert {s.label_values[0] for s in samples} == {"4242"}
-    assert samples.value("hybridmon_process_numa_resident_bytes", pid="4242", node="1") == VLLM_NODE1_BYTES
+    assert samples.value(RESIDENT_OFF, pid="4242", gpu_node="0") == VLLM_NODE1_BYTES
 
 
 class Listing:
     """A collector as the agent hands it to the collectors after it: the process collector's
-    watch list (watched) or the pids NVML lists on the GPUs (gpu_processes)."""
+    watch list (watched) or the pids NVML lists on the GPUs (gpu_processes) and the PCI bus ids of
+    their GPUs (gpu_buses_of_processes)."""
 
     def __init__(self, pids: dict[int, str]) -> None:
         self.pids = pids
@@ -303,6 +317,9 @@ class Listing:
         return dict(self.pids)
 
     gpu_processes = watched
+
+    def gpu_buses_of_processes(self) -> dict[int, tuple[str, ...]]:
+        return {pid: FIXTURE_GPU_BUSES.get(pid, ("0000:17:00.0",)) for pid in self.pids}
 
 
 def test_the_agent_places_only_the_watched_processes_on_gpus(live_source, fixture_procfs, fixture_sysfs):
@@ -316,12 +333,13 @@ def test_the_agent_places_only_the_watched_processes_on_gpus(live_source, fixtur
     without_gpus = numa.PROCESS_NUMA_REGISTRATION.factory(CollectorContext(
         live_source, None, **paths, earlier={"process": processes}))
     samples = placement.collect()
-    assert {s.label_values[:2] for s in samples} == {("5151", "llama-server")}
-    assert len(samples) == 2 * 2  # CPU time and resident memory on each of the fixture's 2 nodes
+    assert {s.label_values for s in samples} == {("5151", "llama-server", "1")}
+    assert len(samples) == 2  # its CPU time and resident memory off its GPU's node
     gpu.pids = {4242: "python3"}  # vLLM took GPU memory; llama-server's GPU fell off the bus
     samples = placement.collect()
-    assert {s.label_values[0] for s in samples} == {"4242", "5151"}  # placed while it is watched
-    assert samples.value(numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="1") == VLLM_NODE1_BYTES
+    # placed while it is watched, against the node its GPU had
+    assert {s.label_values for s in samples} == {("4242", "python3", "0"), ("5151", "llama-server", "1")}
+    assert samples.value(RESIDENT_OFF, pid="4242", gpu_node="0") == VLLM_NODE1_BYTES
     processes.pids = {4242: "python3"}  # llama-server exited
     assert {s.label_values[0] for s in placement.collect()} == {"4242"}
     assert len(without_gpus.collect()) == 0  # gpu collector disabled: no process can be judged
@@ -329,7 +347,8 @@ def test_the_agent_places_only_the_watched_processes_on_gpus(live_source, fixtur
 
 def test_process_numa_skips_a_process_that_is_gone(live_source, fixture_procfs, fixture_sysfs):
     collector = ProcessNumaCollector(live_source, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                     watched=lambda: {99999: "ghost", 5151: "llama-server"})
+                                     watched=lambda: {99999: "ghost", 5151: "llama-server"},
+                                     gpu_buses=lambda: {99999: ("0000:17:00.0",), **FIXTURE_GPU_BUSES})
     samples = collector.collect()
     assert {s.label_values[0] for s in samples} == {"5151"}
 
@@ -348,13 +367,15 @@ class DenyingSource(LiveSource):
 
 def test_process_numa_without_permission_for_numa_maps(fixture_procfs, fixture_sysfs, caplog):
     collector = ProcessNumaCollector(DenyingSource("4242/numa_maps"), procfs=fixture_procfs,
-                                     sysfs=fixture_sysfs, watched=lambda: FIXTURE_WATCHED)
+                                     sysfs=fixture_sysfs, watched=lambda: FIXTURE_WATCHED,
+                                     gpu_buses=lambda: FIXTURE_GPU_BUSES, detail_series=True)
     with caplog.at_level(logging.WARNING, logger="hybridmon.exporters.process"):
-        samples = collector.collect()
         collector.collect()
+        samples = collector.collect()
     assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
+    assert samples.find(RESIDENT_OFF, pid="4242") == []
     assert samples.find("hybridmon_process_numa_maps_read_seconds", pid="4242") == []
-    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == 0
+    assert samples.value(CPU_OFF, pid="4242", gpu_node="0") == 0
     assert samples.value("hybridmon_process_numa_resident_bytes", pid="5151", node="1") == LLAMA_NODE1_BYTES
     denied = [r.getMessage() for r in caplog.records if "CAP_SYS_PTRACE" in r.getMessage()]
     assert len(denied) == 1 and "4242/numa_maps" in denied[0]
@@ -363,11 +384,13 @@ def test_process_numa_without_permission_for_numa_maps(fixture_procfs, fixture_s
 def test_process_numa_with_garbled_numa_maps_keeps_the_cpu_series(host_copy, caplog):
     (host_copy / "proc/4242/numa_maps").write_text("not numa maps at all\n")
     collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
-                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED)
+                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED,
+                                     gpu_buses=lambda: FIXTURE_GPU_BUSES)
     with caplog.at_level(logging.WARNING):
+        collector.collect()
         samples = collector.collect()
-    assert samples.find("hybridmon_process_numa_resident_bytes", pid="4242") == []
-    assert samples.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="0") == 0
+    assert samples.find(RESIDENT_OFF, pid="4242") == []
+    assert samples.value(CPU_OFF, pid="4242", gpu_node="0") == 0
     assert any("4242/numa_maps" in r.getMessage() for r in caplog.records)
 
 
@@ -413,15 +436,19 @@ def test_process_numa_record_then_replay_gives_identical_samples(fixture_procfs,
     # The real timer: the replay must report the recorded cost, not time its own reads.
     recording = RecordingSource(LiveSource())
     recorder = ProcessNumaCollector(recording, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                    watched=lambda: FIXTURE_WATCHED, detail_series=True)
+                                    watched=lambda: FIXTURE_WATCHED, gpu_buses=lambda: FIXTURE_GPU_BUSES,
+                                    detail_series=True)
     replay = ReplaySource()
     replayer = ProcessNumaCollector(replay, procfs=fixture_procfs, sysfs=fixture_sysfs,
-                                    watched=lambda: FIXTURE_WATCHED, detail_series=True)
+                                    watched=lambda: FIXTURE_WATCHED, gpu_buses=lambda: FIXTURE_GPU_BUSES,
+                                    detail_series=True)
     for _ in range(2):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 14  # 10, and CPU time on each of 2 nodes for each of 2 processes
+        # 10 detail series, CPU time on each of 2 nodes for each of 2 processes, and each
+        # process's CPU time and resident memory off its GPU's node
+        assert len(recorded) == 18
 
 
 @pytest.mark.slow
@@ -481,7 +508,7 @@ def test_process_numa_counts_cpu_seconds_on_the_node_each_thread_runs_on(host_co
     write_threads(host_copy, 4242, {4242: (1000, 2), 4250: (500, 9), 4251: (700, 12)})
     collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
                                      sysfs=str(host_copy / "sys"), watched=lambda: {4242: "python3"},
-                                     clock_ticks_per_second=100)
+                                     clock_ticks_per_second=100, detail_series=True)
     first = collector.collect()   # the baseline: what ran before the agent looked is not counted
     assert [(s.label_values, s.value) for s in first.find("hybridmon_process_cpu_seconds_on_node_total")] == [
         (("4242", "python3", "0"), 0.0), (("4242", "python3", "1"), 0.0)]
@@ -498,16 +525,62 @@ def test_process_numa_counts_cpu_seconds_on_the_node_each_thread_runs_on(host_co
     assert third.value("hybridmon_process_cpu_seconds_on_node_total", pid="4242", node="1") == pytest.approx(8.0)
 
 
+def write_process_ticks(host: Path, pid: int, ticks: int) -> None:
+    """utime + stime (fields 14-15) of /proc/<pid>/stat: the whole process's CPU ticks."""
+    path = host / "proc" / str(pid) / "stat"
+    fields = path.read_text().split(" ")
+    fields[13:15] = [str(ticks), "0"]
+    path.write_text(" ".join(fields))
+
+
+def test_process_numa_splits_the_process_cpu_time_off_each_gpu_node_as_its_threads_ran(host_copy):
+    # vLLM on GPU 0 (node 0) and, say, GPU 1 (node 1). Its threads run a third of their counted time
+    # on node 0 and two thirds on node 1; the process as a whole (/proc/<pid>/stat, with threads
+    # not read this run and exited ones) gained 12 s: 8 of them off node 0, 4 off node 1.
+    buses = {4242: ("0000:17:00.0", "0000:ca:00.0")}
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: {4242: "python3"}, gpu_buses=lambda: buses,
+                                     clock_ticks_per_second=100)
+    write_threads(host_copy, 4242, {4242: (1000, 2), 4250: (500, 9)})
+    write_process_ticks(host_copy, 4242, 5000)
+    assert [s.value for s in collector.collect().find(CPU_OFF)] == [0, 0]   # the baseline
+    write_threads(host_copy, 4242, {4242: (1300, 2), 4250: (1100, 9)})
+    write_process_ticks(host_copy, 4242, 6200)
+    second = collector.collect()
+    assert second.value(CPU_OFF, pid="4242", gpu_node="0") == pytest.approx(8.0)
+    assert second.value(CPU_OFF, pid="4242", gpu_node="1") == pytest.approx(4.0)
+    # no thread read ran since, yet the process did (a thread that exited, one not read this run):
+    # split as last known, the counter follows the process's own CPU time without a lump later
+    write_process_ticks(host_copy, 4242, 6500)
+    third = collector.collect()
+    assert third.value(CPU_OFF, pid="4242", gpu_node="0") == pytest.approx(10.0)
+    assert third.value(CPU_OFF, pid="4242", gpu_node="1") == pytest.approx(5.0)
+    assert third.find("hybridmon_process_cpu_seconds_on_node_total") == []   # [process] detail_series only
+
+
+def test_process_numa_judges_no_gpu_without_a_numa_node(host_copy):
+    # a GPU whose PCI device has no node (-1: no affinity known) gives nothing to judge against
+    (host_copy / "sys/bus/pci/devices/0000:17:00.0/numa_node").write_text("-1\n")
+    collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
+                                     watched=lambda: FIXTURE_WATCHED, gpu_buses=lambda: FIXTURE_GPU_BUSES)
+    collector.collect()
+    assert {s.label_values[0] for s in collector.collect()} == {"5151"}
+
+
 def test_process_numa_without_a_task_directory_keeps_the_other_series(host_copy, caplog):
     # processes without a task/ directory (the fixture's have one: taken away here): said once,
     # the rest is reported
     for pid in ("4242", "5151"):
         shutil.rmtree(host_copy / "proc" / pid / "task")
     collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"),
-                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED)
+                                     sysfs=str(host_copy / "sys"), watched=lambda: FIXTURE_WATCHED,
+                                     gpu_buses=lambda: FIXTURE_GPU_BUSES, detail_series=True)
     with caplog.at_level(logging.WARNING):
+        collector.collect()
         samples = collector.collect()
     assert samples.find("hybridmon_process_cpu_seconds_on_node_total") == []
+    assert samples.find(CPU_OFF) == []   # where its CPU time ran is unknown: absent, not 0
+    assert samples.value(RESIDENT_OFF, pid="4242", gpu_node="0") == VLLM_NODE1_BYTES
     assert samples.value("hybridmon_process_numa_resident_bytes", pid="4242", node="1") == VLLM_NODE1_BYTES
     assert any("4242/task" in r.getMessage() for r in caplog.records)
 
@@ -515,7 +588,8 @@ def test_process_numa_without_a_task_directory_keeps_the_other_series(host_copy,
 def test_process_numa_counts_this_processs_own_cpu_time(fixture_sysfs):
     # this host's /proc, the fixture's two nodes: the CPUs this one has are among theirs (0-15)
     me = os.getpid()
-    collector = ProcessNumaCollector(LiveSource(), sysfs=fixture_sysfs, watched=lambda: {me: "pytest"})
+    collector = ProcessNumaCollector(LiveSource(), sysfs=fixture_sysfs, watched=lambda: {me: "pytest"},
+                                     detail_series=True)
     collector.collect()
     deadline = time.process_time() + 0.3
     while time.process_time() < deadline:   # burn 0.3 s of CPU on whatever node we are on
@@ -526,15 +600,18 @@ def test_process_numa_counts_this_processs_own_cpu_time(fixture_sysfs):
 
 def test_process_numa_record_then_replay_counts_cpu_time_alike(host_copy):
     write_threads(host_copy, 4242, {4242: (1000, 2), 4250: (500, 9)})
-    paths = dict(procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"), watched=lambda: {4242: "python3"})
+    paths = dict(procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"), watched=lambda: {4242: "python3"},
+                 gpu_buses=lambda: FIXTURE_GPU_BUSES, detail_series=True)
     recording, replay = RecordingSource(LiveSource()), ReplaySource()
     recorder, replayer = ProcessNumaCollector(recording, **paths), ProcessNumaCollector(replay, **paths)
-    for ticks in (1000, 1600):
+    for ticks in (1000, 1600, 1900):
         write_threads(host_copy, 4242, {4242: (ticks, 2), 4250: (500, 9)})
+        write_process_ticks(host_copy, 4242, ticks + 500)
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
     assert sum(value for name, _, value in recorded if name.endswith("cpu_seconds_on_node_total")) > 0
+    assert [value for name, _, value in recorded if name == CPU_OFF] == [0]   # all of it on its GPU's node
 
 
 # This module's parsers, each with realistic samples, for tests/exporters/test_parsers_robustness.py
@@ -568,16 +645,23 @@ def copies_of_vllm(host: Path, count: int) -> dict[int, str]:
 
 
 def reads_of(source: RecordingSource, name: str) -> list[int]:
-    """The pids whose /proc/<pid>/.../<name> the collector read since the last call."""
+    """The pids whose /proc/<pid>/.../<name> the collector read since the last call (a thread's
+    stat: /proc/<pid>/task/<tid>/stat)."""
     return [int(str(r[1]).split("/proc/")[1].split("/")[0]) for r in source.take_readings()
             if str(r[1]).endswith("/" + name) and "/proc/" in str(r[1])]
+
+
+def thread_reads_of(source: RecordingSource) -> list[int]:
+    """The pids of the thread stats (/proc/<pid>/task/<tid>/stat) read since the last call."""
+    return [int(str(r[1]).split("/proc/")[1].split("/")[0]) for r in source.take_readings()
+            if "/task/" in str(r[1]) and str(r[1]).endswith("/stat")]
 
 
 def test_process_numa_reads_each_numa_maps_at_most_once_a_minute_and_a_few_a_run(host_copy):
     watched = copies_of_vllm(host_copy, 12)
     source, clock = RecordingSource(LiveSource()), SteppedClock()
     collector = ProcessNumaCollector(source, procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
-                                     watched=lambda: watched, clock=clock)
+                                     watched=lambda: watched, clock=clock, detail_series=True)
     per_run, last_read = [], {}
     for run in range(6):   # the collector's 30 s apart
         samples = collector.collect()
@@ -602,11 +686,11 @@ def test_process_numa_reads_a_bounded_number_of_threads_in_turn(host_copy, monke
     write_threads(host_copy, 5151, {tid: (100, 2) for tid in range(8000, 8012)})   # 12 threads, node 0
     source = RecordingSource(LiveSource())
     collector = ProcessNumaCollector(source, procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
-                                     watched=lambda: watched, clock_ticks_per_second=100)
+                                     watched=lambda: watched, clock_ticks_per_second=100, detail_series=True)
     read_per_run = []
     for _ in range(8):   # 6 reads a run: 4 of 4242's threads, then 2 of 5151's, each in turn
         collector.collect()
-        read_per_run.append(reads_of(source, "stat"))
+        read_per_run.append(thread_reads_of(source))
     assert all(len(read) == 6 for read in read_per_run)
     assert all(read.count(4242) <= 4 and read.count(5151) <= 4 for read in read_per_run)
     assert {pid for read in read_per_run for pid in read} == {4242, 5151}
@@ -627,7 +711,8 @@ def test_process_numa_reads_the_threads_that_ran_on_every_run(host_copy, monkeyp
     threads = {tid: (100, 2) for tid in range(7000, 7012)}
     write_threads(host_copy, 4242, threads)
     collector = ProcessNumaCollector(LiveSource(), procfs=str(host_copy / "proc"), sysfs=str(host_copy / "sys"),
-                                     watched=lambda: {4242: "python3"}, clock_ticks_per_second=100)
+                                     watched=lambda: {4242: "python3"}, clock_ticks_per_second=100,
+                                     detail_series=True)
     counted = []
     for run in range(10):
         threads[7005] = (100 + 50 * run, 9)   # half a second of CPU on node 1 between runs

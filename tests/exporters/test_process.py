@@ -67,15 +67,16 @@ def as_tuples(samples):
     return [(s.spec.name, s.label_values, s.value) for s in per_pid(samples)]
 
 
-def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, allowed,
+def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib,
                    minflt, majflt, cpu_ticks, memlock):
+    """The series of one process by default: its thread count and allowed CPUs are [process]
+    detail_series series."""
     labels = (str(pid), name)
     return [
         ("hybridmon_process_resident_bytes", labels, resident_kib * KIB),
         ("hybridmon_process_swap_bytes", labels, swap_kib * KIB),
         ("hybridmon_process_locked_bytes", labels, locked_kib * KIB),
         ("hybridmon_process_pinned_bytes", labels, pinned_kib * KIB),
-        ("hybridmon_process_allowed_cpus", labels, allowed),
         ("hybridmon_process_minor_faults_total", labels, minflt),
         ("hybridmon_process_major_faults_total", labels, majflt),
         ("hybridmon_process_cpu_seconds_total", labels, cpu_ticks / 100),
@@ -83,9 +84,9 @@ def process_series(pid, name, resident_kib, swap_kib, locked_kib, pinned_kib, al
     ]
 
 
-VLLM_SERIES = process_series(4242, "python3", 29360128, 1572864, 0, 4194304, 8, 15234567, 8912,
+VLLM_SERIES = process_series(4242, "python3", 29360128, 1572864, 0, 4194304, 15234567, 8912,
                              4567890 + 123456, 8388608)
-LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 8, 2345678, 1201,
+LLAMA_SERIES = process_series(5151, "llama-server", 5382116, 0, 0, 0, 2345678, 1201,
                               987654 + 45678, float("inf"))
 
 
@@ -725,7 +726,7 @@ def test_record_then_replay_gives_identical_samples(procfs_copy):
         recorded = as_tuples(recorder.collect())
         replay.load(recording.take_readings())
         assert as_tuples(replayer.collect()) == recorded
-        assert len(recorded) == 22   # 11 series each, the tree root a label of the info series
+        assert len(recorded) == 20   # 10 series each, the tree root a label of the info series
     assert replayer.watched() == recorder.watched() == {4242: "python3", 5151: "llama-server"}
 
 

@@ -358,18 +358,26 @@ def fixture_host_scrapes(count: int) -> list[dict]:
         golden[("hybridmon_gpu_pcie_measured_bidirectional_capacity_bytes_per_second",
                 (("direction", direction), ("gpu", "0"), ("uuid", UUID0)))] = value
     aer = ("hybridmon_pcie_aer_errors_total", (("pci_bus_id", "0000:17:00.0"), ("severity", "correctable")))
-    # The fixture has no task/ directories, so no CPU time per node: the servers' threads run as
-    # CPU_CORES_ON_NODE says, counted from the first scrape.
+    # The fixture has no task/ directories, so no CPU time off the GPU's node: the servers run as
+    # CPU_CORES_ON_NODE says, counted from the first scrape, their CPU time with it.
     def cpu(n: int) -> dict:
-        return {("hybridmon_process_cpu_seconds_on_node_total",
-                 (("node", node), ("pid", pid), ("process_name", name))): cores * 15 * n
-                for (pid, name, node), cores in CPU_CORES_ON_NODE.items()}
+        counters = {}
+        for (pid, name), gpu_node in GPU_NODE_OF.items():
+            cores = {node: c for (p, _, node), c in CPU_CORES_ON_NODE.items() if p == pid}
+            counters[("hybridmon_process_cpu_seconds_total", (("pid", pid), ("process_name", name)))] = (
+                sum(cores.values()) * 15 * n)
+            counters[("hybridmon_process_cpu_seconds_off_gpu_node_total",
+                      (("gpu_node", gpu_node), ("pid", pid), ("process_name", name)))] = (
+                sum(c for node, c in cores.items() if node != gpu_node) * 15 * n)
+        return counters
     return [{**golden, aer: golden[aer] + n, **cpu(n)} for n in range(count)]
 
 
 # (pid, process_name, node) -> cores its threads run there
 CPU_CORES_ON_NODE = {("4242", "python3", "0"): 1.2, ("4242", "python3", "1"): 0.3,
                      ("5151", "llama-server", "0"): 0.0, ("5151", "llama-server", "1"): 6.0}
+# (pid, process_name) -> the NUMA node of its GPU (the sysfs numa_node of its PCI device)
+GPU_NODE_OF = {("4242", "python3"): "0", ("5151", "llama-server"): "1"}
 
 
 def evaluate(queries, scrapes: list[dict], directory: Path) -> list[list[tuple[dict, float]]]:
@@ -405,7 +413,7 @@ def test_panel_joins_compute_what_they_say(tmp_path):
     scrapes = fixture_host_scrapes(41)
     last = scrapes[-1]
     tables = {("hybridmon-gpu", "Watched processes on this GPU"),
-              ("hybridmon-host", "Watched processes by NUMA node"),
+              ("hybridmon-host", "Watched processes off their GPUs' NUMA nodes"),
               ("hybridmon-host", "Watched processes vs their GPUs' NUMA nodes"),
               ("hybridmon-host", "PCIe link now: generation and width vs maximum")}
     graphs = {("hybridmon-host", "PCIe traffic, share of capacity", "A"),
@@ -427,15 +435,14 @@ def test_panel_joins_compute_what_they_say(tmp_path):
     # The GPU's node is its PCI device's sysfs numa_node (NVML's NumaNodeId is GPU memory's own).
     for pid, bus in (("4242", "0000:17:00.0"), ("5151", "0000:ca:00.0")):
         node = str(int(sample(last, "hybridmon_pcie_device_numa_node", pci_bus_id=bus)))
-        resident = {dict(pairs)["node"]: v for (n, pairs), v in last.items()
-                    if n == "hybridmon_process_numa_resident_bytes" and dict(pairs)["pid"] == pid}
         expected = {
             "A": sample(last, "hybridmon_gpu_process_memory_used_bytes", pid=pid),
             "B": sample(last, "hybridmon_process_resident_bytes", pid=pid),
             "C": sample(last, "hybridmon_process_swap_bytes", pid=pid),
             "D": 1 - sum(cores for (p, _, n), cores in CPU_CORES_ON_NODE.items() if p == pid and n == node)
                    / sum(cores for (p, _, _), cores in CPU_CORES_ON_NODE.items() if p == pid),
-            "E": 1 - resident[node] / sum(resident.values()),
+            "E": sample(last, "hybridmon_process_resident_off_gpu_node_bytes", pid=pid, gpu_node=node)
+                 / sample(last, "hybridmon_process_resident_bytes", pid=pid),
         }
         for ref, value in expected.items():
             got = by(results[("Watched processes on this GPU", ref)], "pid")[(pid,)]

@@ -405,8 +405,10 @@ handler.emit = lambda record: log.append(record.getMessage())
 logging.getLogger().addHandler(handler)
 pids = [int(pid) for pid in sys.argv[1:]]
 processes = ProcessCollector(LiveSource(), pids=pids)
-# the fixture's two NUMA nodes: on a one-node host the collector reads no process file at all
-placement = ProcessNumaCollector(LiveSource(), sysfs="tests/fixtures/host-2node/sys", watched=processes.watched)
+# the fixture's two NUMA nodes: on a one-node host the collector reads no process file at all;
+# each process as if on the fixture's GPU 0 (its PCI device on node 0)
+placement = ProcessNumaCollector(LiveSource(), sysfs="tests/fixtures/host-2node/sys", watched=processes.watched,
+                                 gpu_buses=lambda: {pid: ("0000:17:00.0",) for pid in pids})
 series = set()
 for _ in range(2):
     for collector in (processes, placement):
@@ -456,10 +458,10 @@ def test_without_ptrace_the_agent_sees_every_process_but_no_numa_placement_and_s
     assert unprivileged["uid"] == security["runAsUser"] and privileged["uid"] == 0
     for pid in map(str, pids):
         for metric in ("hybridmon_process_resident_bytes", "hybridmon_process_major_faults_total",
-                       "hybridmon_process_info", "hybridmon_process_cpu_seconds_on_node_total"):
+                       "hybridmon_process_info", "hybridmon_process_cpu_seconds_off_gpu_node_total"):
             assert [metric, pid] in unprivileged["series"], metric
-        assert ["hybridmon_process_numa_resident_bytes", pid] in privileged["series"]
-    assert not [s for s in unprivileged["series"] if s[0].startswith("hybridmon_process_numa_")]
+        assert ["hybridmon_process_resident_off_gpu_node_bytes", pid] in privileged["series"]
+    assert not [s for s in unprivileged["series"] if s[0] == "hybridmon_process_resident_off_gpu_node_bytes"]
     about_numa_maps = [line for line in unprivileged["log"] if "numa_maps" in line]
     assert len(about_numa_maps) == 1 and "CAP_SYS_PTRACE" in about_numa_maps[0], unprivileged["log"]
     assert unprivileged["opened"] == [] and len(privileged["opened"]) == 3 * len(pids)

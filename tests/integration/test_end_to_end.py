@@ -88,7 +88,7 @@ def test_fixture_host_carries_what_the_issue_names():
         'hybridmon_pcie_device_numa_node{pci_bus_id="0000:ca:00.0"} 1.0',
         'hybridmon_numa_node_memory_total_bytes{node="1"}',
         'hybridmon_process_swap_bytes{pid="4242",process_name="python3"}',
-        'hybridmon_process_numa_resident_bytes{node="1",pid="4242",process_name="python3"}',
+        'hybridmon_process_resident_off_gpu_node_bytes{gpu_node="0",pid="4242",process_name="python3"}',
         'hybridmon_pressure_stalled_seconds_total{resource="memory",scope="full"}',
         'hybridmon_sysctl_value{sysctl="vm.swappiness"} 60.0',
     ]

@@ -109,12 +109,12 @@ def test_fixture_host_page_lists_findings_by_severity_with_runbooks_and_the_sign
     processes = section_text(page, "processes")
     on_gpu = latest_value(fixture_agent, gpu.PROCESS_MEMORY_USED.name, pid="4242")
     swapped = latest_value(fixture_agent, process.SWAP.name, pid="4242")
-    node1 = latest_value(fixture_agent, numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="1")
-    node0 = latest_value(fixture_agent, numa.PROCESS_NUMA_RESIDENT.name, pid="4242", node="0")
+    off_node = latest_value(fixture_agent, numa.PROCESS_RESIDENT_OFF_GPU_NODE.name, pid="4242", gpu_node="0")
+    resident = latest_value(fixture_agent, process.RESIDENT.name, pid="4242")
     assert "python3 · pid 4242" in processes and "vllm · meta-llama/Meta-Llama-3-8B-Instruct" in processes
     assert "vllm.entrypoints" not in page  # no command line unless process.export_cmdline is set
     assert f"{human_bytes(on_gpu)} on GPU 0" in processes and human_bytes(swapped) in processes
-    assert f"node 1: {node1 / (node0 + node1) * 100:.0f} %" in processes and "its GPUs: node 0" in processes
+    assert f"{off_node / resident * 100:.0f} % off node 0" in processes   # vLLM's memory is mostly on node 1
     assert "0.0/s" in processes  # the fixture's counters stand still between the two samples
 
     host = section_text(page, "host")

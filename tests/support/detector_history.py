@@ -146,7 +146,7 @@ def pressure_rows(memory_some_seconds: float) -> list[Row]:
 def process_rows(pid: str, name: str, *, start_time: float = T0 - 86400, resident: float = 8 * GIB,
                  swap: float = 0.0, locked: float = 0.0, pinned: float | None = 0.0,
                  cpu_seconds: float = 0.0, minor_faults: float = 0.0, major_faults: float = 0.0,
-                 memlock_limit: float | None = 8 * MIB, allowed_cpus: float = 32) -> list[Row]:
+                 memlock_limit: float | None = 8 * MIB, allowed_cpus: float | None = 32) -> list[Row]:
     labels = (pid, name)
     return [
         (process.RESIDENT, resident, *labels),
