@@ -25,6 +25,13 @@ FAULTS = "process:hybridmon_process_faults:rate1m"
 # its CPU seconds per second.
 FAULTS_PER_WORK = "process:hybridmon_process_faults_per_work:ratio1m"
 GPU_MEMORY = f"process:{gpu_metrics.PROCESS_MEMORY_USED.name}:sum"
+# Host memory the kernel will neither reclaim nor swap: mlock()ed (VmLck, mm->locked_vm) plus
+# pinned for DMA (VmPin, mm->pinned_vm: RDMA registrations, io_uring fixed buffers). Separate
+# counters since Linux 3.1, both charged against RLIMIT_MEMLOCK; VmPin absent (older kernels)
+# counts as 0, as in the detector. A page both mlock()ed and pinned counts twice (mlockall plus
+# an RDMA registration of the same buffer): at most VmPin too much.
+LOCKED_AND_PINNED_RAW = f"{process_metrics.LOCKED.name.removesuffix('_bytes')}_and_pinned_bytes"
+LOCKED_AND_PINNED = f"process:{LOCKED_AND_PINNED_RAW}:sum"
 # The load of the inference servers tied to a process (label pid), summed over its servers: where
 # there is one, it is the load memory growth is judged against, as the detector does.
 SERVER_TOKENS = f"process:{rate_name(BY_FIELD['generated_tokens'].name)}:rate1m"
@@ -66,7 +73,7 @@ class Resource:
     label: str          # the alert's resource label
     what: str           # for the description
     current: str        # the process's amount now: labels job, instance, pid, process_name
-    raw: str            # the raw gauge, for the data-span check
+    raw: str            # what its recordings are named after: the gauge, or what they sum
     limit: str          # what it exhausts, for the description
     headroom: str       # PromQL: the total it can grow into minus `current`, labels as `current`
 
@@ -95,10 +102,10 @@ def resources() -> tuple[Resource, ...]:
     # that bound less its own use: MemAvailable, or the free memory of its GPUs.
     # A cgroup limit (a container's, a systemd unit's MemoryMax) bounds the process before
     # MemAvailable does when it leaves less room: the headroom is the tighter of the two.
-    def host(label: str, what: str, metric: str) -> Resource:
+    def host(label: str, what: str, metric: str, raw: str) -> Resource:
         available = f"({host_memory.MEMORY_AVAILABLE.name} + on (job, instance) group_right () ({metric} * 0))"
         cgroup = f"({cgroup_memory.CGROUP_MEMORY_HEADROOM.name} + ({metric} * 0))"
-        return Resource(label, what, metric, metric,
+        return Resource(label, what, metric, raw,
                         "the tighter of MemAvailable and its cgroup's memory limit, plus its own use",
                         f"({available} <= {cgroup}) or {cgroup} or {available}")
     process_gpu_memory = gpu_metrics.PROCESS_MEMORY_USED.name
@@ -112,8 +119,10 @@ def resources() -> tuple[Resource, ...]:
                  "  * on (job, instance, gpu, uuid) group_right ()\n"
                  f"    ({process_gpu_memory} * 0 + 1)\n"
                  ")"),
-        host("resident", "resident host memory (VmRSS)", process_metrics.RESIDENT.name),
-        host("locked", "locked host memory (VmLck)", process_metrics.LOCKED.name),
+        host("resident", "resident host memory (VmRSS)", process_metrics.RESIDENT.name,
+             process_metrics.RESIDENT.name),
+        host("locked", "locked and pinned host memory (VmLck + VmPin)", LOCKED_AND_PINNED,
+             LOCKED_AND_PINNED_RAW),
     )
 
 
@@ -309,6 +318,8 @@ def recordings(t: Thresholds) -> tuple[Recording, ...]:
         Recording(FAULTS, f"rate({process_metrics.MINOR_FAULTS.name}[1m])"
                           f" + rate({process_metrics.MAJOR_FAULTS.name}[1m])"),
         Recording(GPU_MEMORY, f"sum without (gpu, uuid) ({gpu_metrics.PROCESS_MEMORY_USED.name})"),
+        Recording(LOCKED_AND_PINNED, f"{process_metrics.LOCKED.name}\n"
+                                     f"+ ({process_metrics.PINNED.name} or {process_metrics.LOCKED.name} * 0)"),
         Recording(SERVER_TOKENS, tied_to_tree("sum by (job, instance, pid) "
                                               f'(rate({BY_FIELD["generated_tokens"].name}{{pid!=""}}[1m]))')),
         Recording(server_slopes(window)[0], robust_slope(SERVER_TOKENS, seconds)),

@@ -97,7 +97,9 @@ RESOURCES = (
              "the free memory of its GPUs plus its own use"),
     Resource("resident", RESIDENT, "resident memory", "resident host memory (VmRSS)",
              _HOST_BOUND),
-    Resource("locked", LOCKED, "locked memory", "locked host memory (VmLck)", _HOST_BOUND),
+    # VmLck + VmPin in both doors: both are host memory the kernel cannot reclaim (rules/process.py
+    # LOCKED_AND_PINNED); the data-span check reads VmLck, exported whenever the process is read
+    Resource("locked", LOCKED, "locked memory", "locked and pinned host memory (VmLck + VmPin)", _HOST_BOUND),
 )
 
 
