@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from numa_maps_cost import add_child_timeout, kernel_has_numa_maps  # noqa: E402  (a script beside this one)
 
 FIXTURE_SYSFS = Path(__file__).resolve().parents[1] / "tests/fixtures/host-2node/sys"
+FIXTURE_GPU_BUS = "0000:17:00.0"
 
 THREADED_CHILD = r"""
 import sys, threading, time
@@ -74,7 +75,12 @@ class SteppedClock:
 def measure(children: list[subprocess.Popen], runs: int, sysfs: str) -> tuple[list[float], list[float], int]:
     watched = {child.pid: "sleep" if child.args[0] == "sleep" else "python3" for child in children}
     clock = SteppedClock()
-    options = {"clock": clock} if "clock" in inspect.signature(ProcessNumaCollector).parameters else {}
+    parameters = inspect.signature(ProcessNumaCollector).parameters
+    options = {"clock": clock} if "clock" in parameters else {}
+    if "gpu_buses" in parameters:
+        # every child as if on the fixture's GPU 0 (its PCI device on node 0), as process_numa
+        # places only processes that hold GPU memory: its CPU time and memory off that node
+        options["gpu_buses"] = lambda: {pid: (FIXTURE_GPU_BUS,) for pid in watched}
     collector = ProcessNumaCollector(LiveSource(), sysfs=sysfs, watched=lambda: watched, **options)
     cpu, wall, series = [], [], 0
     for _ in range(runs):

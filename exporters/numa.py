@@ -401,6 +401,8 @@ class ProcessNumaCollector:
         seconds off each GPU node, split as its threads' time counted this run was (else as the
         last split known; before any is known, its CPU time is not counted); False when it has
         exited."""
+        if not placement.gpu_nodes:
+            return True   # no GPU node known to count against: nothing to read
         try:
             text = read_process_file(self._source, self._procfs, pid, "stat", self._log_once)
         except ProcessGone:
