@@ -98,6 +98,16 @@ def test_collect_exact_samples(collector):
     assert collector.gpu_processes() == {4242: "python3", 5151: "llama-server", XORG_PID: "Xorg"}
 
 
+def test_each_gpu_process_comes_with_the_pci_bus_ids_of_its_gpus(fake, collector):
+    # what process_numa judges a process against: the NUMA node of each of its GPUs' PCI devices
+    collector.collect()
+    assert collector.gpu_buses_of_processes() == {4242: ("0000:17:00.0",), 5151: ("0000:ca:00.0",),
+                                                  XORG_PID: ("0000:17:00.0", "0000:ca:00.0")}
+    fake.lose_gpu(1)
+    collector.collect()
+    assert collector.gpu_buses_of_processes() == {4242: ("0000:17:00.0",), XORG_PID: ("0000:17:00.0",)}
+
+
 def test_metric_specs_declare_every_family(fake):
     fake.gpus[1].numa_node = 1  # as on a platform where GPU memory is a NUMA node
     fake.gpus.append(mig_gpu())
