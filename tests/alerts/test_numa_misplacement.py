@@ -8,7 +8,6 @@ import pytest
 
 from hybridmon.agent.alerts import numa_misplacement
 from hybridmon.agent.alerts.numa_misplacement import cpu_limit
-from hybridmon.exporters import numa
 from hybridmon.exporters.gpu import GPU_INFO, NUMA_NODE
 from hybridmon.exporters.numa import (
     NODE_CPUS,

@@ -328,7 +328,6 @@ def test_memory_growth_is_steady_while_the_load_is_flat(scenarios):
 def test_numa_misplacement_moves_the_server_off_its_gpu_node(scenarios):
     history = scenarios.replayed("numa_misplacement").history
     onset = SCENARIOS["numa_misplacement"].onset_seconds
-    pid = str(VLLM)
     # x86: NVML's NumaNodeId is not supported (nvml.h); the GPU's node is its PCI device's
     assert history.series("hybridmon_gpu_numa_node", gpu="0") == []
     assert set(between(one(history, "hybridmon_pcie_device_numa_node", pci_bus_id=GPU0_ADDRESS), 0, 1e9)) == {0}
