@@ -168,6 +168,7 @@ def test_accept_failing_for_lack_of_fds_sheds_idle_connections_and_logs_once(cap
                 conn.close()
 
 
+@pytest.mark.slow
 def test_the_main_loop_wakes_once_a_second_and_at_once_when_told_to_exit(monkeypatch):
     """uvicorn's own loop wakes ten times a second (issue 33: 1.7 ms/s of an idle daemon's CPU)."""
     from hybridmon.agent.api import httpserver
