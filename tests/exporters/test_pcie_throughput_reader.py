@@ -105,9 +105,13 @@ def test_the_sampler_threads_read_through_the_lean_path():
     try:
         sampler = traffic._sampler(0)
         assert sampler._read_pair() == GPU0_PAIR
-        # The thread's own samples and the one above: after the first, no source.call at all.
+        # The thread's own samples and the one above: after the first, no source.call at all;
+        # besides them the gate read the link's maximum generation and width once, for the pace.
         assert sampler_gate._keys == {(THROUGHPUT, 0, ("rx",)): "nvml.nvmlDeviceGetPcieThroughput(0,rx)",
-                                      (THROUGHPUT, 0, ("tx",)): "nvml.nvmlDeviceGetPcieThroughput(0,tx)"}
+                                      (THROUGHPUT, 0, ("tx",)): "nvml.nvmlDeviceGetPcieThroughput(0,tx)",
+                                      ("nvmlDeviceGetMaxPcieLinkGeneration", 0, ()):
+                                          "nvml.nvmlDeviceGetMaxPcieLinkGeneration(0)",
+                                      ("nvmlDeviceGetMaxPcieLinkWidth", 0, ()): "nvml.nvmlDeviceGetMaxPcieLinkWidth(0)"}
     finally:
         traffic.close()
 
