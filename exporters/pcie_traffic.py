@@ -14,10 +14,12 @@ failing: exporters/nvml.py gives them up after a few reads in a row and asks aga
 a GPU with GPM (Hopper and later) is read from its GPM PCIe metrics: NVML's bytes between two
 samples a tick apart, MiB/s, no blocking and, like the counters, the exact average of the interval.
 Elsewhere a
-`ThroughputSampler` thread per GPU takes `samples_per_second` window pairs (RX then TX), one at a
-uniformly random moment in each slot of 1/samples_per_second (stratified sampling: unbiased for
-any traffic, however periodic, and no noisier than independent samples), and each tick publishes
-their mean since the last tick and a running estimate of the bytes moved.
+`ThroughputSampler` thread per GPU takes window pairs (RX then TX), one at a uniformly random
+moment in each slot (stratified sampling: unbiased for any traffic, however periodic, and no
+noisier than independent samples), and each tick publishes their mean since the last tick and a
+running estimate of the bytes moved. Its pace is `samples_per_second` near the starvation
+threshold and down to FLOOR_SAMPLES_PER_SECOND far below it (AdaptivePacing: the same 2-sigma
+guarantee relative to the distance to the threshold).
 
 Error bound of the sampled reading. A 20 ms window's average of traffic that is between 0 and its
 burst rate B, on for a share d of the time, has variance at most d(1 - d)B^2 (a value in [0, 1]
@@ -30,7 +32,8 @@ and stratified sampling does no worse. Assumptions: the traffic's phase is not l
 sampling (the random place in each slot makes this so); samples that overlap the same burst are
 the stratified case, not a violation. At the default 5 samples/s, the agent's 1 min window holds
 n = 300: sigma <= 2.9 % of B at d = 0.5 (2 sigma 5.8 %), 1.7 % at d = 0.9 (2 sigma 3.5 %, inside
-the starvation alert's 4 % margin: DEFAULT_SAMPLES_PER_SECOND); a Prometheus rate() over the
+the starvation alert's 4 % margin: DEFAULT_SAMPLES_PER_SECOND, the full pace, which
+AdaptivePacing keeps near the threshold); a Prometheus rate() over the
 sampled byte estimate uses the same 300 samples whatever its scrape interval. The
 simulation in tests/exporters/test_pcie_traffic.py measures it; docs/nvml-cost.md has the figures.
 """
@@ -58,8 +61,9 @@ SAMPLE_WINDOW_SECONDS = 0.020
 PAIR_SECONDS = 2 * SAMPLE_WINDOW_SECONDS
 """One sample of both directions: two calls, each blocking for its window."""
 DEFAULT_SAMPLES_PER_SECOND = 5.0
-"""Sample pairs per second per GPU without counters: n = 300 a minute (module docstring), the
-sampler thread blocked in NVML 20 % of the time. 25 is the most (back-to-back windows).
+"""Sample pairs per second per GPU without counters near the starvation threshold (the full pace;
+AdaptivePacing takes fewer far below it): n = 300 a minute (module docstring), the sampler thread
+blocked in NVML 20 % of the time. 25 is the most (back-to-back windows).
 
 The bound kept: the starvation alert's margin is 4 % of capacity (it fires at 90 %, traffic
 clearly under it sits at 86 %: docs/nvml-cost.md), and with bursts at capacity near it (d = 0.9)
@@ -167,29 +171,35 @@ class AdaptivePacing:
         self._ceiling = ceiling_bytes_per_second
         self._window = window_seconds
         self._samples: list[deque] = [deque(), deque()]  # per direction: (moment, bytes/s)
+        self._totals = [0.0, 0.0]  # per direction: the sum of the window's values, kept running
+        # (each decision is O(1): 40 decisions a second at the full pace on 8 GPUs)
 
     def samples_per_second(self, now: float, pair: tuple[float | None, float | None]) -> float:
         """The pace for the next slot, given the sample just taken at about `now`."""
         if not self._near or not self._ceiling:
             return self.full
         pace = self.floor
-        for samples, value in zip(self._samples, pair):
+        for direction, value in enumerate(pair):
+            samples = self._samples[direction]
             if value is not None:
                 samples.append((now, float(value)))
+                self._totals[direction] += value
             while samples and samples[0][0] < now - self._window:
-                samples.popleft()
+                self._totals[direction] -= samples.popleft()[1]
             if samples:
-                pace = max(pace, self._needed(samples))
+                pace = max(pace, self._needed(samples, self._totals[direction]))
+            else:
+                self._totals[direction] = 0.0  # no drift carried into the next window
         return min(pace, self.full)
 
-    def _needed(self, samples: deque) -> float:
+    def _needed(self, samples: deque, total: float) -> float:
         ceiling, n = self._ceiling, len(samples)
-        mean = min(sum(value for _, value in samples) / n, ceiling)
-        recent = [value for _, value in list(samples)[-self.RECENT_SAMPLES:]]
-        upper = max(sum(recent) / len(recent), mean + 2 * math.sqrt(mean * (ceiling - mean) / n))
+        mean = min(max(total / n, 0.0), ceiling)
+        recent = min(n, self.RECENT_SAMPLES)
+        recent_mean = sum(samples[-i][1] for i in range(1, recent + 1)) / recent
+        upper = max(recent_mean, mean + 2 * math.sqrt(mean * (ceiling - mean) / n))
         if upper >= self._near:
             return math.inf
-        upper = min(upper, ceiling)
         return 4 * upper * (ceiling - upper) / (self._window * (self._near - upper) ** 2)
 
 
