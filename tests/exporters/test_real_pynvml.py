@@ -527,6 +527,7 @@ print(json.dumps({"gpus": count, "rx": rx, "wall": wall, "cpu": cpu, "woken_duri
 """
 
 
+@pytest.mark.slow  # a subprocess: the real binding loads the stub (0.6-0.8 s)
 def test_the_stub_blocks_its_20ms_window_on_8_gpus_asleep_and_without_the_gil(tmp_path):
     """build.layout_from_fake on the daemon benchmark's 8-GPU host, pcie_window_us 20000: each
     throughput call takes its window in nanosleep (wall >= 20 ms, next to no CPU), and ctypes has
