@@ -33,6 +33,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 ENV_PREFIX = "HYBRIDMON_"
+TEST_DOUBLE_PREFIXES = (ENV_PREFIX + "FAKE_", ENV_PREFIX + "STUB_")
 DEFAULT_LISTEN = "127.0.0.1:9787"
 
 # Lower bounds of the intervals and timeouts: below these the agent only burns a core (a tick of
@@ -402,7 +403,9 @@ def _from_environment(environ: Mapping[str, str]) -> dict:
     flat: dict[str, tuple[str, Any]] = {}
     # Sorted, so that what is reported first does not depend on the order of the environment.
     for name, raw in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or name.startswith(ENV_PREFIX + "FAKE_"):
+        # Not settings: the test doubles' own (the fake NVML's layout, and the stub
+        # libnvidia-ml's, which the library reads at init: tests/support/stub_nvml).
+        if not name.startswith(ENV_PREFIX) or name.startswith(TEST_DOUBLE_PREFIXES):
             continue
         parts = name[len(ENV_PREFIX):].lower().split("__")
         if not all(parts):

@@ -12,6 +12,9 @@ over `--minutes` measured after a `--warmup-seconds` warm-up, as a percentage of
 `--history-minutes` (default 120) fills the daemon's history before its threads start, through
 its own collectors, History and detectors at back-dated times (benchmarks/daemon_with_history.py
 says how and why that stands for 2 h of running); 0 starts it empty, as a fresh daemon.
+`--nvml stub` runs the daemon on the real binding (nvidia-ml-py) over the stub libnvidia-ml of
+tests/support/stub_nvml, same host, its throughput call blocking 20 ms in nanosleep: the figure
+without the fake's own Python per call (samplers path only).
 `--quick` is a smoke run: 1 minute after a 15 s warm-up, 10 minutes of history.
 
 It grew from issue 17's long run (RSS and CPU every minute, scraped as Prometheus would):
@@ -107,12 +110,31 @@ def set_pcie_path(layout_path: Path, pcie_path: str) -> None:
     layout_path.write_text(json.dumps(layout, indent=2))
 
 
+NVML_LIBRARIES = ("fake", "stub")
+
+
+def stub_nvml_environment(fake_layout_path: Path, workdir: Path) -> dict[str, str]:
+    """The daemon on the REAL binding (nvidia-ml-py, the newest tested) over the stub
+    libnvidia-ml (tests/support/stub_nvml), describing the same host as the fake's layout, its
+    throughput call blocking 20 ms in nanosleep (as the fake's in time.sleep). The fake's Python
+    per call is then gone: what is left is the binding's and the daemon's own (docs/nvml-cost.md)."""
+    from tests.support.stub_nvml import build
+
+    stub_layout = workdir / "stub-nvml.layout"
+    build.write_layout(stub_layout, build.layout_from_fake(json.loads(fake_layout_path.read_text())))
+    return {"LD_LIBRARY_PATH": str(build.build_stub("current")),
+            "HYBRIDMON_STUB_NVML_LAYOUT": str(stub_layout),
+            "HYBRIDMON_GPU__NVML_MODULE": "pynvml",
+            "PYTHONPATH": os.pathsep.join([str(build.pynvml_dir(build.NEWEST_NVIDIA_ML_PY)), str(REPO)])}
+
+
 @contextlib.contextmanager
 def daemon_on_scaled_host(workdir: Path, gpus: int, processes: int, pcie_path: str = "samplers",
-                          history_minutes: float = 0.0):
+                          history_minutes: float = 0.0, nvml: str = "fake"):
     """`hybridmon run` on the scaled host with `processes` real watched children and the fake vLLM
     server, on a free loopback port, its fake NVML on `pcie_path` and its history filled with
-    `history_minutes` first (benchmarks/daemon_with_history.py); yields (daemon, its /metrics URL,
+    `history_minutes` first (benchmarks/daemon_with_history.py), on the fake NVML or (`nvml`
+    "stub") the real binding over the stub library; yields (daemon, its /metrics URL,
     its log path) once /metrics serves the whole host. Everything is stopped on exit
     (benchmarks/scrape_under_load.py runs it too)."""
     import httpx
@@ -136,6 +158,9 @@ def daemon_on_scaled_host(workdir: Path, gpus: int, processes: int, pcie_path: s
                 "HYBRIDMON_FAKE_NVML_LAYOUT": host.layout,
                 "PYTHONPATH": str(REPO),
             })
+            if nvml == "stub":
+                env.pop("HYBRIDMON_FAKE_NVML_LAYOUT")
+                env.update(stub_nvml_environment(Path(host.layout), workdir))
             port = free_port()
             url = f"http://127.0.0.1:{port}/metrics"
             log_path = workdir / "hybridmon.log"
@@ -154,17 +179,18 @@ def daemon_on_scaled_host(workdir: Path, gpus: int, processes: int, pcie_path: s
 
 
 def long_run(minutes: float, gpus: int, processes: int, scrape_seconds: float, workdir: Path,
-             pcie_path: str = "samplers", warmup_seconds: float = 0.0, history_minutes: float = 0.0) -> dict:
+             pcie_path: str = "samplers", warmup_seconds: float = 0.0, history_minutes: float = 0.0,
+             nvml: str = "fake") -> dict:
     import httpx
 
     waiting_since = time.monotonic()  # the host's setup (a second or two) and the history's filling
-    with daemon_on_scaled_host(workdir, gpus, processes, pcie_path, history_minutes) as (daemon, url, log_path), \
+    with daemon_on_scaled_host(workdir, gpus, processes, pcie_path, history_minutes, nvml) as (daemon, url, log_path), \
             httpx.Client(timeout=10.0, headers={"Accept-Encoding": "gzip"}) as client:
         filling_seconds = time.monotonic() - waiting_since
         warm_up(client, url, daemon, warmup_seconds, scrape_seconds, log_path)
         return sample_minutes(client, url, daemon, minutes, scrape_seconds, log_path) | {
             "gpus": gpus, "watched_processes": processes, "scrape_seconds": scrape_seconds,
-            "pcie_path": pcie_path, "warmup_seconds": warmup_seconds,
+            "pcie_path": pcie_path, "nvml": nvml, "warmup_seconds": warmup_seconds,
             "history_minutes_filled": history_minutes,
             "seconds_to_first_metrics_with_filling": round(filling_seconds, 1),
             "pcie_sampler_threads": sum(1 for name in thread_names(daemon.pid) if name.startswith("pcie-"))}
@@ -194,6 +220,11 @@ def thread_names(pid: int) -> list[str]:
     return names
 
 
+def thread_group(name: str) -> str:
+    """A thread's kernel name with its trailing index dropped: "pcie-gpu3" is "pcie-gpu"."""
+    return name.rstrip("0123456789").rstrip("_-") or name
+
+
 def cpu_by_thread_group(pid: int) -> dict[str, float]:
     """CPU seconds (utime + stime) of the process's threads, grouped by their kernel name with the
     trailing index dropped ("pcie-gpu3" and "pcie-gpu5" are "pcie-gpu"): the daemon names its
@@ -207,8 +238,26 @@ def cpu_by_thread_group(pid: int) -> dict[str, float]:
             seconds = process_cpu_seconds(pid, tid)
         except OSError:
             continue
-        group = name.rstrip("0123456789").rstrip("_-") or name
+        group = thread_group(name)
         groups[group] = groups.get(group, 0.0) + seconds
+    return groups
+
+
+def wakeups_by_thread_group(pid: int) -> dict[str, int]:
+    """Voluntary context switches (a thread blocking: a wait, a sleep, a lock) of the process's
+    threads, grouped as cpu_by_thread_group groups them: each is a wake-up later."""
+    groups: dict[str, int] = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm", encoding="utf-8", errors="replace") as handle:
+                name = handle.read().strip()
+            with open(f"/proc/{pid}/task/{tid}/status", encoding="utf-8") as handle:
+                switches = next(int(line.split()[1]) for line in handle
+                                if line.startswith("voluntary_ctxt_switches:"))
+        except (OSError, StopIteration):
+            continue
+        group = thread_group(name)
+        groups[group] = groups.get(group, 0) + switches
     return groups
 
 
@@ -217,6 +266,7 @@ def sample_minutes(client, url: str, daemon: subprocess.Popen, minutes: float, s
     started = time.monotonic()
     cpu_start = process_cpu_seconds(daemon.pid)
     groups_start = cpu_by_thread_group(daemon.pid)
+    wakeups_start = wakeups_by_thread_group(daemon.pid)
     load_start = os.getloadavg()
     rows, latencies = [], []
     next_minute, next_scrape = started, started
@@ -250,6 +300,7 @@ def sample_minutes(client, url: str, daemon: subprocess.Popen, minutes: float, s
     cpu_seconds = process_cpu_seconds(daemon.pid) - cpu_start
     rss_end = rss_bytes(daemon.pid)
     groups_end = cpu_by_thread_group(daemon.pid)
+    wakeups_end = wakeups_by_thread_group(daemon.pid)
     by_group = {group: round((seconds - groups_start.get(group, 0.0)) / elapsed * 1000, 2)
                 for group, seconds in sorted(groups_end.items(), key=lambda item: -item[1])}
     return {
@@ -260,6 +311,10 @@ def sample_minutes(client, url: str, daemon: subprocess.Popen, minutes: float, s
         "load_average": {"at_start": list(load_start), "at_end": list(os.getloadavg())},
         # CPU ms per second of each group of threads over the run (threads that ended are missing)
         "cpu_ms_per_second_by_thread_group": by_group,
+        # voluntary context switches a second of each group over the run: its wake-ups
+        "wakeups_per_second_by_thread_group": {
+            group: round((count - wakeups_start.get(group, 0)) / elapsed, 1)
+            for group, count in sorted(wakeups_end.items(), key=lambda item: -item[1])},
         "minutes": minutes,
         "rss_mb_by_minute": rows,
         "rss_mb_end": rows[-1]["rss_mb"],
@@ -279,6 +334,9 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--processes", type=int, default=16, help="real watched processes (default 16)")
     parser.add_argument("--pcie-path", choices=PCIE_PATHS, default="samplers",
                         help="the fake driver: PCIe byte counters, or samplers (no counters; default)")
+    parser.add_argument("--nvml", choices=NVML_LIBRARIES, default="fake",
+                        help="the fake NVML (default), or the real nvidia-ml-py over the stub "
+                             "libnvidia-ml (tests/support/stub_nvml; samplers path only)")
     parser.add_argument("--warmup-seconds", type=float, help="not measured, after /metrics answers (default 60)")
     parser.add_argument("--history-minutes", type=float,
                         help="history filled before the daemon's threads start (default 120; 0: none)")
@@ -288,6 +346,8 @@ def parse_arguments(argv: list[str] | None = None) -> argparse.Namespace:
                         help="smoke run: 1 minute after a 15 s warm-up, 10 minutes of history")
     parser.add_argument("--json-out", metavar="FILE", help="also write the figures as JSON here")
     args = parser.parse_args(argv)
+    if args.nvml == "stub" and args.pcie_path != "samplers":
+        parser.error("--nvml stub runs the samplers path only: the stub's byte counters do not advance")
     # --quick sets the defaults only: a flag given beside it wins
     quick = {"minutes": 1.0, "warmup_seconds": 15.0, "history_minutes": 10.0}
     full = {"minutes": 10.0, "warmup_seconds": 60.0, "history_minutes": 120.0}
@@ -309,17 +369,19 @@ def print_table(result: dict) -> None:
           f"threads ({result['pcie_sampler_threads']} PCIe samplers)")
     print("  CPU ms/s by thread group: " + ", ".join(f"{group} {ms}" for group, ms
                                                    in result["cpu_ms_per_second_by_thread_group"].items()))
+    print("  wake-ups a second by thread group: " + ", ".join(
+        f"{group} {count}" for group, count in result["wakeups_per_second_by_thread_group"].items()))
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_arguments(argv)
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
-    print(f"the daemon ({args.pcie_path} path) for {args.minutes:g} min after a {args.warmup_seconds:g} s "
-          f"warm-up, {args.history_minutes:g} min of history filled: {args.gpus} GPUs (fake NVML), "
+    print(f"the daemon ({args.pcie_path} path, {args.nvml} NVML) for {args.minutes:g} min after a {args.warmup_seconds:g} s "
+          f"warm-up, {args.history_minutes:g} min of history filled: {args.gpus} GPUs ({args.nvml} NVML), "
           f"{args.processes} real watched processes, a scrape every {args.scrape_seconds:g} s", flush=True)
     with tempfile.TemporaryDirectory(prefix="hybridmon-long-run-") as tmp:
         result = long_run(args.minutes, args.gpus, args.processes, args.scrape_seconds, Path(tmp),
-                          args.pcie_path, args.warmup_seconds, args.history_minutes)
+                          args.pcie_path, args.warmup_seconds, args.history_minutes, args.nvml)
     result["command"] = " ".join([Path(sys.executable).name, *sys.argv]) if argv is None else " ".join(argv)
     result["machine"] = machine()
     print_table(result)

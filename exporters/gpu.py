@@ -96,7 +96,8 @@ PCIE_SAMPLED_BYTES = MetricSpec(
     "hybridmon_gpu_pcie_sampled_bytes_total",
     "Estimated PCIe bytes moved since the agent started, where the GPU lacks byte counters: the "
     "sum of each 20 ms nvmlDeviceGetPcieThroughput sample times the time it stands for (samples "
-    "at random moments, pcie_samples_per_second a second). rate() over 1 min has a standard "
+    "at random moments, pcie_samples_per_second a second near the starvation threshold, down to 1 "
+    "a second far below it). rate() over 1 min has a standard "
     "error of at most burst rate x sqrt(d(1-d)/n), n samples in the window (docs/nvml-cost.md); "
     "absent where hybridmon_gpu_pcie_bytes_total is present.",
     "counter", ("gpu", "uuid", "direction"))
@@ -660,9 +661,10 @@ class GpuSettings(CollectorSettings):
                     "then is reported down for that collection and the others are on time")
     pcie_samples_per_second: float = Field(
         default=DEFAULT_SAMPLES_PER_SECOND, ge=0, le=MAX_SAMPLES_PER_SECOND,
-        description="PCIe throughput samples a second per GPU without PCIe byte counters (each "
-                    "blocks a sampler thread 40 ms); 0: one 20 ms window per tick. Sets the error "
-                    "bound of the traffic reading (docs/nvml-cost.md)")
+        description="PCIe throughput samples a second per GPU without PCIe byte counters while "
+                    "its traffic is near the starvation threshold, down to 1 a second far below it "
+                    "(each blocks a sampler thread 40 ms); 0: one 20 ms window per tick. Sets the "
+                    "error bound of the traffic reading (docs/nvml-cost.md)")
 
 
 def _buses_by_process(readings: Iterable[GpuReading]) -> dict[int, tuple[str, ...]]:

@@ -14,10 +14,12 @@ failing: exporters/nvml.py gives them up after a few reads in a row and asks aga
 a GPU with GPM (Hopper and later) is read from its GPM PCIe metrics: NVML's bytes between two
 samples a tick apart, MiB/s, no blocking and, like the counters, the exact average of the interval.
 Elsewhere a
-`ThroughputSampler` thread per GPU takes `samples_per_second` window pairs (RX then TX), one at a
-uniformly random moment in each slot of 1/samples_per_second (stratified sampling: unbiased for
-any traffic, however periodic, and no noisier than independent samples), and each tick publishes
-their mean since the last tick and a running estimate of the bytes moved.
+`ThroughputSampler` thread per GPU takes window pairs (RX then TX), one at a uniformly random
+moment in each slot (stratified sampling: unbiased for any traffic, however periodic, and no
+noisier than independent samples), and each tick publishes their mean since the last tick and a
+running estimate of the bytes moved. Its pace is `samples_per_second` near the starvation
+threshold and down to FLOOR_SAMPLES_PER_SECOND far below it (AdaptivePacing: the same 2-sigma
+guarantee relative to the distance to the threshold).
 
 Error bound of the sampled reading. A 20 ms window's average of traffic that is between 0 and its
 burst rate B, on for a share d of the time, has variance at most d(1 - d)B^2 (a value in [0, 1]
@@ -30,7 +32,8 @@ and stratified sampling does no worse. Assumptions: the traffic's phase is not l
 sampling (the random place in each slot makes this so); samples that overlap the same burst are
 the stratified case, not a violation. At the default 5 samples/s, the agent's 1 min window holds
 n = 300: sigma <= 2.9 % of B at d = 0.5 (2 sigma 5.8 %), 1.7 % at d = 0.9 (2 sigma 3.5 %, inside
-the starvation alert's 4 % margin: DEFAULT_SAMPLES_PER_SECOND); a Prometheus rate() over the
+the starvation alert's 4 % margin: DEFAULT_SAMPLES_PER_SECOND, the full pace, which
+AdaptivePacing keeps near the threshold); a Prometheus rate() over the
 sampled byte estimate uses the same 300 samples whatever its scrape interval. The
 simulation in tests/exporters/test_pcie_traffic.py measures it; docs/nvml-cost.md has the figures.
 """
@@ -41,11 +44,13 @@ import math
 import random
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from hybridmon.exporters.base import LogOnce
 from hybridmon.exporters.nvml import GpuLostError, Nvml, PcieByteCount, PcieThroughputReader
+from hybridmon.pcie_rates import achievable_capacity, bidirectional_capacity, theoretical_capacity
 from hybridmon.exporters.nvml_answers import (NVML_GPM_METRIC_PCIE_RX_PER_SEC,
                                               NVML_GPM_METRIC_PCIE_TX_PER_SEC)
 
@@ -56,8 +61,9 @@ SAMPLE_WINDOW_SECONDS = 0.020
 PAIR_SECONDS = 2 * SAMPLE_WINDOW_SECONDS
 """One sample of both directions: two calls, each blocking for its window."""
 DEFAULT_SAMPLES_PER_SECOND = 5.0
-"""Sample pairs per second per GPU without counters: n = 300 a minute (module docstring), the
-sampler thread blocked in NVML 20 % of the time. 25 is the most (back-to-back windows).
+"""Sample pairs per second per GPU without counters near the starvation threshold (the full pace;
+AdaptivePacing takes fewer far below it): n = 300 a minute (module docstring), the sampler thread
+blocked in NVML 20 % of the time. 25 is the most (back-to-back windows).
 
 The bound kept: the starvation alert's margin is 4 % of capacity (it fires at 90 %, traffic
 clearly under it sits at 86 %: docs/nvml-cost.md), and with bursts at capacity near it (d = 0.9)
@@ -114,6 +120,101 @@ class TrafficReading:
     source: str = "sampled"  # one of METHODS: how the GPU's traffic is read, this tick's window aside
 
 
+FLOOR_SAMPLES_PER_SECOND = 1.0
+"""AdaptivePacing's least pace: a burst starting on an idle link is seen within about a second,
+and the next slot is back at the full pace (AdaptivePacing.RECENT_SAMPLES)."""
+STARVATION_SHARE = 0.90
+"""The starvation alert's share of capacity (agent/alerts/thresholds.toml [pcie_starvation]
+traffic_share_of_capacity; tests/exporters/test_pcie_traffic.py holds them equal)."""
+PACING_WINDOW_SECONDS = 60.0
+"""The window the alert judges: rate() of the sampled bytes over 1 min."""
+
+
+class AdaptivePacing:
+    """How many samples a second one GPU's link needs: the full pace near the starvation
+    threshold, fewer far below it, never under FLOOR_SAMPLES_PER_SECOND.
+
+    Derivation (docs/performance.md, "The sampler path"). A 20 ms window's reading lies in [0, C],
+    C the link's theoretical rate (no window carries more), so a window at a random moment, with
+    the link's mean rate m over the minute, has variance at most m (C - m) (a value in [0, C] with
+    mean m varies at most as a 0/C one does: the binomial on/off model, d = m / C). r samples a
+    second over the W = 60 s window estimate m with standard error at most
+    sqrt(m (C - m) / (r W)), and stratified slots do no worse. The reading cannot cross the
+    threshold by error, at the same 2 sigma the full pace keeps near it, while
+
+        2 sqrt(m (C - m) / (r W)) <= T - m,   i.e.   r >= 4 m (C - m) / (W (T - m)^2)
+
+    with T the least rate the alert can fire at on this link. T: the alert fires at
+    STARVATION_SHARE of what the link carries; one direction alone is judged against the
+    achievable rate, both together against the bidirectional one (pcie_rates), and two directions
+    whose sum crosses STARVATION_SHARE x bidirectional have one at or past half of it. So T =
+    STARVATION_SHARE x min(achievable, bidirectional / 2): 0.52 C on Gen4. Assumed: a capacity
+    measured by `hybridmon bench` is not below that bidirectional figure (the pacing does not read
+    it); where it is, the far-from-threshold pace keeps its 2 sigma against the lower threshold
+    only once m is under it by the margin the formula gives (module docstring for n = 60: 13 % of
+    C at d = 0.5).
+
+    m is not known: each decision uses an upper bound on it, the larger of the last
+    RECENT_SAMPLES samples' mean (so a burst brings the full pace back within a sample or two)
+    and the minute's mean plus its own 2 sigma. At or past T: the full pace. Without a known
+    link (generation or width unknown): the full pace always."""
+
+    RECENT_SAMPLES = 3
+
+    def __init__(self, full_per_second: float, near_bytes_per_second: float | None,
+                 ceiling_bytes_per_second: float | None,
+                 floor_per_second: float = FLOOR_SAMPLES_PER_SECOND,
+                 window_seconds: float = PACING_WINDOW_SECONDS) -> None:
+        self.full = full_per_second
+        self.floor = min(floor_per_second, full_per_second)
+        self._near = near_bytes_per_second
+        self._ceiling = ceiling_bytes_per_second
+        self._window = window_seconds
+        self._samples: list[deque] = [deque(), deque()]  # per direction: (moment, bytes/s)
+        self._totals = [0.0, 0.0]  # per direction: the sum of the window's values, kept running
+        # (each decision is O(1): 40 decisions a second at the full pace on 8 GPUs)
+
+    def samples_per_second(self, now: float, pair: tuple[float | None, float | None]) -> float:
+        """The pace for the next slot, given the sample just taken at about `now`."""
+        if not self._near or not self._ceiling:
+            return self.full
+        pace = self.floor
+        for direction, value in enumerate(pair):
+            samples = self._samples[direction]
+            if value is not None:
+                samples.append((now, float(value)))
+                self._totals[direction] += value
+            while samples and samples[0][0] < now - self._window:
+                self._totals[direction] -= samples.popleft()[1]
+            if samples:
+                pace = max(pace, self._needed(samples, self._totals[direction]))
+            else:
+                self._totals[direction] = 0.0  # no drift carried into the next window
+        return min(pace, self.full)
+
+    def _needed(self, samples: deque, total: float) -> float:
+        ceiling, n = self._ceiling, len(samples)
+        mean = min(max(total / n, 0.0), ceiling)
+        recent = min(n, self.RECENT_SAMPLES)
+        recent_mean = sum(samples[-i][1] for i in range(1, recent + 1)) / recent
+        upper = max(recent_mean, mean + 2 * math.sqrt(mean * (ceiling - mean) / n))
+        if upper >= self._near:
+            return math.inf
+        return 4 * upper * (ceiling - upper) / (self._window * (self._near - upper) ** 2)
+
+
+def link_pacing(full_per_second: float, generation: float | None, lanes: float | None) -> AdaptivePacing:
+    """AdaptivePacing for a link at its maximum generation and width (NVML's; the current ones
+    drop at idle): the threshold and the ceiling of its docstring from pcie_rates."""
+    if not generation or not lanes:
+        return AdaptivePacing(full_per_second, None, None)
+    achievable = achievable_capacity(generation, lanes)
+    bidirectional = bidirectional_capacity(generation, lanes)
+    near = (None if achievable is None or bidirectional is None
+            else STARVATION_SHARE * min(achievable, bidirectional / 2))
+    return AdaptivePacing(full_per_second, near, theoretical_capacity(generation, lanes))
+
+
 class ThroughputSampler:
     """Samples one GPU's nvmlDeviceGetPcieThroughput pairs, one at a random moment in each slot.
 
@@ -123,6 +224,7 @@ class ThroughputSampler:
 
     def __init__(self, read_pair: Callable[[], tuple[float | None, float | None]],
                  samples_per_second: float = DEFAULT_SAMPLES_PER_SECOND, *,
+                 pacing: AdaptivePacing | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  wait: Callable[[float], Any] | None = None,
                  rng: random.Random | None = None, name: str = "gpu") -> None:
@@ -130,7 +232,8 @@ class ThroughputSampler:
             raise ValueError(f"samples_per_second must be in (0, {MAX_SAMPLES_PER_SECOND:g}]: "
                              f"each sample blocks {PAIR_SECONDS * 1000:g} ms")
         self._read_pair = read_pair
-        self._slot_seconds = 1.0 / samples_per_second
+        self._slot_seconds = 1.0 / samples_per_second  # the next slot's length; pacing may change it
+        self._pacing = pacing
         self._clock = clock
         self._stop = threading.Event()
         # Held until stop(): the sampler waits for its next moment by a timed acquire of it, one C
@@ -143,10 +246,10 @@ class ThroughputSampler:
         self._rng = rng or random.Random()
         self._name = name
         self._lock = threading.Lock()
-        self._grid_start: float | None = None
-        self._slot = 0  # the slot the next sample is taken in
-        self._last_sampled_slot: int | None = None
-        self._sums = [0.0, 0.0]
+        self._slot_start: float | None = None  # where the next sample's slot begins
+        self._covered_until: float | None = None  # the byte estimate covers up to here
+        self._sums = [0.0, 0.0]  # each sample x its slot's seconds, so a slower pace weighs more
+        self._weights = [0.0, 0.0]
         self._counts = [0, 0]
         self._estimated_bytes = [0.0, 0.0]
         self._thread: threading.Thread | None = None
@@ -154,36 +257,49 @@ class ThroughputSampler:
 
     def sample_slot(self) -> None:
         """Take the next slot's sample at a uniformly random moment in it (or as soon as the
-        previous sample ends, if that is later); a slot already past is skipped, not caught up."""
+        previous sample ends, if that is later); slots already past are skipped, not caught up.
+
+        Each sample stands for the time since the previous one's slot ended: its slot and the
+        slots skipped before it (the byte estimate's weight). Slots tile time and each moment is
+        uniform in its slot whatever the pace chose for its length from earlier samples, so the
+        estimate stays unbiased under AdaptivePacing (its docstring)."""
         now = self._clock()
-        if self._grid_start is None:
-            self._grid_start = now
-        self._slot = max(self._slot, math.floor((now - self._grid_start) / self._slot_seconds))
-        at = self._grid_start + (self._slot + self._rng.random()) * self._slot_seconds
+        if self._slot_start is None:
+            self._slot_start = self._covered_until = now
+        if now >= self._slot_start + self._slot_seconds:  # late: into the slot `now` falls in
+            self._slot_start += math.floor((now - self._slot_start) / self._slot_seconds) * self._slot_seconds
+        at = self._slot_start + self._rng.random() * self._slot_seconds
         if at > now and self._wait(at - now):
             return  # stopped
         pair = self._read_pair()
-        # Each sample stands for the slots since the previous one: the byte estimate's weight.
-        slots = 1 if self._last_sampled_slot is None else self._slot - self._last_sampled_slot
+        slot_end = self._slot_start + self._slot_seconds
+        weight = slot_end - self._covered_until
         with self._lock:
             for direction, value in enumerate(pair):
                 if value is not None:
-                    self._sums[direction] += value
+                    self._sums[direction] += value * weight
+                    self._weights[direction] += weight
                     self._counts[direction] += 1
-                    self._estimated_bytes[direction] += value * slots * self._slot_seconds
-        self._last_sampled_slot = self._slot
-        self._slot += 1
+                    self._estimated_bytes[direction] += value * weight
+        self._covered_until = self._slot_start = slot_end
+        if self._pacing is not None:
+            self._slot_seconds = 1.0 / self._pacing.samples_per_second(slot_end, pair)
+
+    @property
+    def samples_per_second(self) -> float:
+        """The pace of the next slot."""
+        return 1.0 / self._slot_seconds
 
     def take(self) -> dict:
         """Per direction since the previous take: samples, their mean bytes/s (None without any),
         and the running byte estimate. Plain JSON, so a trace records it."""
         with self._lock:
             taken = {direction: {"samples": self._counts[i],
-                                 "mean_bytes_per_second": (self._sums[i] / self._counts[i]
+                                 "mean_bytes_per_second": (self._sums[i] / self._weights[i]
                                                            if self._counts[i] else None),
                                  "estimated_bytes": self._estimated_bytes[i]}
                      for i, direction in enumerate(DIRECTIONS)}
-            self._sums, self._counts = [0.0, 0.0], [0, 0]
+            self._sums, self._weights, self._counts = [0.0, 0.0], [0.0, 0.0], [0, 0]
         return taken
 
     def start(self) -> None:
@@ -237,6 +353,7 @@ class PcieTraffic:
         self._previous: dict[int, PcieByteCount] = {}
         self._samplers: dict[int, ThroughputSampler] = {}
         self._gpm_misses: dict[int, int] = {}  # gpu -> GPM reads in a row without PCIe metrics
+        self._held_means: dict[int, list] = {}  # gpu -> the sampled means last published
         self._lock = threading.Lock()
 
     def read(self, gpu: int, gpm: Callable[[], dict[int, float] | None] = lambda: None) -> TrafficReading:
@@ -297,11 +414,18 @@ class PcieTraffic:
         taken = self._source.call(f"pcie_traffic.samples({gpu})", take)
         means = [taken[d]["mean_bytes_per_second"] for d in DIRECTIONS]
         sampled = tuple(float(taken[d]["estimated_bytes"]) for d in DIRECTIONS)
+        held = self._held_means.get(gpu)
+        if None in means and held is not None:
+            # No sample since the last tick: at a slow pace (AdaptivePacing, 1 a second at the
+            # least) a 1 s tick holds none now and then. The gauge holds the last mean; the byte
+            # estimate the alert reads covers the gap already.
+            means = [h if m is None else m for m, h in zip(means, held)]
         if None in means:
-            # No sample since the last tick (the sampler just started): one window now.
+            # No sample yet (the sampler just started): one window now.
             window = self._nvml.pcie_throughput_bytes_per_second(gpu)
             means = [w if m is None else m for m, w in zip(means, window)]
             return TrafficReading(tuple(means), None, sampled, method="window")
+        self._held_means[gpu] = means
         return TrafficReading(tuple(means), None, sampled, method="samples")
 
     def _sampler(self, gpu: int) -> ThroughputSampler:
@@ -316,16 +440,23 @@ class PcieTraffic:
                     except GpuLostError:
                         return None, None  # the collector's own calls report the loss
 
+                # The sampler's own gate: the collector's calls are recorded, and this runs
+                # inside its recorded pcie_traffic.samples call.
+                pacing = link_pacing(self._samples_per_second,
+                                     self._sampler_nvml.pcie_link_max_generation(gpu),
+                                     self._sampler_nvml.pcie_link_max_width_lanes(gpu))
                 sampler = self._samplers[gpu] = ThroughputSampler(
-                    read_pair, self._samples_per_second, name=f"gpu{gpu}")
+                    read_pair, self._samples_per_second, pacing=pacing, name=f"gpu{gpu}")
                 sampler.start()
-                log.info("GPU %d: sampling PCIe throughput %g times a second (no byte counters; "
-                         "docs/nvml-cost.md)", gpu, self._samples_per_second)
+                log.info("GPU %d: sampling PCIe throughput %g to %g times a second, by the distance "
+                         "to the starvation threshold (no byte counters; docs/performance.md)",
+                         gpu, pacing.floor, pacing.full)
         return sampler
 
     def _stop_sampler(self, gpu: int) -> None:
         with self._lock:
             sampler = self._samplers.pop(gpu, None)
+            self._held_means.pop(gpu, None)
         if sampler is not None:
             sampler.stop()
 

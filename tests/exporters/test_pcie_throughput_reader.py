@@ -105,9 +105,13 @@ def test_the_sampler_threads_read_through_the_lean_path():
     try:
         sampler = traffic._sampler(0)
         assert sampler._read_pair() == GPU0_PAIR
-        # The thread's own samples and the one above: after the first, no source.call at all.
+        # The thread's own samples and the one above: after the first, no source.call at all;
+        # besides them the gate read the link's maximum generation and width once, for the pace.
         assert sampler_gate._keys == {(THROUGHPUT, 0, ("rx",)): "nvml.nvmlDeviceGetPcieThroughput(0,rx)",
-                                      (THROUGHPUT, 0, ("tx",)): "nvml.nvmlDeviceGetPcieThroughput(0,tx)"}
+                                      (THROUGHPUT, 0, ("tx",)): "nvml.nvmlDeviceGetPcieThroughput(0,tx)",
+                                      ("nvmlDeviceGetMaxPcieLinkGeneration", 0, ()):
+                                          "nvml.nvmlDeviceGetMaxPcieLinkGeneration(0)",
+                                      ("nvmlDeviceGetMaxPcieLinkWidth", 0, ()): "nvml.nvmlDeviceGetMaxPcieLinkWidth(0)"}
     finally:
         traffic.close()
 
@@ -118,3 +122,40 @@ def test_the_default_rate_keeps_the_starvation_margin():
     two_sigma = 2 * share_standard_error(0.9, round(60 * DEFAULT_SAMPLES_PER_SECOND))
     assert two_sigma < 0.90 - 0.86
     assert 2 * share_standard_error(0.9, round(60 * 3.5)) > 0.90 - 0.86  # the least rate, not slack
+
+
+class ScriptedSampler:
+    """Stands in for a GPU's ThroughputSampler: each take() answers the next scripted summary."""
+
+    def __init__(self, takes: list[dict]) -> None:
+        self.takes = takes
+
+    def take(self) -> dict:
+        return self.takes.pop(0)
+
+    def stop(self) -> None:
+        pass
+
+
+def summary(samples: int, host_to_device: float | None, device_to_host: float | None) -> dict:
+    return {"host_to_device": {"samples": samples, "mean_bytes_per_second": host_to_device,
+                               "estimated_bytes": 0.0},
+            "device_to_host": {"samples": samples, "mean_bytes_per_second": device_to_host,
+                               "estimated_bytes": 0.0}}
+
+
+def test_a_tick_without_a_sample_holds_the_last_mean_instead_of_blocking_on_a_window():
+    """At the floor pace (1 a second) a 1 s tick finds no new sample now and then: the gauge holds
+    the last mean, and the collector does not block 40 ms on a window pair for it. Only before the
+    first sample is a window read."""
+    fake = FakeNvml()
+    traffic = PcieTraffic(Nvml(LiveSource(), fake), LiveSource(), Nvml(LiveSource(), fake))
+    traffic._samplers[0] = ScriptedSampler([summary(0, None, None), summary(2, 5.0, 7.0),
+                                            summary(0, None, None)])
+    first = traffic._from_samples(0)
+    assert (first.method, first.bytes_per_second) == ("window", GPU0_PAIR)
+    windows = fake.calls["nvmlDeviceGetPcieThroughput"]
+    assert traffic._from_samples(0).bytes_per_second == (5.0, 7.0)
+    held = traffic._from_samples(0)
+    assert (held.method, held.bytes_per_second) == ("samples", (5.0, 7.0))
+    assert fake.calls["nvmlDeviceGetPcieThroughput"] == windows  # no window since the first

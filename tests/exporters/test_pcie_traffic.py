@@ -5,21 +5,27 @@ from __future__ import annotations
 import logging
 import math
 import random
+import statistics
 import time
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from hybridmon.exporters.gpu import (PCIE_BYTES, PCIE_SAMPLED_BYTES, PCIE_THROUGHPUT,
                                      PCIE_TRAFFIC_METHOD, GpuCollector)
 from hybridmon.exporters.nvml import Nvml
-from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, ThroughputSampler,
-                                              counter_increase, share_standard_error)
+from hybridmon.exporters.pcie_traffic import (DEFAULT_SAMPLES_PER_SECOND, FLOOR_SAMPLES_PER_SECOND,
+                                              STARVATION_SHARE, ThroughputSampler, counter_increase,
+                                              link_pacing, share_standard_error)
+from hybridmon.pcie_rates import theoretical_capacity
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from tests.support.fake_nvml import (NVML_VALUE_TYPE_UNSIGNED_INT, FakeNvml, default_gpus,
                                      grace_hopper_gpu, pcie_on_seconds)
 
 KIB = 1024
 BURST_KILOBYTES_PER_SECOND = 1_000_000  # ~1 GB/s while a burst is on
+REPO = Path(__file__).resolve().parents[2]
 COUNTING_DRIVER = "560.35.03"  # R555 or later: fields 197/198 exist
 
 
@@ -307,3 +313,94 @@ def test_gpm_traffic_and_c2c_record_and_replay():
     for expected, readings in ticks:
         source.load(readings)
         assert sorted((s.spec.name, s.label_values, s.value) for s in replay.collect()) == expected
+
+
+# --- the adaptive pace (AdaptivePacing): the bound kept relative to the distance to the threshold --
+GEN4_X16 = (4, 16)
+LINE_RATE = theoretical_capacity(*GEN4_X16)  # bursts at the link's own rate: the widest spread
+NEAR_SHARE = link_pacing(DEFAULT_SAMPLES_PER_SECOND, *GEN4_X16)._near / LINE_RATE  # 0.52 on Gen4
+
+
+class OnOffTrace:
+    """Synthetic on/off traffic at the line rate: on for `duty` of each `period`, from `phase`;
+    read_pair answers the 20 ms window at the simulated clock's now, then advances it."""
+
+    def __init__(self, clock: SimClock, duty: float, period: float, phase: float) -> None:
+        self.clock, self.duty, self.period, self.phase = clock, duty, period, phase
+
+    def on_seconds(self, start: float, end: float) -> float:
+        def on_until(t: float) -> float:  # on-time in [phase, t)
+            cycles, into = divmod(t - self.phase, self.period)
+            return cycles * self.duty * self.period + min(into, self.duty * self.period)
+        return on_until(end) - on_until(start)
+
+    def read_pair(self) -> tuple[float, float]:
+        start = self.clock()
+        self.clock.advance(0.040)  # two 20 ms windows, as the real pair blocks
+        value = LINE_RATE * self.on_seconds(start, start + 0.020) / 0.020
+        return value, 0.0
+
+
+def paced_error(duty: float, seed: int, seconds: float = 60.0) -> tuple[float, float]:
+    """(estimated minus true mean over one minute, in units of the line rate; mean pace)."""
+    rng = random.Random(seed)
+    clock = SimClock(1000.0)
+    trace = OnOffTrace(clock, duty, period=rng.uniform(0.1, 3.0), phase=rng.uniform(0, 3))
+    sampler = ThroughputSampler(trace.read_pair, DEFAULT_SAMPLES_PER_SECOND,
+                                pacing=link_pacing(DEFAULT_SAMPLES_PER_SECOND, *GEN4_X16),
+                                clock=clock, wait=clock.advance, rng=rng)
+    warm_until = clock() + seconds  # the pace settles on the first minute; the second is judged
+    while clock() < warm_until:
+        sampler.sample_slot()
+    start, estimated = sampler._covered_until, sampler._estimated_bytes[0]
+    taken = 0
+    while clock() < start + seconds:
+        sampler.sample_slot()
+        taken += 1
+    end = sampler._covered_until
+    estimate = (sampler._estimated_bytes[0] - estimated) / (end - start) / LINE_RATE
+    return estimate - trace.on_seconds(start, end) / (end - start), taken / (end - start)
+
+
+@pytest.mark.parametrize("duty", [0.1, 0.3, 0.45, 0.6, 0.95])
+def test_the_adaptive_pace_keeps_two_sigma_inside_the_distance_to_the_threshold(duty):
+    """On bursty line-rate traffic, 10-95 % duty: the minute's estimate stays within 2 sigma of
+    the truth, sigma no larger than what keeps the reading off the threshold's other side (T - m)
+    / 2 far from it, and no larger than the full pace's near it; unbiased; and far from the
+    threshold it takes fewer samples than the full pace."""
+    runs = [paced_error(duty, 7000 + seed) for seed in range(40)]
+    errors, paces = [e for e, _ in runs], [p for _, p in runs]
+    full_bound = share_standard_error(duty, round(60 * DEFAULT_SAMPLES_PER_SECOND))
+    allowed = max(full_bound, (NEAR_SHARE - duty) / 2)
+    assert rms(errors) <= allowed
+    assert abs(sum(errors) / len(errors)) <= 3 * allowed / math.sqrt(len(errors))  # unbiased
+    if duty <= 0.3:
+        assert statistics.mean(paces) < DEFAULT_SAMPLES_PER_SECOND / 2  # the saving
+    if duty >= NEAR_SHARE:
+        assert min(paces) >= DEFAULT_SAMPLES_PER_SECOND * 0.9  # near or past it: the full pace
+
+
+def test_the_pace_falls_to_the_floor_on_an_idle_link_and_returns_at_once_on_a_burst():
+    clock = SimClock(1000.0)
+    trace = OnOffTrace(clock, duty=0.0, period=1.0, phase=0.0)
+    sampler = ThroughputSampler(trace.read_pair, DEFAULT_SAMPLES_PER_SECOND,
+                                pacing=link_pacing(DEFAULT_SAMPLES_PER_SECOND, *GEN4_X16),
+                                clock=clock, wait=clock.advance, rng=random.Random(3))
+    for _ in range(5):
+        sampler.sample_slot()
+    assert sampler.samples_per_second == FLOOR_SAMPLES_PER_SECOND
+    trace.duty = 1.0  # a copy fills the link from now on
+    burst_start = clock()
+    while sampler.samples_per_second < DEFAULT_SAMPLES_PER_SECOND:
+        sampler.sample_slot()
+    assert clock() - burst_start <= 3.5 / FLOOR_SAMPLES_PER_SECOND  # the RECENT_SAMPLES at the floor
+
+
+def test_an_unknown_link_is_sampled_at_the_full_pace():
+    pacing = link_pacing(DEFAULT_SAMPLES_PER_SECOND, None, 16)
+    assert pacing.samples_per_second(0.0, (0.0, 0.0)) == DEFAULT_SAMPLES_PER_SECOND
+
+
+def test_the_pace_reads_the_starvation_alerts_share():
+    thresholds = tomllib.loads((REPO / "agent/alerts/thresholds.toml").read_text())
+    assert STARVATION_SHARE == thresholds["pcie_starvation"]["traffic_share_of_capacity"]

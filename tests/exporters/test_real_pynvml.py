@@ -498,3 +498,66 @@ def test_field_values_failing_whole_are_given_up_after_three_reads(whole_call_fa
     # the same three reads where the call answers: the counters stay
     assert reading(probes(build.NEWEST_NVIDIA_ML_PY), 0,
                    "pcie_byte_counters_usable_after_3_reads") is True
+
+
+# --- the 20 ms window, on the daemon benchmark's 8-GPU host (issue 33) ---------------------------
+WINDOW_PROBE = """
+import json, threading, time, pynvml
+pynvml.nvmlInit()
+count = pynvml.nvmlDeviceGetCount()
+handle = pynvml.nvmlDeviceGetHandleByIndex(count - 1)
+wall, cpu = time.perf_counter(), time.process_time()
+for _ in range(5):
+    rx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+woken, done = [0], threading.Event()
+def other_thread():
+    while not done.is_set():
+        woken[0] += 1
+        time.sleep(0.002)
+thread = threading.Thread(target=other_thread)
+thread.start()
+time.sleep(0.005)
+before = woken[0]
+for _ in range(5):
+    pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+during = woken[0] - before
+done.set(); thread.join()
+print(json.dumps({"gpus": count, "rx": rx, "wall": wall, "cpu": cpu, "woken_during": during}))
+"""
+
+
+@pytest.mark.slow  # a subprocess: the real binding loads the stub (0.6-0.8 s)
+def test_the_stub_blocks_its_20ms_window_on_8_gpus_asleep_and_without_the_gil(tmp_path):
+    """build.layout_from_fake on the daemon benchmark's 8-GPU host, pcie_window_us 20000: each
+    throughput call takes its window in nanosleep (wall >= 20 ms, next to no CPU), and ctypes has
+    released the GIL so another Python thread runs meanwhile, as the benchmark's --nvml stub
+    needs. The real driver's way of waiting is the assumption stub_nvml.c names."""
+    from tests.support.scaled_host import build_scaled_host
+
+    try:
+        stub, binding = build.build_stub("current"), build.pynvml_dir(build.NEWEST_NVIDIA_ML_PY)
+    except build.StubUnavailable as error:
+        stub_unavailable(str(error))
+    fake_layout = json.loads(Path(build_scaled_host(tmp_path / "host").layout).read_text())
+    layout = tmp_path / "stub.layout"
+    build.write_layout(layout, build.layout_from_fake(fake_layout))
+    env = {**os.environ, "LD_LIBRARY_PATH": str(stub), "HYBRIDMON_STUB_NVML_LAYOUT": str(layout),
+           "PYTHONPATH": str(binding)}
+    result = subprocess.run([sys.executable, "-c", WINDOW_PROBE], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["gpus"] == len(fake_layout["gpus"]) == 8
+    assert report["rx"] == fake_layout["gpus"][-1]["pcie_rx_kilobytes_per_second"]
+    assert report["wall"] >= 5 * 0.020
+    assert report["cpu"] < 0.2 * report["wall"]  # asleep, not spinning
+    assert report["woken_during"] >= 10  # ~50 in the 100 ms: the GIL was free
+
+
+def test_layout_from_fake_says_what_the_stub_cannot_do():
+    gpu = {"uuid": "GPU-0", "pcie_duty": 0.5}
+    with pytest.raises(ValueError, match="static PCIe values"):
+        build.layout_from_fake({"gpus": [gpu]})
+    with pytest.raises(ValueError, match="at most 8 GPUs"):
+        build.layout_from_fake({"gpus": [gpu] * 9})

@@ -30,3 +30,29 @@ def test_quick_run_measures_the_daemon_on_each_driver_path(tmp_path, pcie_path, 
     assert result["command"].endswith(f"--json-out {out}")
     assert result["machine"]["cpus"] >= 1
     assert "CPU % core" in run.stdout  # the table
+
+
+def test_nvml_stub_runs_the_real_binding_over_the_stub_library(tmp_path):
+    """--nvml stub: the daemon's environment loads nvidia-ml-py (not the fake) over the stub built
+    for the benchmark's own 8-GPU host, each throughput call blocking 20 ms; the daemon's
+    configuration takes HYBRIDMON_STUB_NVML_LAYOUT for the library's, not for a setting; the
+    counters path is refused (the stub's counters do not advance). No daemon is started here: the
+    figures are docs/performance.md's."""
+    from benchmarks import daemon_long_run
+    from benchmarks.agent_bench_curve import build_sized_host
+    from hybridmon.agent.config import load_config
+    from tests.support.stub_nvml import build
+
+    host = build_sized_host(tmp_path / "host", 8, 16)
+    try:
+        env = daemon_long_run.stub_nvml_environment(Path(host.layout), tmp_path)
+    except build.StubUnavailable as error:
+        pytest.fail(f"the stub cannot be built here: {error}")
+    assert env["HYBRIDMON_GPU__NVML_MODULE"] == "pynvml"
+    assert (Path(env["LD_LIBRARY_PATH"]) / build.LIBRARY_NAME).is_file()
+    assert (Path(env["PYTHONPATH"].split(":")[0]) / "pynvml.py").is_file()
+    layout = Path(env["HYBRIDMON_STUB_NVML_LAYOUT"]).read_text().splitlines()
+    assert layout.count("gpu") == 8 and f"pcie_window_us {build.PCIE_WINDOW_US}" in layout
+    assert load_config(environ=env).gpu.nvml_module == "pynvml"
+    with pytest.raises(SystemExit):
+        daemon_long_run.parse_arguments(["--nvml", "stub", "--pcie-path", "counters"])

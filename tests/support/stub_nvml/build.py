@@ -178,9 +178,11 @@ def pynvml_dir(version: str) -> Path:
 
 def write_layout(path: Path, layout: dict) -> None:
     """Write the stub's layout file (format: stub_nvml.c's header comment) from a dict:
-    {"driver_version": str, "fail": {function: code}, "gpus": [{key: value, "processes":
+    {"driver_version": str, "pcie_window_us": int, "fail": {function: code}, "gpus": [{key: value, "processes":
     [(kind, pid, used_bytes or None, name)], "fields": {id: value}, "fail": {function: code}}]}."""
     lines = [f"driver_version {layout.get('driver_version', '550.54.15')}"]
+    if layout.get("pcie_window_us"):
+        lines.append(f"pcie_window_us {int(layout['pcie_window_us'])}")
     lines += [f"fail {function} {code}" for function, code in layout.get("fail", {}).items()]
     for gpu in layout["gpus"]:
         lines.append("gpu")
@@ -203,6 +205,46 @@ def write_layout(path: Path, layout: dict) -> None:
                     raise ValueError(f"layout value for {key!r} spans lines: {value!r}")
                 lines.append(f"{key} {value}")
     path.write_text("\n".join(lines) + "\n")
+
+
+PCIE_WINDOW_US = 20_000
+"""nvmlDeviceGetPcieThroughput's window (nvml.h: "querying a byte counter over a 20ms interval")."""
+MAX_GPUS = 8  # stub_state.h STUB_MAX_GPUS
+
+
+def layout_from_fake(fake_layout: dict, pcie_window_us: int = PCIE_WINDOW_US) -> dict:
+    """The stub's layout (write_layout's dict) for the host a fake NVML layout describes
+    (tests/support/fake_nvml.py FakeNvml.load_layout's JSON, e.g. the daemon benchmark's 8-GPU
+    host), the throughput call blocking `pcie_window_us`. What the stub cannot do is said, not
+    dropped silently: more than MAX_GPUS GPUs, bursty traffic or byte counters (the stub's values
+    are static), each a ValueError."""
+    gpus = fake_layout["gpus"]
+    if len(gpus) > MAX_GPUS:
+        raise ValueError(f"the stub holds at most {MAX_GPUS} GPUs (stub_state.h), the layout has {len(gpus)}")
+    stub_gpus = []
+    for gpu in gpus:
+        if gpu.get("pcie_duty", 1.0) < 1:
+            raise ValueError(f"GPU {gpu['uuid']}: the stub answers static PCIe values, not duty {gpu['pcie_duty']}")
+        stub = {"name": gpu["name"], "uuid": gpu["uuid"], "bus_id": gpu["pci_bus_id"],
+                "memory_total": gpu["memory_total_bytes"], "memory_reserved": gpu["memory_reserved_bytes"],
+                "memory_used": gpu["memory_used_bytes"],
+                "pcie_rx_kbps": gpu["pcie_rx_kilobytes_per_second"],
+                "pcie_tx_kbps": gpu["pcie_tx_kilobytes_per_second"],
+                "link_gen": gpu["link_generation"], "link_gen_max": gpu["max_link_generation"],
+                "link_width": gpu["link_width_lanes"], "link_width_max": gpu["max_link_width_lanes"],
+                "replays": gpu["pcie_replays"], "util_gpu": gpu["utilization_percent"],
+                "processes": [(kind, process["pid"], process["used_gpu_memory_bytes"], process["name"] or "?")
+                              for process in gpu.get("processes", [])
+                              for kind in process.get("kinds", ("compute",))]}
+        if gpu.get("numa_node") is not None:
+            stub["numa_node"] = gpu["numa_node"]
+        if gpu.get("pcie_byte_counters"):
+            # The stub's field values are static: counters that never advance would read as an
+            # interval without time, and each tick would block on a window instead.
+            raise ValueError(f"GPU {gpu['uuid']}: the stub has no advancing PCIe byte counters")
+        stub_gpus.append(stub)
+    return {"driver_version": fake_layout.get("driver_version", "550.54.15"),
+            "pcie_window_us": pcie_window_us, "gpus": stub_gpus}
 
 
 def prepare() -> dict[str, object]:

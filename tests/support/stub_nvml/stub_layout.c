@@ -7,6 +7,7 @@
 struct nvmlDevice_st gpus[STUB_MAX_GPUS];
 unsigned int gpu_count;
 char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE] = "550.54.15";
+unsigned int pcie_window_us;
 struct stub_fail system_fails[STUB_MAX_FAILS];
 unsigned int system_fail_count;
 
@@ -221,6 +222,8 @@ int load_layout(void)
             bad = parse_gpu_line(gpu, key, rest) != 0;
         } else if (strcmp(key, "driver_version") == 0) {
             snprintf(driver_version, sizeof driver_version, "%s", rest);
+        } else if (strcmp(key, "pcie_window_us") == 0) {
+            pcie_window_us = (unsigned int)strtoul(rest, NULL, 0);
         } else if (strcmp(key, "fail") == 0) {
             bad = sscanf(rest, "%79s %ld", function, &code) != 2
                   || add_fail(system_fails, &system_fail_count, function, code) != 0;

@@ -33,9 +33,13 @@
  * entry points lack them; pynvml then raises NVMLError_FunctionNotFound (or, for the unversioned
  * process wrappers, NVMLLibraryMismatchError), as on such a driver.
  *
+ *   pcie_window_us <µs>                 (system-wide: nvmlDeviceGetPcieThroughput blocks this long)
+ *
  * Simplifications (documented, not hidden): values are static between calls (counters do not
  * advance, a GPM metric answers its layout value over any two samples); nvmlDeviceGetPcieThroughput
- * does not block for its 20 ms window;
+ * blocks for its 20 ms window only where the layout says pcie_window_us 20000 (the daemon
+ * benchmark's --nvml stub does; the tests' probes leave it out, at 20 ms a call they would add
+ * seconds to the suite);
  * nvmlDeviceSetCpuAffinity answers SUCCESS without binding the caller.
  */
 #include "stub_state.h"
@@ -300,6 +304,15 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(nvmlDevice_t device, nvmlPcieUtilCounte
 {
     ENTER_DEVICE(device);
     REQUIRE(value);
+    if (pcie_window_us > 0) {
+        /* nvml.h: "querying a byte counter over a 20ms interval". A sleep, so the caller's
+         * thread waits without burning CPU; ctypes released the GIL before the call. Whether the
+         * real driver waits the same way (sleeping, not spinning) only a GPU can settle: an
+         * assumption, docs/nvml-cost.md. */
+        struct timespec window = {pcie_window_us / 1000000, (long)(pcie_window_us % 1000000) * 1000};
+        while (nanosleep(&window, &window) != 0 && errno == EINTR) {
+        }
+    }
     if (counter == NVML_PCIE_UTIL_TX_BYTES) {
         *value = device->pcie_tx_kbps;
     } else if (counter == NVML_PCIE_UTIL_RX_BYTES) {

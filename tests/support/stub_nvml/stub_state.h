@@ -10,12 +10,14 @@
 #define NVML_NO_UNVERSIONED_FUNC_DEFS
 #include "nvml.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
+#include <time.h>
 
 #define STUB_MAX_GPUS 8
 #define STUB_MAX_PROCESSES 16
@@ -87,6 +89,8 @@ STUB_INTERNAL extern unsigned int gpu_count;
 STUB_INTERNAL extern char driver_version[NVML_SYSTEM_DRIVER_VERSION_BUFFER_SIZE];
 STUB_INTERNAL extern struct stub_fail system_fails[STUB_MAX_FAILS];
 STUB_INTERNAL extern unsigned int system_fail_count;
+/* How long nvmlDeviceGetPcieThroughput blocks, µs (layout line pcie_window_us; 0 unless set). */
+STUB_INTERNAL extern unsigned int pcie_window_us;
 
 /* 0, or -1 after saying on stderr which layout line is bad. */
 STUB_INTERNAL int load_layout(void);
