@@ -129,6 +129,7 @@ class EvaluationView:
         self.reads_back: dict[str, float] = {}
         self._indexes: dict[tuple[str, float | None, tuple[str, ...]],
                             dict[tuple[str | None, ...], list[SeriesHistory]]] = {}
+        self._shared: dict[tuple, Any] = {}
 
     def reading_back(self, seconds: float | None) -> "EvaluationView":
         """Narrows the next reads to the last `seconds` before `now` (None: the whole lookback)."""
@@ -153,6 +154,17 @@ class EvaluationView:
             for one in found:
                 index.setdefault(tuple(one.labels.get(k) for k in names), []).append(one)
         return list(index.get(tuple(labels[k] for k in names), ()))
+
+    def shared(self, key: tuple, work: Callable[[], Any]) -> Any:
+        """`work()` worked out once per evaluation for `key` (and the span reading_back set):
+        what several findings of one evaluation each ask for, such as impact.correlate's servers
+        (issue 33: the same lists were made again for each correlated finding). The series it
+        reads are this view's, read once, so the answer cannot change within the evaluation;
+        callers must not change what it returns."""
+        key = (key, self._keep_from)
+        if key not in self._shared:
+            self._shared[key] = work()
+        return self._shared[key]
 
     def _read(self, name: str, keep_from: float | None) -> list[SeriesHistory]:
         """The series of `name` from `keep_from` on. Several detectors read one metric over

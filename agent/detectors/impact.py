@@ -20,7 +20,7 @@ to GPU) over the last minute.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Callable
+from typing import Callable, TypeVar
 
 from hybridmon.agent.detectors import servers, windows
 from hybridmon.agent.detectors.base import Finding, HistoryReader, add_note
@@ -35,6 +35,7 @@ NOW_SECONDS = windows.AVERAGE_SECONDS
 # A figure within this share of its value before "held"; beyond it, it rose or fell.
 STEADY_SHARE = 0.10
 Figures = dict[str, float]
+T = TypeVar("T")
 
 
 def correlate(history: HistoryReader, finding: Finding, began: float, now: float) -> Finding:
@@ -60,17 +61,25 @@ def correlate(history: HistoryReader, finding: Finding, began: float, now: float
 def servers_concerned(history: HistoryReader, finding: Finding, now: float) -> tuple[list[Server], bool]:
     """The servers whose figures belong with `finding`, and whether they are every server of the
     host only because none could be tied to a GPU (the sentence then says so)."""
-    scraped = servers.scraped(history, now)
+    scraped = _per_evaluation(history, ("scraped servers", now), lambda: servers.scraped(history, now))
     pid, gpu = finding.labels.get("pid"), finding.labels.get("gpu")
     if pid is not None or gpu is None:
         return servers.for_process(scraped, pid), False
-    by_gpu = servers_by_gpu(history, scraped, now)
+    by_gpu = _per_evaluation(history, ("servers by gpu", now), lambda: servers_by_gpu(history, scraped, now))
     if not any(by_gpu.values()):
         return scraped, bool(scraped)
     uuid = finding.labels.get("uuid")
     return sorted({server for (index, gpu_uuid), tied in by_gpu.items() for server in tied
                    if index == gpu and uuid in (None, gpu_uuid)},
                   key=lambda s: (s.server, s.endpoint, s.model, s.pid)), False
+
+
+def _per_evaluation(history: HistoryReader, key: tuple, work: Callable[[], T]) -> T:
+    """`work()` once per evaluation where `history` is the engine's view of one (its shared()):
+    each correlated finding of an evaluation asks for the same servers. Read straight from a
+    History, which changes between calls, it is worked out each time."""
+    shared = getattr(history, "shared", None)
+    return work() if shared is None else shared(key, work)
 
 
 def servers_by_gpu(history: HistoryReader, scraped: list[Server], now: float

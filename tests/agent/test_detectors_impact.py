@@ -206,3 +206,37 @@ def test_the_before_window_is_anchored_where_the_condition_began_not_where_it_is
     holds["now"] = True
     engine.evaluate(140.0)
     assert began_seen == [(100.0, 100.0), (110.0, 100.0), (120.0, 100.0), (140.0, 140.0)]
+
+
+def test_one_evaluation_works_the_servers_out_once_and_correlates_as_before(monkeypatch):
+    # Issue 33: each correlated finding of an evaluation made the scraped servers and the servers
+    # by GPU again. Through the engine's view of one evaluation they are made once and shared, and
+    # each finding reads as it did through a view of its own.
+    trace = Trace()
+    now = two_servers(trace)
+    gpus_in_use(trace, now, {"4242": ("0", "GPU-0000"), "5151": ("1", "GPU-1111")})
+    engine = Engine([], trace.history, lookback_seconds=7200)
+    findings = [finding("GpuPcieStarvation", gpu="0"), finding("GpuPcieLinkDegraded", gpu="1"),
+                finding("InferenceProcessNumaMisplaced", pid="5151"), finding("HostSwapThrash")]
+    each_its_own_view = [impact.correlate(engine.view_at(now).reading_back(None), one, now - 300, now)
+                         for one in findings]
+    made = {"scraped": 0, "by_gpu": 0}
+    scraped, by_gpu = impact.servers.scraped, impact.servers_by_gpu
+
+    def counted(name, real):
+        def call(*args):
+            made[name] += 1
+            return real(*args)
+        return call
+    monkeypatch.setattr(impact.servers, "scraped", counted("scraped", scraped))
+    monkeypatch.setattr(impact, "servers_by_gpu", counted("by_gpu", by_gpu))
+    view = engine.view_at(now).reading_back(None)
+    one_view = [impact.correlate(view, one, now - 300, now) for one in findings]
+    assert one_view == each_its_own_view
+    assert "vLLM" in one_view[0].description and "llama.cpp" not in one_view[0].description
+    assert "llama.cpp" in one_view[1].description and "vLLM" not in one_view[1].description
+    assert made == {"scraped": 1, "by_gpu": 1}
+    # a History read straight is not a snapshot: there each call works them out again
+    impact.correlate(trace.history, findings[0], now - 300, now)
+    impact.correlate(trace.history, findings[1], now - 300, now)
+    assert made == {"scraped": 3, "by_gpu": 3}

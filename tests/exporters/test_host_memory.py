@@ -500,3 +500,34 @@ PARSER_ROWS = [
                                         FIXTURE_HOST / "sys/kernel/mm/transparent_hugepage/defrag")),
     ParserRow(parse_sysctl_int, read(FIXTURE_HOST / "proc/sys/vm/swappiness")),
 ]
+
+
+# Issue 33: the kernel's own layout of /proc/vmstat is parsed by a one-pass check and a split, any
+# other by the multi-line match; both must give the same fields, and a bad line the same error.
+LAYOUTS = {
+    "as printed": lambda k, v: f"{k} {v}\n",
+    "padded": lambda k, v: f"  {k}   {v}\t\n",
+    "blank lines between": lambda k, v: f"{k} {v}\n\n",
+}
+
+
+@settings(max_examples=60)
+@given(st.dictionaries(names, st.integers(-2**63, 2**64 - 1), min_size=1, max_size=40),
+       st.sampled_from(sorted(LAYOUTS)), st.booleans())
+def test_parse_vmstat_gives_the_same_fields_in_every_layout(fields: dict[str, int], layout: str,
+                                                           final_newline: bool) -> None:
+    text = "".join(LAYOUTS[layout](k, v) for k, v in fields.items())
+    assert parse_vmstat(text if final_newline else text.rstrip("\n")) == fields
+
+
+@pytest.mark.parametrize("text", ["pgfault 12\nnot a line\npgmajfault 3\n", "pgfault 12\npgmajfault 3\nx\n"])
+def test_parse_vmstat_names_the_bad_line_whatever_the_layout_around_it(text: str) -> None:
+    with pytest.raises(ParseError, match="vmstat line 2 is not|vmstat line 3 is not"):
+        parse_vmstat(text)
+
+
+def test_meminfo_with_a_blank_line_parses_as_without_it() -> None:
+    text = read_fixture("proc/meminfo")
+    lines = text.splitlines(keepends=True)
+    with_blank = "".join(lines[:3] + ["\n"] + lines[3:])
+    assert parse_meminfo(with_blank) == parse_meminfo(text)
