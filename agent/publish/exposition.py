@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.core import Metric
 
@@ -138,11 +138,12 @@ class Exposition:
         self._history = history
         self._sampler = sampler
         self.hung_seconds = hung_seconds
-        self._registry_cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (_fingerprint, text)
+        # (format, collector's place in health_registry) -> (its version or _fingerprint, text)
+        self._registry_cache: dict[tuple[str, int], tuple[object, bytes]] = {}
         # The agent's own metrics first, rendered like the samples (values re-formatted only),
         # then what else registers here (the detectors' findings, Alertmanager delivery).
         self._health = AgentHealthCollector(sampler, mode)
-        self.health_registry = CollectorRegistry(auto_describe=False)
+        self.health_registry = HealthCollectors()
         # process_* of the agent itself (resident memory, CPU seconds, open fds, start time), as
         # every Prometheus exporter publishes them (issue 32): prometheus_client's own collector over
         # /proc/self, the agent's entry whatever procfs its collectors read (a host's /host/proc).
@@ -166,6 +167,9 @@ class Exposition:
         # never waits for a commit's render.
         self._render_lock = threading.Lock()
         self._health_lock = threading.Lock()
+        # Held while a health_registry collector's part is rendered: a scrape that finds it held
+        # (an evaluation's thread rendering the new findings) serves the part's last text.
+        self._registry_lock = threading.Lock()
         # (format, gzipped) -> (the gap between its last two scrapes, the last one), monotonic seconds
         self._scraped: dict[tuple[str, bool], tuple[float, float]] = {}
         sampler.on_commit.append(self.invalidate)
@@ -174,18 +178,23 @@ class Exposition:
         """A collector committed (called in its thread): the samples change, and what scrapers
         have asked for is rendered now, in this thread rather than in the next scrape."""
         self._generation += 1
-        try:
-            self.prepare()
-        except Exception:  # the scrape renders it again and answers for it; the commit goes on
-            log.debug("preparing /metrics after a commit failed", exc_info=True)
+        self.prepare()
 
     def prepare(self) -> None:
         """Render (and compress) every collector's changed part in the formats scraped often
-        (PREPARE_WHILE_SCRAPED_EVERY_SECONDS)."""
+        (PREPARE_WHILE_SCRAPED_EVERY_SECONDS), and health_registry's changed parts: called after
+        each commit and after each evaluation of the detectors (agent/daemon.py), in their thread."""
+        try:
+            self._prepare()
+        except Exception:  # the scrape renders it again and answers for it; the caller goes on
+            log.debug("preparing /metrics failed", exc_info=True)
+
+    def _prepare(self) -> None:
         withheld, now = self.withheld(), self._sampler.monotonic()
         for (exposition_format, gzipped), (gap, last) in list(self._scraped.items()):
             if max(gap, now - last) <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS:
                 self._current_parts(exposition_format, withheld, deflated=gzipped)
+                self._registry_text(exposition_format, serve_last_while_rendered=False)
                 self._process_text(exposition_format, PROCESS_REFRESH_SECONDS)
 
     def _process_text(self, exposition_format: str, max_age_seconds: float) -> bytes:
@@ -246,18 +255,44 @@ class Exposition:
         """The collectors whose samples are withheld now: hung for hung_seconds or more."""
         return frozenset() if self.hung_seconds is None else frozenset(self._sampler.hung(self.hung_seconds))
 
-    def _registry_text(self, exposition_format: str) -> bytes:
-        """health_registry rendered; the text of the last render again while every family and
-        sample is the same (findings change at an evaluation, every 10 s, not at each scrape;
-        rendering ~100 finding series with their many labels cost ~1.5 ms a scrape)."""
-        collected = list(self.health_registry.collect())
-        key = _fingerprint(collected)
-        known = self._registry_cache.get(exposition_format)
-        if known is not None and known[0] == key:
-            return known[1]
-        text = _render(_Collected(collected), exposition_format)
-        self._registry_cache[exposition_format] = (key, text)
-        return text
+    def _registry_text(self, exposition_format: str, serve_last_while_rendered: bool = True) -> bytes:
+        """health_registry rendered, each collector's part on its own: the text of its last render
+        again while its version() (or, without one, every family and sample) is the same.
+
+        The findings change at an evaluation only, every 10 s, and the evaluation's thread renders
+        them then (prepare). Neither collecting them to compare nor rendering them belongs in a
+        scrape: at 256 watched processes each firing InferenceProcessMemlockLow, the 774 finding
+        series (108 KB) cost 3-5 ms a scrape to collect and compare and 20-60 ms to render, the
+        slowest 1-3 % of scrapes (issue 33). With `serve_last_while_rendered`, a part that another
+        thread is rendering right now is served as last rendered: what the scrape would have
+        served a few milliseconds earlier."""
+        texts = []
+        for place, collector in enumerate(self.health_registry.collectors()):
+            version = getattr(collector, "version", None)
+            cache_key = (exposition_format, place)
+            known = self._registry_cache.get(cache_key)
+            if version is None:  # compared by its samples: cheap for the few series of such a part
+                collected = list(collector.collect())
+                key = _fingerprint(collected)
+                if known is None or known[0] != key:
+                    known = self._registry_cache[cache_key] = (key, _render(_Collected(collected), exposition_format))
+                texts.append(known[1])
+                continue
+            if known is None or known[0] != version():
+                if not self._registry_lock.acquire(blocking=known is None or not serve_last_while_rendered):
+                    texts.append(known[1])  # type: ignore[index]
+                    continue
+                try:
+                    known = self._registry_cache.get(cache_key)
+                    # The version read before collecting: a change meanwhile renders again next time.
+                    key = version()
+                    if known is None or known[0] != key:
+                        text = _render(_Collected(list(collector.collect())), exposition_format)
+                        known = self._registry_cache[cache_key] = (key, text)
+                finally:
+                    self._registry_lock.release()
+            texts.append(known[1])
+        return b"".join(texts)
 
     def _line_cache(self, exposition_format: str, collector: str) -> LineCache:
         lines = self._lines.get((exposition_format, collector))
@@ -295,6 +330,23 @@ def _deflate_part(text: bytes) -> bytes:
     such runs concatenate into one deflate stream, each one referring only to its own text."""
     compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
     return compressor.compress(text) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
+class HealthCollectors:
+    """What registers beside the agent's own metrics (the detectors' findings, Alertmanager
+    delivery), in registration order. Not a prometheus_client CollectorRegistry: the exposition
+    renders and keeps each collector's part on its own, and a collector with a `version()` (a
+    value that changes whenever what its collect() yields may) is not collected at all while its
+    version stays the same."""
+
+    def __init__(self) -> None:
+        self._collectors: list = []
+
+    def register(self, collector) -> None:
+        self._collectors.append(collector)
+
+    def collectors(self) -> tuple:
+        return tuple(self._collectors)
 
 
 class _Collected:

@@ -171,3 +171,58 @@ def test_process_metrics_are_read_by_the_commits_and_never_served_older_than_one
     clock.now += 1.01  # no commit for longer than an interval: the scrape reads it itself
     exposition.render(TEXT)
     assert reads[-1] == clock.now
+
+
+class Findings:
+    """A health_registry collector with a version(), as FindingsCollector: `version` changes when
+    what collect() yields may; counts its collects."""
+
+    def __init__(self) -> None:
+        self.version_number, self.value, self.collects = 0, 1.0, 0
+
+    def version(self) -> int:
+        return self.version_number
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+        self.collects += 1
+        yield GaugeMetricFamily("hybridmon_test_finding", "A finding set by the test.", value=self.value)
+
+
+def test_a_versioned_part_is_not_collected_by_scrapes_and_is_rendered_by_whoever_changed_it():
+    clock = Clock()
+    sampler, exposition = agent_parts(Numbers("gpu", {"a": 1.0}), clock=clock)
+    findings = Findings()
+    exposition.health_registry.register(findings)
+    for _ in range(3):  # Prometheus at 1 s: the first scrape renders it, the others serve that text
+        clock.now += 1.0
+        assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    assert findings.collects == 1
+    findings.value, findings.version_number = 2.0, 1  # an evaluation changed the findings
+    evaluated = threading.Thread(target=exposition.prepare)  # agent/daemon.py calls it after evaluating
+    evaluated.start()
+    evaluated.join()
+    assert findings.collects == 2
+    clock.now += 1.0
+    assert b"hybridmon_test_finding 2.0" in exposition.render(TEXT) and findings.collects == 2
+
+
+def test_a_scrape_serves_the_last_text_of_a_part_another_thread_is_rendering_and_never_waits_for_it():
+    sampler, exposition = agent_parts(Numbers("gpu", {"a": 1.0}))
+    findings = Findings()
+    exposition.health_registry.register(findings)
+    assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    findings.value, findings.version_number = 2.0, 1
+    with exposition._registry_lock:  # an evaluation's thread is rendering the new findings
+        assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    assert b"hybridmon_test_finding 2.0" in exposition.render(TEXT)  # rendered by the scrape itself, at worst
+
+
+def test_a_part_without_a_version_is_compared_by_its_samples_at_every_scrape():
+    sampler, exposition = agent_parts(Numbers("gpu", {"a": 1.0}))
+    findings = Findings()
+    findings.version = None  # as AlertmanagerCollector: no version(), a few series
+    exposition.health_registry.register(findings)
+    assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    findings.value = 3.0
+    assert b"hybridmon_test_finding 3.0" in exposition.render(TEXT) and findings.collects == 2
