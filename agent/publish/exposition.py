@@ -154,10 +154,11 @@ class Exposition:
         # The commit generation: a join that races a commit is tagged with the older generation,
         # so it is never served after that commit.
         self._generation = 0
-        # Per format: ((commit generation, collectors withheld), samples text)
-        self._cached_by_format: dict[str, tuple[tuple, bytes]] = {}
-        # Per format: ((commit generation, collectors withheld), (deflated, CRC-32, length of the text))
-        self._deflated_by_format: dict[str, tuple[tuple, tuple[bytes, int, int]]] = {}
+        # Per format: ((commit generation, collectors withheld), samples text, when joined)
+        self._cached_by_format: dict[str, tuple[tuple, bytes, float]] = {}
+        # Per format: ((commit generation, collectors withheld), (deflated, CRC-32, length of the
+        # text), when joined)
+        self._deflated_by_format: dict[str, tuple[tuple, tuple[bytes, int, int], float]] = {}
         # (format, collector) -> its latest part.
         self._parts: dict[tuple[str, str], _Part] = {}
         # (format, collector) -> its families' HELP/TYPE lines and its series' text before the value.
@@ -172,13 +173,22 @@ class Exposition:
         self._registry_lock = threading.Lock()
         # (format, gzipped) -> (the gap between its last two scrapes, the last one), monotonic seconds
         self._scraped: dict[tuple[str, bool], tuple[float, float]] = {}
+        # Commits preparing their parts right now, each in its own thread (invalidate).
+        self._preparing = 0
+        self._preparing_lock = threading.Lock()
         sampler.on_commit.append(self.invalidate)
 
     def invalidate(self, _at: float | None = None) -> None:
         """A collector committed (called in its thread): the samples change, and what scrapers
         have asked for is rendered now, in this thread rather than in the next scrape."""
-        self._generation += 1
-        self.prepare()
+        with self._preparing_lock:
+            self._preparing += 1
+        try:
+            self._generation += 1
+            self.prepare()
+        finally:
+            with self._preparing_lock:
+                self._preparing -= 1
 
     def prepare(self) -> None:
         """Render (and compress) every collector's changed part in the formats scraped often
@@ -227,29 +237,46 @@ class Exposition:
             parts.append(part)
         return parts
 
-    def samples_text(self, exposition_format: str = TEXT) -> bytes:
-        """Every collector's latest samples; in OpenMetrics without the closing "# EOF"."""
+    def samples_text(self, exposition_format: str = TEXT, last_while_prepared: bool = False) -> bytes:
+        """Every collector's latest samples; in OpenMetrics without the closing "# EOF".
+        `last_while_prepared`: see _last_while_prepared."""
         withheld = self.withheld()
         generation = (self._generation, withheld)
         cached = self._cached_by_format.get(exposition_format)
         if cached is None or cached[0] != generation:
+            if last_while_prepared and self._last_while_prepared(cached, withheld):
+                return cached[1]  # type: ignore[index]
             text = b"".join(part.text for part in self._current_parts(exposition_format, withheld, deflated=False))
-            cached = self._cached_by_format[exposition_format] = (generation, text)
+            cached = self._cached_by_format[exposition_format] = (generation, text, self._sampler.monotonic())
         return cached[1]
 
-    def _samples_deflated(self, exposition_format: str) -> tuple[bytes, int, int]:
+    def _samples_deflated(self, exposition_format: str, last_while_prepared: bool = False) -> tuple[bytes, int, int]:
         """samples_text as deflate blocks ending on a byte boundary, with its CRC-32 and length."""
         withheld = self.withheld()
         generation = (self._generation, withheld)
         cached = self._deflated_by_format.get(exposition_format)
         if cached is None or cached[0] != generation:
+            if last_while_prepared and self._last_while_prepared(cached, withheld):
+                return cached[1]  # type: ignore[index]
             parts = self._current_parts(exposition_format, withheld, deflated=True)
             crc, length = 0, 0
             for part in parts:
                 crc, length = zlib.crc32(part.text, crc), length + len(part.text)
-            cached = (generation, (b"".join(part.deflated for part in parts), crc, length))  # type: ignore[misc]
+            cached = (generation, (b"".join(part.deflated for part in parts), crc, length),  # type: ignore[misc]
+                      self._sampler.monotonic())
             self._deflated_by_format[exposition_format] = cached
         return cached[1]
+
+    def _last_while_prepared(self, cached: tuple | None, withheld: frozenset[str]) -> bool:
+        """Whether a scrape of a format scraped often serves its last joined samples while a commit
+        is rendering and compressing its part in its own thread (issue 33): taking that part
+        itself, the scrape waited for the render lock and compressed the part again (at 256
+        watched processes the process collector's part is ~300 KB, its render and deflate ~10 ms).
+        What it serves is the body of the scrape before, at most PREPARE_WHILE_SCRAPED_EVERY_SECONDS
+        old, as a scrape that came just before the commit would have; never when the collectors
+        withheld have changed since."""
+        return (cached is not None and self._preparing > 0 and cached[0][1] == withheld
+                and self._sampler.monotonic() - cached[2] <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS)
 
     def withheld(self) -> frozenset[str]:
         """The collectors whose samples are withheld now: hung for hung_seconds or more."""
@@ -316,9 +343,10 @@ class Exposition:
         now, variant = self._sampler.monotonic(), (exposition_format, gzipped)
         last = self._scraped.get(variant, (math.inf, -math.inf))[1]
         self._scraped[variant] = (now - last, now)
+        prepared = now - last <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS  # the commits render it
         if not gzipped:
-            return self.samples_text(exposition_format) + self._per_scrape_text(exposition_format)
-        deflated, crc, length = self._samples_deflated(exposition_format)
+            return self.samples_text(exposition_format, prepared) + self._per_scrape_text(exposition_format)
+        deflated, crc, length = self._samples_deflated(exposition_format, prepared)
         tail = self._per_scrape_text(exposition_format)
         compressor = zlib.compressobj(TAIL_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
         return b"".join((GZIP_HEADER, deflated, compressor.compress(tail), compressor.flush(),

@@ -226,3 +226,67 @@ def test_a_part_without_a_version_is_compared_by_its_samples_at_every_scrape():
     assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
     findings.value = 3.0
     assert b"hybridmon_test_finding 3.0" in exposition.render(TEXT) and findings.collects == 2
+
+
+class RenderingCommit:
+    """A commit in another thread held inside its prepare (the render of its part) until released."""
+
+    def __init__(self, sampler: Sampler, exposition: Exposition, at: float) -> None:
+        self.rendering, self.release = threading.Event(), threading.Event()
+        prepare = exposition.prepare
+
+        def held_prepare() -> None:
+            self.rendering.set()
+            self.release.wait(5)
+            prepare()
+        exposition.prepare = held_prepare
+        self.thread = threading.Thread(target=sampler.run_collector, args=(sampler.scheduled[0], at))
+        self.thread.start()
+        assert self.rendering.wait(5)
+        exposition.prepare = prepare
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(5)
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_scrape_during_a_commits_render_serves_the_scrape_before_and_the_next_gets_the_commit(gzipped):
+    clock = Clock()
+    collector = Numbers("gpu", {"a": 1.0})
+    sampler, exposition = agent_parts(collector, clock=clock)
+    sampler.run_collector(sampler.scheduled[0], at=1.0)
+
+    def scrape() -> bytes:
+        clock.now += 1.0  # Prometheus at 1 s
+        body = exposition.render(TEXT, gzipped=gzipped)
+        return gzip.decompress(body) if gzipped else body
+    scrape()
+    collector.values["a"] = 2.0
+    commit = RenderingCommit(sampler, exposition, 2.0)
+    assert b'series="a"} 1.0' in scrape()  # not waiting for the commit's render, not rendering its part
+    commit.finish()
+    assert b'series="a"} 2.0' in scrape()
+
+
+def test_the_last_body_is_never_served_to_a_scraper_that_comes_seldom_nor_once_older_than_the_window():
+    clock = Clock()
+    collector = Numbers("gpu", {"a": 0.0})
+    sampler, exposition = agent_parts(collector, clock=clock)
+    sampler.run_collector(sampler.scheduled[0], at=1.0)
+    exposition.render(TEXT)
+    clock.now += 15.0  # a scraper every 15 s: the commits do not prepare for it
+    collector.values["a"] = 1.0
+    commit = RenderingCommit(sampler, exposition, 2.0)
+    assert b'series="a"} 1.0' in exposition.render(TEXT)
+    commit.finish()
+    # Scraped every second from here, each scrape landing in a commit's render: the body joined at
+    # second 15 is served while it is at most 2.5 s old, then the scrape joins the parts itself.
+    served = []
+    for second in range(2, 6):
+        clock.now += 1.0
+        collector.values["a"] = float(second)
+        commit = RenderingCommit(sampler, exposition, float(second + 1))
+        served.append(exposition.render(TEXT).split(b'series="a"} ')[1].split(b"\n")[0])
+        commit.finish()
+    assert served == [b"1.0", b"1.0", b"4.0", b"4.0"]
