@@ -11,7 +11,8 @@ scrape_duration_seconds p99 at 9.9-94x node_exporter's p50. This runs, side by s
 - with `--load busy`, one busy-loop process per CPU at normal priority (`--hogs` to change the
   count), started once both targets are up, running for the whole measurement;
 - with `--frozen-copy`, a third job: benchmarks/frozen_copy_server.py serving one copy of
-  hybridmon's /metrics, fetched once in the format Prometheus negotiates, and doing nothing else.
+  hybridmon's /metrics, taken just before the measured window in the format Prometheus
+  negotiates, and doing nothing else.
   Its scrape_duration_seconds is Prometheus's own share of a scrape of that body (decompressing,
   parsing and storing every sample), the floor under hybridmon's: at 256 watched processes
   (4,565 samples) it is most of hybridmon's p50 (docs/performance.md, "Scrapes under load"). It
@@ -57,6 +58,10 @@ PROMETHEUS = "prometheus"
 JOBS = ("hybridmon", "node_exporter")
 FROZEN_COPY_JOB = "hybridmon_frozen_copy"
 FROZEN_COPY_SERVER = REPO / "benchmarks/frozen_copy_server.py"
+# The frozen copy passes scrapes on to the daemon while it warms up (its findings fire in the
+# first ~10 s) and keeps the body of the first scrape after it is told to, this long before the
+# measured window: a scrape a second, so the window's scrapes all get the copy.
+FREEZE_BEFORE_WINDOW_SECONDS = 3
 # Scrapes before this are not measured: Prometheus's first scrapes, the daemon's first detector
 # evaluations, the hogs' start.
 WARMUP_SECONDS = 20
@@ -195,7 +200,10 @@ def measure(minutes: float, load: str, hogs: int, gpus: int, processes: int, wor
             cpu_hogs(hogs if load == "busy" else 0):
         jobs_scraped = JOBS + tuple(copies)
         wait_until_up(url, jobs_scraped, 30)
-        time.sleep(WARMUP_SECONDS)
+        time.sleep(WARMUP_SECONDS - FREEZE_BEFORE_WINDOW_SECONDS)
+        for server, _address in copies.values():
+            server.send_signal(signal.SIGUSR1)  # the copy is taken from the warmed-up daemon
+        time.sleep(FREEZE_BEFORE_WINDOW_SECONDS)
         start = time.time()
         end = start + minutes * 60
         loads = []

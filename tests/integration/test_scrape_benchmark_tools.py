@@ -3,6 +3,7 @@ benchmarks/scrape_under_load.py itself: the frozen copy Prometheus scrapes to sh
 of a scrape, and the process collector's same-run before/after cost."""
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ from benchmarks.agent_bench import free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_the_frozen_copy_fetches_once_in_the_negotiated_encoding_and_serves_those_bytes_after():
+def test_the_frozen_copy_passes_scrapes_on_until_told_then_serves_one_copy_in_the_negotiated_encoding():
     asked = []
 
     class Upstream(BaseHTTPRequestHandler):
@@ -50,10 +51,12 @@ def test_the_frozen_copy_fetches_once_in_the_negotiated_encoding_and_serves_thos
                 except httpx.ConnectError:
                     assert time.monotonic() < deadline, "the frozen copy did not listen within 10 s"
                     time.sleep(0.05)
-            second = client.get(f"http://127.0.0.1:{port}/metrics", headers=headers)
-        assert asked == [("text/plain;version=0.0.4", "gzip")]  # fetched once, with the scraper's headers
-        for response in (first, second):
-            assert response.content == b"hybridmon_test_value 1\n"
+            copy.send_signal(signal.SIGUSR1)  # the warm-up is over: freeze at the next scrape
+            time.sleep(0.2)
+            frozen = [client.get(f"http://127.0.0.1:{port}/metrics", headers=headers) for _ in range(2)]
+        assert asked == [("text/plain;version=0.0.4", "gzip")] * 2  # with the scraper's headers, once frozen
+        for response in [first, *frozen]:
+            assert response.content == f"hybridmon_test_value {1 if response is first else 2}\n".encode()
             assert response.headers["content-encoding"] == "identity-for-the-test"
             assert response.headers["content-type"] == "text/plain; version=0.0.4"
     finally:
