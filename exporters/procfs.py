@@ -29,10 +29,6 @@ _STATUS_FIELD = re.compile(r"\n(Name|VmRSS|VmSwap|VmLck|VmPin|Threads|Cpus_allow
 _OTHER_ASCII_LINE_BREAKS = ("\r", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e")
 
 
-# Cpus_allowed_list is read for every watched process every second and is the same text tick
-# after tick (an affinity changes at a launcher's taskset or numactl, seldom after): parsed once
-# per distinct text. The sets are frozen, so callers share them; a bad list raises each time.
-@functools.lru_cache(maxsize=256)
 def parse_cpu_list(text: str) -> frozenset[int]:
     """IDs in a kernel range list such as "0-3,8,10-11" (cpulist, online, Cpus_allowed_list).
 
@@ -52,6 +48,12 @@ def parse_cpu_list(text: str) -> frozenset[int]:
             raise ParseError(f"bad range {part[:40]!r} in CPU/node list {text[:80]!r}")
         ids.update(range(first, last + 1))
     return frozenset(ids)
+
+
+# Cpus_allowed_list is read for every watched process every second and is the same text tick
+# after tick (an affinity changes at a launcher's taskset or numactl, seldom after): parsed once
+# per distinct text. The sets are frozen, so callers share them; a bad list raises each time.
+_allowed_cpus = functools.lru_cache(maxsize=256)(parse_cpu_list)
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ def parse_proc_status(text: str) -> ProcessStatus:
     except ValueError:  # not a number, or more digits than int() accepts
         raise ParseError("non-numeric size or count in /proc/<pid>/status") from None
     if "Cpus_allowed_list" in fields:
-        values["allowed_cpus"] = parse_cpu_list(fields["Cpus_allowed_list"])
+        values["allowed_cpus"] = _allowed_cpus(fields["Cpus_allowed_list"])
     return ProcessStatus(**values)
 
 
