@@ -115,6 +115,8 @@ class Agent:
                 return
             self._last_evaluation = at
             self.engine.evaluate(at)
+            # The findings change here only: rendered now, in this thread, not by the next scrape.
+            self.exposition.prepare()
         finally:
             self._evaluation_lock.release()
 

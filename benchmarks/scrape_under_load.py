@@ -9,7 +9,15 @@ scrape_duration_seconds p99 at 9.9-94x node_exporter's p50. This runs, side by s
 - a real Prometheus (Debian's /usr/bin/prometheus) scraping both every second, with its own
   Accept and Accept-Encoding headers (OpenMetrics negotiated, gzip);
 - with `--load busy`, one busy-loop process per CPU at normal priority (`--hogs` to change the
-  count), started once both targets are up, running for the whole measurement.
+  count), started once both targets are up, running for the whole measurement;
+- with `--frozen-copy`, a third job: benchmarks/frozen_copy_server.py serving one copy of
+  hybridmon's /metrics, taken just before the measured window in the format Prometheus
+  negotiates, and doing nothing else.
+  Its scrape_duration_seconds is Prometheus's own share of a scrape of that body (decompressing,
+  parsing and storing every sample), the floor under hybridmon's: at 256 watched processes
+  (4,565 samples) it is most of hybridmon's p50 (docs/performance.md, "Scrapes under load"). It
+  is one more body of that size a second for Prometheus to parse, so it is off by default and its
+  runs are not compared with runs without it.
 
 After a warm-up (WARMUP_SECONDS, not measured) it measures `--minutes`, then reads every
 scrape_duration_seconds sample of each job in that window from Prometheus's API (and `up`, for
@@ -48,6 +56,12 @@ from benchmarks.daemon_long_run import daemon_on_scaled_host  # noqa: E402
 
 PROMETHEUS = "prometheus"
 JOBS = ("hybridmon", "node_exporter")
+FROZEN_COPY_JOB = "hybridmon_frozen_copy"
+FROZEN_COPY_SERVER = REPO / "benchmarks/frozen_copy_server.py"
+# The frozen copy passes scrapes on to the daemon while it warms up (its findings fire in the
+# first ~10 s) and keeps the body of the first scrape after it is told to, this long before the
+# measured window: a scrape a second, so the window's scrapes all get the copy.
+FREEZE_BEFORE_WINDOW_SECONDS = 3
 # Scrapes before this are not measured: Prometheus's first scrapes, the daemon's first detector
 # evaluations, the hogs' start.
 WARMUP_SECONDS = 20
@@ -118,6 +132,19 @@ def prometheus(workdir: Path, targets: dict[str, str]):
 
 
 @contextlib.contextmanager
+def frozen_copy(workdir: Path, upstream_url: str, wanted: bool):
+    """benchmarks/frozen_copy_server.py copying `upstream_url` on a free loopback port; yields
+    {FROZEN_COPY_JOB: (its process, its host:port)}, or {} when not `wanted`."""
+    if not wanted:
+        yield {}
+        return
+    port = free_port()
+    command = [sys.executable, str(FROZEN_COPY_SERVER), upstream_url, str(port)]
+    with managed_process(command, workdir / "frozen_copy.log") as server:
+        yield {FROZEN_COPY_JOB: (server, f"127.0.0.1:{port}")}
+
+
+@contextlib.contextmanager
 def cpu_hogs(count: int):
     """`count` busy-loop processes at normal priority, stopped on exit."""
     hogs = [subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
@@ -163,17 +190,25 @@ def wait_until_up(url: str, jobs: tuple[str, ...], timeout: float) -> None:
     raise RuntimeError(f"Prometheus did not see {jobs} up within {timeout:.0f} s")
 
 
-def measure(minutes: float, load: str, hogs: int, gpus: int, processes: int, workdir: Path) -> dict:
+def measure(minutes: float, load: str, hogs: int, gpus: int, processes: int, workdir: Path,
+            with_frozen_copy: bool = False) -> dict:
     with node_exporter(workdir) as (exporter, node_address), \
             daemon_on_scaled_host(workdir, gpus, processes) as (daemon, daemon_url, log_path), \
-            prometheus(workdir, {"hybridmon": daemon_url.split("/")[2], "node_exporter": node_address}) as url, \
+            frozen_copy(workdir, daemon_url, with_frozen_copy) as copies, \
+            prometheus(workdir, {"hybridmon": daemon_url.split("/")[2], "node_exporter": node_address,
+                                 **{job: address for job, (_server, address) in copies.items()}}) as url, \
             cpu_hogs(hogs if load == "busy" else 0):
-        wait_until_up(url, JOBS, 30)
-        time.sleep(WARMUP_SECONDS)
+        jobs_scraped = JOBS + tuple(copies)
+        wait_until_up(url, jobs_scraped, 30)
+        time.sleep(WARMUP_SECONDS - FREEZE_BEFORE_WINDOW_SECONDS)
+        for server, _address in copies.values():
+            server.send_signal(signal.SIGUSR1)  # the copy is taken from the warmed-up daemon
+        time.sleep(FREEZE_BEFORE_WINDOW_SECONDS)
         start = time.time()
         end = start + minutes * 60
         loads = []
-        pids = {"hybridmon": daemon.pid, "node_exporter": exporter.pid}
+        pids = {"hybridmon": daemon.pid, "node_exporter": exporter.pid,
+                **{job: server.pid for job, (server, _address) in copies.items()}}
         cpu_before = {job: process_cpu_seconds(pid) for job, pid in pids.items()}
         while time.time() < end:
             if daemon.poll() is not None:
@@ -185,8 +220,8 @@ def measure(minutes: float, load: str, hogs: int, gpus: int, processes: int, wor
                for job, pid in pids.items()}
         time.sleep(1.5)  # the last scrape of the window is stored
         jobs = {job: summarize(raw_samples(url, "scrape_duration_seconds", job, start, end),
-                               raw_samples(url, "up", job, start, end)) for job in JOBS}
-        for job in JOBS:
+                               raw_samples(url, "up", job, start, end)) for job in jobs_scraped}
+        for job in jobs_scraped:
             jobs[job]["cpu_ms_per_second"] = cpu[job]
             # scrape_duration_seconds includes Prometheus parsing and storing every sample (its
             # scrape loop reports the duration after the append): the count is part of the figure.
@@ -221,10 +256,10 @@ def print_table(result: dict) -> None:
     print(f"\nscrape_duration_seconds from Prometheus, every {result['scrape_interval']}, {result['minutes']:g} min, "
           f"load {result['load']} ({result['hogs']} hogs); 1-min load average {load['min']}-{load['max']} "
           f"(mean {load['mean']}) on {result['machine']['cpus']} CPUs")
-    print(f"{'job':<15}{'scrapes':>8}{'failed':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'samples':>9}{'CPU ms/s':>10}")
+    print(f"{'job':<22}{'scrapes':>8}{'failed':>8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'max ms':>9}{'samples':>9}{'CPU ms/s':>10}")
     for job, row in result["jobs"].items():
         figures = "".join(f"{row.get(key, float('nan')):>9.2f}" for key in ("p50_ms", "p90_ms", "p99_ms", "max_ms"))
-        print(f"{job:<15}{row['scrapes']:>8}{row['failed']:>8}{figures}{row['samples_scraped']:>9}{row['cpu_ms_per_second']:>10.2f}")
+        print(f"{job:<22}{row['scrapes']:>8}{row['failed']:>8}{figures}{row['samples_scraped']:>9}{row['cpu_ms_per_second']:>10.2f}")
     target = result["verdict"]
     print(f"target: {target['target']}: {'met' if target['met'] else 'NOT met'} (ratio {target.get('ratio')})")
 
@@ -238,6 +273,8 @@ def main() -> int:
                         help="busy-loop processes with --load busy (default: one per CPU)")
     parser.add_argument("--gpus", type=int, default=8, help="GPUs of the fake host (default 8)")
     parser.add_argument("--processes", type=int, default=16, help="real watched processes (default 16)")
+    parser.add_argument("--frozen-copy", action="store_true",
+                        help="also scrape a frozen copy of hybridmon's body: Prometheus's own share (module doc)")
     parser.add_argument("--json-out", metavar="FILE", help="also write the figures as JSON here")
     args = parser.parse_args()
     if args.minutes <= 0 or args.hogs < 0:
@@ -249,7 +286,7 @@ def main() -> int:
     print(f"Prometheus scraping hybridmon ({args.gpus} GPUs, {args.processes} processes) and node_exporter every "
           f"{SCRAPE_INTERVAL}, load {args.load}: {WARMUP_SECONDS} s warm-up, then {args.minutes:g} min", flush=True)
     with tempfile.TemporaryDirectory(prefix="hybridmon-scrape-load-") as tmp:
-        result = measure(args.minutes, args.load, args.hogs, args.gpus, args.processes, Path(tmp))
+        result = measure(args.minutes, args.load, args.hogs, args.gpus, args.processes, Path(tmp), args.frozen_copy)
     signal.alarm(0)
     result["machine"] = machine()
     result["verdict"] = verdict(result)

@@ -29,7 +29,7 @@ import zlib
 from dataclasses import dataclass
 from typing import Iterable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, ProcessCollector, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, ProcessCollector, generate_latest
 from prometheus_client.openmetrics import exposition as openmetrics
 from prometheus_client.core import Metric
 
@@ -138,11 +138,12 @@ class Exposition:
         self._history = history
         self._sampler = sampler
         self.hung_seconds = hung_seconds
-        self._registry_cache: dict[str, tuple[tuple, bytes]] = {}  # format -> (_fingerprint, text)
+        # (format, collector's place in health_registry) -> (its version or _fingerprint, text)
+        self._registry_cache: dict[tuple[str, int], tuple[object, bytes]] = {}
         # The agent's own metrics first, rendered like the samples (values re-formatted only),
         # then what else registers here (the detectors' findings, Alertmanager delivery).
         self._health = AgentHealthCollector(sampler, mode)
-        self.health_registry = CollectorRegistry(auto_describe=False)
+        self.health_registry = HealthCollectors()
         # process_* of the agent itself (resident memory, CPU seconds, open fds, start time), as
         # every Prometheus exporter publishes them (issue 32): prometheus_client's own collector over
         # /proc/self, the agent's entry whatever procfs its collectors read (a host's /host/proc).
@@ -153,10 +154,11 @@ class Exposition:
         # The commit generation: a join that races a commit is tagged with the older generation,
         # so it is never served after that commit.
         self._generation = 0
-        # Per format: ((commit generation, collectors withheld), samples text)
-        self._cached_by_format: dict[str, tuple[tuple, bytes]] = {}
-        # Per format: ((commit generation, collectors withheld), (deflated, CRC-32, length of the text))
-        self._deflated_by_format: dict[str, tuple[tuple, tuple[bytes, int, int]]] = {}
+        # Per format: ((commit generation, collectors withheld), samples text, when joined)
+        self._cached_by_format: dict[str, tuple[tuple, bytes, float]] = {}
+        # Per format: ((commit generation, collectors withheld), (deflated, CRC-32, length of the
+        # text), when joined)
+        self._deflated_by_format: dict[str, tuple[tuple, tuple[bytes, int, int], float]] = {}
         # (format, collector) -> its latest part.
         self._parts: dict[tuple[str, str], _Part] = {}
         # (format, collector) -> its families' HELP/TYPE lines and its series' text before the value.
@@ -166,26 +168,43 @@ class Exposition:
         # never waits for a commit's render.
         self._render_lock = threading.Lock()
         self._health_lock = threading.Lock()
+        # Held while a health_registry collector's part is rendered: a scrape that finds it held
+        # (an evaluation's thread rendering the new findings) serves the part's last text.
+        self._registry_lock = threading.Lock()
         # (format, gzipped) -> (the gap between its last two scrapes, the last one), monotonic seconds
         self._scraped: dict[tuple[str, bool], tuple[float, float]] = {}
+        # Commits preparing their parts right now, each in its own thread (invalidate).
+        self._preparing = 0
+        self._preparing_lock = threading.Lock()
         sampler.on_commit.append(self.invalidate)
 
     def invalidate(self, _at: float | None = None) -> None:
         """A collector committed (called in its thread): the samples change, and what scrapers
         have asked for is rendered now, in this thread rather than in the next scrape."""
-        self._generation += 1
+        with self._preparing_lock:
+            self._preparing += 1
         try:
+            self._generation += 1
             self.prepare()
-        except Exception:  # the scrape renders it again and answers for it; the commit goes on
-            log.debug("preparing /metrics after a commit failed", exc_info=True)
+        finally:
+            with self._preparing_lock:
+                self._preparing -= 1
 
     def prepare(self) -> None:
         """Render (and compress) every collector's changed part in the formats scraped often
-        (PREPARE_WHILE_SCRAPED_EVERY_SECONDS)."""
+        (PREPARE_WHILE_SCRAPED_EVERY_SECONDS), and health_registry's changed parts: called after
+        each commit and after each evaluation of the detectors (agent/daemon.py), in their thread."""
+        try:
+            self._prepare()
+        except Exception:  # the scrape renders it again and answers for it; the caller goes on
+            log.debug("preparing /metrics failed", exc_info=True)
+
+    def _prepare(self) -> None:
         withheld, now = self.withheld(), self._sampler.monotonic()
         for (exposition_format, gzipped), (gap, last) in list(self._scraped.items()):
             if max(gap, now - last) <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS:
                 self._current_parts(exposition_format, withheld, deflated=gzipped)
+                self._registry_text(exposition_format, serve_last_while_rendered=False)
                 self._process_text(exposition_format, PROCESS_REFRESH_SECONDS)
 
     def _process_text(self, exposition_format: str, max_age_seconds: float) -> bytes:
@@ -218,46 +237,89 @@ class Exposition:
             parts.append(part)
         return parts
 
-    def samples_text(self, exposition_format: str = TEXT) -> bytes:
-        """Every collector's latest samples; in OpenMetrics without the closing "# EOF"."""
+    def samples_text(self, exposition_format: str = TEXT, last_while_prepared: bool = False) -> bytes:
+        """Every collector's latest samples; in OpenMetrics without the closing "# EOF".
+        `last_while_prepared`: see _last_while_prepared."""
         withheld = self.withheld()
         generation = (self._generation, withheld)
         cached = self._cached_by_format.get(exposition_format)
         if cached is None or cached[0] != generation:
+            if last_while_prepared and self._last_while_prepared(cached, withheld):
+                return cached[1]  # type: ignore[index]
             text = b"".join(part.text for part in self._current_parts(exposition_format, withheld, deflated=False))
-            cached = self._cached_by_format[exposition_format] = (generation, text)
+            cached = self._cached_by_format[exposition_format] = (generation, text, self._sampler.monotonic())
         return cached[1]
 
-    def _samples_deflated(self, exposition_format: str) -> tuple[bytes, int, int]:
+    def _samples_deflated(self, exposition_format: str, last_while_prepared: bool = False) -> tuple[bytes, int, int]:
         """samples_text as deflate blocks ending on a byte boundary, with its CRC-32 and length."""
         withheld = self.withheld()
         generation = (self._generation, withheld)
         cached = self._deflated_by_format.get(exposition_format)
         if cached is None or cached[0] != generation:
+            if last_while_prepared and self._last_while_prepared(cached, withheld):
+                return cached[1]  # type: ignore[index]
             parts = self._current_parts(exposition_format, withheld, deflated=True)
             crc, length = 0, 0
             for part in parts:
                 crc, length = zlib.crc32(part.text, crc), length + len(part.text)
-            cached = (generation, (b"".join(part.deflated for part in parts), crc, length))  # type: ignore[misc]
+            cached = (generation, (b"".join(part.deflated for part in parts), crc, length),  # type: ignore[misc]
+                      self._sampler.monotonic())
             self._deflated_by_format[exposition_format] = cached
         return cached[1]
+
+    def _last_while_prepared(self, cached: tuple | None, withheld: frozenset[str]) -> bool:
+        """Whether a scrape of a format scraped often serves its last joined samples while a commit
+        is rendering and compressing its part in its own thread (issue 33): taking that part
+        itself, the scrape waited for the render lock and compressed the part again (at 256
+        watched processes the process collector's part is ~300 KB, its render and deflate ~10 ms).
+        What it serves is the body of the scrape before, at most PREPARE_WHILE_SCRAPED_EVERY_SECONDS
+        old, as a scrape that came just before the commit would have; never when the collectors
+        withheld have changed since."""
+        return (cached is not None and self._preparing > 0 and cached[0][1] == withheld
+                and self._sampler.monotonic() - cached[2] <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS)
 
     def withheld(self) -> frozenset[str]:
         """The collectors whose samples are withheld now: hung for hung_seconds or more."""
         return frozenset() if self.hung_seconds is None else frozenset(self._sampler.hung(self.hung_seconds))
 
-    def _registry_text(self, exposition_format: str) -> bytes:
-        """health_registry rendered; the text of the last render again while every family and
-        sample is the same (findings change at an evaluation, every 10 s, not at each scrape;
-        rendering ~100 finding series with their many labels cost ~1.5 ms a scrape)."""
-        collected = list(self.health_registry.collect())
-        key = _fingerprint(collected)
-        known = self._registry_cache.get(exposition_format)
-        if known is not None and known[0] == key:
-            return known[1]
-        text = _render(_Collected(collected), exposition_format)
-        self._registry_cache[exposition_format] = (key, text)
-        return text
+    def _registry_text(self, exposition_format: str, serve_last_while_rendered: bool = True) -> bytes:
+        """health_registry rendered, each collector's part on its own: the text of its last render
+        again while its version() (or, without one, every family and sample) is the same.
+
+        The findings change at an evaluation only, every 10 s, and the evaluation's thread renders
+        them then (prepare). Neither collecting them to compare nor rendering them belongs in a
+        scrape: at 256 watched processes each firing InferenceProcessMemlockLow, the 774 finding
+        series (108 KB) cost 3-5 ms a scrape to collect and compare and 20-60 ms to render, the
+        slowest 1-3 % of scrapes (issue 33). With `serve_last_while_rendered`, a part that another
+        thread is rendering right now is served as last rendered: what the scrape would have
+        served a few milliseconds earlier."""
+        texts = []
+        for place, collector in enumerate(self.health_registry.collectors()):
+            version = getattr(collector, "version", None)
+            cache_key = (exposition_format, place)
+            known = self._registry_cache.get(cache_key)
+            if version is None:  # compared by its samples: cheap for the few series of such a part
+                collected = list(collector.collect())
+                key = _fingerprint(collected)
+                if known is None or known[0] != key:
+                    known = self._registry_cache[cache_key] = (key, _render(_Collected(collected), exposition_format))
+                texts.append(known[1])
+                continue
+            if known is None or known[0] != version():
+                if not self._registry_lock.acquire(blocking=known is None or not serve_last_while_rendered):
+                    texts.append(known[1])  # type: ignore[index]
+                    continue
+                try:
+                    known = self._registry_cache.get(cache_key)
+                    # The version read before collecting: a change meanwhile renders again next time.
+                    key = version()
+                    if known is None or known[0] != key:
+                        text = _render(_Collected(list(collector.collect())), exposition_format)
+                        known = self._registry_cache[cache_key] = (key, text)
+                finally:
+                    self._registry_lock.release()
+            texts.append(known[1])
+        return b"".join(texts)
 
     def _line_cache(self, exposition_format: str, collector: str) -> LineCache:
         lines = self._lines.get((exposition_format, collector))
@@ -281,9 +343,10 @@ class Exposition:
         now, variant = self._sampler.monotonic(), (exposition_format, gzipped)
         last = self._scraped.get(variant, (math.inf, -math.inf))[1]
         self._scraped[variant] = (now - last, now)
+        prepared = now - last <= PREPARE_WHILE_SCRAPED_EVERY_SECONDS  # the commits render it
         if not gzipped:
-            return self.samples_text(exposition_format) + self._per_scrape_text(exposition_format)
-        deflated, crc, length = self._samples_deflated(exposition_format)
+            return self.samples_text(exposition_format, prepared) + self._per_scrape_text(exposition_format)
+        deflated, crc, length = self._samples_deflated(exposition_format, prepared)
         tail = self._per_scrape_text(exposition_format)
         compressor = zlib.compressobj(TAIL_GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
         return b"".join((GZIP_HEADER, deflated, compressor.compress(tail), compressor.flush(),
@@ -295,6 +358,23 @@ def _deflate_part(text: bytes) -> bytes:
     such runs concatenate into one deflate stream, each one referring only to its own text."""
     compressor = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
     return compressor.compress(text) + compressor.flush(zlib.Z_SYNC_FLUSH)
+
+
+class HealthCollectors:
+    """What registers beside the agent's own metrics (the detectors' findings, Alertmanager
+    delivery), in registration order. Not a prometheus_client CollectorRegistry: the exposition
+    renders and keeps each collector's part on its own, and a collector with a `version()` (a
+    value that changes whenever what its collect() yields may) is not collected at all while its
+    version stays the same."""
+
+    def __init__(self) -> None:
+        self._collectors: list = []
+
+    def register(self, collector) -> None:
+        self._collectors.append(collector)
+
+    def collectors(self) -> tuple:
+        return tuple(self._collectors)
 
 
 class _Collected:

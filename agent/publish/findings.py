@@ -66,6 +66,12 @@ class FindingsCollector:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
 
+    def version(self) -> int:
+        """Changes whenever collect() may yield something else: everything it yields is set by an
+        evaluation, which counts itself last (Engine.evaluate), so the exposition keeps the
+        rendered findings until the next one (agent/publish/exposition.py, HealthCollectors)."""
+        return self._engine.evaluations
+
     def collect(self) -> Iterable[Metric]:
         families = [GaugeMetricFamily(spec.name, spec.documentation) for spec in (FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD)]
         for state in self._engine.firing():

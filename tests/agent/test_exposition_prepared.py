@@ -171,3 +171,122 @@ def test_process_metrics_are_read_by_the_commits_and_never_served_older_than_one
     clock.now += 1.01  # no commit for longer than an interval: the scrape reads it itself
     exposition.render(TEXT)
     assert reads[-1] == clock.now
+
+
+class Findings:
+    """A health_registry collector with a version(), as FindingsCollector: `version` changes when
+    what collect() yields may; counts its collects."""
+
+    def __init__(self) -> None:
+        self.version_number, self.value, self.collects = 0, 1.0, 0
+
+    def version(self) -> int:
+        return self.version_number
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+        self.collects += 1
+        yield GaugeMetricFamily("hybridmon_test_finding", "A finding set by the test.", value=self.value)
+
+
+def test_a_versioned_part_is_not_collected_by_scrapes_and_is_rendered_by_whoever_changed_it():
+    clock = Clock()
+    sampler, exposition = agent_parts(Numbers("gpu", {"a": 1.0}), clock=clock)
+    findings = Findings()
+    exposition.health_registry.register(findings)
+    for _ in range(3):  # Prometheus at 1 s: the first scrape renders it, the others serve that text
+        clock.now += 1.0
+        assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    assert findings.collects == 1
+    findings.value, findings.version_number = 2.0, 1  # an evaluation changed the findings
+    evaluated = threading.Thread(target=exposition.prepare)  # agent/daemon.py calls it after evaluating
+    evaluated.start()
+    evaluated.join()
+    assert findings.collects == 2
+    clock.now += 1.0
+    assert b"hybridmon_test_finding 2.0" in exposition.render(TEXT) and findings.collects == 2
+
+
+def test_a_scrape_serves_the_last_text_of_a_part_another_thread_is_rendering_and_never_waits_for_it():
+    sampler, exposition = agent_parts(Numbers("gpu", {"a": 1.0}))
+    findings = Findings()
+    exposition.health_registry.register(findings)
+    assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    findings.value, findings.version_number = 2.0, 1
+    with exposition._registry_lock:  # an evaluation's thread is rendering the new findings
+        assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    assert b"hybridmon_test_finding 2.0" in exposition.render(TEXT)  # rendered by the scrape itself, at worst
+
+
+def test_a_part_without_a_version_is_compared_by_its_samples_at_every_scrape():
+    sampler, exposition = agent_parts(Numbers("gpu", {"a": 1.0}))
+    findings = Findings()
+    findings.version = None  # as AlertmanagerCollector: no version(), a few series
+    exposition.health_registry.register(findings)
+    assert b"hybridmon_test_finding 1.0" in exposition.render(TEXT)
+    findings.value = 3.0
+    assert b"hybridmon_test_finding 3.0" in exposition.render(TEXT) and findings.collects == 2
+
+
+class RenderingCommit:
+    """A commit in another thread held inside its prepare (the render of its part) until released."""
+
+    def __init__(self, sampler: Sampler, exposition: Exposition, at: float) -> None:
+        self.rendering, self.release = threading.Event(), threading.Event()
+        prepare = exposition.prepare
+
+        def held_prepare() -> None:
+            self.rendering.set()
+            self.release.wait(5)
+            prepare()
+        exposition.prepare = held_prepare
+        self.thread = threading.Thread(target=sampler.run_collector, args=(sampler.scheduled[0], at))
+        self.thread.start()
+        assert self.rendering.wait(5)
+        exposition.prepare = prepare
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(5)
+
+
+@pytest.mark.parametrize("gzipped", [False, True])
+def test_a_scrape_during_a_commits_render_serves_the_scrape_before_and_the_next_gets_the_commit(gzipped):
+    clock = Clock()
+    collector = Numbers("gpu", {"a": 1.0})
+    sampler, exposition = agent_parts(collector, clock=clock)
+    sampler.run_collector(sampler.scheduled[0], at=1.0)
+
+    def scrape() -> bytes:
+        clock.now += 1.0  # Prometheus at 1 s
+        body = exposition.render(TEXT, gzipped=gzipped)
+        return gzip.decompress(body) if gzipped else body
+    scrape()
+    collector.values["a"] = 2.0
+    commit = RenderingCommit(sampler, exposition, 2.0)
+    assert b'series="a"} 1.0' in scrape()  # not waiting for the commit's render, not rendering its part
+    commit.finish()
+    assert b'series="a"} 2.0' in scrape()
+
+
+def test_the_last_body_is_never_served_to_a_scraper_that_comes_seldom_nor_once_older_than_the_window():
+    clock = Clock()
+    collector = Numbers("gpu", {"a": 0.0})
+    sampler, exposition = agent_parts(collector, clock=clock)
+    sampler.run_collector(sampler.scheduled[0], at=1.0)
+    exposition.render(TEXT)
+    clock.now += 15.0  # a scraper every 15 s: the commits do not prepare for it
+    collector.values["a"] = 1.0
+    commit = RenderingCommit(sampler, exposition, 2.0)
+    assert b'series="a"} 1.0' in exposition.render(TEXT)
+    commit.finish()
+    # Scraped every second from here, each scrape landing in a commit's render: the body joined at
+    # second 15 is served while it is at most 2.5 s old, then the scrape joins the parts itself.
+    served = []
+    for second in range(2, 6):
+        clock.now += 1.0
+        collector.values["a"] = float(second)
+        commit = RenderingCommit(sampler, exposition, float(second + 1))
+        served.append(exposition.render(TEXT).split(b'series="a"} ')[1].split(b"\n")[0])
+        commit.finish()
+    assert served == [b"1.0", b"1.0", b"4.0", b"4.0"]

@@ -3,6 +3,7 @@ and runbooks served by the agent."""
 from __future__ import annotations
 
 import subprocess
+import threading
 import time
 from datetime import datetime
 
@@ -12,6 +13,7 @@ from fastapi.testclient import TestClient
 from hybridmon.agent.publish.alertmanager import AlertmanagerPusher
 from hybridmon.agent.daemon import Agent
 from hybridmon.agent.detectors.engine import Engine
+from hybridmon.agent.publish.exposition import TEXT
 from hybridmon.agent.publish.findings import FindingsCollector
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.api.runbooks import RunbookLibrary
@@ -36,6 +38,32 @@ def test_firing_findings_are_metrics_with_their_entity_labels():
     engine.evaluate(110.0)
     assert not any(k.startswith("hybridmon_finding_active") for k in
                    (s.name for m in collector.collect() for s in m.samples))
+
+
+def test_the_findings_version_changes_with_every_evaluation_and_only_then():
+    engine = Engine([Switch()], History(60))
+    collector = FindingsCollector(engine)
+    before = collector.version()
+    assert collector.version() == before
+    engine.evaluate(100.0)
+    assert collector.version() != before
+
+
+def test_the_evaluating_thread_renders_the_findings_not_the_next_scrape(fixture_agent, monkeypatch):
+    exposition = fixture_agent.exposition
+    for _ in range(2):  # scraped every second, as by Prometheus at 1 s
+        exposition.render(TEXT)
+    findings = next(c for c in exposition.health_registry.collectors() if isinstance(c, FindingsCollector))
+    collected_in = []
+    collect = findings.collect
+    monkeypatch.setattr(findings, "collect", lambda: collected_in.append(threading.current_thread().name) or collect())
+    evaluation = threading.Thread(target=fixture_agent._maybe_evaluate, args=(1_700_000_010.0,), name="evaluating")
+    evaluation.start()
+    evaluation.join()
+    assert collected_in == ["evaluating"]
+    body = exposition.render(TEXT)
+    assert collected_in == ["evaluating"] and b"hybridmon_finding_active{" in body
+    assert f"hybridmon_detector_evaluations_total {fixture_agent.engine.evaluations}.0".encode() in body
 
 
 @pytest.fixture
