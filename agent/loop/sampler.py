@@ -1,7 +1,9 @@
 """The sampling loop: runs each collector on its own interval and commits what it returns.
 
-Collectors run on a small thread pool so a slow or hung one (NVML can hang when a GPU falls off the
-bus) never delays the others or the tick. A collector that is still running when it comes due again
+A tick's collectors run one after another on one thread (agent/loop/handoff_pool.py says why), and
+one still running after COLLECTOR_HANDOFF_SECONDS leaves the rest to another thread, so a slow or
+hung one (NVML can hang when a GPU falls off the bus) never delays the tick, nor the others by more
+than that. A collector that is still running when it comes due again
 is skipped, not stacked. Every run is timed and its outcome kept for the self metrics.
 """
 from __future__ import annotations
@@ -9,10 +11,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hybridmon.agent.loop.handoff_pool import HandoffPool
 from hybridmon.agent.loop.history import History
 from hybridmon.agent.loop.trace import TraceWriter
 from hybridmon.exporters.base import Collector, LogOnce, NoDataError, Samples
@@ -22,6 +24,11 @@ log = logging.getLogger(__name__)
 # together, so only a step moves their difference: NTP slews at most 500 ppm, 0.03 s a minute. Small
 # enough that a step that matters to a `for` of a minute or more is seen.
 CLOCK_STEP_SECONDS = 10.0
+# How long the tick's other collectors wait behind one that is still running before another thread
+# takes them (a quarter of the tick at most). A collector's run takes 0.1-25 ms on the 8-GPU /
+# 16-process host, the evaluation it may trigger ~25 ms with 2 h of history (docs/performance.md):
+# ten times that is slow or hung, and the others then still commit within the tick.
+COLLECTOR_HANDOFF_SECONDS = 0.25
 
 
 @dataclass
@@ -83,7 +90,8 @@ class Sampler:
         self._wall_clock = wall_clock
         self._monotonic = monotonic
         self._log_once = LogOnce(log)
-        self._pool = ThreadPoolExecutor(max_workers=max(1, len(scheduled)), thread_name_prefix="collector")
+        self._pool = HandoffPool(max(1, len(scheduled)), min(COLLECTOR_HANDOFF_SECONDS, interval_seconds / 4),
+                                 "collector")
         self._stop = threading.Event()
         self.on_commit: list[Callable[[float], None]] = []  # called with the commit's time
         # called with the step, in seconds, when the wall clock stepped (before the commit that
