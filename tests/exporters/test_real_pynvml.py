@@ -555,6 +555,49 @@ def test_the_stub_blocks_its_20ms_window_on_8_gpus_asleep_and_without_the_gil(tm
     assert report["woken_during"] >= 10  # ~50 in the 100 ms: the GIL was free
 
 
+COUNTER_PROBE = """
+import json, time
+import pynvml
+pynvml.nvmlInit()
+handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+def read():
+    tx, rx = pynvml.nvmlDeviceGetFieldValues(handle, [197, 198])
+    assert tx.nvmlReturn == rx.nvmlReturn == 0, (tx.nvmlReturn, rx.nvmlReturn)
+    return time.monotonic(), tx.value.ullVal, rx.value.ullVal
+first = read(); time.sleep(0.3); last = read()
+seconds = last[0] - first[0]
+print(json.dumps({"tx": (last[1] - first[1]) / seconds, "rx": (last[2] - first[2]) / seconds}))
+"""
+
+
+@pytest.mark.slow  # a subprocess: the real binding loads the stub (0.6-0.8 s)
+def test_the_stub_s_pcie_byte_counters_advance_at_the_layout_s_rates(tmp_path):
+    """The daemon benchmark's counters path over the real binding (--nvml stub --pcie-path
+    counters): layout_from_fake gives a GPU with byte counters (R555+) fields 197/198 that grow at
+    its TX and RX rates, read through nvidia-ml-py's nvmlDeviceGetFieldValues."""
+    from tests.support.scaled_host import build_scaled_host
+
+    try:
+        stub, binding = build.build_stub("current"), build.pynvml_dir(build.NEWEST_NVIDIA_ML_PY)
+    except build.StubUnavailable as error:
+        stub_unavailable(str(error))
+    fake_layout = json.loads(Path(build_scaled_host(tmp_path / "host").layout).read_text())
+    for gpu in fake_layout["gpus"]:
+        gpu["pcie_byte_counters"] = True
+    layout = tmp_path / "stub.layout"
+    build.write_layout(layout, build.layout_from_fake(fake_layout, pcie_window_us=0))
+    assert "pcie_counters_advance 1" in layout.read_text().splitlines()
+    env = {**os.environ, "LD_LIBRARY_PATH": str(stub), "HYBRIDMON_STUB_NVML_LAYOUT": str(layout),
+           "PYTHONPATH": str(binding)}
+    result = subprocess.run([sys.executable, "-c", COUNTER_PROBE], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rates = json.loads(result.stdout)
+    gpu = fake_layout["gpus"][0]
+    assert rates["tx"] == pytest.approx(gpu["pcie_tx_kilobytes_per_second"] * 1000, rel=0.05)
+    assert rates["rx"] == pytest.approx(gpu["pcie_rx_kilobytes_per_second"] * 1000, rel=0.05)
+
+
 def test_layout_from_fake_says_what_the_stub_cannot_do():
     gpu = {"uuid": "GPU-0", "pcie_duty": 0.5}
     with pytest.raises(ValueError, match="static PCIe values"):

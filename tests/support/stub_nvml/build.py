@@ -210,14 +210,15 @@ def write_layout(path: Path, layout: dict) -> None:
 PCIE_WINDOW_US = 20_000
 """nvmlDeviceGetPcieThroughput's window (nvml.h: "querying a byte counter over a 20ms interval")."""
 MAX_GPUS = 8  # stub_state.h STUB_MAX_GPUS
+PCIE_COUNT_TX_BYTES, PCIE_COUNT_RX_BYTES = 197, 198  # nvml.h NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES
 
 
 def layout_from_fake(fake_layout: dict, pcie_window_us: int = PCIE_WINDOW_US) -> dict:
     """The stub's layout (write_layout's dict) for the host a fake NVML layout describes
     (tests/support/fake_nvml.py FakeNvml.load_layout's JSON, e.g. the daemon benchmark's 8-GPU
     host), the throughput call blocking `pcie_window_us`. What the stub cannot do is said, not
-    dropped silently: more than MAX_GPUS GPUs, bursty traffic or byte counters (the stub's values
-    are static), each a ValueError."""
+    dropped silently: more than MAX_GPUS GPUs, or bursty traffic (the stub's
+    values are static), each a ValueError; byte counters advance (pcie_counters_advance)."""
     gpus = fake_layout["gpus"]
     if len(gpus) > MAX_GPUS:
         raise ValueError(f"the stub holds at most {MAX_GPUS} GPUs (stub_state.h), the layout has {len(gpus)}")
@@ -239,9 +240,11 @@ def layout_from_fake(fake_layout: dict, pcie_window_us: int = PCIE_WINDOW_US) ->
         if gpu.get("numa_node") is not None:
             stub["numa_node"] = gpu["numa_node"]
         if gpu.get("pcie_byte_counters"):
-            # The stub's field values are static: counters that never advance would read as an
-            # interval without time, and each tick would block on a window instead.
-            raise ValueError(f"GPU {gpu['uuid']}: the stub has no advancing PCIe byte counters")
+            # R555+'s counters (NVML_FI_DEV_PCIE_COUNT_TX/RX_BYTES), advancing at the GPU's rates
+            # from the fake's start value, as the fake's _pcie_count does.
+            start = gpu.get("pcie_counter_start_bytes", 0)
+            stub["fields"] = {PCIE_COUNT_TX_BYTES: start, PCIE_COUNT_RX_BYTES: start}
+            stub["pcie_counters_advance"] = 1
         stub_gpus.append(stub)
     return {"driver_version": fake_layout.get("driver_version", "550.54.15"),
             "pcie_window_us": pcie_window_us, "gpus": stub_gpus}

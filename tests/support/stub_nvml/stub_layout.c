@@ -138,6 +138,8 @@ static int parse_gpu_line(struct nvmlDevice_st *gpu, const char *key, const char
             return -1;
         }
         gpu->field_count++;
+    } else if (strcmp(key, "pcie_counters_advance") == 0) {
+        gpu->pcie_counters_advance = (int)strtol(rest, NULL, 0);
     } else if (strcmp(key, "c2c_mode") == 0) {
         gpu->c2c_mode = (int)strtol(rest, NULL, 0);
     } else if (strcmp(key, "c2c_link") == 0) {

@@ -35,8 +35,11 @@
  *
  *   pcie_window_us <µs>                 (system-wide: nvmlDeviceGetPcieThroughput blocks this long)
  *
+ *   pcie_counters_advance 1             (per GPU: its PCIe byte counter fields, 197 TX and 198 RX,
+ *                                        grow from their layout value at pcie_tx_kbps / pcie_rx_kbps)
+ *
  * Simplifications (documented, not hidden): values are static between calls (counters do not
- * advance, a GPM metric answers its layout value over any two samples); nvmlDeviceGetPcieThroughput
+ * advance but where pcie_counters_advance says so, a GPM metric answers its layout value over any two samples); nvmlDeviceGetPcieThroughput
  * blocks for its 20 ms window only where the layout says pcie_window_us 20000 (the daemon
  * benchmark's --nvml stub does; the tests' probes leave it out, at 20 ms a call they would add
  * seconds to the suite);
@@ -407,6 +410,27 @@ static int c2c_field(const struct nvmlDevice_st *device, nvmlFieldValue_t *value
     return 1;
 }
 
+/* A PCIe byte counter field (nvml.h: NVML_FI_DEV_PCIE_COUNT_TX_BYTES 197, _RX_BYTES 198, "Value
+ * can be wrapped") as the device's layout rate moves it: its layout value plus kB/s x 1000 x the
+ * seconds since the first call (an unsigned long long wraps as the driver's may). */
+static unsigned long long advanced_counter(const struct nvmlDevice_st *device, const struct stub_field *field)
+{
+    static struct timespec since;
+    struct timespec now;
+    unsigned int kbps;
+
+    if (!device->pcie_counters_advance || (field->id != 197 && field->id != 198)) {
+        return field->value;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    if (since.tv_sec == 0 && since.tv_nsec == 0) {
+        since = now;
+    }
+    kbps = field->id == 197 ? device->pcie_tx_kbps : device->pcie_rx_kbps;
+    return field->value + (unsigned long long)((double)kbps * 1000.0
+        * ((double)(now.tv_sec - since.tv_sec) + (double)(now.tv_nsec - since.tv_nsec) / 1e9));
+}
+
 nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvmlFieldValue_t *values)
 {
     struct timeval now;
@@ -426,7 +450,7 @@ nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t device, int valuesCount, nvml
             if (device->fields[f].id == value->fieldId) {
                 /* Assumed type: nvml.h does not say which valueType the PCIe byte counters use. */
                 value->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
-                value->value.ullVal = device->fields[f].value;
+                value->value.ullVal = advanced_counter(device, &device->fields[f]);
                 value->nvmlReturn = NVML_SUCCESS;
             }
         }

@@ -63,6 +63,9 @@ struct nvmlDevice_st {
     unsigned int pci_device_id, pci_subsystem_id;
     unsigned long long memory_total, memory_reserved, memory_used;
     unsigned int pcie_rx_kbps, pcie_tx_kbps;
+    /* layout line pcie_counters_advance 1: fields 197/198 (the PCIe byte counters) grow at
+       pcie_tx_kbps/pcie_rx_kbps from the layout's load, as a driver's counters do */
+    int pcie_counters_advance;
     unsigned int link_gen, link_gen_max, link_width, link_width_max, replays;
     unsigned int util_gpu, util_memory, numa_node, mig_current, mig_pending;
     unsigned long cpu_affinity[STUB_MAX_AFFINITY_WORDS];
