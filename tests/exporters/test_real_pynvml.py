@@ -527,12 +527,9 @@ print(json.dumps({"gpus": count, "rx": rx, "wall": wall, "cpu": cpu, "woken_duri
 """
 
 
-@pytest.mark.slow  # a subprocess: the real binding loads the stub (0.6-0.8 s)
-def test_the_stub_blocks_its_20ms_window_on_8_gpus_asleep_and_without_the_gil(tmp_path):
-    """build.layout_from_fake on the daemon benchmark's 8-GPU host, pcie_window_us 20000: each
-    throughput call takes its window in nanosleep (wall >= 20 ms, next to no CPU), and ctypes has
-    released the GIL so another Python thread runs meanwhile, as the benchmark's --nvml stub
-    needs. The real driver's way of waiting is the assumption stub_nvml.c names."""
+def probe_benchmark_host_over_stub(tmp_path, probe, byte_counters=False, **layout_options):
+    """Run `probe` under the real binding over the stub describing the daemon benchmark's 8-GPU
+    host (build.layout_from_fake); returns the fake layout and the probe's JSON report."""
     from tests.support.scaled_host import build_scaled_host
 
     try:
@@ -540,14 +537,26 @@ def test_the_stub_blocks_its_20ms_window_on_8_gpus_asleep_and_without_the_gil(tm
     except build.StubUnavailable as error:
         stub_unavailable(str(error))
     fake_layout = json.loads(Path(build_scaled_host(tmp_path / "host").layout).read_text())
+    for gpu in fake_layout["gpus"]:
+        gpu["pcie_byte_counters"] = byte_counters
     layout = tmp_path / "stub.layout"
-    build.write_layout(layout, build.layout_from_fake(fake_layout))
+    build.write_layout(layout, build.layout_from_fake(fake_layout, **layout_options))
+    assert ("pcie_counters_advance 1" in layout.read_text().splitlines()) == byte_counters
     env = {**os.environ, "LD_LIBRARY_PATH": str(stub), "HYBRIDMON_STUB_NVML_LAYOUT": str(layout),
            "PYTHONPATH": str(binding)}
-    result = subprocess.run([sys.executable, "-c", WINDOW_PROBE], env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 0, result.stderr[-2000:]
-    report = json.loads(result.stdout)
+    return fake_layout, json.loads(result.stdout)
+
+
+@pytest.mark.slow  # a subprocess: the real binding loads the stub (0.6-0.8 s)
+def test_the_stub_blocks_its_20ms_window_on_8_gpus_asleep_and_without_the_gil(tmp_path):
+    """build.layout_from_fake on the daemon benchmark's 8-GPU host, pcie_window_us 20000: each
+    throughput call takes its window in nanosleep (wall >= 20 ms, next to no CPU), and ctypes has
+    released the GIL so another Python thread runs meanwhile, as the benchmark's --nvml stub
+    needs. The real driver's way of waiting is the assumption stub_nvml.c names."""
+    fake_layout, report = probe_benchmark_host_over_stub(tmp_path, WINDOW_PROBE)
     assert report["gpus"] == len(fake_layout["gpus"]) == 8
     assert report["rx"] == fake_layout["gpus"][-1]["pcie_rx_kilobytes_per_second"]
     assert report["wall"] >= 5 * 0.020
@@ -575,24 +584,8 @@ def test_the_stub_s_pcie_byte_counters_advance_at_the_layout_s_rates(tmp_path):
     """The daemon benchmark's counters path over the real binding (--nvml stub --pcie-path
     counters): layout_from_fake gives a GPU with byte counters (R555+) fields 197/198 that grow at
     its TX and RX rates, read through nvidia-ml-py's nvmlDeviceGetFieldValues."""
-    from tests.support.scaled_host import build_scaled_host
-
-    try:
-        stub, binding = build.build_stub("current"), build.pynvml_dir(build.NEWEST_NVIDIA_ML_PY)
-    except build.StubUnavailable as error:
-        stub_unavailable(str(error))
-    fake_layout = json.loads(Path(build_scaled_host(tmp_path / "host").layout).read_text())
-    for gpu in fake_layout["gpus"]:
-        gpu["pcie_byte_counters"] = True
-    layout = tmp_path / "stub.layout"
-    build.write_layout(layout, build.layout_from_fake(fake_layout, pcie_window_us=0))
-    assert "pcie_counters_advance 1" in layout.read_text().splitlines()
-    env = {**os.environ, "LD_LIBRARY_PATH": str(stub), "HYBRIDMON_STUB_NVML_LAYOUT": str(layout),
-           "PYTHONPATH": str(binding)}
-    result = subprocess.run([sys.executable, "-c", COUNTER_PROBE], env=env, capture_output=True,
-                            text=True, timeout=60)
-    assert result.returncode == 0, result.stderr[-2000:]
-    rates = json.loads(result.stdout)
+    fake_layout, rates = probe_benchmark_host_over_stub(tmp_path, COUNTER_PROBE, byte_counters=True,
+                                                        pcie_window_us=0)
     gpu = fake_layout["gpus"][0]
     assert rates["tx"] == pytest.approx(gpu["pcie_tx_kilobytes_per_second"] * 1000, rel=0.05)
     assert rates["rx"] == pytest.approx(gpu["pcie_rx_kilobytes_per_second"] * 1000, rel=0.05)
