@@ -402,6 +402,11 @@ QUERIES_OF_SERIES_NOT_LIVE = {
     ("Tiered KV cache: servers compared over the dashboard's time range", "I"),   # host tier's tokens
     ("Prefix cache hits by tier", "B"),                                            # host-tier hits
     ("Host KV tier: size and contents", "B"),                                      # a host cache's bytes
+    # The share of a process's CPU time off its GPU's node is absent while its CPU time does not
+    # grow (rules/process.py divides by the rate where > 0): the fixture's procfs is static.
+    ("Watched processes on this GPU", "D"),
+    ("Watched processes vs their GPUs' NUMA nodes", "A"),
+    ("Watched processes: share off their GPU's NUMA node", "A"),
 }
 
 
