@@ -240,31 +240,30 @@ class Exposition:
     def samples_text(self, exposition_format: str = TEXT, last_while_prepared: bool = False) -> bytes:
         """Every collector's latest samples; in OpenMetrics without the closing "# EOF".
         `last_while_prepared`: see _last_while_prepared."""
-        withheld = self.withheld()
-        generation = (self._generation, withheld)
-        cached = self._cached_by_format.get(exposition_format)
-        if cached is None or cached[0] != generation:
-            if last_while_prepared and self._last_while_prepared(cached, withheld):
-                return cached[1]  # type: ignore[index]
-            text = b"".join(part.text for part in self._current_parts(exposition_format, withheld, deflated=False))
-            cached = self._cached_by_format[exposition_format] = (generation, text, self._sampler.monotonic())
-        return cached[1]
+        def joined(parts: list) -> bytes:
+            return b"".join(part.text for part in parts)
+        return self._joined_parts(self._cached_by_format, exposition_format, False, joined, last_while_prepared)
 
     def _samples_deflated(self, exposition_format: str, last_while_prepared: bool = False) -> tuple[bytes, int, int]:
         """samples_text as deflate blocks ending on a byte boundary, with its CRC-32 and length."""
-        withheld = self.withheld()
-        generation = (self._generation, withheld)
-        cached = self._deflated_by_format.get(exposition_format)
-        if cached is None or cached[0] != generation:
-            if last_while_prepared and self._last_while_prepared(cached, withheld):
-                return cached[1]  # type: ignore[index]
-            parts = self._current_parts(exposition_format, withheld, deflated=True)
+        def joined(parts: list) -> tuple[bytes, int, int]:
             crc, length = 0, 0
             for part in parts:
                 crc, length = zlib.crc32(part.text, crc), length + len(part.text)
-            cached = (generation, (b"".join(part.deflated for part in parts), crc, length),  # type: ignore[misc]
-                      self._sampler.monotonic())
-            self._deflated_by_format[exposition_format] = cached
+            return b"".join(part.deflated for part in parts), crc, length
+        return self._joined_parts(self._deflated_by_format, exposition_format, True, joined, last_while_prepared)
+
+    def _joined_parts(self, cache: dict, exposition_format: str, deflated: bool, join, last_while_prepared: bool):
+        """The collectors' current parts joined by `join`, kept in `cache` until a commit or a change
+        of the collectors withheld; while a commit prepares its part, the last join where allowed."""
+        withheld = self.withheld()
+        generation = (self._generation, withheld)
+        cached = cache.get(exposition_format)
+        if cached is None or cached[0] != generation:
+            if last_while_prepared and self._last_while_prepared(cached, withheld):
+                return cached[1]  # type: ignore[index]
+            value = join(self._current_parts(exposition_format, withheld, deflated=deflated))
+            cached = cache[exposition_format] = (generation, value, self._sampler.monotonic())
         return cached[1]
 
     def _last_while_prepared(self, cached: tuple | None, withheld: frozenset[str]) -> bool:
