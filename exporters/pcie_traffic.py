@@ -120,9 +120,18 @@ class TrafficReading:
     source: str = "sampled"  # one of METHODS: how the GPU's traffic is read, this tick's window aside
 
 
-FLOOR_SAMPLES_PER_SECOND = 1.0
-"""AdaptivePacing's least pace: a burst starting on an idle link is seen within about a second,
-and the next slot is back at the full pace (AdaptivePacing.RECENT_SAMPLES)."""
+FLOOR_SAMPLES_PER_SECOND = 0.25
+"""AdaptivePacing's least pace, one sample in 4 s. The 2-sigma guarantee against the starvation
+threshold comes from the pacing rule at any pace; the floor only bounds how long a link that
+looked idle waits to be looked at again. A burst starting on an idle link is seen within 4 s and
+brings the full pace back within RECENT_SAMPLES more slots (about 7 s in all, test), against the
+starvation alert's 2 min `for` on a 1 min reading (thresholds.toml [pcie_starvation]); the 1 min
+reading stays unbiased meanwhile (each sample stands for its slot). What the floor gives up is
+precision far below the threshold: n = 15 a minute, 2 sigma at most 2 sqrt(m (C - m) / 15), 26 %
+of C at m = C / 2, which the rule only allows where m is further than that below T. At 1 a second
+the 8 sampler threads of the benchmark host's light links cost 2.9-3.5 ms of CPU a second, a third
+of the daemon's 1 % budget (issue 33; docs/performance.md): each sample wakes its thread three
+times, which no pace-independent change removes."""
 STARVATION_SHARE = 0.90
 """The starvation alert's share of capacity (agent/alerts/thresholds.toml [pcie_starvation]
 traffic_share_of_capacity; tests/exporters/test_pcie_traffic.py holds them equal)."""
@@ -416,8 +425,8 @@ class PcieTraffic:
         sampled = tuple(float(taken[d]["estimated_bytes"]) for d in DIRECTIONS)
         held = self._held_means.get(gpu)
         if None in means and held is not None:
-            # No sample since the last tick: at a slow pace (AdaptivePacing, 1 a second at the
-            # least) a 1 s tick holds none now and then. The gauge holds the last mean; the byte
+            # No sample since the last tick: at a slow pace (AdaptivePacing, one in 4 s at the
+            # least) most 1 s ticks hold none. The gauge holds the last mean; the byte
             # estimate the alert reads covers the gap already.
             means = [h if m is None else m for m, h in zip(means, held)]
         if None in means:
