@@ -19,6 +19,7 @@ import re
 import sys
 from pathlib import Path
 
+from hybridmon.agent.config import DetectorsConfig
 from hybridmon.agent.alerts.catalogue import FAMILIES, load_thresholds
 from hybridmon.agent.self_metrics import (FINDING_ACTIVE, FINDING_METRICS, FINDING_THRESHOLD, FINDING_VALUE,
                                           SELF_METRICS)
@@ -48,7 +49,8 @@ def metrics() -> str:
         lines += [f"## `{collector.name}` (every {interval:g} s by default)", "", *table]
         lines += [_row(spec, ", ".join(spec.label_names)) for spec in collector.metric_specs]
         lines.append("")
-    lines += ["## Findings (detectors, every 10 s by default)", "", *table]
+    evaluation = DetectorsConfig.model_fields["evaluation_interval_seconds"].default
+    lines += [f"## Findings (detectors, every {evaluation:g} s by default)", "", *table]
     # A finding's series carry the labels of its alert, which differ from one alert to the next.
     per_alert = {FINDING_ACTIVE, FINDING_VALUE, FINDING_THRESHOLD}
     lines += [_row(spec, ", ".join(spec.label_names) or ("per alert" if spec in per_alert else ""))
