@@ -212,7 +212,13 @@ class _FixedAttributes:
 
 class PcieCollector:
     name = "pcie"
-    default_interval_seconds = 1.0
+    # Every 5 s, not every tick: what it reads changes by events, not by the second. The AER counts
+    # are counters (PcieErrors judges 5 min of them); a link's trained speed and width, its
+    # topology and its presence are states, judged over minutes (PcieLinkDegraded's 300 s) or at
+    # once from the GPU collector's NVML reads every tick (GpuLost, whose bus view this is, fires
+    # on the first reading that the function left). A tick's ~50 sysfs reads were a twelfth of
+    # the daemon's CPU on the 8-GPU host (issue 33, docs/performance.md).
+    default_interval_seconds = 5.0
     metric_specs = (LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, LINK_GENERATION,
                     LINK_MAX_GENERATION, AER_ERRORS, DEVICE_NUMA_NODE, DEVICE_PRESENT,
                     UDEV_EVENTS) + topology.METRIC_SPECS

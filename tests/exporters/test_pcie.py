@@ -217,7 +217,7 @@ def test_collector_on_fixture_tree(fixture_sysfs, live_source):
     assert not samples.find("hybridmon_pcie_device_present", pci_bus_id=HOST_BRIDGE)
     assert as_dict(collector.collect()) == EXPECTED_FIXTURE_SAMPLES
     assert {s.spec for s in samples} <= set(collector.metric_specs)
-    assert collector.name == "pcie" and collector.default_interval_seconds == 1.0
+    assert collector.name == "pcie" and collector.default_interval_seconds == 5.0
 
 
 def test_collector_without_aer_logs_once_at_info(fixture_sysfs, live_source, caplog):
