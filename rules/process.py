@@ -27,7 +27,8 @@ FAULTS_PER_WORK = "process:hybridmon_process_faults_per_work:ratio1m"
 GPU_MEMORY = f"process:{gpu_metrics.PROCESS_MEMORY_USED.name}:sum"
 # Host memory the kernel will neither reclaim nor swap: mlock()ed (VmLck, mm->locked_vm) plus
 # pinned for DMA (VmPin, mm->pinned_vm: RDMA registrations, io_uring fixed buffers). Separate
-# counters since Linux 3.1, both charged against RLIMIT_MEMLOCK; VmPin absent (older kernels)
+# counters since Linux 3.1, each checked on its own against RLIMIT_MEMLOCK (so the memlock alert,
+# agent/alerts/host_config.py, judges the larger, not this sum); VmPin absent (older kernels)
 # counts as 0, as in the detector. A page both mlock()ed and pinned counts twice (mlockall plus
 # an RDMA registration of the same buffer): at most VmPin too much.
 LOCKED_AND_PINNED_RAW = f"{process_metrics.LOCKED.name.removesuffix('_bytes')}_and_pinned_bytes"

@@ -4,6 +4,19 @@ InferenceProcessMemlockLow (runbooks named like them). `hybridmon check` reports
 
 A setting is a state, not a measurement: each check reads current values, so one sample of the
 host is enough to judge it (no `for`). Only the no-swap headroom compares 1 min averages.
+
+RLIMIT_MEMLOCK is judged against what the process has locked, not on its own. The kernel charges
+mlock() to mm->locked_vm (VmLck) and RDMA memory registration to mm->pinned_vm (VmPin), and
+refuses the request that would take either counter past the limit (mm/mlock.c do_mlock,
+drivers/infiniband/core/umem.c ib_umem_get), each on its own: so the larger of the two, not their
+sum, is what the next request is checked with. CUDA pinned host memory is charged to neither: the
+NVIDIA driver pins cudaHostRegister's pages with pin_user_pages (older drivers get_user_pages,
+kernel-open/nvidia/os-mlock.c os_lock_user_pages) and maps cudaHostAlloc's own pages into the
+process (kernel-open/nvidia/nv-mmap.c nvidia_mmap_sysmem), and kernel-open never touches
+locked_vm, pinned_vm or RLIMIT_MEMLOCK (595.45.04). A low limit on a process that locks nothing,
+the common case of a vLLM with a CPU KV tier, is therefore no risk. A counter past the limit means
+the kernel let it through: the process holds CAP_IPC_LOCK, which the limit does not bind, so it is
+not judged either.
 """
 from __future__ import annotations
 
@@ -15,26 +28,25 @@ from hybridmon.agent.detectors.base import DetectorBase, Finding, HistoryReader
 from hybridmon.exporters.host_memory import (MEMORY_AVAILABLE, MEMORY_TOTAL, SWAP_TOTAL, SYSCTL_VALUE,
                                              TRANSPARENT_HUGEPAGE_MODE)
 from hybridmon.exporters.numa import NODE_MEMORY_TOTAL
-from hybridmon.exporters.process import MEMLOCK_LIMIT
+from hybridmon.exporters.process import LOCKED, MEMLOCK_LIMIT, PINNED
 from hybridmon.rules import groups
 from hybridmon.rules.model import Alert
 from hybridmon.rules.promql import number, query
-from hybridmon.rules.templates import humanize1024, humanize_percentage
+from hybridmon.rules.templates import humanize_percentage
 
 INPUTS = (SYSCTL_VALUE, SWAP_TOTAL, MEMORY_TOTAL, MEMORY_AVAILABLE, TRANSPARENT_HUGEPAGE_MODE,
-          NODE_MEMORY_TOTAL, MEMLOCK_LIMIT)
+          NODE_MEMORY_TOTAL, LOCKED, PINNED, MEMLOCK_LIMIT)
 NUMA_NODES = f"count without (node) ({NODE_MEMORY_TOTAL.name})"
+# The larger of VmLck and VmPin of each process (the one its next request is checked with); VmPin
+# absent (a kernel before 3.2) leaves VmLck alone.
+LOCKED_OR_PINNED = f'max without () ({{__name__=~"{LOCKED.name}|{PINNED.name}"}})'
 
 
 class Settings(Section):
     max_swappiness_with_swap: int
     max_dirty_ratio: int
-    min_memlock_bytes: float
+    locked_share_of_memlock_limit: float
     min_available_share_without_swap: float
-
-
-def _bytes(value: float) -> str:
-    return f"{humanize1024(value)}B"
 
 
 def _sysctl(name: str) -> str:
@@ -124,18 +136,29 @@ def no_swap_headroom_alert(c: Settings) -> Alert:
 
 
 def memlock_alert(c: Settings) -> Alert:
+    share, limit = c.locked_share_of_memlock_limit, MEMLOCK_LIMIT.name
     return Alert(
         "InferenceProcessMemlockLow",
-        f"{MEMLOCK_LIMIT.name} < {number(c.min_memlock_bytes)}",
+        # An unlimited limit is +Inf: the share is 0. A counter past the limit was let through
+        # (CAP_IPC_LOCK), so the second line keeps it silent.
+        f"{LOCKED_OR_PINNED} / {limit} >= {number(share)}\n"
+        f"and {LOCKED_OR_PINNED} <= {limit}",
         0, "info",
-        "<process_name> (pid <pid>) on <instance> may lock only <value|humanize1024>B",
-        "Watched process <process_name> (pid <pid>) has a soft RLIMIT_MEMLOCK of "
-        f"<value|humanize1024>B (threshold {_bytes(c.min_memlock_bytes)}; see Max locked memory "
-        "in /proc/<pid>/limits). Pinned host buffers "
-        "for KV offload need page-locked memory; with a low limit their allocation fails or "
-        "the server falls back to slower pageable copies. Raise the limit for the service "
-        "(LimitMEMLOCK=infinity in its systemd unit, docker run --ulimit memlock=-1, or "
-        "ulimit -l unlimited) and restart it.",
+        "<process_name> (pid <pid>) on <instance> has locked <value|humanizePercentage> of its "
+        "memlock limit",
+        "Watched process <process_name> (pid <pid>) holds <locked|humanize1024>B mlock()ed (VmLck)"
+        "<if pinned> and <pinned|humanize1024>B pinned for DMA (VmPin)<else><end> of a soft "
+        "RLIMIT_MEMLOCK of <limit|humanize1024>B: <value|humanizePercentage> of it (threshold "
+        f"{humanize_percentage(share)}; /proc/<pid>/status and Max locked memory in "
+        "/proc/<pid>/limits). The kernel refuses, with ENOMEM, the next mlock() or RDMA memory "
+        "registration (NCCL over InfiniBand, GPUDirect RDMA) that would take either past the "
+        "limit: llama.cpp --mlock then logs \"failed to mlock\" and leaves the rest of its "
+        "weights pageable, an RDMA transport fails to register its buffers. CUDA pinned host "
+        "memory (cudaHostAlloc, cudaHostRegister: KV offload tiers, pin_memory) is not charged to "
+        "this limit. Raise the limit for the service (LimitMEMLOCK=infinity in its systemd unit, "
+        "docker run --ulimit memlock=-1, or ulimit -l unlimited) and restart it.",
+        queries={"locked": query("{}", LOCKED.name, "pid"), "pinned": query("{}", PINNED.name, "pid"),
+                 "limit": query("{}", MEMLOCK_LIMIT.name, "pid")},
     )
 
 
@@ -155,8 +178,9 @@ class Detector(DetectorBase):
       at least two NUMA nodes.
     - HostNoSwapLowHeadroom: SwapTotal == 0 and MemAvailable / MemTotal (avg 1m each) below
       min_available_share_without_swap.
-    - InferenceProcessMemlockLow (pid, process_name): the soft RLIMIT_MEMLOCK of a watched
-      process below min_memlock_bytes (unlimited is +Inf, never low).
+    - InferenceProcessMemlockLow (pid, process_name): the larger of a watched process's VmLck
+      and VmPin has reached locked_share_of_memlock_limit of its soft RLIMIT_MEMLOCK and is not
+      past it (unlimited is +Inf, never reached; past it, the process is exempt).
     """
 
     name = "host_config"
@@ -226,15 +250,27 @@ class Detector(DetectorBase):
             details={"memory_available_bytes": available_value, "memory_total_bytes": total_value}))
 
     def _memlock(self, history: HistoryReader, now: float, findings: list[Finding]) -> None:
-        limit = self.config.min_memlock_bytes
+        share_limit = self.config.locked_share_of_memlock_limit
+        held = {metric: windows.by_labels(history.series(metric), *common.PROCESS_LABELS)
+                for metric in (LOCKED.name, PINNED.name)}
         processes = windows.by_labels(history.series(MEMLOCK_LIMIT.name), *common.PROCESS_LABELS)
-        for (pid, process_name), series in sorted(processes.items(),
-                                                  key=lambda item: common.process_order(item[0])):
-            value = windows.latest(series, now)
-            if value is None or math.isinf(value) or value >= limit:
+        for process, series in sorted(processes.items(), key=lambda item: common.process_order(item[0])):
+            limit = windows.latest(series, now)
+            locked, pinned = (windows.latest(held[metric][process], now) if process in held[metric] else None
+                              for metric in (LOCKED.name, PINNED.name))
+            counters = [value for value in (locked, pinned) if value is not None]
+            if limit is None or not math.isfinite(limit) or limit <= 0 or not counters:
                 continue
-            findings.append(self._info("InferenceProcessMemlockLow", value, limit, unit="bytes",
-                                       labels={"pid": pid, "process_name": process_name}))
+            share = max(counters) / limit
+            if share < share_limit or share > 1:
+                continue
+            pid, process_name = process
+            findings.append(self._info(
+                "InferenceProcessMemlockLow", share, share_limit, unit="ratio",
+                values={"locked": locked, "pinned": pinned, "limit": limit},
+                details={name: value for name, value in (("locked_bytes", locked), ("pinned_bytes", pinned),
+                                                         ("memlock_limit_bytes", limit)) if value is not None},
+                labels={"pid": pid, "process_name": process_name}))
 
 
 FAMILY = AlertFamily(

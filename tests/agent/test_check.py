@@ -50,7 +50,9 @@ def test_check_on_the_fixture_host_reports_its_problems_with_runbooks():
     report = json.loads(result.stdout)
     found = {(f["alertname"], f["severity"]) for f in report["findings"]}
     assert {("GpuPcieLinkDegraded", "warning"), ("InferenceProcessNumaMisplaced", "warning"),
-            ("HostSwappinessHigh", "info"), ("InferenceProcessMemlockLow", "info")} <= found
+            ("HostSwappinessHigh", "info")} <= found
+    # the fixture's vLLM has 4 GiB of VmPin past its 8 MiB memlock limit: CAP_IPC_LOCK, not a risk
+    assert "InferenceProcessMemlockLow" not in {alertname for alertname, _ in found}
     assert result.returncode == 1 == report["exit_code"]
     # when, where and by which version (issue 32): reports from many hosts are told apart
     assert report["host"] == socket.gethostname() and report["version"] == __version__

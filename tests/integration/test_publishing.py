@@ -82,11 +82,13 @@ def test_fixture_host_findings_as_json_with_runbook_links_that_resolve(fixture_a
     body = client.get("/api/v1/findings", params={"state": "firing,pending"}).json()
     by_name = {f["alertname"]: f for f in body["findings"]}
     # The fixture host is misconfigured on purpose (tests/fixtures/README.md).
-    assert {"HostSwappinessHigh", "HostTransparentHugepageAlways", "InferenceProcessMemlockLow"} <= set(by_name)
+    assert {"HostSwappinessHigh", "HostTransparentHugepageAlways"} <= set(by_name)
+    # vLLM (pid 4242) keeps the 8 MiB memlock default with 4 GiB of VmPin past it, which the
+    # kernel lets through only with CAP_IPC_LOCK: the limit binds nothing, no finding
+    assert "InferenceProcessMemlockLow" not in by_name
     swappiness = by_name["HostSwappinessHigh"]
     assert swappiness["value"] == 60 and swappiness["threshold"] == 10 and swappiness["severity"] == "info"
     assert swappiness["runbook_url"] == "http://127.0.0.1:9787/runbooks/HostSwappinessHigh"
-    assert by_name["InferenceProcessMemlockLow"]["labels"]["pid"] == "4242"
     for finding in body["findings"]:
         page = client.get(finding["runbook_url"].replace("http://127.0.0.1:9787", ""))
         assert page.status_code == 200 and "<h2>Mitigation</h2>" in page.text, finding["alertname"]

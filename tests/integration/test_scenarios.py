@@ -396,7 +396,11 @@ def test_host_config_risks_are_there_from_the_start(scenarios):
     assert between(one(history, "hybridmon_swap_total_bytes"), 0, 1)[0] > 0
     assert one(history, "hybridmon_transparent_hugepage_mode", setting="enabled").labels["mode"] == "always"
     assert set(between(one(history, "hybridmon_process_memlock_limit_bytes", pid=str(VLLM)), 0, 1e9)) == {8 * MIB}
-    assert set(between(one(history, "hybridmon_process_memlock_limit_bytes", pid=str(LLAMA)), 0, 1e9)) == {math.inf}
+    for counter in ("locked", "pinned"):   # the default limit on a process that locks nothing
+        assert set(between(one(history, f"hybridmon_process_{counter}_bytes", pid=str(VLLM)), 0, 1e9)) == {0}
+    # llama-server --mlock rests just under its 4 GiB
+    assert set(between(one(history, "hybridmon_process_memlock_limit_bytes", pid=str(LLAMA)), 0, 1e9)) == {4 * GIB}
+    assert set(between(one(history, "hybridmon_process_locked_bytes", pid=str(LLAMA)), 0, 1e9)) == {4 * GIB - 40 * MIB}
 
 
 def test_the_memlock_limit_is_in_each_process_limits_file(tmp_path):

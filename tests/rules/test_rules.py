@@ -73,7 +73,7 @@ trend_window_seconds = 3600
 [host_config]
 max_swappiness_with_swap = 20
 max_dirty_ratio = 10
-min_memlock_bytes = 536870912
+locked_share_of_memlock_limit = 0.8
 min_available_share_without_swap = 0.2
 
 [pcie_bandwidth_low]

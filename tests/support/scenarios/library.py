@@ -442,20 +442,37 @@ def gpu_memory_headroom(host: SyntheticHost) -> Step:
     return step
 
 
+# The fixture's llama-server (its /proc/5151/cmdline) asked to lock its weights in memory.
+LLAMA_MLOCK_CMDLINE = "\0".join(("/usr/local/bin/llama-server", "-m", "/models/qwen2.5-7b-q4.gguf", "-ngl", "0",
+                                 "--mlock", ""))
+
+
 @scenario("host_config_risks", tick_seconds=1, duration_seconds=120, onset_seconds=0,
           expected=[("HostSwappinessHigh", {}), ("HostDirtyRatioHigh", {}),
                     ("HostTransparentHugepageAlways", {}), ("HostNumaBalancingEnabled", {}),
-                    ("InferenceProcessMemlockLow", {"pid": str(VLLM), "process_name": VLLM_NAME})])
+                    ("InferenceProcessMemlockLow", {"pid": str(LLAMA), "process_name": LLAMA_NAME})])
 def host_config_risks(host: SyntheticHost) -> Step:
     """Static risks from the first tick, on an otherwise quiet host: vm.swappiness=60 with 64 GiB of
     swap, vm.dirty_ratio=20, transparent huge pages `always`, kernel.numa_balancing=1 on this
-    2-node host, and vLLM (pid 4242) running with the default 8 MiB RLIMIT_MEMLOCK (its
-    /proc/4242/limits), too low for pinned offload buffers."""
+    2-node host, and llama-server (pid 5151) run with --mlock under a 4 GiB RLIMIT_MEMLOCK, short
+    of its 4.4 GiB of weights: its VmLck rests just under the limit. vLLM (pid 4242) keeps the
+    default 8 MiB and locks nothing, which is no risk (its CUDA pinned buffers are not charged
+    to the limit): silent."""
     healthy_host(host)
     host.sysctl.update({"vm.swappiness": 60, "vm.dirty_ratio": 20, "vm.dirty_background_ratio": 10,
                         "kernel.numa_balancing": 1})
     host.set_thp("enabled", "always")
-    host.process(VLLM).memlock_limit_bytes = 8 * MIB
+    vllm, llama = host.process(VLLM), host.process(LLAMA)
+    vllm.memlock_limit_bytes = 8 * MIB
+    vllm.locked_bytes = vllm.pinned_bytes = 0.0   # no mlock, no RDMA: the fixture's 4 GiB VmPin is not here
+    (host.procfs / str(LLAMA) / "cmdline").write_text(LLAMA_MLOCK_CMDLINE)
+    llama.memlock_limit_bytes = 4 * GIB   # LimitMEMLOCK=4G: set for a smaller model, never raised
+    # llama.cpp --mlock locks its weights tensor by tensor and stops for good at the first refused
+    # mlock (src/llama-model-loader.cpp load_all_data grow_to(offs + n_size); src/llama-mmap.cpp
+    # llama_mlock failed_already), so VmLck rests within one tensor under the limit. The model
+    # (Qwen2.5 7B Q4_K_M, 4.68 GB file) is in its last blocks 4 GiB in, whose largest tensor,
+    # ffn_down (18944 x 3584 at Q6_K, 6.56 bits a weight), is 56 MB: 40 MiB under it is simulated.
+    llama.locked_bytes, llama.pinned_bytes = 4 * GIB - 40 * MIB, 0.0
     return lambda t: apply(host, healthy_load())
 
 
