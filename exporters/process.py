@@ -70,8 +70,9 @@ START_TIME = MetricSpec("hybridmon_process_start_time_seconds",
                         "/proc/<pid>/stat, over SC_CLK_TCK, plus btime of /proc/stat).", "gauge", _PROCESS)
 MEMLOCK_LIMIT = MetricSpec("hybridmon_process_memlock_limit_bytes",
                            "Soft limit on memory the process may lock, in bytes (Max locked memory of "
-                           "/proc/<pid>/limits, RLIMIT_MEMLOCK); +Inf when unlimited. Pinned host "
-                           "buffers for KV offload need it well above the common 8 MiB default.",
+                           "/proc/<pid>/limits, RLIMIT_MEMLOCK); +Inf when unlimited. It bounds mlock "
+                           "(VmLck) and RDMA or io_uring pinning (VmPin), not CUDA pinned memory "
+                           "(cudaHostAlloc, cudaHostRegister).",
                            "gauge", _PROCESS)
 INFO = MetricSpec("hybridmon_process_info",
                   "Always 1: what the process is, from its command line (/proc/<pid>/cmdline) and "

@@ -285,11 +285,11 @@ class Exposition:
         """health_registry rendered, each collector's part on its own: the text of its last render
         again while its version() (or, without one, every family and sample) is the same.
 
-        The findings change at an evaluation only, every 10 s, and the evaluation's thread renders
-        them then (prepare). Neither collecting them to compare nor rendering them belongs in a
-        scrape: at 256 watched processes each firing InferenceProcessMemlockLow, the 774 finding
-        series (108 KB) cost 3-5 ms a scrape to collect and compare and 20-60 ms to render, the
-        slowest 1-3 % of scrapes (issue 33). With `serve_last_while_rendered`, a part that another
+        The findings change at an evaluation only (every 15 s by default), and the evaluation's
+        thread renders them then (prepare). Neither collecting them to compare nor rendering them
+        belongs in a scrape: at 258 findings (256 watched processes each firing the old
+        InferenceProcessMemlockLow), their 774 series (108 KB) cost 3-5 ms a scrape to collect and
+        compare and 20-60 ms to render, the slowest 1-3 % of scrapes (issue 33). With `serve_last_while_rendered`, a part that another
         thread is rendering right now is served as last rendered: what the scrape would have
         served a few milliseconds earlier."""
         texts = []
