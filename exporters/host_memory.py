@@ -194,6 +194,12 @@ SYSCTLS = (
     "kernel.numa_balancing",
 )
 THP_SETTINGS = ("enabled", "defrag")
+SETTINGS_EVERY_COLLECTIONS = 30
+"""The sysctls and transparent hugepage modes are read at the first collection and at every 30th
+after it (30 s at the default 1 s), their last reading given in between: they change only when an
+operator or a tuning daemon writes them, and what judges them (host_config's static checks) has
+no use for the second. Counted in collections, not seconds, so a replay reads them on the same
+ticks as the recording. Their seven reads were a fifth of the collector's CPU (issue 33)."""
 
 # Digit runs are bounded ({1,20}: a u64 has 20 digits) so that int() never sees more than 4,300
 # digits, which it refuses with a ValueError rather than a ParseError.
@@ -335,6 +341,8 @@ class HostMemoryCollector:
         self._page_size = page_size_bytes
         self._log_once = LogOnce(log)
         self._swap_in_bytes: int | None = None
+        self._settings: Samples | None = None  # the last reading of the sysctls and THP modes
+        self._collections_since_settings = 0
 
     def swap_in_bytes(self) -> int | None:
         """Bytes read back from swap since boot (pswpin + zswpin, pages times the page size) at
@@ -364,18 +372,26 @@ class HostMemoryCollector:
         if meminfo is not None:
             for spec, field in _MEMINFO_GAUGES:
                 samples.add(spec, meminfo.get(field))
+        if self._settings is None or self._collections_since_settings >= SETTINGS_EVERY_COLLECTIONS:
+            self._settings, self._collections_since_settings = self._read_settings(), 0
+        self._collections_since_settings += 1
+        samples.extend(self._settings)
+        return samples
+
+    def _read_settings(self) -> Samples:
+        settings = Samples()
         for sysctl in SYSCTLS:
             path = os.path.join(self._procfs, "sys", *sysctl.split("."))
             value = read_parsed(self._source, path, parse_sysctl_int, self._log_once,
                                 missing_is_normal=f"this kernel has no {sysctl}")
-            samples.add(SYSCTL_VALUE, value, sysctl)
+            settings.add(SYSCTL_VALUE, value, sysctl)
         for setting in THP_SETTINGS:
             path = os.path.join(self._sysfs, "kernel", "mm", "transparent_hugepage", setting)
             mode = read_parsed(self._source, path, parse_selected_mode, self._log_once,
                                missing_is_normal="a kernel without transparent huge pages")
             if mode is not None:
-                samples.add(TRANSPARENT_HUGEPAGE_MODE, 1, setting, mode)
-        return samples
+                settings.add(TRANSPARENT_HUGEPAGE_MODE, 1, setting, mode)
+        return settings
 
     def close(self) -> None:
         pass

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import CollectorError, NoDataError, ParseError
 from hybridmon.exporters.host_memory import (
+    SETTINGS_EVERY_COLLECTIONS,
     HostMemoryCollector,
     parse_meminfo,
     parse_selected_mode,
@@ -531,3 +532,30 @@ def test_meminfo_with_a_blank_line_parses_as_without_it() -> None:
     lines = text.splitlines(keepends=True)
     with_blank = "".join(lines[:3] + ["\n"] + lines[3:])
     assert parse_meminfo(with_blank) == parse_meminfo(text)
+
+
+class CountingSource(LiveSource):
+    """The host, counting each file read."""
+
+    def __init__(self) -> None:
+        self.reads: list[str] = []
+
+    def read_text(self, path: str) -> str:
+        self.reads.append(path)
+        return super().read_text(path)
+
+
+def test_settings_are_read_every_30th_collection_and_given_in_between(host_copy: Path) -> None:
+    source = CountingSource()
+    collector = collector_at(host_copy, source)
+    swappiness = host_copy / "proc/sys/vm/swappiness"
+    seen = []
+    for collection in range(2 * SETTINGS_EVERY_COLLECTIONS + 1):
+        if collection == 1:
+            swappiness.write_text("10\n")  # an operator's fix, just after the first collection
+        seen.append(collector.collect().value("hybridmon_sysctl_value", sysctl="vm.swappiness"))
+    # the fix shows at the next reading, SETTINGS_EVERY_COLLECTIONS after the first, and every
+    # collection in between gives the last one (the series never goes absent)
+    assert seen == [60] * SETTINGS_EVERY_COLLECTIONS + [10] * (SETTINGS_EVERY_COLLECTIONS + 1)
+    assert source.reads.count(str(swappiness)) == 3
+    assert source.reads.count(str(host_copy / "proc/vmstat")) == 2 * SETTINGS_EVERY_COLLECTIONS + 1
