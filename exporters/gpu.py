@@ -208,6 +208,15 @@ C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), 
 
 
 DEFAULT_READ_BUDGET_SECONDS = 0.8
+SLOW_READS_EVERY = 5
+"""A GPU's process lists (compute, graphics, MPS), its current link generation and width and its
+replay counter are read at its first read and every 5th after it (5 s at the default 1 s), the
+last answers given in between: six of a read's nine NVML calls, where what judges them looks at
+minutes (PcieLinkDegraded's 300 s `for`, PcieErrors' 5 min of the counter, the memory trends'
+hours) or at processes that hold GPU memory for as long as they serve. Memory, utilization and
+PCIe traffic, which the starvation and headroom alerts pair second by second, are read every time.
+Counted in reads, not seconds, so a replay asks on the recording's ticks (issue 33: the GPU read
+pool was a fifth of the daemon's CPU on the 8-GPU host)."""
 """How long a collection waits for the GPUs' reads, within the 1 s tick. A GPU's read is a dozen
 non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
 windows: 0.8 s is twenty times the slowest normal read, so a host loaded enough to starve the
@@ -230,6 +239,16 @@ class GpuReading:
     processes: list[GpuProcess] = field(default_factory=list)
     c2c_links: list[C2cLink] = field(default_factory=list)
     c2c_bytes_per_second: tuple[float, float] | None = None  # DIRECTIONS order
+
+
+@dataclass
+class _SlowAnswers:
+    """What one GPU answered at its last slow read (SLOW_READS_EVERY), and the reads since."""
+
+    uuid: str
+    values: dict[MetricSpec, Any]
+    processes: list[GpuProcess]
+    reads_since: int = 0
 
 
 class GpuCollector:
@@ -274,6 +293,8 @@ class GpuCollector:
         # not hold (down at one collection, up at the next).
         self._down_streak: dict[int, int] = {}
         self._down_blips: dict[int, int] = {}
+        # Per GPU index: its slow answers (SLOW_READS_EVERY). One read of a GPU runs at a time.
+        self._slow: dict[int, _SlowAnswers] = {}
 
     def share_process_names(self, read: Callable[[], Mapping[int, str]]) -> None:
         """`read` gives pid -> comm of the processes another collector read at its last run (the
@@ -483,38 +504,52 @@ class GpuCollector:
             reading.traffic = self._traffic.read(index, gpm)
             self._read_c2c(reading, gpm)
             reading.values.update({
-                PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
                 PCIE_LINK_MAX_GENERATION: nvml.pcie_link_max_generation(index),
-                PCIE_LINK_WIDTH: nvml.pcie_link_width_lanes(index),
                 PCIE_LINK_MAX_WIDTH: nvml.pcie_link_max_width_lanes(index),
-                PCIE_REPLAYS: nvml.pcie_replay_count(index),
                 NUMA_NODE: nvml.numa_node(index),
             })
             mig = nvml.mig_enabled(index)
             if mig is not None:
                 reading.values[MIG_MODE] = 1 if mig else 0
             if mig:
-                # With MIG on the parent handle refuses utilization (nvml.h: NOT_SUPPORTED), and
-                # lists the instances' processes, each with its gpuInstanceId, only to a
-                # privileged caller (root; NO_PERMISSION otherwise).
+                # With MIG on the parent handle refuses utilization (nvml.h: NOT_SUPPORTED).
                 self._log_once(f"mig:{index}", "GPU %d has MIG enabled: utilization is per "
                                "instance and not read; PCIe traffic and memory are the whole GPU's",
                                index)
-                listed = nvml.processes(index)
-                if listed is None:
-                    self._log_once(f"mig-processes:{index}", "GPU %d has MIG enabled and NVML "
-                                   "lists its instances' processes only to root: their GPU "
-                                   "memory is not exported; run the agent as root to see it",
-                                   index)
-                reading.processes = listed or []
             else:
                 reading.values[UTILIZATION] = nvml.utilization_ratio(index)
-                reading.processes = nvml.processes(index) or []
+            slow = self._slow_answers(index, uuid, bool(mig))
             # Cached identity still fills the reading when the driver has gone; only answers count.
             reading.answered = nvml.answer_count(index) > answers_before
+            if not reading.answered:   # down: nothing it said before stands for now
+                self._slow.pop(index, None)
+                return reading
+            reading.values.update(slow.values)
+            reading.processes = slow.processes
             return reading
         except GpuLostError:
+            self._slow.pop(index, None)
             return GpuReading(index, nvml.known_uuid(index) or "", lost=True)
+
+    def _slow_answers(self, index: int, uuid: str, mig: bool) -> _SlowAnswers:
+        """The GPU's SLOW_READS_EVERY answers: asked again at its first read, every 5th after, and
+        when it has another UUID (replaced or reset)."""
+        slow = self._slow.get(index)
+        if slow is None or slow.uuid != uuid or slow.reads_since >= SLOW_READS_EVERY:
+            nvml = self._nvml
+            values = {PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
+                      PCIE_LINK_WIDTH: nvml.pcie_link_width_lanes(index),
+                      PCIE_REPLAYS: nvml.pcie_replay_count(index)}
+            listed = nvml.processes(index)
+            if mig and listed is None:
+                # With MIG on the parent handle lists the instances' processes, each with its
+                # gpuInstanceId, only to a privileged caller (root; NO_PERMISSION otherwise).
+                self._log_once(f"mig-processes:{index}", "GPU %d has MIG enabled and NVML "
+                               "lists its instances' processes only to root: their GPU "
+                               "memory is not exported; run the agent as root to see it", index)
+            slow = self._slow[index] = _SlowAnswers(uuid, values, listed or [])
+        slow.reads_since += 1
+        return slow
 
     def _read_c2c(self, reading: GpuReading, gpm: Callable[[], dict[int, float] | None]) -> None:
         """The NVLink-C2C mode, links and traffic, where NVML answers them (absent elsewhere)."""

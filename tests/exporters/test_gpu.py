@@ -13,7 +13,7 @@ import pytest
 
 from hybridmon.exporters.sources import LiveSource, RecordingSource, ReplaySource
 from hybridmon.exporters.base import NoDataError
-from hybridmon.exporters.gpu import GpuCollector
+from hybridmon.exporters.gpu import SLOW_READS_EVERY, GpuCollector
 from tests.support import fake_nvml
 from tests.support.paths import FIXTURES
 from tests.support.fake_nvml import (FOREIGN_PID, GIB, MIB, UUID0, UUID1, XORG_PID, FakeClock,
@@ -106,6 +106,44 @@ def test_each_gpu_process_comes_with_the_pci_bus_ids_of_its_gpus(fake, collector
     fake.lose_gpu(1)
     collector.collect()
     assert collector.gpu_buses_of_processes() == {4242: ("0000:17:00.0",), XORG_PID: ("0000:17:00.0",)}
+
+
+def test_process_lists_link_state_and_replays_are_asked_every_5th_read(fake, collector):
+    # SLOW_READS_EVERY: six of the nine calls of a read, where what judges them looks at minutes
+    def asked(function: str) -> int:
+        return fake.calls[function]
+
+    collector.collect()
+    slow_calls = ("nvmlDeviceGetComputeRunningProcesses_v3", "nvmlDeviceGetGraphicsRunningProcesses_v3",
+                  "nvmlDeviceGetCurrPcieLinkGeneration", "nvmlDeviceGetCurrPcieLinkWidth",
+                  "nvmlDeviceGetPcieReplayCounter")
+    before = {function: asked(function) for function in (*slow_calls, "nvmlDeviceGetMemoryInfo_v2",
+                                                         "nvmlDeviceGetUtilizationRates")}
+    fake.gpus[0].processes.append(FakeProcess(6001, "python3", 2 * GIB))  # a server starts
+    fake.gpus[0].memory_used_bytes += 2 * GIB
+    seen, used = [], []
+    for _ in range(SLOW_READS_EVERY):
+        samples = collector.collect()
+        seen.append(6001 in collector.gpu_processes())
+        used.append(samples.value("hybridmon_gpu_memory_used_bytes", gpu="0"))
+    # listed from the next slow read on; the memory it holds shows at once
+    assert seen == [False] * (SLOW_READS_EVERY - 1) + [True]
+    assert len(set(used)) == 1 and used[0] == fake.gpus[0].memory_used_bytes
+    asked_since = {function: asked(function) - count for function, count in before.items()}
+    # of the loop's reads of the 2 GPUs, only its last was slow; memory and utilization every time
+    assert asked_since == {**{function: 2 for function in slow_calls},
+                           "nvmlDeviceGetMemoryInfo_v2": 2 * SLOW_READS_EVERY,
+                           "nvmlDeviceGetUtilizationRates": 2 * SLOW_READS_EVERY}
+
+
+def test_a_gpu_back_from_lost_is_asked_its_slow_answers_at_once(fake, collector):
+    collector.collect()
+    fake.lose_gpu(1)
+    collector.collect()
+    fake.gpus[1].processes.append(FakeProcess(6002, "python3", GIB))
+    fake.restore_gpu(1)
+    collector.collect()
+    assert 6002 in collector.gpu_processes()
 
 
 def test_metric_specs_declare_every_family(fake):
