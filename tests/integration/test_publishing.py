@@ -57,7 +57,9 @@ def test_the_evaluating_thread_renders_the_findings_not_the_next_scrape(fixture_
     collected_in = []
     collect = findings.collect
     monkeypatch.setattr(findings, "collect", lambda: collected_in.append(threading.current_thread().name) or collect())
-    evaluation = threading.Thread(target=fixture_agent._maybe_evaluate, args=(1_700_000_010.0,), name="evaluating")
+    # one evaluation interval after the fixture agent's own evaluation at 1_700_000_000
+    due = 1_700_000_000.0 + fixture_agent.config.detectors.evaluation_interval_seconds
+    evaluation = threading.Thread(target=fixture_agent._maybe_evaluate, args=(due,), name="evaluating")
     evaluation.start()
     evaluation.join()
     assert collected_in == ["evaluating"]

@@ -178,6 +178,14 @@ def value_at(series: SeriesHistory, t: float) -> float:
     raise AssertionError(f"{series.name}{series.labels} has no point at t={t}")
 
 
+def latest_at(series: SeriesHistory, t: float) -> float:
+    """The value of the last point at or before scenario time t: what a reader sees at t of a
+    series collected less often than every tick (exporters/pcie.py, every 5 s)."""
+    seen = [v for time, v in zip(series.times, series.values) if time - START_TIME <= t + 1e-6]
+    assert seen, f"{series.name}{series.labels} has no point at or before t={t}"
+    return seen[-1]
+
+
 def rate(series: SeriesHistory, start: float, end: float) -> float:
-    """A counter's average rate per second between two scenario times."""
-    return (value_at(series, end) - value_at(series, start)) / (end - start)
+    """A counter's average rate per second between two scenario times, as read at each."""
+    return (latest_at(series, end) - latest_at(series, start)) / (end - start)
