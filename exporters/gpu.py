@@ -210,13 +210,16 @@ C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), 
 DEFAULT_READ_BUDGET_SECONDS = 0.8
 SLOW_READS_EVERY = 5
 """A GPU's process lists (compute, graphics, MPS), its current link generation and width and its
-replay counter are read at its first read and every 5th after it (5 s at the default 1 s), the
-last answers given in between: six of a read's nine NVML calls, where what judges them looks at
-minutes (PcieLinkDegraded's 300 s `for`, PcieErrors' 5 min of the counter, the memory trends'
-hours) or at processes that hold GPU memory for as long as they serve. Memory, utilization and
-PCIe traffic, which the starvation and headroom alerts pair second by second, are read every time.
-Counted in reads, not seconds, so a replay asks on the recording's ticks (issue 33: the GPU read
-pool was a fifth of the daemon's CPU on the 8-GPU host)."""
+replay counter are asked at its first read, every 5th after it (5 s at the default 1 s) and at any
+read where the GPU's used memory is not what it was when they were last asked; the last answers
+are given in between. Six of a read's nine NVML calls: what judges the link and the counter looks
+at minutes (PcieLinkDegraded's 300 s `for`, PcieErrors' 5 min), and the lists change only when a
+process starts, exits or allocates, each of which moves the used memory (a CUDA context alone
+holds hundreds of MiB), so the lists given always add up against the memory read with them: who
+holds the GPU is never a read behind a restart. Memory, utilization and PCIe traffic, which the
+alerts pair second by second, are read every time. Counted in reads, not seconds, so a replay
+asks on the recording's ticks (issue 33: the GPU read pool was a fifth of the daemon's CPU on the
+8-GPU host)."""
 """How long a collection waits for the GPUs' reads, within the 1 s tick. A GPU's read is a dozen
 non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
 windows: 0.8 s is twenty times the slowest normal read, so a host loaded enough to starve the
@@ -246,6 +249,7 @@ class _SlowAnswers:
     """What one GPU answered at its last slow read (SLOW_READS_EVERY), and the reads since."""
 
     uuid: str
+    memory_used: int | None   # the GPU's used memory read with them
     values: dict[MetricSpec, Any]
     processes: list[GpuProcess]
     reads_since: int = 0
@@ -518,7 +522,7 @@ class GpuCollector:
                                index)
             else:
                 reading.values[UTILIZATION] = nvml.utilization_ratio(index)
-            slow = self._slow_answers(index, uuid, bool(mig))
+            slow = self._slow_answers(index, uuid, bool(mig), None if memory is None else memory[0])
             # Cached identity still fills the reading when the driver has gone; only answers count.
             reading.answered = nvml.answer_count(index) > answers_before
             if not reading.answered:   # down: nothing it said before stands for now
@@ -531,11 +535,12 @@ class GpuCollector:
             self._slow.pop(index, None)
             return GpuReading(index, nvml.known_uuid(index) or "", lost=True)
 
-    def _slow_answers(self, index: int, uuid: str, mig: bool) -> _SlowAnswers:
-        """The GPU's SLOW_READS_EVERY answers: asked again at its first read, every 5th after, and
-        when it has another UUID (replaced or reset)."""
+    def _slow_answers(self, index: int, uuid: str, mig: bool, memory_used: int | None) -> _SlowAnswers:
+        """The GPU's SLOW_READS_EVERY answers: asked again at its first read, every 5th after, when
+        its used memory moved or is unknown, and when it has another UUID (replaced or reset)."""
         slow = self._slow.get(index)
-        if slow is None or slow.uuid != uuid or slow.reads_since >= SLOW_READS_EVERY:
+        if (slow is None or slow.uuid != uuid or slow.reads_since >= SLOW_READS_EVERY
+                or memory_used is None or memory_used != slow.memory_used):
             nvml = self._nvml
             values = {PCIE_LINK_GENERATION: nvml.pcie_link_generation(index),
                       PCIE_LINK_WIDTH: nvml.pcie_link_width_lanes(index),
@@ -547,7 +552,7 @@ class GpuCollector:
                 self._log_once(f"mig-processes:{index}", "GPU %d has MIG enabled and NVML "
                                "lists its instances' processes only to root: their GPU "
                                "memory is not exported; run the agent as root to see it", index)
-            slow = self._slow[index] = _SlowAnswers(uuid, values, listed or [])
+            slow = self._slow[index] = _SlowAnswers(uuid, memory_used, values, listed or [])
         slow.reads_since += 1
         return slow
 
