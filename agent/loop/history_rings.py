@@ -50,6 +50,7 @@ class _CollectorRing:
         self.label_names: dict[str, tuple[str, ...]] = {}
         self.last_seen: dict[SeriesKey, int] = {}
         self.ticks = 0  # commits so far; the next one goes to ticks % capacity
+        self.keys_version = 0  # moves whenever a series is added or dropped (History.series_count)
         # metric name -> {label values: ring}: a read of one metric visits its own series only
         self.by_name: dict[str, dict[tuple[str, ...], array]] = {}
         # Tick times only ever rise (the sampler's clock, a replay's recorded times): then the
@@ -91,6 +92,7 @@ class _CollectorRing:
             if ring is None:
                 ring = series[key] = array("d", [math.nan]) * self.capacity
                 self.by_name.setdefault(spec.name, {})[label_values] = ring
+                self.keys_version += 1
                 self.label_names[spec.name] = spec.label_names
             ring[position] = value
             last_seen[key] = ticks
@@ -108,6 +110,7 @@ class _CollectorRing:
                     stale.append(key)
             for key in stale:
                 del series[key], last_seen[key], self.by_name[key[0]][key[1]]
+            self.keys_version += len(stale)
         elif len(samples) == len(series):  # each series once: the next commit may match by position
             self._layout = [(spec, label_values, series[spec.name, label_values])
                             for spec, label_values, _ in samples]

@@ -50,6 +50,19 @@ def test_a_series_absent_for_a_whole_window_is_dropped():
     assert history.series("hybridmon_test_resident_bytes", pid="2") == []
 
 
+def test_the_series_count_follows_every_series_added_or_dropped_between_reads():
+    # kept per collector between the commits that add or drop a series (every scrape reads it)
+    history = History(retention_seconds=3)
+    history.add_collector("process", 1.0)
+    counts = []
+    for second, values in enumerate(({"p1": 1.0}, {"p1": 1.0}, {"p1": 1.0, "p2": 1.0}, {"p2": 1.0},
+                                     {"p2": 1.0}, {"p2": 1.0}, {"p2": 1.0, "p3": 1.0})):
+        history.commit("process", float(second), batch(**values))
+        counts.append(history.series_count())
+    # p1 last seen at 2 s is dropped at 5 s, a whole window (3 ticks) later
+    assert counts == [1, 1, 2, 2, 2, 1, 2]
+
+
 def test_slow_collectors_get_a_smaller_ring():
     history = History(retention_seconds=7200)
     history.add_collector("fast", 1.0)
