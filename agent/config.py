@@ -79,7 +79,7 @@ class DetectorsConfig(_Strict):
     )
     # 15 s: the evaluation_interval of the Prometheus the project ships (deploy/prometheus) and of
     # its rule tests, so the findings move in step with the rules; every alert waits a `for` of a
-    # minute or more. An evaluation is a fifth of the daemon's CPU (issue 33): 10 s cost 0.6 ms/s more.
+    # minute or more. Evaluations were a sixth of the daemon's CPU (issue 33): 10 s cost 0.6 ms/s more.
     evaluation_interval_seconds: float = Field(default=15.0, ge=MIN_EVALUATION_SECONDS, le=600)
 
 

@@ -208,6 +208,11 @@ C2C_GPM_IDS = GPM_METRIC_IDS[2:]  # in DIRECTIONS order: RX (the GPU receives), 
 
 
 DEFAULT_READ_BUDGET_SECONDS = 0.8
+"""How long a collection waits for the GPUs' reads, within the 1 s tick. A GPU's read is a dozen
+non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
+windows: 0.8 s is twenty times the slowest normal read, so a host loaded enough to starve the
+agent's threads for a while (the test suite on 2 busy cores took over 0.5 s) is not read as a hung
+GPU, and the collection still ends within its tick."""
 SLOW_READS_EVERY = 5
 """A GPU's process lists (compute, graphics, MPS), its current link generation and width and its
 replay counter are asked at its first read, every 5th after it (5 s at the default 1 s) and at any
@@ -220,11 +225,6 @@ holds the GPU is never a read behind a restart. Memory, utilization and PCIe tra
 alerts pair second by second, are read every time. Counted in reads, not seconds, so a replay
 asks on the recording's ticks (issue 33: the GPU read pool was a fifth of the daemon's CPU on the
 8-GPU host)."""
-"""How long a collection waits for the GPUs' reads, within the 1 s tick. A GPU's read is a dozen
-non-blocking NVML calls (about a millisecond) plus, without counters, GPM or samples, two 20 ms
-windows: 0.8 s is twenty times the slowest normal read, so a host loaded enough to starve the
-agent's threads for a while (the test suite on 2 busy cores took over 0.5 s) is not read as a hung
-GPU, and the collection still ends within its tick."""
 
 
 @dataclass

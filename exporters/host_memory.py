@@ -199,7 +199,7 @@ SETTINGS_EVERY_COLLECTIONS = 30
 after it (30 s at the default 1 s), their last reading given in between: they change only when an
 operator or a tuning daemon writes them, and what judges them (host_config's static checks) has
 no use for the second. Counted in collections, not seconds, so a replay reads them on the same
-ticks as the recording. Their seven reads were a fifth of the collector's CPU (issue 33)."""
+ticks as the recording. Seven of the collector's nine file reads a tick (issue 33)."""
 
 # Digit runs are bounded ({1,20}: a u64 has 20 digits) so that int() never sees more than 4,300
 # digits, which it refuses with a ValueError rather than a ParseError.

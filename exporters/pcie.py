@@ -216,8 +216,8 @@ class PcieCollector:
     # are counters (PcieErrors judges 5 min of them); a link's trained speed and width, its
     # topology and its presence are states, judged over minutes (PcieLinkDegraded's 300 s) or at
     # once from the GPU collector's NVML reads every tick (GpuLost, whose bus view this is, fires
-    # on the first reading that the function left). A tick's ~50 sysfs reads were a twelfth of
-    # the daemon's CPU on the 8-GPU host (issue 33, docs/performance.md).
+    # on the first reading that the function left). A tick's ~50 sysfs reads were 7 % of the
+    # daemon's CPU on the 8-GPU host (issue 33, docs/performance.md).
     default_interval_seconds = 5.0
     metric_specs = (LINK_SPEED, LINK_MAX_SPEED, LINK_WIDTH, LINK_MAX_WIDTH, LINK_GENERATION,
                     LINK_MAX_GENERATION, AER_ERRORS, DEVICE_NUMA_NODE, DEVICE_PRESENT,
