@@ -219,12 +219,13 @@ replay counter are asked at its first read, every 5th after it (5 s at the defau
 read where the GPU's used memory is not what it was when they were last asked; the last answers
 are given in between. Six of a read's nine NVML calls: what judges the link and the counter looks
 at minutes (PcieLinkDegraded's 300 s `for`, PcieErrors' 5 min), and the lists change only when a
-process starts, exits or allocates, each of which moves the used memory (a CUDA context alone
-holds hundreds of MiB), so the lists given always add up against the memory read with them: who
-holds the GPU is never a read behind a restart. Memory, utilization and PCIe traffic, which the
-alerts pair second by second, are read every time. Counted in reads, not seconds, so a replay
-asks on the recording's ticks (issue 33: the GPU read pool was a fifth of the daemon's CPU on the
-8-GPU host)."""
+process starts, exits or allocates, each of which moves the used memory (NVML counts each
+process's CUDA context and allocations in it), so the lists given add up against the memory read
+with them: who holds the GPU is not a read behind a restart. A change that leaves the total
+unchanged (one process freeing exactly what another allocates between two reads) waits for the
+5th read. Memory, utilization and PCIe traffic, which the alerts pair second by second, are
+read every time. Counted in reads, not seconds, so a replay asks on the recording's ticks (issue
+33: the GPU read pool was a fifth of the daemon's CPU on the 8-GPU host)."""
 
 
 @dataclass
